@@ -1,0 +1,1 @@
+"""Holds the `sitecustomize` that `distdoctor run` puts first on PYTHONPATH."""

@@ -1,0 +1,107 @@
+"""Binary layout of a rank's event log (`ranks/rank-NNNNN.ring`), format version 1.
+
+One file per rank, memory-mapped by the rank and written with plain memory stores, so
+the kernel keeps every event of a rank that is SIGKILLed and another process can read
+the file while the job runs:
+
+    [header: 4 KiB][string table: interned JSON][ring: capacity x 128-byte slots]
+
+* Header fields sit at fixed offsets so single fields (head, heartbeat) can be updated
+  in place.
+* The string table holds interned JSON values (groups, call sites, tensor shapes, span
+  names, error texts) as `u32 length + utf-8 bytes`; an event refers to them by id
+  (1-based position). It is append-only and bounded; when full, new strings map to id 0
+  ("unknown") and `strings_dropped` counts them.
+* Event `e` (0-based) lives in slot `e % capacity`. A slot's first word is `e + 1`,
+  written after the rest of the record, so a reader never takes a half-written slot.
+  Completion (status, then end time) is written into the same slot later; `t_end_ns == 0`
+  means the op is still in flight.
+"""
+
+from __future__ import annotations
+
+import struct
+
+MAGIC = b"DDOCRING"
+VERSION = 1
+HEADER_SIZE = 4096
+SLOT_SIZE = 128
+
+# --- header -------------------------------------------------------------------------
+# magic, version, header_size, slot_size, capacity, strings_offset, strings_size,
+# ring_offset, rank, pid
+HEADER_STATIC = struct.Struct("<8sIIIQQQQiI")
+# Mutable header words, each at its own offset (8-byte aligned: single stores).
+OFF_HEAD = 128  # u64 number of events ever written
+OFF_STRINGS_USED = 136  # u64 bytes used in the string table
+OFF_STRINGS_COUNT = 144  # u64 strings interned
+OFF_STRINGS_DROPPED = 152  # u64 strings refused because the table was full
+OFF_HEARTBEAT_MONO = 160  # i64 CLOCK_MONOTONIC ns of the last heartbeat
+OFF_HEARTBEAT_WALL = 168  # i64 wall-clock ns of the last heartbeat
+OFF_CLOSED = 176  # u64 1 once the interpreter exited normally
+U64 = struct.Struct("<Q")
+U32 = struct.Struct("<I")
+I64 = struct.Struct("<q")
+
+STRING_LEN = struct.Struct("<I")
+
+# --- slots --------------------------------------------------------------------------
+# index(e+1), kind, status, op, redop, flags, pad, pad16, group_id, callsite_id, seq,
+# peer_or_root, tensors_id, numel_in, numel_out, t_enter_ns, t_end_ns, span_index,
+# name_id, error_id
+SLOT = struct.Struct("<QBBBBBBHIIQiIqqqqQII")
+assert SLOT.size <= SLOT_SIZE
+SLOT_BODY = struct.Struct("<BBBBBBHIIQiIqqqqQII")  # SLOT without the leading index
+OFF_SLOT_STATUS = 9
+OFF_SLOT_END = 64
+OFF_SLOT_ERROR = 84
+
+# kinds
+KIND_COLLECTIVE = 1
+KIND_P2P = 2
+KIND_SPAN = 3
+KINDS = {KIND_COLLECTIVE: "collective", KIND_P2P: "p2p", KIND_SPAN: "span"}
+
+# status
+STATUS_IN_FLIGHT = 0
+STATUS_OK = 1
+STATUS_ERROR = 2
+STATUS_TIMEOUT = 3
+STATUSES = {STATUS_IN_FLIGHT: "in_flight", STATUS_OK: "ok", STATUS_ERROR: "error",
+            STATUS_TIMEOUT: "timeout"}
+
+# flags
+FLAG_ASYNC = 1  # the caller asked for async_op=True (or a C++ caller: DDP, funcol)
+FLAG_OTHER_THREAD = 2  # issued off the main thread (autograd, pipelining)
+FLAG_ASYNC_UNKNOWN = 4  # issued from C++ or by a library: async flag not visible
+
+# op codes: position in this list. Append only: the code is part of the format.
+OPS = [
+    "unknown",
+    "all_reduce",
+    "all_reduce_coalesced",
+    "broadcast",
+    "reduce",
+    "all_gather",
+    "all_gather_coalesced",
+    "all_gather_into_tensor",
+    "all_gather_into_tensor_coalesced",
+    "reduce_scatter",
+    "reduce_scatter_tensor",
+    "reduce_scatter_tensor_coalesced",
+    "all_to_all",
+    "all_to_all_single",
+    "gather",
+    "scatter",
+    "barrier",
+    "monitored_barrier",
+    "send",
+    "recv",
+    "recv_anysource",
+    "span",
+]
+OP_CODE = {name: i for i, name in enumerate(OPS)}
+
+# torch's ReduceOp.RedOpType values, by name
+REDUCE_OPS = ["sum", "avg", "product", "min", "max", "band", "bor", "bxor", "premul_sum"]
+REDOP_NONE = 255

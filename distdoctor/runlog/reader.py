@@ -1,0 +1,191 @@
+"""Reader side of a rank's event log; safe to use while the rank is still writing.
+
+`RankLog.read(since)` decodes the events numbered `since` and later that are still in the
+ring. Slots are validated by their leading event number, so a slot being rewritten, or
+overwritten after the ring wrapped, is skipped rather than misread.
+"""
+
+from __future__ import annotations
+
+import json
+import mmap
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from distdoctor.errors import UserError
+from distdoctor.runlog import format as F
+
+
+@dataclass(slots=True)
+class Event:
+    """One traced op (or span) on one rank, decoded."""
+
+    rank: int
+    index: int  # event number on this rank (0-based, never reused)
+    kind: str  # collective | p2p | span
+    op: str
+    status: str  # in_flight | ok | error | timeout
+    group: str  # process group name ("0" is the default group)
+    group_desc: str
+    group_ranks: tuple[int, ...]  # global ranks of the group, in group-rank order
+    seq: int  # per group (collectives) or per group+direction+peer (p2p)
+    peer: int | None  # root (rooted collectives) or peer (p2p), as a group rank
+    shapes: tuple
+    dtypes: tuple
+    device: str
+    numel_in: int
+    numel_out: int
+    reduce_op: str | None
+    callsite: dict | None  # {"file", "line", "function"} of the user's code
+    t_enter_ns: int  # CLOCK_MONOTONIC of the rank's host
+    t_end_ns: int | None  # None while in flight
+    span_index: int  # event number + 1 of the innermost open span, 0 for none
+    name: str | None  # span name
+    error: str | None
+    is_async: bool | None  # None when the caller's async flag was not visible
+    other_thread: bool
+
+    @property
+    def duration_ms(self) -> float | None:
+        return None if self.t_end_ns is None else (self.t_end_ns - self.t_enter_ns) / 1e6
+
+    @property
+    def peer_global(self) -> int | None:
+        """The root/peer as a global rank, when the group's ranks are known."""
+        if self.peer is None or not (0 <= self.peer < len(self.group_ranks)):
+            return self.peer
+        return self.group_ranks[self.peer]
+
+
+@dataclass
+class RingHeader:
+    rank: int
+    pid: int
+    capacity: int
+    head: int  # events ever written
+    strings_dropped: int
+    heartbeat_mono_ns: int
+    heartbeat_wall_ns: int
+    closed: bool
+
+    @property
+    def dropped(self) -> int:
+        """Events overwritten because the ring wrapped."""
+        return max(0, self.head - self.capacity)
+
+
+@dataclass
+class _Strings:
+    used: int = 0
+    values: list = field(default_factory=lambda: [None])  # id 0 = unknown
+
+
+class RankLog:
+    """A read-only view of one rank's ring file."""
+
+    def __init__(self, path: str | os.PathLike):
+        self.path = Path(path)
+        try:
+            with open(self.path, "rb") as fh:
+                size = os.fstat(fh.fileno()).st_size
+                if size < F.HEADER_SIZE:
+                    raise UserError(f"event log {self.path} is truncated ({size} bytes)")
+                self._mm = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
+        except OSError as exc:
+            raise UserError(f"cannot read event log {self.path}: {exc.strerror}") from None
+        (magic, version, header_size, slot_size, capacity, s_off, s_size, r_off, rank,
+         pid) = F.HEADER_STATIC.unpack_from(self._mm, 0)
+        if magic != F.MAGIC:
+            raise UserError(f"{self.path} is not a distdoctor event log")
+        if version > F.VERSION:
+            raise UserError(f"event log {self.path} has format version {version}; this "
+                            f"distdoctor reads up to {F.VERSION}: upgrade distdoctor")
+        if slot_size != F.SLOT_SIZE or header_size != F.HEADER_SIZE:
+            raise UserError(f"event log {self.path} has an unexpected layout")
+        if size < r_off + capacity * slot_size:
+            raise UserError(f"event log {self.path} is truncated ({size} of "
+                            f"{r_off + capacity * slot_size} bytes)")
+        self.rank, self.pid, self.capacity = rank, pid, capacity
+        self._strings_offset, self._strings_size, self._ring_offset = s_off, s_size, r_off
+        self._strings = _Strings()
+        self._decoded: dict[int, object] = {}
+
+    def close(self) -> None:
+        self._mm.close()
+
+    def header(self) -> RingHeader:
+        mm = self._mm
+        return RingHeader(
+            rank=self.rank, pid=self.pid, capacity=self.capacity,
+            head=F.U64.unpack_from(mm, F.OFF_HEAD)[0],
+            strings_dropped=F.U64.unpack_from(mm, F.OFF_STRINGS_DROPPED)[0],
+            heartbeat_mono_ns=F.I64.unpack_from(mm, F.OFF_HEARTBEAT_MONO)[0],
+            heartbeat_wall_ns=F.I64.unpack_from(mm, F.OFF_HEARTBEAT_WALL)[0],
+            closed=F.U64.unpack_from(mm, F.OFF_CLOSED)[0] == 1,
+        )
+
+    # --- strings ---------------------------------------------------------------------
+    def _load_strings(self) -> None:
+        used = F.U64.unpack_from(self._mm, F.OFF_STRINGS_USED)[0]
+        st = self._strings
+        at = st.used
+        used = min(used, self._strings_size)
+        while at + F.STRING_LEN.size <= used:
+            (n,) = F.STRING_LEN.unpack_from(self._mm, self._strings_offset + at)
+            start = self._strings_offset + at + F.STRING_LEN.size
+            if at + F.STRING_LEN.size + n > used:
+                break
+            try:
+                st.values.append(json.loads(self._mm[start:start + n]))
+            except (ValueError, UnicodeDecodeError):
+                st.values.append(None)  # a corrupt string: the event says "unknown"
+            at += F.STRING_LEN.size + n
+        st.used = at
+
+    def string(self, sid: int):
+        if sid >= len(self._strings.values):
+            self._load_strings()
+        values = self._strings.values
+        return values[sid] if 0 <= sid < len(values) else None
+
+    # --- events ----------------------------------------------------------------------
+    def read(self, since: int = 0) -> list[Event]:
+        """Events numbered >= `since` still present in the ring, oldest first."""
+        head = F.U64.unpack_from(self._mm, F.OFF_HEAD)[0]
+        start = max(since, head - self.capacity, 0)
+        out = []
+        for e in range(start, head):
+            ev = self.read_one(e)
+            if ev is not None:
+                out.append(ev)
+        return out
+
+    def read_one(self, e: int) -> Event | None:
+        at = self._ring_offset + (e % self.capacity) * F.SLOT_SIZE
+        rec = F.SLOT.unpack_from(self._mm, at)
+        if rec[0] != e + 1:
+            return None  # not written yet, being rewritten, or overwritten
+        (_, kind, status, op, redop, flags, _p, _p16, group_id, callsite_id, seq, peer,
+         tensors_id, numel_in, numel_out, t_enter, t_end, span_index, name_id,
+         error_id) = rec
+        group = self.string(group_id) or {}
+        tensors = self.string(tensors_id) or {}
+        return Event(
+            rank=self.rank, index=e, kind=F.KINDS.get(kind, "unknown"),
+            op=F.OPS[op] if op < len(F.OPS) else "unknown",
+            status=F.STATUSES.get(status, "unknown"),
+            group=str(group.get("name", "?")), group_desc=str(group.get("desc", "")),
+            group_ranks=tuple(group.get("ranks", ())), seq=seq,
+            peer=None if peer < 0 else peer,
+            shapes=tuple(tuple(s) for s in tensors.get("shapes", ())),
+            dtypes=tuple(tensors.get("dtypes", ())), device=str(tensors.get("device", "")),
+            numel_in=numel_in, numel_out=numel_out,
+            reduce_op=F.REDUCE_OPS[redop] if redop < len(F.REDUCE_OPS) else None,
+            callsite=self.string(callsite_id) if callsite_id else None,
+            t_enter_ns=t_enter, t_end_ns=t_end or None, span_index=span_index,
+            name=self.string(name_id) if name_id else None,
+            error=self.string(error_id) if error_id else None,
+            is_async=None if flags & F.FLAG_ASYNC_UNKNOWN else bool(flags & F.FLAG_ASYNC),
+            other_thread=bool(flags & F.FLAG_OTHER_THREAD),
+        )

@@ -1,0 +1,105 @@
+"""Writer side of a rank's event log: plain stores into a shared memory map.
+
+Everything here runs on the job's hot path or on its threads, so it never raises into
+the caller (the tracer wraps it) and never does file I/O after `create`: the kernel
+writes the mapped pages back on its own, and keeps them if the process is killed.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import mmap
+import os
+import threading
+import time
+
+from distdoctor.runlog import format as F
+
+DEFAULT_RING_MIB = 60
+DEFAULT_STRINGS_MIB = 4
+
+
+class RingWriter:
+    """Appends fixed-size event records to a memory-mapped ring file."""
+
+    def __init__(self, path: str, rank: int, ring_bytes: int, strings_bytes: int):
+        self.path = path
+        self.capacity = max(16, ring_bytes // F.SLOT_SIZE)
+        self.strings_offset = F.HEADER_SIZE
+        self.strings_size = max(4096, strings_bytes)
+        self.ring_offset = self.strings_offset + self.strings_size
+        size = self.ring_offset + self.capacity * F.SLOT_SIZE
+
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            os.ftruncate(fd, size)  # sparse: untouched slots cost no disk
+            self._mm = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+        finally:
+            os.close(fd)
+        F.HEADER_STATIC.pack_into(
+            self._mm, 0, F.MAGIC, F.VERSION, F.HEADER_SIZE, F.SLOT_SIZE, self.capacity,
+            self.strings_offset, self.strings_size, self.ring_offset, rank, os.getpid(),
+        )
+        self._events = itertools.count()  # next() is atomic under the GIL
+        self._strings_used = 0
+        self._strings_count = 0
+        self._strings_dropped = 0
+        self._string_lock = threading.Lock()
+        self.heartbeat()
+
+    # --- strings -------------------------------------------------------------------
+    def add_string(self, value) -> int:
+        """Append a JSON value to the string table; returns its id (0 when full)."""
+        data = json.dumps(value, separators=(",", ":"), default=str).encode()
+        with self._string_lock:
+            need = F.STRING_LEN.size + len(data)
+            if self._strings_used + need > self.strings_size:
+                self._strings_dropped += 1
+                F.U64.pack_into(self._mm, F.OFF_STRINGS_DROPPED, self._strings_dropped)
+                return 0
+            at = self.strings_offset + self._strings_used
+            F.STRING_LEN.pack_into(self._mm, at, len(data))
+            self._mm[at + F.STRING_LEN.size: at + need] = data
+            self._strings_used += need
+            self._strings_count += 1
+            # Count last: a reader never sees a string id before its bytes.
+            F.U64.pack_into(self._mm, F.OFF_STRINGS_USED, self._strings_used)
+            F.U64.pack_into(self._mm, F.OFF_STRINGS_COUNT, self._strings_count)
+            return self._strings_count
+
+    # --- events --------------------------------------------------------------------
+    def append(self, kind, op, redop, flags, group_id, callsite_id, seq, peer, tensors_id,
+               numel_in, numel_out, t_enter_ns, span_index, name_id) -> int:
+        """Write one record; returns its event number (pass it to `complete`)."""
+        e = next(self._events)
+        at = self.ring_offset + (e % self.capacity) * F.SLOT_SIZE
+        mm = self._mm
+        F.U64.pack_into(mm, at, 0)  # invalidate the slot while it is rewritten
+        F.SLOT_BODY.pack_into(
+            mm, at + 8, kind, F.STATUS_IN_FLIGHT, op, redop, flags, 0, 0, group_id,
+            callsite_id, seq, peer, tensors_id, numel_in, numel_out, t_enter_ns, 0,
+            span_index, name_id, 0,
+        )
+        F.U64.pack_into(mm, at, e + 1)
+        F.U64.pack_into(mm, F.OFF_HEAD, e + 1)
+        return e
+
+    def complete(self, e: int, status: int, t_end_ns: int, error_id: int = 0) -> None:
+        """Mark event `e` finished, unless its slot has since been reused."""
+        at = self.ring_offset + (e % self.capacity) * F.SLOT_SIZE
+        mm = self._mm
+        if F.U64.unpack_from(mm, at)[0] != e + 1:
+            return
+        if error_id:
+            F.U32.pack_into(mm, at + F.OFF_SLOT_ERROR, error_id)
+        mm[at + F.OFF_SLOT_STATUS] = status
+        F.I64.pack_into(mm, at + F.OFF_SLOT_END, t_end_ns)  # last: marks completion
+
+    # --- liveness ------------------------------------------------------------------
+    def heartbeat(self) -> None:
+        F.I64.pack_into(self._mm, F.OFF_HEARTBEAT_MONO, time.monotonic_ns())
+        F.I64.pack_into(self._mm, F.OFF_HEARTBEAT_WALL, time.time_ns())
+
+    def mark_closed(self) -> None:
+        F.U64.pack_into(self._mm, F.OFF_CLOSED, 1)

@@ -1,0 +1,137 @@
+"""Run directory layout, version 1 (documented in the README):
+
+    RUN_DIR/
+      run.json                 job: format, version, command, world size, created
+      ranks/rank-00003.json    rank 3: host, pid, local rank, device, torch, backend, clocks
+      ranks/rank-00003.ring    rank 3's event log (see runlog.format)
+      findings.json            written by the diagnosis engine
+
+Readers reject a missing, foreign or newer directory with one line (`UserError`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from distdoctor.errors import UserError
+
+RUN_FORMAT = "distdoctor-run"
+RUN_VERSION = 1
+DEFAULT_ROOT = "distdoctor-runs"
+ENV_RUN_DIR = "DISTDOCTOR_RUN_DIR"
+
+
+def rank_stem(rank: int) -> str:
+    return f"rank-{rank:05d}"
+
+
+def ring_path(run_dir: str | os.PathLike, rank: int) -> Path:
+    return Path(run_dir) / "ranks" / f"{rank_stem(rank)}.ring"
+
+
+def rank_meta_path(run_dir: str | os.PathLike, rank: int) -> Path:
+    return Path(run_dir) / "ranks" / f"{rank_stem(rank)}.json"
+
+
+def new_run_dir(root: str | os.PathLike = DEFAULT_ROOT, tag: str | None = None) -> Path:
+    """A fresh, uniquely named run directory under `root` (created)."""
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    base = Path(root) / f"{stamp}-{tag or os.getpid()}"
+    path, n = base, 1
+    while True:
+        try:
+            (path / "ranks").mkdir(parents=True, exist_ok=False)
+            return path
+        except FileExistsError:
+            n += 1
+            path = base.with_name(f"{base.name}-{n}")
+
+
+def write_json_atomic(path: str | os.PathLike, data: dict) -> None:
+    """Write JSON so a concurrent reader sees the old file or the new one, never half."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(data, indent=2, default=str) + "\n")
+    os.replace(tmp, path)
+
+
+def write_run_meta(run_dir: str | os.PathLike, **fields) -> None:
+    meta = {"format": RUN_FORMAT, "version": RUN_VERSION,
+            "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"), **fields}
+    (Path(run_dir) / "ranks").mkdir(parents=True, exist_ok=True)
+    write_json_atomic(Path(run_dir) / "run.json", meta)
+
+
+def newest_run_dir(root: str | os.PathLike = DEFAULT_ROOT) -> Path:
+    """The most recently modified run under `root`, for commands whose RUN_DIR is optional."""
+    root = Path(root)
+    runs = [p for p in root.glob("*") if (p / "run.json").is_file() or (p / "ranks").is_dir()]
+    if not runs:
+        raise UserError(f"no run directory given and none found under ./{root}")
+    return max(runs, key=lambda p: p.stat().st_mtime)
+
+
+def _load_json(path: Path, what: str) -> dict:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError) as exc:
+        raise UserError(f"cannot read {what} {path}: {exc.strerror or exc}") from None
+    except json.JSONDecodeError as exc:
+        raise UserError(f"{what} {path} is not valid JSON (truncated?): {exc.msg} "
+                        f"at line {exc.lineno}") from None
+    if not isinstance(data, dict):
+        raise UserError(f"{what} {path} is not a JSON object")
+    return data
+
+
+@dataclass(frozen=True)
+class RunInfo:
+    path: Path
+    meta: dict  # run.json
+    ranks: dict[int, dict]  # rank -> rank-NNNNN.json (may be empty for a rank that died early)
+    ring_ranks: list[int]  # ranks that have an event log
+
+
+def open_run_dir(path: str | os.PathLike | None) -> RunInfo:
+    """Validate and describe a run directory; one-line `UserError` when it is not usable."""
+    run = Path(path) if path is not None else newest_run_dir()
+    if not run.exists():
+        raise UserError(f"run directory {run} does not exist")
+    if not run.is_dir():
+        raise UserError(f"{run} is not a directory")
+    meta_file = run / "run.json"
+    if not meta_file.is_file():
+        raise UserError(f"{run} is not a distdoctor run directory (no run.json)")
+    meta = _load_json(meta_file, "run metadata")
+    if meta.get("format") != RUN_FORMAT:
+        raise UserError(f"{run} is not a distdoctor run directory "
+                        f"(run.json format is {meta.get('format')!r})")
+    version = meta.get("version")
+    if not isinstance(version, int) or version > RUN_VERSION:
+        raise UserError(f"{run} was written by a newer distdoctor (run format version "
+                        f"{version}; this one reads up to {RUN_VERSION}): upgrade distdoctor")
+    ranks_dir = run / "ranks"
+    ranks: dict[int, dict] = {}
+    ring_ranks: list[int] = []
+    if ranks_dir.is_dir():
+        for p in sorted(ranks_dir.glob("rank-*.json")):
+            rank = _rank_of(p)
+            if rank is not None:
+                try:
+                    ranks[rank] = _load_json(p, "rank metadata")
+                except UserError:
+                    ranks[rank] = {"unreadable": True}
+        ring_ranks = sorted(r for r in (_rank_of(p) for p in ranks_dir.glob("rank-*.ring"))
+                            if r is not None)
+    return RunInfo(run, meta, ranks, ring_ranks)
+
+
+def _rank_of(p: Path) -> int | None:
+    try:
+        return int(p.stem.split("-", 1)[1])
+    except (IndexError, ValueError):
+        return None

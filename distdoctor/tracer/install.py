@@ -1,0 +1,185 @@
+"""Arming the tracer in a rank process.
+
+`install()` patches `torch.distributed` once torch is imported: every process group
+created afterwards (default group, `new_group`, DeviceMesh, `split_group`) is built as a
+`TracingProcessGroup`. When the default group appears, the rank's session starts: run
+dir agreed, rank metadata written, event log mapped.
+
+`distdoctor run` needs no call in the script: it puts `launch/bootstrap` on PYTHONPATH,
+whose `sitecustomize` calls `install_import_hook()` in every Python process it starts.
+"""
+
+from __future__ import annotations
+
+import importlib.abc
+import importlib.util
+import os
+import socket
+import sys
+import threading
+import time
+
+from distdoctor.runlog import rundir
+from distdoctor.tracer import state
+
+_C10D = "torch.distributed.distributed_c10d"
+_BUILTIN_BACKENDS = {"gloo", "nccl", "ucc", "mpi", "xccl", "cpu:gloo", "cuda:nccl"}
+_lock = threading.Lock()
+_config = {"run_dir": None, "patched": False, "hooked": False}
+
+
+def install(run_dir: str | None = None) -> None:
+    try:
+        if run_dir is not None:
+            _config["run_dir"] = str(run_dir)
+        if _C10D in sys.modules:
+            _patch()
+            _warn_if_too_late()
+        else:
+            install_import_hook()
+    except Exception as exc:  # never into user code
+        print(f"distdoctor: tracer not installed: {exc!r}", file=sys.stderr)
+
+
+def _warn_if_too_late() -> None:
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized() and state.recorder is None:
+        print("distdoctor: install() ran after init_process_group: groups that already "
+              "exist are not traced; call it before init_process_group or use "
+              "`distdoctor run`", file=sys.stderr)
+
+
+# --- import hook ------------------------------------------------------------------------
+class _PatchAfterImport(importlib.abc.MetaPathFinder):
+    """Lets torch import distributed_c10d normally, then patches it, once."""
+
+    def find_spec(self, name, path=None, target=None):
+        if name != _C10D:
+            return None
+        sys.meta_path.remove(self)  # find the real spec with the other finders
+        spec = importlib.util.find_spec(name)
+        if spec is None or spec.loader is None:
+            return spec
+        exec_module = spec.loader.exec_module
+
+        def exec_and_patch(module):
+            exec_module(module)
+            try:
+                _patch(module)
+            except Exception as exc:
+                print(f"distdoctor: tracer not installed: {exc!r}", file=sys.stderr)
+
+        spec.loader.exec_module = exec_and_patch
+        return spec
+
+
+def install_import_hook() -> None:
+    with _lock:
+        if _config["hooked"] or _config["patched"]:
+            return
+        _config["hooked"] = True
+        sys.meta_path.insert(0, _PatchAfterImport())
+
+
+# --- the patch ------------------------------------------------------------------------
+def _patch(c10d=None) -> None:
+    with _lock:
+        if _config["patched"]:
+            return
+        _config["patched"] = True
+    if c10d is None:
+        c10d = importlib.import_module(_C10D)
+    if not getattr(c10d, "is_available", lambda: True)():
+        return
+    original = c10d._new_process_group_helper
+    from distdoctor.tracer.process_group import RealProcessGroup, TracingProcessGroup
+
+    def _new_process_group_helper(*args, **kwargs):
+        backend = str(args[3] if len(args) > 3 else kwargs.get("backend", "")).lower()
+        if backend not in _BUILTIN_BACKENDS:
+            return original(*args, **kwargs)  # custom Python backends stay untouched
+        is_default = c10d.GroupMember.WORLD is None
+        c10d.ProcessGroup = TracingProcessGroup
+        try:
+            pg, store = original(*args, **kwargs)
+        finally:
+            c10d.ProcessGroup = RealProcessGroup
+        if is_default and state.recorder is None:
+            _start_session(pg, backend, args[4] if len(args) > 4 else kwargs.get("store"))
+        return pg, store
+
+    c10d._new_process_group_helper = _new_process_group_helper
+
+    # split_group() calls parent_pg.split_group(), which TracingProcessGroup overrides.
+
+
+# --- the rank's session ---------------------------------------------------------------
+def _start_session(pg, backend: str, store) -> None:
+    try:
+        rank, world = pg.rank(), pg.size()
+        run_dir = _agree_run_dir(rank, store)
+        _open_recorder(run_dir, rank, world, backend)
+    except Exception as exc:
+        print(f"distdoctor: tracing disabled on this rank: {exc!r}", file=sys.stderr)
+
+
+def _agree_run_dir(rank: int, store) -> str:
+    """The run dir: given, from `distdoctor run`, or chosen by rank 0 and shared."""
+    chosen = _config["run_dir"] or os.environ.get(rundir.ENV_RUN_DIR)
+    if chosen:
+        return chosen
+    key = "distdoctor/run_dir"
+    if rank == 0:
+        chosen = str(rundir.new_run_dir().resolve())
+        if store is not None:
+            store.set(key, chosen)
+        return chosen
+    try:  # bounded: a rank 0 without distdoctor must not stall this rank
+        from datetime import timedelta
+
+        store.wait([key], timedelta(seconds=10))
+        return store.get(key).decode()
+    except Exception:
+        return str(rundir.new_run_dir(tag=f"rank{rank}").resolve())
+
+
+def _open_recorder(run_dir: str, rank: int, world: int, backend: str) -> None:
+    import torch
+
+    from distdoctor.runlog.ring import DEFAULT_RING_MIB, DEFAULT_STRINGS_MIB, RingWriter
+    from distdoctor.tracer.recorder import Recorder
+
+    os.makedirs(os.path.join(run_dir, "ranks"), exist_ok=True)
+    if rank == 0 and not os.path.exists(os.path.join(run_dir, "run.json")):
+        rundir.write_run_meta(run_dir, launcher="install", world_size=world,
+                              command=sys.argv)
+    ring_mib = float(os.environ.get("DISTDOCTOR_RING_MIB", DEFAULT_RING_MIB))
+    ring = RingWriter(str(rundir.ring_path(run_dir, rank)), rank,
+                      int(ring_mib * 2**20), DEFAULT_STRINGS_MIB * 2**20)
+    rundir.write_json_atomic(rundir.rank_meta_path(run_dir, rank), {
+        "rank": rank,
+        "world_size": world,
+        "local_rank": _env_int("LOCAL_RANK"),
+        "local_world_size": _env_int("LOCAL_WORLD_SIZE"),
+        "host": socket.gethostname(),
+        "pid": os.getpid(),
+        "backend": backend,
+        "torch": torch.__version__,
+        "python": sys.version.split()[0],
+        "argv": sys.argv,
+        # CUDA is not touched here (that would create a context on GPU 0); the device a
+        # rank really uses is in its events' tensor descriptions.
+        "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
+        "clock": {"wall_ns": time.time_ns(), "monotonic_ns": time.monotonic_ns()},
+        "ring": {"capacity": ring.capacity, "slot_bytes": 128},
+        "restart_count": _env_int("TORCHELASTIC_RESTART_COUNT"),
+    })
+    state.recorder = Recorder(ring)
+
+
+def _env_int(name: str) -> int | None:
+    try:
+        return int(os.environ[name])
+    except (KeyError, ValueError):
+        return None

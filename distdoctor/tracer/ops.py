@@ -1,0 +1,116 @@
+"""What each ProcessGroup method means: op name, kind, and how to read its arguments.
+
+A `ProcessGroup` method receives its arguments positionally from C++ callers (DDP's
+reducer, functional collectives) and sometimes by keyword from `torch.distributed`'s
+Python functions, so each reader takes both. Only methods that do not call one another
+in torch's C++ base are wrapped (the old aliases `_allgather_base`, `alltoall_base`,
+`allgather_into_tensor_coalesced`, ... forward to the ones below), so every op is seen
+exactly once.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+from distdoctor.runlog import format as F
+
+
+@dataclass(frozen=True)
+class OpSpec:
+    method: str  # ProcessGroup method name
+    op: str  # name recorded (torch.distributed's public name)
+    kind: int  # format.KIND_*
+    describe: Callable  # (args, kwargs) -> (inputs, outputs, opts, peer)
+
+
+def _arg(args, kwargs, i, name):
+    if len(args) > i:
+        return args[i]
+    return kwargs.get(name)
+
+
+def _flat(x) -> list:
+    """Tensors in a tensor, a list of tensors or a list of lists, in order."""
+    if x is None:
+        return []
+    if isinstance(x, (list, tuple)):
+        out = []
+        for item in x:
+            if isinstance(item, (list, tuple)):
+                out.extend(item)
+            else:
+                out.append(item)
+        return out
+    return [x]
+
+
+def _inplace(opts_index=1):
+    """Ops that work on one list of tensors in place (all_reduce, broadcast, reduce)."""
+    def describe(args, kwargs):
+        tensors = _flat(_arg(args, kwargs, 0, "tensors"))
+        return tensors, tensors, _arg(args, kwargs, opts_index, "opts"), None
+    return describe
+
+
+def _out_in(out_name="output_tensors", in_name="input_tensors"):
+    """Ops with (outputs, inputs, opts): gathers, scatters, all-to-all."""
+    def describe(args, kwargs):
+        outs = _flat(_arg(args, kwargs, 0, out_name))
+        ins = _flat(_arg(args, kwargs, 1, in_name))
+        return ins, outs, _arg(args, kwargs, 2, "opts"), None
+    return describe
+
+
+def _all_to_all_single(args, kwargs):
+    out = _flat(_arg(args, kwargs, 0, "output"))
+    ins = _flat(_arg(args, kwargs, 1, "input"))
+    return ins, out, _arg(args, kwargs, 4, "opts"), None
+
+
+def _barrier(args, kwargs):
+    return [], [], _arg(args, kwargs, 0, "opts"), None
+
+
+def _monitored_barrier(args, kwargs):
+    return [], [], None, None
+
+
+def _send(args, kwargs):
+    return _flat(_arg(args, kwargs, 0, "tensors")), [], None, _arg(args, kwargs, 1, "dstRank")
+
+
+def _recv(args, kwargs):
+    return [], _flat(_arg(args, kwargs, 0, "tensors")), None, _arg(args, kwargs, 1, "srcRank")
+
+
+def _recv_anysource(args, kwargs):
+    return [], _flat(_arg(args, kwargs, 0, "tensors")), None, -1
+
+
+C, P = F.KIND_COLLECTIVE, F.KIND_P2P
+SPECS = [
+    OpSpec("allreduce", "all_reduce", C, _inplace()),
+    OpSpec("allreduce_coalesced", "all_reduce_coalesced", C, _inplace()),
+    OpSpec("broadcast", "broadcast", C, _inplace()),
+    OpSpec("reduce", "reduce", C, _inplace()),
+    OpSpec("allgather", "all_gather", C, _out_in()),
+    OpSpec("allgather_coalesced", "all_gather_coalesced", C,
+           _out_in("output_lists", "input_list")),
+    OpSpec("all_gather_single", "all_gather_into_tensor", C, _out_in("output", "input")),
+    OpSpec("all_gather_single_coalesced", "all_gather_into_tensor_coalesced", C,
+           _out_in("outputs", "inputs")),
+    OpSpec("reduce_scatter", "reduce_scatter", C, _out_in()),
+    OpSpec("reduce_scatter_single", "reduce_scatter_tensor", C, _out_in("output", "input")),
+    OpSpec("reduce_scatter_single_coalesced", "reduce_scatter_tensor_coalesced", C,
+           _out_in("outputs", "inputs")),
+    OpSpec("alltoall", "all_to_all", C, _out_in()),
+    OpSpec("all_to_all_single", "all_to_all_single", C, _all_to_all_single),
+    OpSpec("gather", "gather", C, _out_in()),
+    OpSpec("scatter", "scatter", C, _out_in()),
+    OpSpec("barrier", "barrier", C, _barrier),
+    OpSpec("monitored_barrier", "monitored_barrier", C, _monitored_barrier),
+    OpSpec("send", "send", P, _send),
+    OpSpec("recv", "recv", P, _recv),
+    OpSpec("recv_anysource", "recv_anysource", P, _recv_anysource),
+]

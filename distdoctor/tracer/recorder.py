@@ -1,0 +1,271 @@
+"""The rank-side recorder: turns a ProcessGroup call into one event-log record.
+
+Hot-path rules (DESIGN principle 1): memory writes only, no collectives, no locks held
+across a call, and nothing raised into the caller: every entry point catches, warns once
+and carries on. Strings (groups, call sites, shapes) are interned once, so a steady-state
+call costs a few dictionary look-ups and three `struct.pack_into`s.
+
+Completion: CPU work (gloo) completes through its future's done-callback, on gloo's own
+thread, at the moment the work finishes. CUDA work's future completes when the op is
+*enqueued*, so CUDA work is polled with `Work.is_completed()` (which queries the op's CUDA
+end event) by a watcher thread: completion time then comes from the GPU, at the
+watcher's polling resolution (0.2 ms).
+"""
+
+from __future__ import annotations
+
+import atexit
+import sys
+import threading
+import time
+from functools import partial
+
+from distdoctor.runlog import format as F
+from distdoctor.runlog.ring import RingWriter
+from distdoctor.tracer import callsite
+
+_warned: set = set()
+
+
+def warn_once(key: str, message: str) -> None:
+    """The tracer's only way to complain: one line on stderr per kind of problem."""
+    if key in _warned:
+        return
+    _warned.add(key)
+    try:
+        print(f"distdoctor: {message} (tracing continues without it)", file=sys.stderr)
+    except Exception:
+        pass
+
+
+def _status_of(exc: BaseException) -> int:
+    text = str(exc).lower()
+    return F.STATUS_TIMEOUT if ("timed out" in text or "timeout" in text) else F.STATUS_ERROR
+
+
+class Recorder:
+    def __init__(self, ring: RingWriter):
+        self.ring = ring
+        self._interned: dict = {}  # (namespace, key) -> string id
+        self._callsites: dict = {}  # (code, line, from_main) -> string id
+        self._spans: list[int] = []  # open spans (event numbers), innermost last
+        self._watcher = CompletionWatcher(self)
+        self._tls = threading.local()
+        self._main_thread = threading.main_thread().ident
+        self._stop = threading.Event()
+        threading.Thread(target=self._heartbeat, name="distdoctor-heartbeat",
+                         daemon=True).start()
+        atexit.register(self.close)
+
+    # --- interning -------------------------------------------------------------------
+    def intern(self, namespace: str, key, value) -> int:
+        k = (namespace, key)
+        sid = self._interned.get(k)
+        if sid is None:
+            sid = self.ring.add_string(value() if callable(value) else value)
+            if sid:
+                self._interned[k] = sid
+        return sid
+
+    def _callsite_id(self) -> tuple[int, bool]:
+        frame, from_main = callsite.find_user_frame()
+        if frame is None:
+            return 0, False
+        code, line = frame.f_code, frame.f_lineno
+        key = (code, line, from_main)
+        sid = self._callsites.get(key)
+        if sid is None:
+            sid = self.ring.add_string({
+                "file": code.co_filename, "line": line,
+                "function": getattr(code, "co_qualname", code.co_name),
+                **({"thread": "main (op issued from another thread)"} if from_main else {}),
+            })
+            self._callsites[key] = sid
+        return sid, from_main
+
+    def _tensors_id(self, tensors) -> tuple[int, str]:
+        if not tensors:
+            return 0, ""
+        key = tuple((tuple(t.shape), t.dtype, t.device) for t in tensors)
+        sid = self._interned.get(("tensors", key))
+        device = str(tensors[0].device)
+        if sid is None:
+            sid = self.intern("tensors", key, {
+                "shapes": [list(s) for s, _, _ in key],
+                "dtypes": [str(d).replace("torch.", "") for _, d, _ in key],
+                "device": device,
+            })
+        return sid, device
+
+    # --- ops -------------------------------------------------------------------------
+    def nested(self) -> bool:
+        """True inside an op already being recorded (torch calling itself for it)."""
+        return getattr(self._tls, "busy", False)
+
+    def begin(self, pg, spec, args, kwargs):
+        """Record an op entering; returns a token for `end`, or None (not recorded)."""
+        self._tls.busy = True  # cleared by end() or fail()
+        try:
+            ins, outs, opts, peer = spec.describe(args, kwargs)
+            t_enter = time.monotonic_ns()
+            group_id = pg._dd_group_id or pg._dd_describe(self)
+            if spec.kind == F.KIND_P2P:
+                key = (spec.op, peer)
+                seq = pg._dd_p2p_seq.get(key, 0)
+                pg._dd_p2p_seq[key] = seq + 1
+            else:
+                seq = pg._dd_seq
+                pg._dd_seq = seq + 1
+            redop, flags = F.REDOP_NONE, 0
+            if opts is not None:
+                op = getattr(opts, "reduceOp", None)
+                if op is not None:
+                    redop = int(op.op)
+                root = getattr(opts, "rootRank", None)
+                if root is not None:
+                    peer = root
+                if getattr(opts, "asyncOp", True):
+                    flags |= F.FLAG_ASYNC
+            else:
+                flags |= F.FLAG_ASYNC_UNKNOWN
+            tensors_id, device = self._tensors_id(ins or outs)
+            callsite_id, from_main = self._callsite_id()
+            if from_main or threading.get_ident() != self._main_thread:
+                flags |= F.FLAG_OTHER_THREAD
+            numel_in = sum(t.numel() for t in ins)
+            numel_out = sum(t.numel() for t in outs)
+            e = self.ring.append(
+                spec.kind, F.OP_CODE[spec.op], redop, flags, group_id, callsite_id, seq,
+                -1 if peer is None else int(peer), tensors_id, numel_in, numel_out, t_enter,
+                self._spans[-1] + 1 if self._spans else 0, 0,
+            )
+            return (e, device.startswith("cuda"))
+        except Exception as exc:  # never into user code
+            warn_once("begin", f"could not record a {spec.op}: {exc!r}")
+            return None
+
+    def end(self, token, work) -> None:
+        """The op's call returned `work`; arrange for its completion to be recorded."""
+        self._tls.busy = False
+        if token is None:
+            return
+        e, on_cuda = token
+        try:
+            if work is None:  # synchronous ops (monitored_barrier) return nothing
+                self.ring.complete(e, F.STATUS_OK, time.monotonic_ns())
+            elif on_cuda:
+                self._watcher.add(e, work)
+            else:
+                work.get_future().add_done_callback(partial(self._future_done, e))
+        except Exception:
+            self._watcher.add(e, work)  # works without futures: poll them instead
+
+    def fail(self, token, exc: BaseException) -> None:
+        """The op's call raised (bad arguments, a dead peer): record why."""
+        self._tls.busy = False
+        if token is not None:
+            self._finish(token[0], _status_of(exc), exc)
+
+    def _future_done(self, e: int, fut) -> None:
+        try:
+            fut.value()
+            self.ring.complete(e, F.STATUS_OK, time.monotonic_ns())
+        except Exception as exc:
+            self._finish(e, _status_of(exc), exc)
+
+    def _finish(self, e: int, status: int, exc: BaseException | None) -> None:
+        try:
+            error_id = self.ring.add_string(str(exc)[:2000]) if exc is not None else 0
+            self.ring.complete(e, status, time.monotonic_ns(), error_id)
+        except Exception as err:
+            warn_once("finish", f"could not record a completion: {err!r}")
+
+    # --- spans -----------------------------------------------------------------------
+    def span_begin(self, name: str):
+        try:
+            name_id = self.intern("span", name, name)
+            callsite_id, _ = self._callsite_id()
+            e = self.ring.append(F.KIND_SPAN, F.OP_CODE["span"], F.REDOP_NONE, 0, 0,
+                                 callsite_id, 0, -1, 0, 0, 0, time.monotonic_ns(),
+                                 self._spans[-1] + 1 if self._spans else 0, name_id)
+            self._spans.append(e)
+            return e
+        except Exception as exc:
+            warn_once("span", f"could not record span {name!r}: {exc!r}")
+            return None
+
+    def span_end(self, e: int, failed: bool = False) -> None:
+        try:
+            if e in self._spans:
+                self._spans.remove(e)
+            self.ring.complete(e, F.STATUS_ERROR if failed else F.STATUS_OK,
+                               time.monotonic_ns())
+        except Exception as exc:
+            warn_once("span", f"could not close a span: {exc!r}")
+
+    # --- liveness --------------------------------------------------------------------
+    def _heartbeat(self) -> None:
+        while not self._stop.wait(1.0):
+            try:
+                self.ring.heartbeat()
+            except Exception:
+                return
+
+    def close(self) -> None:
+        self._stop.set()
+        try:
+            self.ring.heartbeat()
+            self.ring.mark_closed()
+        except Exception:
+            pass
+
+
+class CompletionWatcher:
+    """Polls works whose future cannot tell completion (CUDA, p2p) on one daemon thread."""
+
+    POLL_S = 0.0002
+
+    def __init__(self, recorder: Recorder):
+        self._recorder = recorder
+        self._pending: list = []
+        self._cv = threading.Condition()
+        self._thread = None
+
+    def add(self, e: int, work) -> None:
+        with self._cv:
+            self._pending.append((e, work))
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="distdoctor-completion",
+                                                daemon=True)
+                self._thread.start()
+            self._cv.notify()
+
+    def _run(self) -> None:
+        while True:
+            with self._cv:
+                while not self._pending:
+                    self._cv.wait()
+                pending, self._pending = self._pending, []
+            still = []
+            for e, work in pending:
+                try:
+                    done = work.is_completed()
+                except Exception as exc:
+                    self._recorder._finish(e, _status_of(exc), exc)
+                    continue
+                if not done:
+                    still.append((e, work))
+                    continue
+                exc = None
+                try:
+                    exc = work.exception()
+                except Exception:
+                    pass
+                if exc is not None:
+                    self._recorder._finish(e, _status_of(exc), exc)
+                else:
+                    self._recorder.ring.complete(e, F.STATUS_OK, time.monotonic_ns())
+            if still:
+                with self._cv:
+                    self._pending[:0] = still
+                time.sleep(self.POLL_S)

@@ -1,0 +1,1 @@
+"""Hardware and system probes (NVML, psutil, py-spy), installed as `distdoctor.probes`."""

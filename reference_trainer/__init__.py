@@ -1,0 +1,1 @@
+"""A hybrid-parallel GPT trainer, installed as `distdoctor.reference_trainer`."""

@@ -1,0 +1,1 @@
+"""The Textual dashboard (`distdoctor watch`), installed as `distdoctor.tui`."""
