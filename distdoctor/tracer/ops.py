@@ -6,6 +6,9 @@ Python functions, so each reader takes both. Only methods that do not call one a
 in torch's C++ base are wrapped (the old aliases `_allgather_base`, `alltoall_base`,
 `allgather_into_tensor_coalesced`, ... forward to the ones below), so every op is seen
 exactly once.
+
+`backend_method` names the same operation on the c10d `Backend` (gloo, NCCL) that the
+group dispatches to; the tracing group calls it directly (see process_group.py for why).
 """
 
 from __future__ import annotations
@@ -22,6 +25,19 @@ class OpSpec:
     op: str  # name recorded (torch.distributed's public name)
     kind: int  # format.KIND_*
     describe: Callable  # (args, kwargs) -> (inputs, outputs, opts, peer)
+    params: tuple = ()  # the method's parameter names, in order
+    backend_method: str | None = None  # the same op on a c10d Backend, if bound there
+
+    def positional(self, args, kwargs):
+        """All arguments as a tuple, or None when a keyword cannot be placed."""
+        if not kwargs:
+            return args
+        out = list(args)
+        for name in self.params[len(args):]:
+            if name not in kwargs:
+                break
+            out.append(kwargs[name])
+        return tuple(out) if len(out) - len(args) == len(kwargs) else None
 
 
 def _arg(args, kwargs, i, name):
@@ -89,28 +105,40 @@ def _recv_anysource(args, kwargs):
 
 
 C, P = F.KIND_COLLECTIVE, F.KIND_P2P
+_T = ("tensors", "opts")
+_OI = ("output_tensors", "input_tensors", "opts")
+_SINGLE = ("output", "input", "opts")
+_MANY = ("outputs", "inputs", "opts")
 SPECS = [
-    OpSpec("allreduce", "all_reduce", C, _inplace()),
-    OpSpec("allreduce_coalesced", "all_reduce_coalesced", C, _inplace()),
-    OpSpec("broadcast", "broadcast", C, _inplace()),
-    OpSpec("reduce", "reduce", C, _inplace()),
-    OpSpec("allgather", "all_gather", C, _out_in()),
+    OpSpec("allreduce", "all_reduce", C, _inplace(), _T, "allreduce"),
+    OpSpec("allreduce_coalesced", "all_reduce_coalesced", C, _inplace(), _T,
+           "allreduce_coalesced"),
+    OpSpec("broadcast", "broadcast", C, _inplace(), _T, "broadcast"),
+    OpSpec("reduce", "reduce", C, _inplace(), _T, "reduce"),
+    OpSpec("allgather", "all_gather", C, _out_in(), _OI, "allgather"),
     OpSpec("allgather_coalesced", "all_gather_coalesced", C,
-           _out_in("output_lists", "input_list")),
-    OpSpec("all_gather_single", "all_gather_into_tensor", C, _out_in("output", "input")),
+           _out_in("output_lists", "input_list"), ("output_lists", "input_list", "opts"),
+           "allgather_coalesced"),
+    OpSpec("all_gather_single", "all_gather_into_tensor", C, _out_in("output", "input"),
+           _SINGLE, "_allgather_base"),
     OpSpec("all_gather_single_coalesced", "all_gather_into_tensor_coalesced", C,
-           _out_in("outputs", "inputs")),
-    OpSpec("reduce_scatter", "reduce_scatter", C, _out_in()),
-    OpSpec("reduce_scatter_single", "reduce_scatter_tensor", C, _out_in("output", "input")),
+           _out_in("outputs", "inputs"), _MANY),
+    OpSpec("reduce_scatter", "reduce_scatter", C, _out_in(), _OI, "reduce_scatter"),
+    OpSpec("reduce_scatter_single", "reduce_scatter_tensor", C, _out_in("output", "input"),
+           _SINGLE, "_reduce_scatter_base"),
     OpSpec("reduce_scatter_single_coalesced", "reduce_scatter_tensor_coalesced", C,
-           _out_in("outputs", "inputs")),
-    OpSpec("alltoall", "all_to_all", C, _out_in()),
-    OpSpec("all_to_all_single", "all_to_all_single", C, _all_to_all_single),
-    OpSpec("gather", "gather", C, _out_in()),
-    OpSpec("scatter", "scatter", C, _out_in()),
-    OpSpec("barrier", "barrier", C, _barrier),
-    OpSpec("monitored_barrier", "monitored_barrier", C, _monitored_barrier),
-    OpSpec("send", "send", P, _send),
-    OpSpec("recv", "recv", P, _recv),
-    OpSpec("recv_anysource", "recv_anysource", P, _recv_anysource),
+           _out_in("outputs", "inputs"), _MANY),
+    OpSpec("alltoall", "all_to_all", C, _out_in(), _OI, "alltoall"),
+    OpSpec("all_to_all_single", "all_to_all_single", C, _all_to_all_single,
+           ("output", "input", "output_split_sizes", "input_split_sizes", "opts"),
+           "alltoall_base"),
+    OpSpec("gather", "gather", C, _out_in(), _OI, "gather"),
+    OpSpec("scatter", "scatter", C, _out_in(), _OI, "scatter"),
+    OpSpec("barrier", "barrier", C, _barrier, ("opts",), "barrier"),
+    OpSpec("monitored_barrier", "monitored_barrier", C, _monitored_barrier,
+           ("timeout", "wait_all_ranks"), "monitored_barrier"),
+    OpSpec("send", "send", P, _send, ("tensors", "dstRank", "tag"), "send"),
+    OpSpec("recv", "recv", P, _recv, ("tensors", "srcRank", "tag"), "recv"),
+    OpSpec("recv_anysource", "recv_anysource", P, _recv_anysource, ("tensors", "tag"),
+           "recv_anysource"),
 ]

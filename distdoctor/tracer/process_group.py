@@ -7,8 +7,13 @@ those virtuals (pybind11 trampoline), so wrapping the group, not the Python API,
 all of them. The real backends (gloo, NCCL) are registered on this object exactly as on
 a plain group, so `_get_backend`, backend names and options behave as without tracing.
 
-pybind11 detects a Python override calling its base method by the frame's code name,
-so each generated method's code object carries the method's own name.
+Each op is passed straight to the device's backend through the backend's own Python
+binding, which releases the GIL while the op is enqueued. Calling the ProcessGroup base
+method instead would go through pybind11's trampoline with the GIL held, and deadlock
+against gloo's worker thread, which takes the GIL to free a finished op's tensors while
+holding the queue lock the new op needs. (The two coalesced "single" ops have no backend
+binding and take the base path; pybind11 recognises a Python override calling its base
+by the frame's code name, so each generated method's code object carries its name.)
 """
 
 from __future__ import annotations
@@ -42,6 +47,7 @@ class TracingProcessGroup(RealProcessGroup):
         self._dd_seq = 0
         self._dd_p2p_seq: dict = {}
         self._dd_backends: list = []  # (device, backend type, backend)
+        self._dd_by_device: dict = {}  # device type -> backend (ops look it up per call)
 
     def _dd_describe(self, recorder) -> int:
         """Intern this group's identity (name, description, global ranks) once."""
@@ -55,6 +61,20 @@ class TracingProcessGroup(RealProcessGroup):
             "group", (name, desc, tuple(ranks)),
             {"name": name, "desc": desc, "ranks": ranks, "size": self.size()})
         return self._dd_group_id
+
+    def _dd_backend_call(self, spec, desc, args, kwargs):
+        """The backend's bound method for this op and its positional arguments, or None."""
+        if spec.backend_method is None:
+            return None
+        call_args = spec.positional(args, kwargs)
+        if call_args is None:
+            return None
+        device_type = _device_type_of(spec, desc, self)
+        backend = self._dd_by_device.get(device_type)
+        if backend is None:
+            backend = self._get_backend(_torch_device(device_type))
+            self._dd_by_device[device_type] = backend
+        return getattr(backend, spec.backend_method), call_args
 
     # --- pieces of ProcessGroup that need the store this object cannot hold ----------
     def _register_backend(self, device, backend_type, backend):
@@ -103,20 +123,47 @@ def adopt(pg):
     return traced
 
 
+def _torch_device(device_type: str):
+    import torch
+
+    return torch.device(device_type)
+
+
+def _device_type_of(spec, desc, pg) -> str:
+    """The device whose backend runs this op, chosen as ProcessGroup's C++ does."""
+    ins, outs, opts, _ = desc
+    for t in ins or outs:
+        return t.device.type
+    if spec.method == "barrier":
+        device = getattr(opts, "device", None)
+        if device is not None:
+            return device.type
+        return "cuda" if pg._get_backend_name() == "nccl" else "cpu"
+    return "cpu"  # monitored_barrier runs on the CPU backend
+
+
 def _make_method(spec):
     base = getattr(RealProcessGroup, spec.method)
 
     def method(self, *args, **kwargs):
-        rec = state.recorder
-        if rec is None or rec.nested():
-            return base(self, *args, **kwargs)
-        token = rec.begin(self, spec, args, kwargs)
         try:
-            work = base(self, *args, **kwargs)
+            desc = spec.describe(args, kwargs)
+            direct = self._dd_backend_call(spec, desc, args, kwargs)
+        except Exception:
+            desc = direct = None
+        rec = state.recorder
+        token = rec.begin(self, spec, desc) if rec is not None and desc else None
+        try:
+            if direct is not None:
+                work = direct[0](*direct[1])
+            else:
+                work = base(self, *args, **kwargs)
         except BaseException as exc:
-            rec.fail(token, exc)
+            if rec is not None:
+                rec.fail(token, exc)
             raise
-        rec.end(token, work)
+        if rec is not None:
+            work = rec.end(token, work)
         return work
 
     method.__code__ = method.__code__.replace(co_name=spec.method)

@@ -50,7 +50,6 @@ class Recorder:
         self._callsites: dict = {}  # (code, line, from_main) -> string id
         self._spans: list[int] = []  # open spans (event numbers), innermost last
         self._watcher = CompletionWatcher(self)
-        self._tls = threading.local()
         self._main_thread = threading.main_thread().ident
         self._stop = threading.Event()
         threading.Thread(target=self._heartbeat, name="distdoctor-heartbeat",
@@ -98,15 +97,13 @@ class Recorder:
         return sid, device
 
     # --- ops -------------------------------------------------------------------------
-    def nested(self) -> bool:
-        """True inside an op already being recorded (torch calling itself for it)."""
-        return getattr(self._tls, "busy", False)
+    def begin(self, pg, spec, desc):
+        """Record an op entering; returns a token for `end`, or None (not recorded).
 
-    def begin(self, pg, spec, args, kwargs):
-        """Record an op entering; returns a token for `end`, or None (not recorded)."""
-        self._tls.busy = True  # cleared by end() or fail()
+        `desc` is `spec.describe(...)` of the call: (inputs, outputs, options, peer).
+        """
         try:
-            ins, outs, opts, peer = spec.describe(args, kwargs)
+            ins, outs, opts, peer = desc
             t_enter = time.monotonic_ns()
             group_id = pg._dd_group_id or pg._dd_describe(self)
             if spec.kind == F.KIND_P2P:
@@ -144,11 +141,14 @@ class Recorder:
             warn_once("begin", f"could not record a {spec.op}: {exc!r}")
             return None
 
-    def end(self, token, work) -> None:
-        """The op's call returned `work`; arrange for its completion to be recorded."""
-        self._tls.busy = False
+    def end(self, token, work):
+        """The op's call returned `work`; arrange for its completion to be recorded.
+
+        Returns the work to hand to the caller: `work` itself, or for CPU work that has no
+        future (gloo's send/recv) a wrapper that records completion when waited on.
+        """
         if token is None:
-            return
+            return work
         e, on_cuda = token
         try:
             if work is None:  # synchronous ops (monitored_barrier) return nothing
@@ -156,13 +156,25 @@ class Recorder:
             elif on_cuda:
                 self._watcher.add(e, work)
             else:
-                work.get_future().add_done_callback(partial(self._future_done, e))
-        except Exception:
-            self._watcher.add(e, work)  # works without futures: poll them instead
+                try:
+                    fut = work.get_future()
+                except RuntimeError:  # "getFuture not implemented": gloo p2p
+                    from distdoctor.tracer.work import RecordingWork
+
+                    return RecordingWork(work, partial(self._finish_wait, e))
+                fut.add_done_callback(partial(self._future_done, e))
+        except Exception as exc:
+            warn_once("end", f"could not follow an op's completion: {exc!r}")
+        return work
+
+    def _finish_wait(self, e: int, exc: BaseException | None) -> None:
+        if exc is None:
+            self.ring.complete(e, F.STATUS_OK, time.monotonic_ns())
+        else:
+            self._finish(e, _status_of(exc), exc)
 
     def fail(self, token, exc: BaseException) -> None:
         """The op's call raised (bad arguments, a dead peer): record why."""
-        self._tls.busy = False
         if token is not None:
             self._finish(token[0], _status_of(exc), exc)
 
@@ -221,7 +233,7 @@ class Recorder:
 
 
 class CompletionWatcher:
-    """Polls works whose future cannot tell completion (CUDA, p2p) on one daemon thread."""
+    """Polls CUDA works (`is_completed()` queries their end event) on one daemon thread."""
 
     POLL_S = 0.0002
 
@@ -247,24 +259,17 @@ class CompletionWatcher:
                     self._cv.wait()
                 pending, self._pending = self._pending, []
             still = []
-            for e, work in pending:
+            for item in pending:
+                e, work = item
                 try:
-                    done = work.is_completed()
+                    # Never work.wait() here: it would make this thread's stream wait.
+                    if not work.is_completed():
+                        still.append(item)
+                        continue
                 except Exception as exc:
                     self._recorder._finish(e, _status_of(exc), exc)
                     continue
-                if not done:
-                    still.append((e, work))
-                    continue
-                exc = None
-                try:
-                    exc = work.exception()
-                except Exception:
-                    pass
-                if exc is not None:
-                    self._recorder._finish(e, _status_of(exc), exc)
-                else:
-                    self._recorder.ring.complete(e, F.STATUS_OK, time.monotonic_ns())
+                self._recorder.ring.complete(e, F.STATUS_OK, time.monotonic_ns())
             if still:
                 with self._cv:
                     self._pending[:0] = still

@@ -1,0 +1,125 @@
+"""Run a job with every rank traced, no code changes.
+
+  distdoctor run --nproc 4 -- train.py --steps 100        # launch 4 local ranks
+  distdoctor run -- torchrun --nproc-per-node 8 train.py  # wrap a launcher
+
+With --nproc, distdoctor starts the ranks itself with torchrun's environment (RANK,
+LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT). Without it, the
+command is run as given and every Python process it starts is traced. Event logs go to
+the run directory (default: a new one under ./distdoctor-runs). Exit code: the job's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+import time
+from pathlib import Path
+
+from distdoctor.errors import UserError
+
+
+def register(sub) -> None:
+    p = sub.add_parser("run", help="run a job with every rank traced",
+                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--nproc", type=int, metavar="N", help="launch N local ranks")
+    p.add_argument("--run-dir", metavar="DIR", help="where to write (default: a new dir "
+                   "under ./distdoctor-runs)")
+    p.add_argument("--hang-timeout", type=float, default=60.0, metavar="S",
+                   help="seconds a collective may be in flight before it is a hang (60)")
+    p.add_argument("--on-hang", choices=["report", "kill"], default="report",
+                   help="what to do once a hang is diagnosed (report)")
+    p.add_argument("--grace", type=float, default=5.0, metavar="S",
+                   help="seconds the other ranks get after one fails, before they are "
+                   "stopped (5)")
+    p.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- CMD ...",
+                   help="the training command")
+    p.set_defaults(func=run)
+
+
+def run(args) -> int:
+    from distdoctor.launch.env import free_port, rank_env, traced_env
+    from distdoctor.launch.local import Job, python_command
+    from distdoctor.runlog import rundir
+
+    cmd = list(args.cmd)
+    if cmd and cmd[0] == "--":
+        cmd = cmd[1:]
+    if not cmd:
+        raise UserError("run: no command given (distdoctor run [--nproc N] -- CMD ...)", 2)
+    if args.nproc is not None and args.nproc < 1:
+        raise UserError("run: --nproc must be at least 1", 2)
+    if args.hang_timeout <= 0:
+        raise UserError("run: --hang-timeout must be positive", 2)
+    cmd = python_command(cmd)
+
+    if args.run_dir:
+        run_dir = Path(args.run_dir)
+        if (run_dir / "run.json").exists():
+            raise UserError(f"run: {run_dir} already holds a run; choose a new --run-dir")
+        (run_dir / "ranks").mkdir(parents=True, exist_ok=True)
+    else:
+        run_dir = rundir.new_run_dir()
+    rundir.write_run_meta(run_dir, launcher="distdoctor run", command=cmd, nproc=args.nproc,
+                          world_size=args.nproc, hang_timeout_s=args.hang_timeout,
+                          on_hang=args.on_hang)
+    env = traced_env(run_dir)
+    if args.nproc:
+        port = free_port()
+        commands = [(r, cmd, rank_env(env, r, args.nproc, port)) for r in range(args.nproc)]
+    else:
+        commands = [(None, cmd, env)]
+
+    print(f"distdoctor: tracing into {run_dir}", file=sys.stderr)
+    try:
+        job = Job.start(commands, grace_s=args.grace)
+    except OSError as exc:
+        raise UserError(f"run: cannot start {cmd[0]!r}: {exc.strerror}") from None
+    _forward_signals(job)
+    try:
+        while job.poll():
+            time.sleep(0.1)
+    except KeyboardInterrupt:
+        job.stop()
+    _write_exits(run_dir, job)
+    _summary(run_dir, job)
+    return job.exit_code()
+
+
+def _forward_signals(job) -> None:
+    def handler(signum, frame):
+        job.stop(signum)
+        raise SystemExit(128 + signum)
+
+    signal.signal(signal.SIGTERM, handler)
+
+
+def _write_exits(run_dir, job) -> None:
+    from distdoctor.runlog import rundir
+
+    exits = [{"rank": p.rank, "pid": p.popen.pid, "exit_code": p.exit_code,
+              "signal": p.signal_name} for p in job.procs]
+    rundir.write_json_atomic(Path(run_dir) / "exits.json",
+                             {"stopped_by_distdoctor": job.stopped, "processes": exits})
+
+
+def _summary(run_dir, job) -> None:
+    from distdoctor.runlog.reader import RankLog
+    from distdoctor.runlog.rundir import open_run_dir
+
+    info = open_run_dir(run_dir)
+    counts = []
+    for rank in info.ring_ranks:
+        try:
+            log = RankLog(Path(run_dir) / "ranks" / f"rank-{rank:05d}.ring")
+            counts.append(f"r{rank}:{log.header().head}")
+            log.close()
+        except UserError:
+            counts.append(f"r{rank}:unreadable")
+    failed = [p for p in job.failures]
+    status = "ok" if not failed else ", ".join(
+        f"{'rank ' + str(p.rank) if p.rank is not None else 'job'} exited "
+        f"{p.signal_name or p.exit_code}" for p in failed)
+    print(f"distdoctor: {len(info.ring_ranks)} rank(s) traced "
+          f"({' '.join(counts) or 'no events'}); {status}; run dir {run_dir}", file=sys.stderr)

@@ -1,0 +1,112 @@
+"""Run a job's processes and watch them: N local ranks (`--nproc`), or one launcher.
+
+When a rank fails, the others are usually stuck waiting for it in a collective; they are
+stopped after a grace period (torchrun stops them at once), which leaves time for the
+diagnosis to read their event logs. Every process gets its own process group so the
+whole tree (a launcher's workers included) can be signalled and nothing is left behind.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+
+
+@dataclass
+class Proc:
+    rank: int | None  # None for a wrapped launcher
+    popen: subprocess.Popen
+    exit_code: int | None = None
+
+    @property
+    def signal_name(self) -> str | None:
+        if self.exit_code is not None and self.exit_code < 0:
+            try:
+                return signal.Signals(-self.exit_code).name
+            except ValueError:
+                return f"signal {-self.exit_code}"
+        return None
+
+
+@dataclass
+class JobResult:
+    exit_code: int
+    procs: list[Proc] = field(default_factory=list)
+    stopped: bool = False  # distdoctor stopped the job (rank failure, hang, interrupt)
+
+
+def python_command(cmd: list[str]) -> list[str]:
+    """`train.py args` runs under this interpreter; anything else runs as given."""
+    if cmd and cmd[0].endswith(".py"):
+        return [sys.executable, *cmd]
+    return cmd
+
+
+class Job:
+    def __init__(self, procs: list[Proc], grace_s: float = 5.0):
+        self.procs = procs
+        self.grace_s = grace_s
+        self.stopped = False
+        self.failures: list[Proc] = []  # in the order their exits were seen
+        self._stop_deadline: float | None = None
+
+    @classmethod
+    def start(cls, commands: list[tuple[int | None, list[str], dict]], grace_s: float = 5.0):
+        procs = []
+        for rank, cmd, env in commands:
+            popen = subprocess.Popen(cmd, env=env, start_new_session=True,
+                                     stdin=subprocess.DEVNULL)
+            procs.append(Proc(rank, popen))
+        return cls(procs, grace_s)
+
+    def poll(self) -> bool:
+        """Collect exits; returns True while any process runs."""
+        running = False
+        for p in self.procs:
+            if p.exit_code is None:
+                code = p.popen.poll()
+                if code is None:
+                    running = True
+                else:
+                    p.exit_code = code
+                    if code != 0:
+                        self.failures.append(p)
+        if self.failures and running and self._stop_deadline is None:
+            self._stop_deadline = time.monotonic() + self.grace_s
+        if self._stop_deadline is not None and running and time.monotonic() > self._stop_deadline:
+            self.stop()
+        return running
+
+    def stop(self, sig: int = signal.SIGTERM, kill_after_s: float = 5.0) -> None:
+        """Signal every process group, then SIGKILL what is left after `kill_after_s`."""
+        self.stopped = True
+        self._signal_all(sig)
+        deadline = time.monotonic() + kill_after_s
+        while time.monotonic() < deadline and any(p.popen.poll() is None for p in self.procs):
+            time.sleep(0.05)
+        self._signal_all(signal.SIGKILL)
+        for p in self.procs:
+            if p.exit_code is None:
+                try:
+                    p.exit_code = p.popen.wait(timeout=5)
+                except subprocess.TimeoutExpired:
+                    pass
+
+    def _signal_all(self, sig: int) -> None:
+        for p in self.procs:
+            if p.popen.poll() is None:
+                try:
+                    os.killpg(p.popen.pid, sig)
+                except (ProcessLookupError, PermissionError):
+                    pass
+
+    def exit_code(self) -> int:
+        """The job's exit code: the first failure's (128 + signal for a killed process)."""
+        if not self.failures:
+            return 1 if self.stopped else 0
+        code = self.failures[0].exit_code
+        return 128 - code if code < 0 else code

@@ -1,0 +1,59 @@
+"""A Work wrapper for ops whose completion can only be seen by waiting on them.
+
+gloo's send/recv works have no future and never report `is_completed()` until someone
+waits, and waiting on them from a second thread is unsafe (two waiters, one completion).
+So the tracer hands the caller this wrapper instead: the caller's own `wait()` is the
+completion, recorded when it returns. Everything else is passed through.
+"""
+
+from __future__ import annotations
+
+import torch.distributed as dist
+
+
+class RecordingWork(dist.Work):
+    def __init__(self, inner, on_done):
+        super().__init__()
+        self._inner = inner
+        self._on_done = on_done
+
+    def wait(self, timeout=None):
+        try:
+            result = self._inner.wait() if timeout is None else self._inner.wait(timeout)
+        except BaseException as exc:
+            self._report(exc)
+            raise
+        self._report(None)
+        return result
+
+    def _report(self, exc) -> None:
+        on_done, self._on_done = self._on_done, None
+        if on_done is not None:
+            try:
+                on_done(exc)
+            except Exception:
+                pass
+
+    def is_completed(self):
+        return self._inner.is_completed()
+
+    def is_success(self):
+        return self._inner.is_success()
+
+    def exception(self):
+        return self._inner.exception()
+
+    def source_rank(self):
+        return self._inner.source_rank()
+
+    def _source_rank(self):
+        return self._inner._source_rank()
+
+    def result(self):
+        return self._inner.result()
+
+    def synchronize(self):
+        return self._inner.synchronize()
+
+    def get_future(self):
+        return self._inner.get_future()
