@@ -203,7 +203,9 @@ def _warm_up(ctx: Context, combo: Combo, report: OpReport, emit: Emitter) -> boo
             err = _one_line(exc)
         del prep
         if comm.any_rank(bool(err), ctx.device):
-            report.errors += 1
+            # A combination asked for by name must run; one from `-d all`/`-o all` may not.
+            if ctx.opts.explicit_datatypes and ctx.opts.explicit_redops:
+                report.errors += 1
             emit.note(f"{combo.label}: skipped, the {ctx.backend} backend refused it "
                       f"({err or 'on another rank'})")
             return False
@@ -277,16 +279,14 @@ def run_op(ctx: Context, op: str, emit: Emitter) -> OpReport:
                 combo = Combo(spec, dtype, redop, root)
                 if not _warm_up(ctx, combo, report, emit):
                     continue
-                too_small = []
-                for size in opts.sizes:
-                    if _call(ctx, combo, size, "oop").lay.count == 0:
-                        too_small.append(size)
-                        continue
+                sizes = [s for s in opts.sizes if _call(ctx, combo, s, "oop").lay.count > 0]
+                too_small = [s for s in opts.sizes if s not in sizes]
+                if too_small:
+                    emit.note(f"{combo.label}: skipped {', '.join(map(str, too_small))} B: "
+                              f"under 16 B per rank once split over {n} ranks")
+                for size in sizes:
                     row = _measure(ctx, combo, size, emit, report)
                     if row is not None:
                         report.rows.append(row)
                         emit.row(row)
-                if too_small:
-                    emit.note(f"{combo.label}: skipped {', '.join(map(str, too_small))} B: "
-                              f"under 16 B per rank once split over {n} ranks")
     return report

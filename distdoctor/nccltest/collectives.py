@@ -23,8 +23,8 @@ from distdoctor.nccltest.verify import fill, fill_reduced, torch_dtype
 REDUCE_OPS = {"sum": "SUM", "prod": "PRODUCT", "max": "MAX", "min": "MIN", "avg": "AVG"}
 
 # torch 2.13 renamed the tensor forms; keep working on older releases (pyproject: >=2.6).
-_all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
-_reduce_scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+_ALL_GATHER = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+_REDUCE_SCATTER = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
 
 
 @dataclass
@@ -101,7 +101,7 @@ def _all_gather(call: Call) -> Prepared:
     def init(seed: int) -> None:
         recv.zero_()
         fill(send, "data", r, 0, n, call.dtype, seed)
-    return Prepared(init, lambda: [_all_gather(recv, send, group=g, async_op=True)], recv,
+    return Prepared(init, lambda: [_ALL_GATHER(recv, send, group=g, async_op=True)], recv,
                     _data_expect(call, [(s, 0, c) for s in range(n)]))
 
 
@@ -114,7 +114,7 @@ def _reduce_scatter(call: Call) -> Prepared:
         if call.place == "oop":
             recv.zero_()
         fill(send, call.redop, r, 0, n, call.dtype, seed)
-    return Prepared(init, lambda: [_reduce_scatter(recv, send, op=op, group=g, async_op=True)],
+    return Prepared(init, lambda: [_REDUCE_SCATTER(recv, send, op=op, group=g, async_op=True)],
                     recv, _reduced_expect(call, r * c, c))
 
 

@@ -87,9 +87,10 @@ class Options:
     csv_path: str | None = None
     plot_path: str | None = None
     pairwise: bool = False
-    pairwise_threshold: float = 0.7
+    slow_fraction: float = 0.7  # pairs / split groups below this x median are flagged
     split: str | None = None
     explicit_datatypes: bool = False  # -d named types (not `all`): unsupported is an error
+    explicit_redops: bool = False  # -o named ops (not `all`): a refused one is an error
 
     @property
     def sizes(self) -> list[int]:
@@ -127,9 +128,9 @@ def parse_datatypes(text: str) -> tuple[list[str], bool]:
     return [canonical_dtype(part) for part in text.split(",") if part.strip()], True
 
 
-def parse_redops(text: str) -> list[str]:
+def parse_redops(text: str) -> tuple[list[str], bool]:
     if text.strip().lower() == "all":
-        return list(REDOPS)
+        return list(REDOPS), False
     out = []
     for part in text.split(","):
         key = part.strip().lower()
@@ -139,11 +140,13 @@ def parse_redops(text: str) -> list[str]:
             raise UserError(f"unknown reduction op {part.strip()!r}; choose from "
                             f"{', '.join(REDOPS)} or all{hint}", 2)
         out.append(key)
-    return out
+    return out, True
 
 
 def validate(opts: Options) -> Options:
     """Reject settings nccl-tests would reject, and the combinations that cannot work."""
+    if opts.pairwise:  # one message size, -e; the sweep's sizes do not apply
+        opts.minbytes = opts.maxbytes
     if opts.minbytes > opts.maxbytes:
         raise UserError(f"invalid sizes: minbytes {opts.minbytes} > maxbytes {opts.maxbytes} "
                         "(-b must not exceed -e)", 2)
@@ -168,8 +171,8 @@ def validate(opts: Options) -> Options:
     if opts.pairwise and opts.split:
         raise UserError("--pairwise and --split do not combine: pairwise already tests "
                         "every pair on its own", 2)
-    if not 0.0 < opts.pairwise_threshold < 1.0:
-        raise UserError("--pairwise-threshold is a fraction of the median, between 0 and 1", 2)
+    if not 0.0 < opts.slow_fraction < 1.0:
+        raise UserError("--slow-fraction is a fraction of the median, between 0 and 1", 2)
     if opts.plot_path and not opts.plot_path.lower().endswith(".png"):
         raise UserError(f"--plot writes a PNG: give a file name ending in .png, not "
                         f"{opts.plot_path!r}", 2)

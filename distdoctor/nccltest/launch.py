@@ -1,0 +1,87 @@
+"""`--nproc N`: start N local ranks with torchrun's environment contract, wait, clean up.
+
+Each rank gets RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, MASTER_ADDR (127.0.0.1) and
+MASTER_PORT (a port free at launch), and the options as JSON. When one rank fails, the
+others get `grace_s` seconds to finish (they may be blocked in a collective with it), then
+are terminated, then killed: no rank outlives the launcher.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+
+from distdoctor.nccltest.options import Options
+from distdoctor.nccltest.worker import OPTIONS_ENV
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def rank_env(base: dict, rank: int, world: int, port: int, opts: Options) -> dict:
+    env = dict(base)
+    env.update({
+        "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(world),
+        "LOCAL_WORLD_SIZE": str(world), "GROUP_RANK": "0", "ROLE_RANK": str(rank),
+        "ROLE_WORLD_SIZE": str(world), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
+        OPTIONS_ENV: opts.to_json(), "PYTHONUNBUFFERED": "1",
+    })
+    env.setdefault("OMP_NUM_THREADS", "1")  # as torchrun: N ranks share the cores
+    return env
+
+
+def launch(opts: Options, nproc: int, command: list[str] | None = None,
+           grace_s: float = 5.0) -> int:
+    """Run `command` (default: the nccl-test worker) as `nproc` ranks; the job's exit code."""
+    cmd = command or [sys.executable, "-m", "distdoctor.nccltest.worker"]
+    port = free_port()
+    procs: list[subprocess.Popen] = []
+    try:
+        for rank in range(nproc):
+            procs.append(subprocess.Popen(cmd, env=rank_env(os.environ, rank, nproc, port,
+                                                             opts)))
+        return _wait(procs, grace_s)
+    except KeyboardInterrupt:
+        return 130
+    finally:
+        _stop(procs)
+
+
+def _wait(procs: list[subprocess.Popen], grace_s: float) -> int:
+    first_failure: int | None = None
+    deadline: float | None = None
+    while True:
+        codes = [p.poll() for p in procs]
+        if all(c is not None for c in codes):
+            break
+        failed = [c for c in codes if c not in (None, 0)]
+        if failed and first_failure is None:
+            first_failure, deadline = failed[0], time.monotonic() + grace_s
+        if deadline is not None and time.monotonic() > deadline:
+            _stop(procs)
+            break
+        time.sleep(0.05)
+    codes = [p.returncode for p in procs]
+    if first_failure is not None:
+        return first_failure if first_failure > 0 else 1
+    return next((c for c in codes if c), 0)
+
+
+def _stop(procs: list[subprocess.Popen], timeout_s: float = 5.0) -> None:
+    """Terminate, then kill, the ranks still running (only the ones we started)."""
+    running = [p for p in procs if p.poll() is None]
+    for p in running:
+        p.terminate()
+    end = time.monotonic() + timeout_s
+    for p in running:
+        try:
+            p.wait(max(0.0, end - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()

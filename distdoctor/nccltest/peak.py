@@ -1,0 +1,59 @@
+"""The NVLink peak of a GPU, per direction, from NVML: link generation x active links.
+
+Every NVML call goes through `_nvml`, which turns any NVML problem (no library, no driver,
+a function the GPU does not support) into "not available" rather than an exception.
+"""
+
+from __future__ import annotations
+
+# GB/s per link per direction, by the NVLink version NVML reports.
+GBPS_PER_LINK = {1: 20.0, 2: 25.0, 3: 25.0, 4: 25.0, 5: 50.0}
+
+
+def nvml_bus_id(domain: int, bus: int, device: int) -> str:
+    """NVML's PCI bus id spelling for a device torch describes by numbers."""
+    return f"{domain:08X}:{bus:02X}:{device:02X}.0"
+
+
+def nvlink_peak(bus_id: str | None, index: int = 0) -> tuple[float | None, str]:
+    """(GB/s per direction, how it was found) or (None, why not)."""
+    try:
+        import pynvml
+    except ImportError:
+        return None, "NVML not available (nvidia-ml-py not installed)"
+    try:
+        pynvml.nvmlInit()
+    except Exception as exc:  # noqa: BLE001 - no driver, no GPU: a value, not an error
+        return None, f"NVML not available ({exc})"
+    try:
+        return _peak(pynvml, bus_id, index)
+    except Exception as exc:  # noqa: BLE001
+        return None, f"NVML could not tell ({exc})"
+    finally:
+        try:
+            pynvml.nvmlShutdown()
+        except Exception:  # noqa: BLE001, S110
+            pass
+
+
+def _peak(pynvml, bus_id: str | None, index: int) -> tuple[float | None, str]:
+    if bus_id:
+        handle = pynvml.nvmlDeviceGetHandleByPciBusId(bus_id.encode())
+    else:
+        handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+    active, version = 0, None
+    for link in range(getattr(pynvml, "NVML_NVLINK_MAX_LINKS", 18)):
+        try:
+            state = pynvml.nvmlDeviceGetNvLinkState(handle, link)
+        except pynvml.NVMLError:
+            continue  # link absent or not supported on this GPU
+        if state == pynvml.NVML_FEATURE_ENABLED:
+            active += 1
+            if version is None:
+                version = pynvml.nvmlDeviceGetNvLinkVersion(handle, link)
+    if not active:
+        return None, "no active NVLink (PCIe only)"
+    per_link = GBPS_PER_LINK.get(version)
+    if per_link is None:
+        return None, f"NVLink version {version} is not in the table"
+    return active * per_link, f"NVLink{version} x {active} links, from NVML"

@@ -1,0 +1,70 @@
+"""Shared helpers: run real multi-process jobs under `distdoctor run`, with hard timeouts.
+
+A job that outlives its timeout is stopped (distdoctor run gets SIGTERM and stops its
+ranks; anything left, found through the rank pids in the run dir, is SIGKILLed), so a
+hanging test fails fast and leaves no processes behind.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+JOBS = Path(__file__).parent / "jobs"
+
+
+def _kill_ranks(run_dir: Path) -> None:
+    for meta in (run_dir / "ranks").glob("rank-*.json"):
+        try:
+            os.kill(json.loads(meta.read_text())["pid"], signal.SIGKILL)
+        except (OSError, ValueError, KeyError):
+            pass
+
+
+def run_cli(args: list[str], timeout: float = 120, env: dict | None = None,
+            run_dir: Path | None = None, cwd: Path | None = None) -> subprocess.CompletedProcess:
+    """`python -m distdoctor ARGS` with a hard timeout and full clean-up."""
+    full_env = dict(os.environ, **(env or {}))
+    full_env.setdefault("PYTHONUNBUFFERED", "1")
+    proc = subprocess.Popen([sys.executable, "-m", "distdoctor", *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True,
+                            env=full_env, cwd=cwd, start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            out, err = proc.communicate(timeout=15)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            out, err = proc.communicate()
+        if run_dir is not None:
+            _kill_ranks(run_dir)
+        pytest.fail(f"distdoctor {' '.join(args)} timed out after {timeout}s\n{out}\n{err}")
+    finally:
+        if run_dir is not None and proc.returncode is not None:
+            _kill_ranks(run_dir)
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+
+
+def run_job(job: str, nproc: int, run_dir: Path, *job_args: str, timeout: float = 120,
+            env: dict | None = None) -> subprocess.CompletedProcess:
+    """Run tests/jobs/JOB under `distdoctor run --nproc N`."""
+    return run_cli(["run", "--nproc", str(nproc), "--run-dir", str(run_dir), "--grace", "2",
+                    "--", str(JOBS / job), *job_args],
+                   timeout=timeout, env=env, run_dir=run_dir)
+
+
+def marker_lines(job: str) -> dict[str, int]:
+    """`# expect: NAME` comments in a job file -> their line numbers."""
+    lines = {}
+    for no, text in enumerate((JOBS / job).read_text().splitlines(), start=1):
+        if "# expect:" in text:
+            lines[text.split("# expect:")[1].strip()] = no
+    return lines

@@ -1,0 +1,42 @@
+"""Every explicit torch.distributed op family, on the default group and a subgroup.
+
+Unmodified script: no distdoctor import. Each op's line carries an `# expect:` marker
+that the test compares with the recorded call site.
+"""
+
+import torch
+import torch.distributed as dist
+
+dist.init_process_group("gloo")
+rank, world = dist.get_rank(), dist.get_world_size()
+peer = (rank + 1) % world
+prev = (rank - 1) % world
+x = torch.arange(4, dtype=torch.float32) + rank
+
+dist.all_reduce(x)  # expect: all_reduce
+dist.broadcast(torch.ones(3, dtype=torch.float64), src=0)  # expect: broadcast
+dist.reduce(torch.ones(5), dst=0, op=dist.ReduceOp.MAX)  # expect: reduce
+dist.all_gather([torch.empty(2) for _ in range(world)], torch.ones(2))  # expect: all_gather
+dist.all_gather_into_tensor(torch.empty(2 * world), torch.ones(2))  # expect: all_gather_into_tensor
+dist.reduce_scatter(torch.empty(3), [torch.ones(3) for _ in range(world)])  # expect: reduce_scatter
+dist.reduce_scatter_tensor(torch.empty(3), torch.ones(3 * world))  # expect: reduce_scatter_tensor
+dist.all_to_all([torch.empty(1) for _ in range(world)], [torch.ones(1) for _ in range(world)])  # expect: all_to_all
+dist.all_to_all_single(torch.empty(world * 2), torch.ones(world * 2))  # expect: all_to_all_single
+dist.gather(torch.ones(6), [torch.empty(6) for _ in range(world)] if rank == 0 else None, dst=0)  # expect: gather
+dist.scatter(torch.empty(7), [torch.ones(7) for _ in range(world)] if rank == 0 else None, src=0)  # expect: scatter
+dist.barrier()  # expect: barrier
+work = dist.all_reduce(torch.ones(8, dtype=torch.int32), async_op=True)  # expect: async_all_reduce
+work.wait()
+if rank % 2 == 0:
+    dist.send(torch.ones(9), dst=peer)  # expect: send
+    dist.recv(torch.empty(9), src=prev)  # expect: recv
+else:
+    dist.recv(torch.empty(9), src=prev)  # expect: recv_odd
+    dist.send(torch.ones(9), dst=peer)  # expect: send_odd
+ops = [dist.P2POp(dist.isend, torch.ones(10), peer), dist.P2POp(dist.irecv, torch.empty(10), prev)]
+for w in dist.batch_isend_irecv(ops):  # expect: batch_isend_irecv
+    w.wait()
+sub = dist.new_group([0, 1])
+if rank in (0, 1):
+    dist.all_reduce(torch.ones(11), group=sub)  # expect: subgroup_all_reduce
+dist.destroy_process_group()

@@ -1,0 +1,40 @@
+"""DDP, FSDP2, DTensor (functional collectives) and pipelining p2p on 2 gloo ranks.
+
+Unmodified script. `# expect:` markers name the user lines that issue each family's ops.
+"""
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import fully_shard
+from torch.distributed.pipelining import PipelineStage, ScheduleGPipe
+from torch.distributed.tensor import Replicate, Shard, distribute_tensor
+
+dist.init_process_group("gloo")
+rank = dist.get_rank()
+torch.manual_seed(0)
+
+ddp = nn.parallel.DistributedDataParallel(nn.Linear(8, 8))  # expect: ddp_init
+ddp(torch.randn(4, 8)).sum().backward()  # expect: ddp_backward
+
+mesh = init_device_mesh("cpu", (2,))
+model = nn.Sequential(nn.Linear(8, 8), nn.Linear(8, 8))
+for layer in model:
+    fully_shard(layer, mesh=mesh)
+fully_shard(model, mesh=mesh)
+loss = model(torch.randn(4, 8)).sum()  # expect: fsdp_forward
+loss.backward()  # expect: fsdp_backward
+
+d = distribute_tensor(torch.arange(8.0), mesh, [Shard(0)])
+full = d.redistribute(mesh, [Replicate()]).to_local()  # expect: dtensor_redistribute
+assert torch.equal(full, torch.arange(8.0))
+
+stage_mod = nn.Linear(8, 8)
+stage = PipelineStage(stage_mod, rank, 2, torch.device("cpu"))
+schedule = ScheduleGPipe(stage, n_microbatches=2, loss_fn=lambda out, tgt: out.sum())
+if rank == 0:
+    schedule.step(torch.randn(4, 8))  # expect: pipeline_step
+else:
+    schedule.step(target=torch.randn(4, 8))  # expect: pipeline_step_last
+dist.destroy_process_group()

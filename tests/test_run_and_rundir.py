@@ -1,0 +1,150 @@
+"""`distdoctor run`, the run directory and its event logs, on real gloo jobs."""
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import JOBS, marker_lines, run_cli, run_job
+
+from distdoctor.runlog.reader import RankLog
+from distdoctor.runlog.run import read_run
+from distdoctor.runlog.rundir import ring_path
+
+pytestmark = pytest.mark.timeout(180)
+
+
+def test_events_of_a_sigkilled_rank_survive(tmp_path):
+    run_dir = tmp_path / "run"
+    flags = tmp_path / "flags"
+    flags.mkdir()
+    res = run_job("killed_in_collective.py", 2, run_dir, str(flags))
+    assert res.returncode == 128 + 9, res.stderr  # the job's exit code: killed by SIGKILL
+    assert "rank 1 exited SIGKILL" in res.stderr
+    run = read_run(run_dir)
+    line = marker_lines("killed_in_collective.py")["in_flight"]
+    last = run.events[1][-1]
+    assert (last.op, last.status, last.shapes) == ("all_reduce", "in_flight", ((123,),))
+    assert last.callsite["line"] == line and last.t_end_ns is None
+    assert not run.headers[1].closed  # no clean interpreter exit was recorded
+    assert run.events[0][-1].status == "ok"
+
+
+def test_ring_is_bounded_and_counts_dropped_events(tmp_path):
+    run_dir = tmp_path / "run"
+    res = run_job("many_ops.py", 2, run_dir, "3000", env={"DISTDOCTOR_RING_MIB": "0.05"})
+    assert res.returncode == 0, res.stderr
+    capacity = int(0.05 * 2**20) // 128
+    for rank in (0, 1):
+        log = RankLog(ring_path(run_dir, rank))
+        header = log.header()
+        assert header.capacity == capacity and header.head == 3000
+        assert header.dropped == 3000 - capacity
+        events = log.read()
+        assert len(events) == capacity
+        assert [e.seq for e in events] == list(range(3000 - capacity, 3000))
+        assert all(e.shapes == ((1 + e.seq % 7,),) for e in events)
+        assert os.path.getsize(ring_path(run_dir, rank)) < 5 * 2**20  # strings + ring
+
+
+def test_tracing_wraps_torchrun_and_leaves_results_bit_identical(tmp_path):
+    traced_out, plain_out = tmp_path / "traced.pt", tmp_path / "plain.pt"
+    run_dir = tmp_path / "run"
+    from distdoctor.launch.env import free_port
+
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
+                "--master-port", str(free_port())]
+    res = run_cli(["run", "--run-dir", str(run_dir), "--", *torchrun,
+                   str(JOBS / "determinism.py"), str(traced_out)], run_dir=run_dir)
+    assert res.returncode == 0, res.stderr
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DISTDOCTOR")}
+    torchrun[-1] = str(free_port())
+    plain = subprocess.run([*torchrun, str(JOBS / "determinism.py"), str(plain_out)],
+                           env=env, capture_output=True, text=True, timeout=120,
+                           stdin=subprocess.DEVNULL)
+    assert plain.returncode == 0, plain.stderr
+    for a, b in zip(torch.load(traced_out), torch.load(plain_out)):
+        assert torch.equal(a, b)
+    run = read_run(run_dir)
+    assert sorted(run.events) == [0, 1]
+    ddp = [e for e in run.events[0] if e.op == "all_reduce" and e.shapes == ((2372,),)]
+    assert len(ddp) == 10  # one gradient bucket per step
+    assert run.info.ranks[1]["local_rank"] == 1 and run.info.ranks[1]["world_size"] == 2
+
+
+def test_show_prints_ranks_side_by_side_and_json(tmp_path):
+    run_dir = tmp_path / "run"
+    assert run_job("many_ops.py", 2, run_dir, "5").returncode == 0
+    res = run_cli(["show", str(run_dir), "--last", "3"], env={"COLUMNS": "120"})
+    assert res.returncode == 0, res.stderr
+    assert "rank 0" in res.stdout and "rank 1" in res.stdout
+    assert res.stdout.count("all_reduce") == 6 and "many_ops.py:10" in res.stdout
+    one = run_cli(["show", str(run_dir), "--rank", "1", "--json"])
+    import json
+
+    events = json.loads(one.stdout)["ranks"]["1"]
+    assert [e["seq"] for e in events] == [0, 1, 2, 3, 4]
+
+
+@pytest.mark.parametrize("case", ["missing", "file", "foreign", "newer", "corrupt_json",
+                                  "truncated_ring", "foreign_ring", "bad_rank"])
+def test_bad_run_dirs_give_one_line_and_nonzero_exit(tmp_path, case, good_run):
+    run_dir = tmp_path / "run"
+    shutil.copytree(good_run, run_dir)
+    ring = ring_path(run_dir, 0)
+    args = ["show", str(run_dir)]
+    if case == "missing":
+        args = ["show", str(tmp_path / "nope")]
+    elif case == "file":
+        (tmp_path / "f").write_text("x")
+        args = ["show", str(tmp_path / "f")]
+    elif case == "foreign":
+        (run_dir / "run.json").write_text('{"format": "something-else"}')
+    elif case == "newer":
+        (run_dir / "run.json").write_text('{"format": "distdoctor-run", "version": 99}')
+    elif case == "corrupt_json":
+        (run_dir / "run.json").write_text('{"format": "distdoc')
+    elif case == "truncated_ring":
+        os.truncate(ring, 10_000)
+        args = ["show", str(run_dir), "--rank", "0"]
+    elif case == "foreign_ring":
+        ring.write_bytes(b"\x00" * 8192)
+        args = ["show", str(run_dir), "--rank", "0"]
+    elif case == "bad_rank":
+        args = ["show", str(run_dir), "--rank", "7"]
+    res = run_cli(args)
+    assert res.returncode != 0
+    assert "Traceback" not in res.stderr
+    lines = [ln for ln in res.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and lines[0].startswith("distdoctor: error:"), res.stderr
+
+
+def test_bad_flags_give_one_line(tmp_path):
+    for args in (["run"], ["run", "--nproc", "0", "--", "x.py"], ["show", "--last", "0"],
+                 ["frobnicate"], ["run", "--nproc", "two", "--", "x.py"]):
+        res = run_cli(args, cwd=tmp_path)
+        assert res.returncode == 2, (args, res.stderr)
+        assert "Traceback" not in res.stderr and len(res.stderr.strip().splitlines()) == 1
+
+
+@pytest.fixture(scope="module")
+def good_run(tmp_path_factory):
+    run_dir = tmp_path_factory.mktemp("good") / "run"
+    assert run_job("many_ops.py", 2, run_dir, "5").returncode == 0
+    return run_dir
+
+
+def test_install_without_torch_distributed_is_harmless(tmp_path):
+    code = ("import distdoctor\n"
+            "distdoctor.install()\n"
+            "@distdoctor.trace\n"
+            "def f(x):\n    return x + 1\n"
+            "with distdoctor.trace('block'):\n    assert f(1) == 2\n"
+            "import torch\nprint(torch.ones(2).sum().item())\n")
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=60, cwd=tmp_path, stdin=subprocess.DEVNULL)
+    assert res.returncode == 0 and res.stdout.strip() == "2.0" and res.stderr == ""
+    assert not Path(tmp_path, "distdoctor-runs").exists()
