@@ -26,18 +26,27 @@ _INTERNAL_DIRS = tuple(
     for d in {sysconfig.get_paths().get("stdlib"), sysconfig.get_paths().get("platstdlib")}
     if d
 )
-_internal: dict = {}  # code object -> bool
+# id(code) -> (code, is_internal). Keyed by id: hashing a code object hashes its whole
+# bytecode, which made this look-up the most expensive part of a traced call. The code
+# object is kept in the entry, so its id cannot be reused while the entry exists.
+_internal: dict = {}
 _MAIN_THREAD_ID = threading.main_thread().ident
 
 
 def _is_internal(code) -> bool:
-    hit = _internal.get(code)
+    hit = _internal.get(id(code))
     if hit is None:
         name = code.co_filename
-        hit = name.startswith("<") or os.path.realpath(name).startswith(_INTERNAL_DIRS) \
-            or name.startswith(_INTERNAL_DIRS)
-        _internal[code] = hit
-    return hit
+        internal = name.startswith("<") or (
+            (name.startswith(_INTERNAL_DIRS) or os.path.realpath(name).startswith(_INTERNAL_DIRS))
+            and not _is_bundled_user_code(name))
+        hit = _internal[id(code)] = (code, internal)
+    return hit[1]
+
+
+def _is_bundled_user_code(filename: str) -> bool:
+    """The reference trainer ships inside distdoctor but plays the user's part."""
+    return f"{os.sep}reference_trainer{os.sep}" in filename
 
 
 def user_frame(frame):

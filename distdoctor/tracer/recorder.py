@@ -47,7 +47,7 @@ class Recorder:
     def __init__(self, ring: RingWriter):
         self.ring = ring
         self._interned: dict = {}  # (namespace, key) -> string id
-        self._callsites: dict = {}  # (code, line, from_main) -> string id
+        self._callsites: dict = {}  # (id(code), f_lasti, from_main) -> (string id, code)
         self._spans: list[int] = []  # open spans (event numbers), innermost last
         self._watcher = CompletionWatcher(self)
         self._main_thread = threading.main_thread().ident
@@ -70,31 +70,33 @@ class Recorder:
         frame, from_main = callsite.find_user_frame()
         if frame is None:
             return 0, False
-        code, line = frame.f_code, frame.f_lineno
-        key = (code, line, from_main)
-        sid = self._callsites.get(key)
-        if sid is None:
+        code = frame.f_code
+        # Keyed by instruction offset: f_lineno scans the line table on every access,
+        # and hashing a code object hashes its bytecode. Both happen once per site here.
+        key = (id(code), frame.f_lasti, from_main)
+        hit = self._callsites.get(key)
+        if hit is None:
+            line = frame.f_lineno
             sid = self.ring.add_string({
                 "file": code.co_filename, "line": line,
                 "function": getattr(code, "co_qualname", code.co_name),
                 **({"thread": "main (op issued from another thread)"} if from_main else {}),
             })
-            self._callsites[key] = sid
-        return sid, from_main
+            hit = self._callsites[key] = (sid, code)  # keeps the code (and its id) alive
+        return hit[0], from_main
 
-    def _tensors_id(self, tensors) -> tuple[int, str]:
+    def _tensors_id(self, tensors) -> int:
         if not tensors:
-            return 0, ""
+            return 0
         key = tuple((tuple(t.shape), t.dtype, t.device) for t in tensors)
         sid = self._interned.get(("tensors", key))
-        device = str(tensors[0].device)
         if sid is None:
             sid = self.intern("tensors", key, {
                 "shapes": [list(s) for s, _, _ in key],
                 "dtypes": [str(d).replace("torch.", "") for _, d, _ in key],
-                "device": device,
+                "device": str(key[0][2]),
             })
-        return sid, device
+        return sid
 
     # --- ops -------------------------------------------------------------------------
     def begin(self, pg, spec, desc):
@@ -125,7 +127,8 @@ class Recorder:
                     flags |= F.FLAG_ASYNC
             else:
                 flags |= F.FLAG_ASYNC_UNKNOWN
-            tensors_id, device = self._tensors_id(ins or outs)
+            tensors = ins or outs
+            tensors_id = self._tensors_id(tensors)
             callsite_id, from_main = self._callsite_id()
             if from_main or threading.get_ident() != self._main_thread:
                 flags |= F.FLAG_OTHER_THREAD
@@ -136,7 +139,7 @@ class Recorder:
                 -1 if peer is None else int(peer), tensors_id, numel_in, numel_out, t_enter,
                 self._spans[-1] + 1 if self._spans else 0, 0,
             )
-            return (e, device.startswith("cuda"))
+            return (e, bool(tensors) and tensors[0].is_cuda)
         except Exception as exc:  # never into user code
             warn_once("begin", f"could not record a {spec.op}: {exc!r}")
             return None
