@@ -146,5 +146,6 @@ def test_install_without_torch_distributed_is_harmless(tmp_path):
             "import torch\nprint(torch.ones(2).sum().item())\n")
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          timeout=60, cwd=tmp_path, stdin=subprocess.DEVNULL)
-    assert res.returncode == 0 and res.stdout.strip() == "2.0" and res.stderr == ""
+    assert res.returncode == 0 and res.stdout.strip() == "2.0"
+    assert "distdoctor" not in res.stderr, res.stderr
     assert not Path(tmp_path, "distdoctor-runs").exists()
