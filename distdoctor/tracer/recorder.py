@@ -159,12 +159,13 @@ class Recorder:
             elif on_cuda:
                 self._watcher.add(e, work)
             else:
-                # The caller's own wait() (or the future it asks for) reports completion:
-                # a done-callback on every op would run on gloo's thread and cost a GIL
-                # hand-off per op.
-                from distdoctor.tracer.work import RecordingWork
+                try:
+                    fut = work.get_future()
+                except RuntimeError:  # "getFuture not implemented": gloo p2p
+                    from distdoctor.tracer.work import RecordingWork
 
-                return RecordingWork(work, partial(self._finish_wait, e))
+                    return RecordingWork(work, partial(self._finish_wait, e))
+                fut.add_done_callback(partial(self._future_done, e))
         except Exception as exc:
             warn_once("end", f"could not follow an op's completion: {exc!r}")
         return work

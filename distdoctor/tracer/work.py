@@ -1,11 +1,9 @@
-"""The Work the tracer hands back for CPU ops: completion is seen through the caller.
+"""A Work wrapper for ops whose completion can only be seen by waiting on them.
 
-Completion is recorded when the caller's own `wait()` returns, or, for callers that use
-the future instead (DDP's reducer), when the future completes. Why not a done-callback on
-every op's future: it runs on gloo's worker thread and costs a GIL hand-off per op; and
-gloo's send/recv works have no future at all, never report `is_completed()` until waited
-on, and cannot safely be waited on from a second thread (two waiters, one completion).
-Everything else is passed through to the real work.
+gloo's send/recv works have no future and never report `is_completed()` until someone
+waits, and waiting on them from a second thread is unsafe (two waiters, one completion).
+So the tracer hands the caller this wrapper instead: the caller's own `wait()` is the
+completion, recorded when it returns. Everything else is passed through.
 """
 
 from __future__ import annotations
@@ -58,15 +56,4 @@ class RecordingWork(dist.Work):
         return self._inner.synchronize()
 
     def get_future(self):
-        fut = self._inner.get_future()
-        if self._on_done is not None:
-            fut.add_done_callback(self._future_done)
-        return fut
-
-    def _future_done(self, fut) -> None:
-        try:
-            fut.value()
-        except Exception as exc:
-            self._report(exc)
-            return
-        self._report(None)
+        return self._inner.get_future()
