@@ -106,20 +106,19 @@ def _write_exits(run_dir, job) -> None:
 
 def _summary(run_dir, job) -> None:
     from distdoctor.runlog.reader import RankLog
-    from distdoctor.runlog.rundir import open_run_dir
+    from distdoctor.runlog.rundir import open_run_dir, ring_path
 
     info = open_run_dir(run_dir)
     counts = []
     for rank in info.ring_ranks:
         try:
-            log = RankLog(Path(run_dir) / "ranks" / f"rank-{rank:05d}.ring")
+            log = RankLog(ring_path(run_dir, rank))
             counts.append(f"r{rank}:{log.header().head}")
             log.close()
         except UserError:
             counts.append(f"r{rank}:unreadable")
-    failed = [p for p in job.failures]
-    status = "ok" if not failed else ", ".join(
+    status = "ok" if not job.failures else ", ".join(
         f"{'rank ' + str(p.rank) if p.rank is not None else 'job'} exited "
-        f"{p.signal_name or p.exit_code}" for p in failed)
+        f"{p.signal_name or p.exit_code}" for p in job.failures)
     print(f"distdoctor: {len(info.ring_ranks)} rank(s) traced "
           f"({' '.join(counts) or 'no events'}); {status}; run dir {run_dir}", file=sys.stderr)

@@ -89,14 +89,11 @@ class Recorder:
         if not tensors:
             return 0
         key = tuple((tuple(t.shape), t.dtype, t.device) for t in tensors)
-        sid = self._interned.get(("tensors", key))
-        if sid is None:
-            sid = self.intern("tensors", key, {
-                "shapes": [list(s) for s, _, _ in key],
-                "dtypes": [str(d).replace("torch.", "") for _, d, _ in key],
-                "device": str(key[0][2]),
-            })
-        return sid
+        return self.intern("tensors", key, lambda: {
+            "shapes": [list(s) for s, _, _ in key],
+            "dtypes": [str(d).replace("torch.", "") for _, d, _ in key],
+            "device": str(key[0][2]),
+        })
 
     # --- ops -------------------------------------------------------------------------
     def begin(self, pg, spec, desc):
