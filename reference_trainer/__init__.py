@@ -1,1 +1,17 @@
-"""A hybrid-parallel GPT trainer, installed as `distdoctor.reference_trainer`."""
+"""A hybrid-parallel GPT trainer, installed as `distdoctor.reference_trainer`.
+
+    python -m distdoctor.reference_trainer --help       # flags and the torchrun runbook
+    from distdoctor.reference_trainer import main
+    main(["--dp", "2", "--steps", "5"])                 # -> exit code (run under torchrun env)
+
+Importing this package does not import torch; `main` does.
+"""
+
+
+def main(argv: list[str] | None = None) -> int:
+    from .train import main as _main
+
+    return _main(argv)
+
+
+__all__ = ["main"]

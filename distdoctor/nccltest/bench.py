@@ -282,8 +282,10 @@ def run_op(ctx: Context, op: str, emit: Emitter) -> OpReport:
                 sizes = [s for s in opts.sizes if _call(ctx, combo, s, "oop").lay.count > 0]
                 too_small = [s for s in opts.sizes if s not in sizes]
                 if too_small:
+                    why = (f"under 16 B per rank once split over {n} ranks" if spec.divided
+                           else f"smaller than one {dtype} element")
                     emit.note(f"{combo.label}: skipped {', '.join(map(str, too_small))} B: "
-                              f"under 16 B per rank once split over {n} ranks")
+                              f"{why}")
                 for size in sizes:
                     row = _measure(ctx, combo, size, emit, report)
                     if row is not None:

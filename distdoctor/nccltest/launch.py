@@ -60,9 +60,13 @@ def _wait(procs: list[subprocess.Popen], grace_s: float) -> int:
         codes = [p.poll() for p in procs]
         if all(c is not None for c in codes):
             break
-        failed = [c for c in codes if c not in (None, 0)]
+        failed = [(r, c) for r, c in enumerate(codes) if c not in (None, 0)]
         if failed and first_failure is None:
-            first_failure, deadline = failed[0], time.monotonic() + grace_s
+            rank, first_failure = failed[0]
+            deadline = time.monotonic() + grace_s
+            if first_failure < 0:  # a signal: the rank could not say why itself
+                print(f"distdoctor: error: rank {rank} was killed by signal {-first_failure}",
+                      file=sys.stderr)
         if deadline is not None and time.monotonic() > deadline:
             _stop(procs)
             break

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import re
 from dataclasses import dataclass, field
 
@@ -178,5 +179,10 @@ def validate(opts: Options) -> Options:
                         f"{opts.plot_path!r}", 2)
     if opts.backend == "gloo" and opts.cudagraph:
         raise UserError("-G/--cudagraph needs CUDA and the nccl backend; gloo has no graphs", 2)
+    for flag, path in (("--json", opts.json_path), ("--csv", opts.csv_path),
+                       ("--plot", opts.plot_path)):
+        parent = os.path.dirname(os.path.abspath(path)) if path else None
+        if parent and not os.path.isdir(parent):
+            raise UserError(f"{flag} {path}: directory {parent} does not exist", 2)
     opts.sizes  # noqa: B018 - raises UserError on a runaway size list
     return opts

@@ -6,8 +6,17 @@ a function the GPU does not support) into "not available" rather than an excepti
 
 from __future__ import annotations
 
-# GB/s per link per direction, by the NVLink version NVML reports.
-GBPS_PER_LINK = {1: 20.0, 2: 25.0, 3: 25.0, 4: 25.0, 5: 50.0}
+# nvmlDeviceGetNvLinkVersion returns an nvmlNvlinkVersion_t enum, not the generation
+# (an A100 reports 5, "3.1"): enum -> (generation, GB/s per link per direction).
+LINK_VERSIONS = {
+    1: ("1.0", 20.0),  # P100
+    2: ("2.0", 25.0),  # V100
+    3: ("2.2", 25.0),
+    4: ("3.0", 25.0),  # A100
+    5: ("3.1", 25.0),  # A100
+    6: ("4.0", 25.0),  # H100, H200: 18 links, 450 GB/s
+    7: ("5.0", 50.0),  # B200: 18 links, 900 GB/s
+}
 
 
 def nvml_bus_id(domain: int, bus: int, device: int) -> str:
@@ -38,7 +47,7 @@ def nvlink_peak(bus_id: str | None, index: int = 0) -> tuple[float | None, str]:
 
 def _peak(pynvml, bus_id: str | None, index: int) -> tuple[float | None, str]:
     if bus_id:
-        handle = pynvml.nvmlDeviceGetHandleByPciBusId(bus_id.encode())
+        handle = pynvml.nvmlDeviceGetHandleByPciBusId(bus_id)
     else:
         handle = pynvml.nvmlDeviceGetHandleByIndex(index)
     active, version = 0, None
@@ -53,7 +62,7 @@ def _peak(pynvml, bus_id: str | None, index: int) -> tuple[float | None, str]:
                 version = pynvml.nvmlDeviceGetNvLinkVersion(handle, link)
     if not active:
         return None, "no active NVLink (PCIe only)"
-    per_link = GBPS_PER_LINK.get(version)
-    if per_link is None:
-        return None, f"NVLink version {version} is not in the table"
-    return active * per_link, f"NVLink{version} x {active} links, from NVML"
+    if version not in LINK_VERSIONS:
+        return None, f"NVLink version code {version} is not in the table"
+    generation, per_link = LINK_VERSIONS[version]
+    return active * per_link, f"NVLink {generation} x {active} links, from NVML"

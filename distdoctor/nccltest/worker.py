@@ -20,6 +20,7 @@ from distdoctor.nccltest.options import Options
 
 OPTIONS_ENV = "DISTDOCTOR_NCCLTEST_OPTIONS"
 HOSTS_ENV = "DISTDOCTOR_TEST_HOSTS"  # test-only: "rank:host,..." stands in for other nodes
+DEBUG_ENV = "DISTDOCTOR_DEBUG"
 
 
 class RankError(UserError):
@@ -91,7 +92,7 @@ def _rank_info(rank: int, local_rank: int, device):
     return info
 
 
-def _init(backend: str, rank: int, world: int, device, single: bool) -> None:
+def _init(backend: str, device, single: bool) -> None:
     import torch.distributed as dist
     kwargs = {"device_id": device} if device.type == "cuda" else {}
     if single:  # no launcher: a world of one, no network
@@ -129,23 +130,31 @@ def run_rank(opts: Options) -> int:
         if rank == 0:
             print(f"distdoctor: error: {exc}", file=sys.stderr)
         return exc.exit_code
+    except KeyboardInterrupt:
+        return 130
+    except Exception as exc:  # e.g. a peer rank died mid-collective: say so, in one line
+        if os.environ.get(DEBUG_ENV):
+            raise
+        lines = str(exc).strip().splitlines()
+        print(f"distdoctor: error: rank {rank}: {type(exc).__name__}: "
+              f"{lines[0] if lines else ''} (set {DEBUG_ENV}=1 for the traceback)",
+              file=sys.stderr)
+        return 1
 
 
 def _run(opts: Options) -> int:
     import torch.distributed as dist
     single = "RANK" not in os.environ or "WORLD_SIZE" not in os.environ
-    rank, world = _env_int("RANK", 0), _env_int("WORLD_SIZE", 1)
-    local_rank = _env_int("LOCAL_RANK", 0)
     backend = _resolve_backend(opts.backend)
-    device = _device(backend, local_rank)
-    _init(backend, rank, world, device, single)
+    device = _device(backend, _env_int("LOCAL_RANK", 0))
+    _init(backend, device, single)
     try:
         return _sweep(opts, backend, device)
     finally:
         dist.destroy_process_group()
 
 
-def _groups(opts: Options, infos, device):
+def _groups(opts: Options, infos):
     """(this rank's group handle, its index, every group's ranks), creating --split groups."""
     import torch.distributed as dist
 
@@ -171,7 +180,7 @@ def _sweep(opts: Options, backend: str, device) -> int:
     rank, world = dist.get_rank(), dist.get_world_size()
     mine = _rank_info(rank, _env_int("LOCAL_RANK", 0), device)
     infos = [RankInfo.from_dict(d) for d in comm.gather_json(mine.to_dict(), device)]
-    handle, index, members = _groups(opts, infos, device)
+    handle, index, members = _groups(opts, infos)
     for g, ranks in enumerate(members):
         for r in ranks:
             infos[r].group = g
@@ -179,8 +188,8 @@ def _sweep(opts: Options, backend: str, device) -> int:
     ctx = Context(opts, rank, world, device, backend, handle, index, members)
     printer = Printer(rank == 0)
     printer.lines(report.header_lines(opts, infos, backend))
-    if world == 1 and rank == 0:
-        printer.note("1 rank: pass --nproc N, or run under torchrun, to test links")
+    if world == 1:
+        printer.lines(["# 1 rank: pass --nproc N, or run under torchrun, to test links"])
     reports, pairwise = [], None
     if opts.pairwise:
         pairwise = _pairwise(opts, infos, device, printer)
@@ -191,9 +200,9 @@ def _sweep(opts: Options, backend: str, device) -> int:
             result.notes = printer.take_notes()
             printer.lines(report.footer_lines(result, infos, opts))
             reports.append(result)
+    comm.barrier(device)  # every rank is done with collectives before rank 0 writes
     if rank == 0:
         _write_outputs(opts, infos, backend, reports, pairwise)
-    comm.barrier(device)
     return 0 if report.outcome_ok(reports, pairwise) else 1
 
 

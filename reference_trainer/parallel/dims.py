@@ -11,8 +11,10 @@ re-viewed as dp_mod_ep x ep: the `ep` ranks of a group each hold 1/ep of the exp
 swap tokens by all-to-all, while dense weights stay data-parallel over all of "dp". So
 `--ep` costs no extra GPUs and must divide dp_replicate x dp_shard.
 
-Every mesh below is a view of one root world mesh (`_unflatten`/`_flatten`), so DTensors
-placed on different views compose (FSDP over "dp_shard" on top of TP over "tp").
+Every mesh below is a view of one root world mesh, so DTensors placed on different views
+compose (FSDP over "dp_shard" on top of TP over "tp"). The views come from DeviceMesh's
+private `_unflatten`/`_flatten`, as in torchtitan: the only way to get several layouts of
+the same ranks under one root. Each view's axes cost one process group per axis.
 """
 
 from __future__ import annotations
@@ -25,6 +27,10 @@ CP_UNSUPPORTED = (
     "'aten._scaled_dot_product_flash_attention_for_cpu does not have a sharding strategy', "
     "so --cp must be 1"
 )
+
+
+# Pipeline schedules -> pipeline stages each rank holds ("looped": rank i holds i, i + pp).
+PP_SCHEDULES = {"gpipe": 1, "1f1b": 1, "interleaved1f1b": 2}
 
 
 class ParallelDimsError(ValueError):
