@@ -1,0 +1,70 @@
+"""The finding: what every detector produces and every front end shows.
+
+The JSON shape is a contract (DESIGN.md, "Findings"): `Finding.to_json()` is exactly one
+element of `findings.json`'s "findings" list. `ranks` names the culprits only (the odd ones
+out, the ranks that never joined, the rank that died, the late rank), never everyone.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+KINDS = ("mismatch", "hang", "deadlock", "straggler", "crash", "throttle", "comm_error")
+SEVERITIES = ("error", "warning", "info")
+FINDINGS_FILE = "findings.json"
+
+
+@dataclass
+class Finding:
+    kind: str
+    severity: str
+    summary: str
+    ranks: list[int] = field(default_factory=list)
+    group: str | None = None
+    seq: int | None = None
+    callsites: list[dict] = field(default_factory=list)  # {"rank", "file", "line", "function"}
+    stacks: dict[str, str] = field(default_factory=dict)  # str(rank) -> stack text
+    details: dict = field(default_factory=dict)
+    remedy: str | None = None
+
+    def __post_init__(self):
+        if self.kind not in KINDS:
+            raise ValueError(f"unknown finding kind {self.kind!r}")
+        if self.severity not in SEVERITIES:
+            raise ValueError(f"unknown severity {self.severity!r}")
+
+    @property
+    def key(self) -> tuple:
+        """Identity for de-duplication: a live engine reports each problem once."""
+        return (self.kind, self.group, self.seq, tuple(sorted(self.ranks)))
+
+    def to_json(self) -> dict:
+        return {"kind": self.kind, "severity": self.severity, "summary": self.summary,
+                "ranks": sorted(self.ranks), "group": self.group, "seq": self.seq,
+                "callsites": self.callsites, "stacks": self.stacks, "details": self.details,
+                "remedy": self.remedy}
+
+    @classmethod
+    def from_json(cls, d: dict) -> Finding:
+        return cls(kind=d["kind"], severity=d["severity"], summary=d["summary"],
+                   ranks=list(d.get("ranks") or []), group=d.get("group"), seq=d.get("seq"),
+                   callsites=list(d.get("callsites") or []), stacks=dict(d.get("stacks") or {}),
+                   details=dict(d.get("details") or {}), remedy=d.get("remedy"))
+
+
+def callsite_of(rank: int, callsite: dict | None) -> dict:
+    """A finding's call-site entry for one rank (file/line/function may be unknown)."""
+    cs = callsite or {}
+    return {"rank": rank, "file": cs.get("file"), "line": cs.get("line"),
+            "function": cs.get("function")}
+
+
+def write_findings(run_dir: str | os.PathLike, findings: list[Finding], **extra) -> Path:
+    """Replace RUN_DIR/findings.json atomically (a live reader never sees half a file)."""
+    from distdoctor.runlog.rundir import write_json_atomic
+
+    path = Path(run_dir) / FINDINGS_FILE
+    write_json_atomic(path, {"findings": [f.to_json() for f in findings], **extra})
+    return path
