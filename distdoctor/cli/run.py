@@ -6,7 +6,12 @@
 With --nproc, distdoctor starts the ranks itself with torchrun's environment (RANK,
 LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT). Without it, the
 command is run as given and every Python process it starts is traced. Event logs go to
-the run directory (default: a new one under ./distdoctor-runs). Exit code: the job's.
+the run directory (default: a new one under ./distdoctor-runs).
+
+Findings (mismatched collectives, hangs and deadlocks, stragglers, crashes) are printed
+as they appear and kept current in RUN_DIR/findings.json. With --on-hang kill, the job is
+stopped once a hang or deadlock is diagnosed (stacks included). Exit code: the job's, or
+non-zero when distdoctor stopped it.
 """
 
 from __future__ import annotations
@@ -15,8 +20,10 @@ import argparse
 import signal
 import sys
 import time
+from collections import Counter
 from pathlib import Path
 
+from distdoctor.console import err_console
 from distdoctor.errors import UserError
 
 
@@ -30,6 +37,8 @@ def register(sub) -> None:
                    help="seconds a collective may be in flight before it is a hang (60)")
     p.add_argument("--on-hang", choices=["report", "kill"], default="report",
                    help="what to do once a hang is diagnosed (report)")
+    p.add_argument("--stacks", choices=["culprits", "all"], default="culprits",
+                   help="whose Python stacks a hang finding carries (culprits)")
     p.add_argument("--grace", type=float, default=5.0, metavar="S",
                    help="seconds the other ranks get after one fails, before they are "
                    "stopped (5)")
@@ -77,14 +86,41 @@ def run(args) -> int:
     except OSError as exc:
         raise UserError(f"run: cannot start {cmd[0]!r}: {exc.strerror}") from None
     _forward_signals(job)
+    live = _start_diagnosis(run_dir, args, job)
+    stopped_for_hang = False
     try:
         while job.poll():
+            if args.on_hang == "kill" and _hang_found(live):
+                err_console.print("distdoctor: stopping the job (--on-hang kill)")
+                job.stop()
+                stopped_for_hang = True
+                break
             time.sleep(0.1)
     except KeyboardInterrupt:
         job.stop()
     _write_exits(run_dir, job)
-    _summary(run_dir, job)
-    return job.exit_code()
+    findings = live.stop()
+    _summary(run_dir, job, findings)
+    code = job.exit_code()
+    return code if code or not stopped_for_hang else 1
+
+
+def _start_diagnosis(run_dir, args, job):
+    from distdoctor.diagnosis.live import LiveDiagnosis
+    from distdoctor.diagnosis.report import live_line
+
+    def exits() -> dict[int, tuple[int, bool]]:
+        return {p.rank: (p.exit_code, p.stopped) for p in job.procs
+                if p.rank is not None and p.exit_code is not None}
+
+    return LiveDiagnosis(run_dir, args.hang_timeout, stacks=args.stacks,
+                         on_finding=lambda f: err_console.print(live_line(f)),
+                         exits=exits).start()
+
+
+def _hang_found(live) -> bool:
+    return any(f.kind in ("hang", "deadlock") or f.details.get("reason") == "wrong_group"
+               for f in list(live.engine.found.values()))
 
 
 def _forward_signals(job) -> None:
@@ -99,12 +135,12 @@ def _write_exits(run_dir, job) -> None:
     from distdoctor.runlog import rundir
 
     exits = [{"rank": p.rank, "pid": p.popen.pid, "exit_code": p.exit_code,
-              "signal": p.signal_name} for p in job.procs]
+              "signal": p.signal_name, "stopped_by_distdoctor": p.stopped} for p in job.procs]
     rundir.write_json_atomic(Path(run_dir) / "exits.json",
                              {"stopped_by_distdoctor": job.stopped, "processes": exits})
 
 
-def _summary(run_dir, job) -> None:
+def _summary(run_dir, job, findings) -> None:
     from distdoctor.runlog.reader import RankLog
     from distdoctor.runlog.rundir import open_run_dir, ring_path
 
@@ -122,3 +158,10 @@ def _summary(run_dir, job) -> None:
         f"{p.signal_name or p.exit_code}" for p in job.failures)
     print(f"distdoctor: {len(info.ring_ranks)} rank(s) traced "
           f"({' '.join(counts) or 'no events'}); {status}; run dir {run_dir}", file=sys.stderr)
+    if findings:
+        kinds = Counter(f.kind for f in findings)
+        print(f"distdoctor: {len(findings)} finding(s): "
+              f"{', '.join(f'{n} {k}' for k, n in kinds.items())}; details: distdoctor "
+              f"diagnose {run_dir}", file=sys.stderr)
+    else:
+        print("distdoctor: no findings", file=sys.stderr)

@@ -21,6 +21,7 @@ class Proc:
     rank: int | None  # None for a wrapped launcher
     popen: subprocess.Popen
     exit_code: int | None = None
+    stopped: bool = False  # still running when distdoctor stopped the job
 
     @property
     def signal_name(self) -> str | None:
@@ -84,6 +85,9 @@ class Job:
     def stop(self, sig: int = signal.SIGTERM, kill_after_s: float = 5.0) -> None:
         """Signal every process group, then SIGKILL what is left after `kill_after_s`."""
         self.stopped = True
+        for p in self.procs:
+            if p.popen.poll() is None:
+                p.stopped = True
         self._signal_all(sig)
         deadline = time.monotonic() + kill_after_s
         while time.monotonic() < deadline and any(p.popen.poll() is None for p in self.procs):

@@ -1,0 +1,84 @@
+"""Diagnose a run: mismatched collectives, hangs and deadlocks, stragglers, crashes,
+communication errors — which rank, which collective, which line.
+
+  distdoctor diagnose                          # newest run under ./distdoctor-runs
+  distdoctor diagnose RUN_DIR --json           # findings as JSON (DESIGN.md schema)
+  distdoctor diagnose --log job.err            # comm errors in a bare log, no run dir
+  distdoctor diagnose --fr-dump /tmp/fr_trace_ # PyTorch Flight Recorder dumps
+
+Exit code: 0 without findings of severity error, 1 with, 2 on bad input.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from distdoctor.errors import UserError
+
+
+def register(sub) -> None:
+    p = sub.add_parser("diagnose", help="findings of a run (post-mortem)", description=__doc__,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("run_dir", nargs="?", metavar="RUN_DIR",
+                   help="run directory (default: newest under ./distdoctor-runs)")
+    p.add_argument("--json", action="store_true", help="print findings as JSON")
+    p.add_argument("--log", metavar="FILE", action="append",
+                   help="scan a job log for NCCL/Gloo/c10d errors (repeatable)")
+    p.add_argument("--fr-dump", metavar="PREFIX",
+                   help="read PyTorch Flight Recorder dumps PREFIX<rank>")
+    p.add_argument("--hang-timeout", type=float, metavar="S",
+                   help="seconds in flight that make a hang (default: the run's, or 60)")
+    p.set_defaults(func=run)
+
+
+def run(args) -> int:
+    from distdoctor.diagnosis.findings import Finding
+
+    if args.hang_timeout is not None and args.hang_timeout <= 0:
+        raise UserError("diagnose: --hang-timeout must be positive", 2)
+    findings: list[Finding] = []
+    notes: list[str] = []
+    sources = []
+    if args.fr_dump:
+        findings += _from_fr(args.fr_dump, args.hang_timeout, notes)
+        sources.append(f"Flight Recorder dumps {args.fr_dump}*")
+    for log in args.log or ():
+        from distdoctor.diagnosis.logscan import scan_log
+
+        findings += scan_log(log)
+        sources.append(f"log {log}")
+    if args.run_dir is not None or not (args.fr_dump or args.log):
+        from distdoctor.diagnosis.postmortem import diagnose_run
+        from distdoctor.runlog.run import read_run
+
+        run_ = read_run(args.run_dir)
+        found, run_notes = diagnose_run(run_, args.hang_timeout)
+        findings += found
+        notes += run_notes
+        sources.insert(0, f"run {run_.path}")
+    if args.json:
+        json.dump({"findings": [f.to_json() for f in findings], "notes": notes,
+                   "sources": sources}, sys.stdout, indent=2, default=str)
+        sys.stdout.write("\n")
+    else:
+        from distdoctor.console import console
+        from distdoctor.diagnosis.report import print_report
+
+        console.print(f"[dim]diagnosis of {', '.join(sources)}[/]")
+        print_report(findings, console, notes)
+    return 1 if any(f.severity == "error" for f in findings) else 0
+
+
+def _from_fr(prefix: str, hang_timeout, notes: list[str]):
+    from distdoctor.diagnosis.flight_recorder import load_fr_dumps
+    from distdoctor.diagnosis.postmortem import diagnose_events
+
+    dumps = load_fr_dumps(prefix)
+    for rank, why in sorted(dumps.unreadable.items()):
+        notes.append(f"rank {rank}: {why}; its part is unknown")
+    # Flight Recorder has no heartbeat: an entry still in flight when the dump was taken
+    # counts as hung whatever its age (the dump is usually taken on a timeout).
+    engine = diagnose_events(dumps.events, {}, {}, hang_timeout if hang_timeout else 0.0)
+    return engine.findings()

@@ -1,0 +1,88 @@
+"""crash: a rank whose process died, and the ranks left waiting for it."""
+
+from __future__ import annotations
+
+import signal
+from dataclasses import dataclass
+
+from distdoctor.diagnosis.findings import Finding, callsite_of
+from distdoctor.diagnosis.hang import RankView, _fmt_op
+
+
+@dataclass(frozen=True)
+class ExitInfo:
+    code: int | None  # exit status; negative: killed by that signal (Popen convention)
+    how: str = "exit"  # "exit": status known | "closed": exited through its atexit hook,
+    #                    status unknown | "vanished": heartbeat stopped and the pid is gone
+    #                    | "stopped": distdoctor stopped it (after a failure or a hang)
+
+    def describe(self) -> str:
+        if self.how == "stopped":
+            return "was stopped by distdoctor"
+        if self.how == "closed":
+            return "has exited (it shut down normally; exit status unknown)"
+        if self.how == "vanished":
+            return "died (its process is gone and its heartbeat stopped; exit status unknown)"
+        if self.code is None:
+            return "exited"
+        if self.code < 0:
+            try:
+                name = signal.Signals(-self.code).name
+            except ValueError:
+                name = f"signal {-self.code}"
+            hint = " (the OOM killer, a user, or the launcher)" if name == "SIGKILL" else ""
+            return f"was killed by {name}{hint}"
+        return f"exited with code {self.code}"
+
+    @property
+    def failed(self) -> bool:
+        return self.how == "vanished" or (
+            self.how == "exit" and self.code is not None and self.code != 0)
+
+
+def crash_findings(exits: dict[int, ExitInfo], views: dict[int, RankView],
+                   open_rv, mismatched: set = frozenset()) -> list[Finding]:
+    """`mismatched`: (group, seq) of collectives reported as mismatched; a rank that dies
+    inside one (gloo aborts on a size mismatch) died of the mismatch."""
+    open_rv = list(open_rv)
+    out = []
+    for rank in sorted(exits):
+        info = exits[rank]
+        if not info.failed:
+            continue
+        view = views.get(rank)
+        latest = view.latest if view else None
+        waiting = sorted({r for rv in open_rv if rank in rv.missing
+                          for r, e in rv.arrivals.items() if e.t_end_ns is None
+                          and r not in exits})
+        last = f"; its last op was {_fmt_op(latest)}" if latest else "; it issued no op"
+        if latest is not None and latest.t_end_ns is None:
+            last = f"; it died inside {_fmt_op(latest)}"
+        # a rank that exits because its collective failed is a consequence, not a cause
+        consequence = (info.how == "exit" and (info.code or 0) > 0 and latest is not None
+                       and latest.status in ("error", "timeout"))
+        if latest is not None and (latest.group, latest.seq) in mismatched:
+            consequence = True
+            last += " (a consequence of the mismatch there)"
+        elif consequence:
+            last = f" after {_fmt_op(latest)} failed ({(latest.error or latest.status)[:120]})"
+        summary = f"crash: rank {rank} {info.describe()}{last}"
+        if waiting:
+            summary += f"; ranks {', '.join(map(str, waiting))} are left waiting for it"
+        details = {"exit_code": info.code, "how": info.how, "waiting_ranks": waiting,
+                   "consequence_of_failed_collective": consequence,
+                   "last_op": None if latest is None else {
+                       "op": latest.op, "group": latest.group, "seq": latest.seq,
+                       "in_flight": latest.t_end_ns is None}}
+        callsites = [callsite_of(rank, latest.callsite)] if latest is not None else []
+        remedy = _REMEDY_SIGKILL if info.code == -signal.SIGKILL else _REMEDY
+        out.append(Finding("crash", "warning" if consequence else "error", summary, [rank],
+                           latest.group if latest else None, latest.seq if latest else None,
+                           callsites, details=details, remedy=remedy))
+    return out
+
+
+_REMEDY = ("Read the rank's own output for its traceback (the first failure is the cause; "
+           "the others' errors are consequences).")
+_REMEDY_SIGKILL = ("SIGKILL leaves no traceback: check `dmesg` / the container's events for the "
+                   "OOM killer, and the host's memory; reduce batch size or activation memory.")

@@ -1,0 +1,229 @@
+"""The diagnosis engine: event streams in, findings out; live and post-mortem alike.
+
+Feed it events (new or updated) with `ingest`, rank liveness with `heartbeat` and
+`exited`, then call `tick`: it returns the findings that are new or changed since the last
+tick. Memory stays bounded: a rendezvous is dropped once every member has finished it
+(after the straggler tracker has seen it), and the open ones are capped.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from distdoctor.diagnosis.crash import ExitInfo, crash_findings
+from distdoctor.diagnosis.findings import Finding
+from distdoctor.diagnosis.hang import RankView, hang_findings
+from distdoctor.diagnosis.mismatch import habit, mismatch_finding, p2p_signature, signature
+from distdoctor.diagnosis.rendezvous import Rendezvous, key_of
+from distdoctor.diagnosis.straggler import StragglerTracker
+from distdoctor.runlog.reader import Event
+
+MAX_OPEN = 200_000  # open rendezvous kept; the oldest go first past this
+MAX_SPANS = 4096  # span names remembered per rank
+MAX_HABITS = 256  # (op, line) pairs remembered per group
+SETTLE_S = 1.0  # how long a disagreement waits for more ranks before it is reported
+
+
+@dataclass
+class _Rank:
+    rank: int
+    latest: Event | None = None
+    last_done: Event | None = None
+    issued: dict[str, int] = field(default_factory=dict)
+    spans: dict[int, str] = field(default_factory=dict)  # span_index -> name
+    hb_ns: int = 0  # the rank's clock at its last heartbeat
+    hb_seen_s: float | None = None  # engine clock when that heartbeat was first seen
+    max_t_ns: int = 0  # the latest time seen in any of its events
+    exit: ExitInfo | None = None
+
+
+class Engine:
+    def __init__(self, hang_timeout_s: float = 60.0, settle_s: float = SETTLE_S,
+                 straggler_min_ms: float | None = None,
+                 stacks: Callable[[list[int]], dict[int, str]] | None = None):
+        self.hang_timeout_s = hang_timeout_s
+        self.settle_s = settle_s
+        self.stacks = stacks
+        self.open: dict[tuple, Rendezvous] = {}
+        self.ranks: dict[int, _Rank] = {}
+        self.straggler = (StragglerTracker() if straggler_min_ms is None
+                          else StragglerTracker(straggler_min_ms))
+        self.found: dict[tuple, Finding] = {}  # engine key -> finding, in order found
+        self._changed: list[Finding] = []
+        self._mismatch_groups: dict[str, int] = {}  # group -> mismatches after the first
+        self._errors: dict[str, list[Event]] = {}
+        self._habits: dict[str, set] = {}  # group -> habit()s of agreeing collectives
+        self.ingested = 0
+
+    # --- input -------------------------------------------------------------------------
+    def _rank(self, rank: int) -> _Rank:
+        st = self.ranks.get(rank)
+        if st is None:
+            st = self.ranks[rank] = _Rank(rank)
+        return st
+
+    def ingest(self, events, now_s: float) -> None:
+        for ev in events:
+            self.ingest_one(ev, now_s)
+
+    def ingest_one(self, ev: Event, now_s: float) -> None:
+        self.ingested += 1
+        st = self._rank(ev.rank)
+        t = ev.t_end_ns or ev.t_enter_ns
+        if t > st.max_t_ns:
+            st.max_t_ns = t
+        if ev.kind == "span":
+            if len(st.spans) < MAX_SPANS:
+                st.spans[ev.index + 1] = ev.name or "span"
+            return
+        if st.latest is None or ev.index >= st.latest.index:
+            st.latest = ev
+        if ev.t_end_ns is not None:
+            if st.last_done is None or ev.index >= st.last_done.index:
+                st.last_done = ev
+            if ev.status in ("error", "timeout"):
+                # one finding per kind of error, not per port number or address
+                text = re.sub(r"\d+", "N", ev.error or ev.status)
+                self._errors.setdefault(text, []).append(ev)
+        if ev.kind == "collective" and st.issued.get(ev.group, 0) <= ev.seq:
+            st.issued[ev.group] = ev.seq + 1
+        key = key_of(ev)
+        if key is None:
+            return
+        rv = self.open.get(key)
+        if rv is None:
+            if len(self.open) >= MAX_OPEN:
+                del self.open[next(iter(self.open))]
+            rv = self.open[key] = Rendezvous.open(key, ev, now_s)
+        sig = p2p_signature(ev) if rv.is_p2p else signature(ev)
+        if rv.first_sig is None:
+            rv.first_sig = sig
+        elif sig != rv.first_sig and rv.mismatch_since_s is None:
+            rv.mismatch_since_s = now_s
+        rv.arrivals[ev.rank] = ev
+        if rv.complete:
+            del self.open[key]
+            self.straggler.observe(rv)
+            if rv.mismatch_since_s is not None:
+                self._report_mismatch(rv)
+            elif not rv.is_p2p:
+                habits = self._habits.setdefault(rv.group, set())
+                if len(habits) < MAX_HABITS:
+                    habits.update(habit(e) for e in rv.arrivals.values())
+
+    def heartbeat(self, rank: int, hb_ns: int, now_s: float) -> None:
+        st = self._rank(rank)
+        if hb_ns and hb_ns != st.hb_ns:
+            st.hb_ns, st.hb_seen_s = hb_ns, now_s
+
+    def exited(self, rank: int, info: ExitInfo) -> None:
+        self._rank(rank).exit = info
+
+    # --- analysis ----------------------------------------------------------------------
+    def _now_ns(self, st: _Rank, now_s: float | None) -> int | None:
+        """The rank's clock now: its last heartbeat, moved on by the engine's time since."""
+        base = max(st.hb_ns, st.max_t_ns)
+        if not base:
+            return None
+        if now_s is not None and st.hb_seen_s is not None and st.exit is None:
+            return max(base, st.hb_ns + int((now_s - st.hb_seen_s) * 1e9))
+        return base
+
+    def views(self, now_s: float | None) -> dict[int, RankView]:
+        return {r: RankView(r, st.latest, st.last_done, self._now_ns(st, now_s),
+                            st.exit.describe() if st.exit else None, st.issued,
+                            st.exit is not None and st.exit.how == "stopped")
+                for r, st in self.ranks.items()}
+
+    def span_of(self, ev: Event) -> str | None:
+        st = self.ranks.get(ev.rank)
+        return st.spans.get(ev.span_index) if st and ev.span_index else None
+
+    def tick(self, now_s: float | None, final: bool = False) -> list[Finding]:
+        """New or changed findings. `now_s=None`: post-mortem (clocks stop at the last
+        heartbeat); `final`: report disagreements without waiting for more ranks."""
+        for rv in list(self.open.values()):
+            if rv.mismatch_since_s is not None and not rv.reported and (
+                    final or not rv.missing or now_s is None
+                    or now_s - rv.mismatch_since_s >= self.settle_s):
+                self._report_mismatch(rv)
+        views = self.views(now_s)
+        failed = {r for r, st in self.ranks.items() if st.exit and st.exit.failed}
+        for f in crash_findings({r: st.exit for r, st in self.ranks.items() if st.exit},
+                                views, self.open.values(),
+                                {(k[1], k[2]) for k in self.found if k[0] == "mismatch"}):
+            self._put(("crash", f.ranks[0]), f, quiet_update=True)
+        for f in hang_findings(self.open.values(), views, self.hang_timeout_s, failed,
+                               known=lambda rv: rv.reported):
+            key = (f.kind, f.group, f.seq) if f.kind == "hang" else (f.kind, tuple(f.ranks))
+            if key not in self.found:
+                self._attach_stacks(f)
+            self._put(key, f, quiet_update=True)
+        for f in self.straggler.findings():
+            self._put(("straggler", f.ranks[0]), f, quiet_update=True)
+        for f in self._error_findings():
+            self._put(("comm_error", f.summary), f, quiet_update=True)
+        changed, self._changed = self._changed, []
+        return changed
+
+    def _report_mismatch(self, rv: Rendezvous) -> None:
+        rv.reported = True
+        earlier = [k for k in self.found if k[0] == "mismatch" and k[1] == rv.group]
+        if earlier:
+            # the first disagreement on a group is the cause; later ones follow from it
+            self._mismatch_groups[rv.group] = self._mismatch_groups.get(rv.group, 0) + 1
+            f = self.found[earlier[0]]
+            f.details["later_mismatches_in_group"] = self._mismatch_groups[rv.group]
+            return
+        first = next(iter(rv.arrivals.values()))
+        f = mismatch_finding(rv, self.span_of(first), self._habits.get(rv.group, set()))
+        if f is not None:
+            self._put(("mismatch", rv.group, rv.seq), f)
+
+    def _attach_stacks(self, f: Finding) -> None:
+        if self.stacks is None or not f.ranks:
+            return
+        try:
+            f.stacks = {str(r): text for r, text in self.stacks(f.ranks).items()}
+        except Exception as exc:  # a failed stack dump must not lose the finding
+            f.details["stacks_error"] = repr(exc)
+
+    def _put(self, key: tuple, f: Finding, quiet_update: bool = False) -> None:
+        old = self.found.get(key)
+        if old is not None:
+            if old.stacks and not f.stacks:
+                f.stacks = old.stacks
+            self.found[key] = f
+            if not quiet_update and old.to_json() != f.to_json():
+                self._changed.append(f)
+            return
+        self.found[key] = f
+        self._changed.append(f)
+
+    def _error_findings(self) -> list[Finding]:
+        out = []
+        for evs in self._errors.values():
+            ranks = sorted({e.rank for e in evs})
+            first = evs[0]
+            error = first.error or first.status
+            out.append(Finding(
+                "comm_error", "warning",
+                f"{first.op} #{first.seq} in group {first.group} failed on rank(s) "
+                f"{', '.join(map(str, ranks))}: {error[:200]}",
+                [], first.group, first.seq,
+                [{"rank": e.rank, **(e.callsite or {})} for e in evs[:4]],
+                details={"reporting_ranks": ranks, "error": error[:2000],
+                         "count": len(evs)},
+                remedy="An error inside a collective is usually the consequence of another "
+                "rank dying or disagreeing; look for crash and mismatch findings first."))
+        return out
+
+    def findings(self) -> list[Finding]:
+        """Every finding so far, most severe kinds first."""
+        order = {"mismatch": 0, "deadlock": 1, "hang": 2, "crash": 3, "comm_error": 4,
+                 "throttle": 5, "straggler": 6}
+        severity = {"error": 0, "warning": 1, "info": 2}
+        return sorted(self.found.values(),
+                      key=lambda f: (severity.get(f.severity, 3), order.get(f.kind, 9)))

@@ -1,0 +1,304 @@
+"""hang and deadlock: collectives in flight too long, who never joined, and why.
+
+A rendezvous is stuck when a rank has waited in it longer than the hang timeout. Each rank
+blocked in a stuck rendezvous waits for the members that have not arrived: that is the
+wait-for graph, across groups and p2p. Following it leads either to ranks that wait for
+nothing (in compute, stuck outside any collective, or dead: the hang's culprits) or around
+a cycle (a deadlock: e.g. two ranks each blocked in recv from the other, or a TP-group wait
+against a DP-group wait). A cycle where one rank sits alone in a collective of one group
+while every other rank of the cycle waits for it in another is a rank in the wrong group.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from distdoctor.diagnosis.findings import Finding, callsite_of
+from distdoctor.diagnosis.rendezvous import Rendezvous
+from distdoctor.runlog.reader import Event
+
+
+@dataclass
+class RankView:
+    """What the hang detector needs to know about one rank."""
+
+    rank: int
+    latest: Event | None  # newest op it issued
+    last_done: Event | None  # newest op that completed
+    now_ns: int | None  # the rank's clock now (estimated from its heartbeat)
+    exit: str | None  # "exited with code 1", "killed by SIGKILL", or None while alive
+    issued: dict[str, int]  # group -> collectives issued
+    stopped: bool = False  # stopped by distdoctor: it was where it is when it was stopped
+
+    def waited_s(self, ev: Event) -> float:
+        if self.now_ns is None:
+            return 0.0
+        return max(0.0, (self.now_ns - ev.t_enter_ns) / 1e9)
+
+
+def _fmt_op(ev: Event) -> str:
+    group = f"group {ev.group}" + (f" ({ev.group_desc})" if ev.group_desc else "")
+    where = ""
+    if ev.callsite:
+        where = f" at {ev.callsite.get('file')}:{ev.callsite.get('line')}"
+    return f"{ev.op} #{ev.seq} in {group}{where}"
+
+
+def where_is(view: RankView) -> str:
+    """One phrase saying where a rank is: dead, waiting in an op, or outside any."""
+    if view.exit:
+        last = f"; its last op was {_fmt_op(view.latest)}" if view.latest else ""
+        return f"{view.exit}{last}"
+    ev = view.latest
+    if ev is None:
+        return "has issued no collective at all"
+    if ev.t_end_ns is None:
+        return f"is waiting in {_fmt_op(ev)} (for {view.waited_s(ev):.0f} s)"
+    ago = ""
+    if view.now_ns is not None and ev.t_end_ns:
+        ago = f", {max(0.0, (view.now_ns - ev.t_end_ns) / 1e9):.0f} s ago"
+    return f"is in no collective (last completed {_fmt_op(ev)}{ago})"
+
+
+def _failed(rv: Rendezvous) -> list[int]:
+    return sorted(r for r, e in rv.arrivals.items() if e.status in ("error", "timeout"))
+
+
+def stuck_rendezvous(open_rv, views: dict[int, RankView], timeout_s: float) -> list[Rendezvous]:
+    """Rendezvous in flight past the timeout, and those that failed with ranks missing
+    (the transport gave up first: gloo's timeout, or a peer's exit reset the connection)."""
+    out = []
+    for rv in open_rv:
+        waited = max((views[r].waited_s(e) for r, e in rv.arrivals.items()
+                      if e.t_end_ns is None and r in views), default=0.0)
+        if waited >= timeout_s or (rv.missing and _failed(rv)):
+            out.append(rv)
+    return out
+
+
+def _waits_for(open_rv, views: dict[int, RankView]) -> dict[int, tuple[Rendezvous, list[int]]]:
+    """rank -> (the rendezvous it is blocked in, the ranks it waits for).
+
+    A rank is blocked in its newest op while that op is in flight, however young: it is
+    then not a culprit but a link in the chain. Older ops still in flight (async work) do
+    not hold it.
+    """
+    edges: dict[int, tuple[Rendezvous, list[int]]] = {}
+    for rv in open_rv:
+        missing = rv.missing
+        if not missing:
+            continue
+        for rank, ev in rv.arrivals.items():
+            view = views.get(rank)
+            if (ev.t_end_ns is None and view is not None and view.latest is not None
+                    and view.latest.index == ev.index and (view.exit is None or view.stopped)):
+                edges[rank] = (rv, missing)
+    return edges
+
+
+def _cycles(edges: dict[int, tuple[Rendezvous, list[int]]]) -> list[list[int]]:
+    """Strongly connected components with a cycle (Tarjan, iterative)."""
+    index: dict[int, int] = {}
+    low: dict[int, int] = {}
+    on_stack: set[int] = set()
+    stack: list[int] = []
+    out: list[list[int]] = []
+    counter = 0
+    for start in sorted(edges):
+        if start in index:
+            continue
+        work = [(start, iter(edges.get(start, (None, []))[1]))]
+        index[start] = low[start] = counter
+        counter += 1
+        stack.append(start)
+        on_stack.add(start)
+        while work:
+            node, it = work[-1]
+            advanced = False
+            for nxt in it:
+                if nxt not in index:
+                    index[nxt] = low[nxt] = counter
+                    counter += 1
+                    stack.append(nxt)
+                    on_stack.add(nxt)
+                    work.append((nxt, iter(edges.get(nxt, (None, []))[1])))
+                    advanced = True
+                    break
+                if nxt in on_stack:
+                    low[node] = min(low[node], index[nxt])
+            if advanced:
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                comp = []
+                while True:
+                    n = stack.pop()
+                    on_stack.discard(n)
+                    comp.append(n)
+                    if n == node:
+                        break
+                if len(comp) > 1:
+                    out.append(sorted(comp))
+    return out
+
+
+def hang_findings(open_rv, views: dict[int, RankView], timeout_s: float,
+                  skip_ranks: set[int] = frozenset(),
+                  known: Callable[[Rendezvous], bool] = lambda rv: False) -> list[Finding]:
+    """Hang, deadlock and wrong-group findings for the rendezvous stuck past the timeout.
+
+    `skip_ranks`: ranks already reported as crashed (the crash finding names who waits for
+    them). `known(rv)`: True for rendezvous already explained (e.g. by a mismatch finding).
+    """
+    open_rv = list(open_rv)
+    stuck = stuck_rendezvous(open_rv, views, timeout_s)
+    if not stuck:
+        return []
+    edges = _waits_for(open_rv, views)
+    stuck_ranks = {r for rv in stuck for r in rv.arrivals}
+    findings: list[Finding] = []
+    in_cycle: set[int] = set()
+    for comp in _cycles(edges):
+        if not stuck_ranks & set(comp):
+            continue  # a wait cycle younger than the timeout: not yet reported
+        in_cycle.update(comp)
+        findings.append(_cycle_finding(comp, edges, views))
+    # roots: ranks somebody waits for that wait for nothing themselves
+    by_rv: dict[tuple, tuple[Rendezvous, list[int]]] = {}
+    for rv in stuck:
+        missing = rv.missing
+        if not missing or known(rv):
+            findings.append(_all_joined_finding(rv, views, known(rv)))
+            continue
+        roots = [r for r in missing if r not in edges and r not in skip_ranks]
+        if roots and not (set(missing) & in_cycle):
+            by_rv[rv.key] = (rv, roots)
+    # one finding per set of culprits, on the collective with the most ranks waiting
+    by_culprits: dict[tuple, list[tuple[Rendezvous, list[int]]]] = {}
+    for rv, roots in by_rv.values():
+        by_culprits.setdefault(tuple(sorted(roots)), []).append((rv, roots))
+    for roots, items in by_culprits.items():
+        items.sort(key=lambda it: -len(it[0].arrivals))
+        findings.append(_hang_finding(list(roots), items, views))
+    return findings
+
+
+def _waiters(rv: Rendezvous) -> list[int]:
+    return sorted(r for r, e in rv.arrivals.items() if e.t_end_ns is None)
+
+
+def _hang_finding(roots: list[int], items, views) -> Finding:
+    rv = items[0][0]
+    waiters = _waiters(rv)
+    failed = _failed(rv)
+    waited = max((views[r].waited_s(rv.arrivals[r]) for r in waiters if r in views), default=0)
+    first = next(iter(rv.arrivals.values()))
+    who = ", ".join(map(str, roots))
+    where = {r: where_is(views[r]) if r in views else "has no event log (never started?)"
+             for r in roots}
+    if len(roots) == 1:
+        detail = f"rank {roots[0]} {where[roots[0]]}"
+    else:
+        detail = "; ".join(f"rank {r} {w}" for r, w in where.items())
+    if waiters or not failed:
+        state = f"{len(waiters)} rank(s) waiting for {waited:.0f} s"
+    else:
+        state = (f"rank(s) {', '.join(map(str, failed))} failed in it "
+                 f"({(rv.arrivals[failed[0]].error or 'error')[:80]})")
+    summary = (f"hang: rank{'s' if len(roots) > 1 else ''} {who} never joined {first.op} "
+               f"#{rv.seq} in group {rv.group}; {state}. {detail}")
+    callsites = []
+    for r in roots:
+        v = views.get(r)
+        ev = v.latest if v else None
+        if ev is not None and ev.callsite:
+            callsites.append(callsite_of(r, ev.callsite))
+    seen = {(c["file"], c["line"]) for c in callsites}
+    for r in waiters or failed:
+        cs = callsite_of(r, rv.arrivals[r].callsite)
+        if (cs["file"], cs["line"]) not in seen:
+            seen.add((cs["file"], cs["line"]))
+            callsites.append(cs)
+    issued = {}
+    for r in (*roots, *waiters, *failed):
+        v = views.get(r)
+        if v is not None:
+            issued[str(r)] = v.issued.get(rv.group, 0)
+    details = {"op": first.op, "group_desc": rv.group_desc, "waiting_ranks": waiters,
+               "failed_ranks": failed,
+               "waited_s": round(waited, 1), "where": {str(r): w for r, w in where.items()},
+               "issued_in_group": issued,
+               "also_stuck": [it[0].label() for it in items[1:]][:10]}
+    counts = set(issued.values())
+    if len(counts) > 1 and any(issued.get(str(r), 0) < max(counts) for r in roots):
+        details["desync"] = ("the culprit issued fewer collectives on this group than the "
+                             "ranks waiting: it skipped one earlier (a rank-dependent branch "
+                             "or one batch fewer), so the sequences drifted apart")
+    return Finding("hang", "error", summary, roots, rv.group, rv.seq, callsites,
+                   details=details, remedy=_HANG_REMEDY)
+
+
+def _all_joined_finding(rv: Rendezvous, views, explained: bool) -> Finding:
+    waiters = _waiters(rv)
+    waited = max((views[r].waited_s(rv.arrivals[r]) for r in waiters if r in views), default=0)
+    if explained:
+        summary = (f"hang: ranks {', '.join(map(str, waiters))} are stuck in {rv.label()} "
+                   f"for {waited:.0f} s because of the mismatch reported there")
+        return Finding("hang", "warning", summary, [], rv.group, rv.seq, [],
+                       details={"waiting_ranks": waiters, "waited_s": round(waited, 1),
+                                "explained_by": "mismatch"})
+    summary = (f"hang: every rank joined {rv.label()} but it has not completed after "
+               f"{waited:.0f} s; the transport is stuck or the ranks disagree in a way the "
+               f"tracer cannot see")
+    return Finding("hang", "error", summary, [], rv.group, rv.seq,
+                   [callsite_of(r, rv.arrivals[r].callsite) for r in waiters[:1]],
+                   details={"waiting_ranks": waiters, "waited_s": round(waited, 1),
+                            "group_desc": rv.group_desc},
+                   remedy="Check the network/transport (NCCL_DEBUG=INFO) and the ranks' "
+                   "stacks; a collective on tensors of different sizes can also block.")
+
+
+def _cycle_finding(comp: list[int], edges, views) -> Finding:
+    parts = []
+    callsites = []
+    for r in comp:
+        rv, missing = edges[r]
+        ev = rv.arrivals[r]
+        waits = [m for m in missing if m in comp]
+        parts.append(f"rank {r} waits in {ev.op} #{rv.seq} (group {rv.group}) for rank "
+                     f"{', '.join(map(str, waits))}")
+        callsites.append(callsite_of(r, ev.callsite))
+    rvs = {edges[r][0].key: edges[r][0] for r in comp}
+    # wrong group: one rank alone in its collective, everyone else of the cycle in one other
+    lone = [r for r in comp if len(edges[r][0].arrivals) == 1 and not edges[r][0].is_p2p]
+    others = {edges[r][0].key for r in comp if r not in lone}
+    details = {"cycle": comp, "waits": parts,
+               "rendezvous": [rv.label() for rv in rvs.values()]}
+    if len(lone) == 1 and len(others) == 1 and len(comp) > 1:
+        r = lone[0]
+        rv, _ = edges[r]
+        main = rvs[next(iter(others))]
+        summary = (f"rank {r} called {rv.arrivals[r].op} on group {rv.group} while ranks "
+                   f"{', '.join(map(str, _waiters(main)))} wait for it in "
+                   f"{main.label()}: rank {r} used the wrong process group")
+        details["reason"] = "wrong_group"
+        return Finding("mismatch", "error", summary, [r], rv.group, rv.seq, callsites,
+                       details=details, remedy="Pass the same `group=` on every rank for "
+                       "this collective (a sub-group created on some ranks only, or a "
+                       "DeviceMesh axis mixed up).")
+    summary = "deadlock: " + "; ".join(parts)
+    first_rv = edges[comp[0]][0]
+    return Finding("deadlock", "error", summary, comp, first_rv.group, first_rv.seq,
+                   callsites, details=details,
+                   remedy="The ranks issue the same ops in different orders: make every "
+                   "rank issue p2p sends/recvs in a matching order (or use batch_isend_irecv) "
+                   "and collectives of overlapping groups in the same order on all ranks.")
+
+
+_HANG_REMEDY = ("Look at the culprit's stack: it is stuck in compute, I/O or a rank-dependent "
+                "branch, or it skipped a collective the others issued (uneven batches, an "
+                "exception swallowed on one rank). Fix the divergence; a longer timeout "
+                "will not help.")

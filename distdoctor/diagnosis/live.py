@@ -1,0 +1,132 @@
+"""Live diagnosis of a running job: follow its run dir, feed the engine, keep
+findings.json current, and hand each new finding to the front end (`distdoctor run`).
+
+Runs in a background thread of the launcher, never inside a rank: the ranks only write
+memory (DESIGN principle 1), all reading and analysis happens here.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from distdoctor.diagnosis.crash import ExitInfo
+from distdoctor.diagnosis.engine import Engine
+from distdoctor.diagnosis.findings import Finding, write_findings
+from distdoctor.runlog.follow import RunFollower
+
+POLL_S = 0.25
+STALE_HEARTBEAT_S = 5.0  # a heartbeat older than this, with the pid gone: the rank died
+
+
+class LiveDiagnosis:
+    def __init__(self, run_dir: str | Path, hang_timeout_s: float = 60.0,
+                 on_finding: Callable[[Finding], None] | None = None,
+                 stacks: str = "culprits",
+                 exits: Callable[[], dict[int, tuple[int, bool]]] | None = None):
+        self.run_dir = Path(run_dir)
+        self.follower = RunFollower(run_dir)
+        self.engine = Engine(hang_timeout_s, stacks=self._dump_stacks)
+        self.on_finding = on_finding
+        self.stacks_mode = stacks
+        self.exits = exits  # rank -> (exit status, stopped by distdoctor), when known
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+        self._hb_changed: dict[int, tuple[int, float]] = {}
+        self.host = socket.gethostname()
+        self.error: str | None = None
+
+    # --- lifecycle ---------------------------------------------------------------------
+    def start(self) -> LiveDiagnosis:
+        self._thread = threading.Thread(target=self._loop, name="distdoctor-diagnosis",
+                                        daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> list[Finding]:
+        """Stop following, run a last pass with the final exits, and return all findings."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=30)
+        with self._lock:
+            self._step(time.monotonic(), final=True)
+            self.follower.close()
+            return self.engine.findings()
+
+    def _loop(self) -> None:
+        while not self._stop.wait(POLL_S):
+            try:
+                with self._lock:
+                    self._step(time.monotonic())
+            except Exception as exc:  # never take the launcher (and the job) down
+                self.error = f"live diagnosis stopped: {exc!r}"
+                return
+
+    # --- one pass ----------------------------------------------------------------------
+    def _step(self, now_s: float, final: bool = False) -> None:
+        self.engine.ingest(self.follower.poll(), now_s)
+        for rank, header in self.follower.headers().items():
+            self.engine.heartbeat(rank, header.heartbeat_mono_ns, now_s)
+            self._check_alive(rank, header, now_s)
+        if self.exits is not None:
+            for rank, (code, stopped) in self.exits().items():
+                self.engine.exited(rank, ExitInfo(code, "stopped" if stopped else "exit"))
+        changed = self.engine.tick(now_s, final=final)
+        if changed or final:
+            write_findings(self.run_dir, self.engine.findings())
+        if self.on_finding is not None:
+            for f in changed:
+                self.on_finding(f)
+
+    def _check_alive(self, rank: int, header, now_s: float) -> None:
+        """Without a launcher that reports exits, a stale heartbeat and a gone pid mean
+        the rank died; a closed log means it shut down."""
+        st = self.engine.ranks.get(rank)
+        if st is None or st.exit is not None:
+            return
+        if header.closed:
+            self.engine.exited(rank, ExitInfo(None, "closed"))
+            return
+        seen = self._hb_changed.get(rank)
+        if seen is None or seen[0] != header.heartbeat_mono_ns:
+            self._hb_changed[rank] = (header.heartbeat_mono_ns, now_s)
+            return
+        meta = self.follower.meta.get(rank) or {}
+        if now_s - seen[1] > STALE_HEARTBEAT_S and meta.get("host") == self.host:
+            if not _pid_alive(meta.get("pid")):
+                self.engine.exited(rank, ExitInfo(None, "vanished"))
+
+    def _dump_stacks(self, ranks: list[int]) -> dict[int, str]:
+        wanted = sorted(self.follower.meta) if self.stacks_mode == "all" else ranks
+        pids = {r: (self.follower.meta.get(r) or {}).get("pid") for r in wanted}
+        pids = {r: p for r, p in pids.items() if isinstance(p, int)
+                and (self.follower.meta.get(r) or {}).get("host") == self.host}
+        if not pids:
+            return {}
+        try:
+            from distdoctor.probes.stacks import dump_stacks
+        except ImportError:
+            return {}
+        dumps = dump_stacks(pids)
+        return {r: f"[{d.method}]\n{d.text or d.error or ''}" for r, d in dumps.items()}
+
+
+def _pid_alive(pid) -> bool:
+    if not isinstance(pid, int) or pid <= 0:
+        return True  # unknown: do not declare it dead
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:  # a zombie has exited; only its parent has not reaped it yet
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return True

@@ -1,0 +1,95 @@
+"""Post-mortem diagnosis of a finished (or still running) run directory."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from distdoctor.diagnosis.crash import ExitInfo
+from distdoctor.diagnosis.engine import Engine
+from distdoctor.diagnosis.findings import FINDINGS_FILE, Finding
+from distdoctor.runlog.run import Run
+
+HEARTBEAT_SLACK_S = 1.5
+
+
+def _live_findings(run_dir: Path, notes: list[str]) -> list[Finding]:
+    """What the live engine wrote: it alone has the stacks of ranks that were alive."""
+    path = run_dir / FINDINGS_FILE
+    if not path.exists():
+        return []
+    try:
+        return [Finding.from_json(d) for d in json.loads(path.read_text())["findings"]]
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        notes.append(f"{path} is unreadable; live findings (and their stacks) are lost")
+        return []
+
+
+def _merge(found: list[Finding], live: list[Finding]) -> list[Finding]:
+    """Recomputed findings, with the live ones' stacks, plus live ones not recomputed."""
+    by_key = {(f.kind, tuple(f.ranks), f.group): f for f in found}
+    out = list(found)
+    for f in live:
+        twin = by_key.get((f.kind, tuple(f.ranks), f.group))
+        if twin is None:
+            out.append(f)
+        elif f.stacks and not twin.stacks:
+            twin.stacks = f.stacks
+    return out
+
+
+def _exits(run_dir: Path) -> tuple[dict[int, ExitInfo], list[str]]:
+    path = run_dir / "exits.json"
+    if not path.exists():
+        return {}, []
+    try:
+        data = json.loads(path.read_text())
+        return ({int(p["rank"]): ExitInfo(int(p["exit_code"]), "stopped" if p.get(
+                    "stopped_by_distdoctor") else "exit")
+                 for p in data.get("processes", [])
+                 if p.get("rank") is not None and p.get("exit_code") is not None}, [])
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return {}, [f"{path} is unreadable: process exit codes unknown"]
+
+
+def diagnose_events(events: dict[int, list], headers: dict, exits: dict[int, ExitInfo],
+                    hang_timeout_s: float) -> Engine:
+    """Run every detector over complete event streams (clocks stop at the last heartbeat).
+
+    A rank's clock is known only up to its last heartbeat (one a second), so a wait that
+    the live engine saw pass the timeout may end a heartbeat short of it here.
+    """
+    engine = Engine(max(0.0, hang_timeout_s - HEARTBEAT_SLACK_S))
+    for evs in events.values():
+        engine.ingest(evs, 0.0)
+    for rank, header in headers.items():
+        engine.heartbeat(rank, header.heartbeat_mono_ns, 0.0)
+        if header.closed and rank not in exits:
+            engine.exited(rank, ExitInfo(None, "closed"))
+    for rank, info in exits.items():
+        engine.exited(rank, info)
+    engine.tick(None, final=True)
+    return engine
+
+
+def diagnose_run(run: Run, hang_timeout_s: float | None = None) -> tuple[list[Finding], list[str]]:
+    """Findings of a run, and notes on what is unknown (unreadable logs, lost events)."""
+    if hang_timeout_s is None:
+        t = run.info.meta.get("hang_timeout_s")
+        hang_timeout_s = float(t) if isinstance(t, (int, float)) and t > 0 else 60.0
+    exits, notes = _exits(run.path)
+    engine = diagnose_events(run.events, run.headers, exits, hang_timeout_s)
+    findings = _merge(engine.findings(), _live_findings(run.path, notes))
+    for rank, why in sorted(run.unreadable.items()):
+        notes.append(f"rank {rank}: {why}; its part is unknown")
+    ws = run.world_size
+    if ws:
+        absent = [r for r in range(ws) if r not in run.events and r not in run.unreadable]
+        if absent:
+            notes.append(f"rank(s) {', '.join(map(str, absent))} left no event log (never "
+                         f"started, or died before initialising torch.distributed)")
+    for rank, h in sorted(run.headers.items()):
+        if h.dropped:
+            notes.append(f"rank {rank}: its oldest {h.dropped} events were overwritten (ring "
+                         f"full); findings about them are unknown")
+    return findings, notes

@@ -1,0 +1,134 @@
+"""Follow a run directory while the job writes it: new events, completions, heartbeats.
+
+An op is written once when it enters (in flight) and its slot is updated in place when it
+completes, so a follower re-reads the slots of the ops it last saw in flight. Rank logs
+that appear later (a launcher starting ranks one by one) are picked up on the next poll.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from distdoctor.errors import UserError
+from distdoctor.runlog.reader import Event, RankLog, RingHeader
+from distdoctor.runlog.rundir import rank_meta_path, ring_path
+
+# In-flight ops re-read per rank per poll, at most: async work that never reports its
+# completion must not make every poll slower.
+MAX_PENDING = 4096
+
+
+@dataclass
+class RankFeed:
+    log: RankLog
+    next_index: int = 0
+    pending: dict[int, None] = field(default_factory=dict)  # in-flight event numbers, ordered
+    header: RingHeader | None = None
+    stalls: int = 0  # polls for which slot `next_index` stayed unreadable
+
+    def read_new(self) -> list[Event]:
+        """Events from `next_index` on; stops at a slot still being written.
+
+        A slot whose number does not match yet is retried on the next poll rather than
+        skipped (a skipped arrival would look like a rank that never joined); one that
+        stays unreadable for a few polls is corrupt, and skipped.
+        """
+        head = self.header.head
+        index = max(self.next_index, head - self.log.capacity, 0)
+        out = []
+        while index < head:
+            ev = self.log.read_one(index)
+            if ev is None:
+                self.stalls += 1
+                if self.stalls < 3:
+                    break
+            else:
+                out.append(ev)
+            self.stalls = 0
+            index += 1
+        self.next_index = index
+        return out
+
+
+class RunFollower:
+    """Polls every rank log of a run dir; `poll()` returns events new or changed since."""
+
+    def __init__(self, run_dir: str | Path):
+        self.run_dir = Path(run_dir)
+        self.feeds: dict[int, RankFeed] = {}
+        self.unreadable: dict[int, str] = {}
+        self.meta: dict[int, dict] = {}
+
+    def _discover(self) -> None:
+        ranks_dir = self.run_dir / "ranks"
+        if not ranks_dir.is_dir():
+            return
+        for p in ranks_dir.glob("rank-*.ring"):
+            try:
+                rank = int(p.stem.split("-", 1)[1])
+            except (IndexError, ValueError):
+                continue
+            if rank in self.feeds:
+                continue
+            try:
+                self.feeds[rank] = RankFeed(RankLog(ring_path(self.run_dir, rank)))
+                self.unreadable.pop(rank, None)
+            except UserError as exc:
+                self.unreadable[rank] = str(exc)  # maybe still being created: retry later
+            self._load_meta(rank)
+
+    def _load_meta(self, rank: int) -> None:
+        import json
+
+        try:
+            self.meta[rank] = json.loads(rank_meta_path(self.run_dir, rank).read_text())
+        except (OSError, ValueError):
+            self.meta.setdefault(rank, {})
+
+    def poll(self) -> list[Event]:
+        self._discover()
+        out: list[Event] = []
+        for rank, feed in self.feeds.items():
+            if not self.meta.get(rank):
+                self._load_meta(rank)
+            try:
+                feed.header = feed.log.header()
+                # completions of ops seen in flight
+                for index in list(feed.pending):
+                    ev = feed.log.read_one(index)
+                    if ev is None:  # overwritten: the ring wrapped past it
+                        del feed.pending[index]
+                    elif ev.t_end_ns is not None:  # t_end is written last
+                        del feed.pending[index]
+                        out.append(ev)
+                new = feed.read_new()
+            except (ValueError, OSError):  # a file replaced under us: stop following it
+                continue
+            for ev in new:
+                if ev.t_end_ns is None and ev.kind != "span":
+                    feed.pending[ev.index] = None
+            while len(feed.pending) > MAX_PENDING:
+                del feed.pending[next(iter(feed.pending))]
+            out.extend(new)
+        return out
+
+    def headers(self) -> dict[int, RingHeader]:
+        return {r: f.header for r, f in self.feeds.items() if f.header is not None}
+
+    def close(self) -> None:
+        for feed in self.feeds.values():
+            try:
+                feed.log.close()
+            except (ValueError, OSError):
+                pass
+
+
+def wait_for_run_dir(path: Path, timeout_s: float) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if (path / "run.json").exists():
+            return True
+        time.sleep(0.1)
+    return False

@@ -1,0 +1,83 @@
+"""The classic distributed bugs, each a small real program (tests/jobs/bugs/), run under
+`distdoctor run`: the right finding names the right rank(s) and the culprit's line, and
+nothing else of severity error blames anybody else. A healthy job yields no finding."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from conftest import JOBS, run_cli
+
+BUGS = JOBS / "bugs"
+
+# job -> (ranks, finding kind, culprit ranks, marker of the culprit's line)
+CASES = {
+    "rank0_only_broadcast": (4, "mismatch", [0], "culprit"),
+    "uneven_batches": (4, "mismatch", [3], "culprit"),
+    "swallowed_exception": (4, "hang", [1], "others"),
+    "wrong_group": (4, "mismatch", [1], "culprit"),
+    "p2p_deadlock": (2, "deadlock", [0, 1], "culprit"),
+    "group_order_deadlock": (2, "deadlock", [0, 1], "culprit"),
+    "dtype_mismatch": (4, "mismatch", [2], "culprit"),
+    "shape_mismatch": (4, "mismatch", [3], "site"),
+    "oom_killed": (4, "crash", [2], "site"),
+    "stuck_outside": (4, "hang", [3], "others"),
+}
+
+
+def _markers(job: str) -> dict[str, set[int]]:
+    out: dict[str, set[int]] = {}
+    for no, text in enumerate((BUGS / f"{job}.py").read_text().splitlines(), start=1):
+        if "# expect:" in text:
+            out.setdefault(text.split("# expect:")[1].strip(), set()).add(no)
+    return out
+
+
+def _run(job: str, nproc: int, run_dir: Path):
+    return run_cli(["run", "--nproc", str(nproc), "--run-dir", str(run_dir), "--grace", "2",
+                    "--hang-timeout", "3", "--on-hang", "kill", "--", str(BUGS / f"{job}.py")],
+                   timeout=90, run_dir=run_dir)
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("job", sorted(CASES))
+def test_bug_is_diagnosed(job, tmp_path):
+    nproc, kind, culprits, marker = CASES[job]
+    run_dir = tmp_path / "run"
+    proc = _run(job, nproc, run_dir)
+    assert proc.returncode != 0, "a broken job must not exit 0"
+    findings = json.loads((run_dir / "findings.json").read_text())["findings"]
+    described = "\n".join(f"{f['kind']} {f['ranks']} {f['summary']}" for f in findings)
+    main = [f for f in findings if f["kind"] == kind and f["severity"] == "error"]
+    assert main, f"no {kind} finding:\n{described}"
+    f = main[0]
+    assert f["ranks"] == culprits, described
+    lines = _markers(job)[marker]
+    culprit_lines = {c["line"] for c in f["callsites"] if c["rank"] in culprits}
+    assert culprit_lines & lines, (culprit_lines, lines, described)
+    assert all(c["file"].endswith(f"{job}.py") for c in f["callsites"] if c["rank"] in culprits)
+    # nothing else of severity error blames a rank that is not at fault
+    for other in findings:
+        if other["severity"] == "error":
+            assert set(other["ranks"]) <= set(culprits), described
+    # the live front end printed it, and the post-mortem agrees
+    assert kind.upper() in proc.stderr
+    again = run_cli(["diagnose", str(run_dir), "--json"], timeout=60)
+    assert again.returncode == 1
+    kinds = {(g["kind"], tuple(g["ranks"])) for g in json.loads(again.stdout)["findings"]}
+    assert (kind, tuple(culprits)) in kinds
+
+
+@pytest.mark.timeout(120)
+def test_healthy_job_has_no_findings(tmp_path):
+    run_dir = tmp_path / "run"
+    proc = run_cli(["run", "--nproc", "3", "--run-dir", str(run_dir), "--hang-timeout", "5",
+                    "--", str(JOBS / "all_ops.py")], timeout=90, run_dir=run_dir)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads((run_dir / "findings.json").read_text())["findings"] == []
+    assert "no findings" in proc.stderr
+    again = run_cli(["diagnose", str(run_dir), "--json"], timeout=60)
+    assert again.returncode == 0 and json.loads(again.stdout)["findings"] == []
