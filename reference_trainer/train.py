@@ -46,6 +46,8 @@ from datetime import timedelta
 import torch
 from torch import nn
 
+import distdoctor
+
 from .config import UsageError, launch_env, parse_config
 from .data import MarkovData
 from .faults import SIMULATED, FaultInjector
@@ -207,18 +209,20 @@ def train(cfg, env) -> list[float]:
     step = 0
     try:
         for step in range(1, cfg.steps + 1):
-            faults.before_step(step)  # straggler / crash / hang, before any collective
-            start = time.perf_counter()
-            inputs, targets = data.local_batch(step, cfg.batch_size, dp_rank, dims.dp)
-            job.optimizer.zero_grad(set_to_none=True)
-            loss = forward_backward(job, cfg, inputs.to(device), targets.to(device))
-            job.optimizer.step()
-            global_loss = reduce_loss_for_logging(loss, device, loss_group, faults, step)
-            elapsed = time.perf_counter() - start
-            losses.append(global_loss)
-            if rank == 0 and (step % cfg.log_every == 0 or step == cfg.steps):
-                log(STEP_LINE.format(step=step, steps=cfg.steps, loss=global_loss,
-                                     ms=elapsed * 1000, tps=tokens_per_step / elapsed))
+            # a named span per step: distdoctor's findings say in which step (no-op untraced)
+            with distdoctor.trace(f"step {step}"):
+                faults.before_step(step)  # straggler / crash / hang, before any collective
+                start = time.perf_counter()
+                inputs, targets = data.local_batch(step, cfg.batch_size, dp_rank, dims.dp)
+                job.optimizer.zero_grad(set_to_none=True)
+                loss = forward_backward(job, cfg, inputs.to(device), targets.to(device))
+                job.optimizer.step()
+                global_loss = reduce_loss_for_logging(loss, device, loss_group, faults, step)
+                elapsed = time.perf_counter() - start
+                losses.append(global_loss)
+                if rank == 0 and (step % cfg.log_every == 0 or step == cfg.steps):
+                    log(STEP_LINE.format(step=step, steps=cfg.steps, loss=global_loss,
+                                         ms=elapsed * 1000, tps=tokens_per_step / elapsed))
     except Exception as exc:
         first_line = str(exc).splitlines()[0] if str(exc) else ""
         print(f"[rank {rank}] {PROG}: step {step} failed: {type(exc).__name__}: {first_line}",

@@ -81,7 +81,7 @@ _DT = {"float32": "f32", "float16": "f16", "bfloat16": "bf16", "float64": "f64",
 def fmt_tensors(ev) -> str:
     if not ev.shapes:
         return "-"
-    parts = [f"{_DT.get(d, d)}[{','.join(map(str, s))}]" for s, d in zip(ev.shapes, ev.dtypes)]
+    parts = [f"{_DT.get(d, d)}[{','.join(map(str, s))}]" for s, d in zip(ev.shapes, ev.dtypes, strict=False)]
     if len(parts) > 2:
         return f"{parts[0]} +{len(parts) - 1} more"
     return " ".join(parts)

@@ -157,6 +157,7 @@ class Engine:
             self._put(("crash", f.ranks[0]), f, quiet_update=True)
         for f in hang_findings(self.open.values(), views, self.hang_timeout_s, failed,
                                known=lambda rv: rv.reported):
+            self._annotate_spans(f)
             key = (f.kind, f.group, f.seq) if f.kind == "hang" else (f.kind, tuple(f.ranks))
             if key not in self.found:
                 self._attach_stacks(f)
@@ -181,6 +182,18 @@ class Engine:
         f = mismatch_finding(rv, self.span_of(first), self._habits.get(rv.group, set()))
         if f is not None:
             self._put(("mismatch", rv.group, rv.seq), f)
+
+    def _annotate_spans(self, f: Finding) -> None:
+        """Which span (e.g. "step 12") each culprit's newest op was issued in."""
+        spans = {}
+        for r in f.ranks:
+            st = self.ranks.get(r)
+            if st is not None and st.latest is not None:
+                name = self.span_of(st.latest)
+                if name:
+                    spans[str(r)] = name
+        if spans:
+            f.details["span_by_rank"] = spans
 
     def _attach_stacks(self, f: Finding) -> None:
         if self.stacks is None or not f.ranks:

@@ -11,9 +11,11 @@ Each op is passed straight to the device's backend through the backend's own Pyt
 binding, which releases the GIL while the op is enqueued. Calling the ProcessGroup base
 method instead would go through pybind11's trampoline with the GIL held, and deadlock
 against gloo's worker thread, which takes the GIL to free a finished op's tensors while
-holding the queue lock the new op needs. (The two coalesced "single" ops have no backend
-binding and take the base path; pybind11 recognises a Python override calling its base
-by the frame's code name, so each generated method's code object carries its name.)
+holding the queue lock the new op needs. The two coalesced "single" ops have no backend
+binding: on CPU they run as one bound backend op per tensor pair, joined into one Work
+(the base path hung an 8-rank TP job within 5 steps). Only ops with neither take the
+base path; pybind11 recognises a Python override calling its base by the
+frame's code name, so each generated method's code object carries its name.
 """
 
 from __future__ import annotations
@@ -142,6 +144,45 @@ def _device_type_of(spec, desc, pg) -> str:
     return "cpu"  # monitored_barrier runs on the CPU backend
 
 
+def _dispatch_coalesced(pg, method, args, kwargs):
+    """reduce_scatter_tensor_coalesced / all_gather_into_tensor_coalesced on CPU, as one
+    backend op per tensor pair (each releases the GIL; see the module docstring) joined
+    into one Work; None when the arguments do not fit, and then the base path is taken.
+    Same results: each pair is reduced or gathered exactly as the coalesced op does."""
+    import torch
+
+    if kwargs or len(args) != 3:
+        return None
+    outputs, inputs, opts = args
+    if not outputs or len(outputs) != len(inputs) or outputs[0].device.type != "cpu":
+        return None  # CUDA: NCCL has no worker thread that takes the GIL; base path is safe
+    from torch._C import _distributed_c10d as c10d_C
+
+    # everything that can fail is prepared before the first op is issued: a failure
+    # here falls back to the base path, never half-issued ops
+    try:
+        backend = pg._get_backend(torch.device("cpu"))
+        calls = []
+        for out, inp in zip(outputs, inputs, strict=True):
+            if method == "reduce_scatter_single_coalesced":
+                one = c10d_C.ReduceScatterOptions()
+                one.reduceOp = opts.reduceOp
+                calls.append((backend._reduce_scatter_base, out, inp, one))
+            else:
+                one = c10d_C.AllgatherOptions()
+                calls.append((backend._allgather_base, out, inp, one))
+            one.timeout, one.asyncOp = opts.timeout, opts.asyncOp
+    except Exception:
+        return None
+    works = [call(out, inp, one) for call, out, inp, one in calls]
+    from distdoctor.tracer.work import JoinedWork
+
+    return JoinedWork(works)
+
+
+_DISPATCHED = ("reduce_scatter_single_coalesced", "all_gather_single_coalesced")
+
+
 def _make_method(spec):
     base = getattr(RealProcessGroup, spec.method)
 
@@ -156,6 +197,9 @@ def _make_method(spec):
         try:
             if direct is not None:
                 work = direct[0](*direct[1])
+            elif spec.method in _DISPATCHED and (
+                    work := _dispatch_coalesced(self, spec.method, args, kwargs)) is not None:
+                pass
             else:
                 work = base(self, *args, **kwargs)
         except BaseException as exc:

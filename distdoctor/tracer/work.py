@@ -57,3 +57,40 @@ class RecordingWork(dist.Work):
 
     def get_future(self):
         return self._inner.get_future()
+
+
+class JoinedWork(dist.Work):
+    """One Work for several backend ops issued as one (a coalesced op split per tensor):
+    waiting waits for each, in order; done when all are done."""
+
+    def __init__(self, works):
+        super().__init__()
+        self._works = list(works)
+
+    def wait(self, timeout=None):
+        for w in self._works:
+            if timeout is None:
+                w.wait()
+            else:
+                w.wait(timeout)
+        return True
+
+    def is_completed(self):
+        return all(w.is_completed() for w in self._works)
+
+    def is_success(self):
+        return all(w.is_success() for w in self._works)
+
+    def exception(self):
+        for w in self._works:
+            exc = w.exception()
+            if exc is not None:
+                return exc
+        return None
+
+    def synchronize(self):
+        for w in self._works:
+            w.synchronize()
+
+    def get_future(self):
+        raise RuntimeError("getFuture not implemented")  # completion is seen by waiting
