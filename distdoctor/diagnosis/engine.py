@@ -33,6 +33,7 @@ class _Rank:
     last_done: Event | None = None
     issued: dict[str, int] = field(default_factory=dict)
     spans: dict[int, str] = field(default_factory=dict)  # span_index -> name
+    newest_span: str | None = None  # the span begun last (where a rank outside ops is)
     hb_ns: int = 0  # the rank's clock at its last heartbeat
     hb_seen_s: float | None = None  # engine clock when that heartbeat was first seen
     max_t_ns: int = 0  # the latest time seen in any of its events
@@ -77,6 +78,8 @@ class Engine:
         if ev.kind == "span":
             if len(st.spans) < MAX_SPANS:
                 st.spans[ev.index + 1] = ev.name or "span"
+            if st.latest is None or ev.index > st.latest.index:
+                st.newest_span = ev.name or "span"
             return
         if st.latest is None or ev.index >= st.latest.index:
             st.latest = ev
@@ -156,7 +159,7 @@ class Engine:
                                 {(k[1], k[2]) for k in self.found if k[0] == "mismatch"}):
             self._put(("crash", f.ranks[0]), f, quiet_update=True)
         for f in hang_findings(self.open.values(), views, self.hang_timeout_s, failed,
-                               known=lambda rv: rv.reported):
+                               known=lambda rv: rv.reported, familiar=self._familiar):
             self._annotate_spans(f)
             key = (f.kind, f.group, f.seq) if f.kind == "hang" else (f.kind, tuple(f.ranks))
             if key not in self.found:
@@ -183,13 +186,19 @@ class Engine:
         if f is not None:
             self._put(("mismatch", rv.group, rv.seq), f)
 
+    def _familiar(self, ev: Event) -> bool:
+        return habit(ev) in self._habits.get(ev.group, ())
+
     def _annotate_spans(self, f: Finding) -> None:
         """Which span (e.g. "step 12") each culprit's newest op was issued in."""
         spans = {}
         for r in f.ranks:
             st = self.ranks.get(r)
             if st is not None and st.latest is not None:
-                name = self.span_of(st.latest)
+                # in an op: the op's span; outside any: the span begun since its last op
+                in_op = st.latest.t_end_ns is None
+                name = self.span_of(st.latest) if in_op else (st.newest_span
+                                                              or self.span_of(st.latest))
                 if name:
                     spans[str(r)] = name
         if spans:

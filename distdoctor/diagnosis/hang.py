@@ -86,9 +86,7 @@ def _waits_for(open_rv, views: dict[int, RankView]) -> dict[int, tuple[Rendezvou
     """
     edges: dict[int, tuple[Rendezvous, list[int]]] = {}
     for rv in open_rv:
-        missing = rv.missing
-        if not missing:
-            continue
+        missing = rv.missing  # may be empty: blocked in a collective all have joined
         for rank, ev in rv.arrivals.items():
             view = views.get(rank)
             if (ev.t_end_ns is None and view is not None and view.latest is not None
@@ -147,11 +145,13 @@ def _cycles(edges: dict[int, tuple[Rendezvous, list[int]]]) -> list[list[int]]:
 
 def hang_findings(open_rv, views: dict[int, RankView], timeout_s: float,
                   skip_ranks: set[int] = frozenset(),
-                  known: Callable[[Rendezvous], bool] = lambda rv: False) -> list[Finding]:
+                  known: Callable[[Rendezvous], bool] = lambda rv: False,
+                  familiar: Callable[[Event], bool] = lambda ev: True) -> list[Finding]:
     """Hang, deadlock and wrong-group findings for the rendezvous stuck past the timeout.
 
     `skip_ranks`: ranks already reported as crashed (the crash finding names who waits for
     them). `known(rv)`: True for rendezvous already explained (e.g. by a mismatch finding).
+    `familiar(ev)`: whether a call like this one (op and line) was seen on its group before.
     """
     open_rv = list(open_rv)
     stuck = stuck_rendezvous(open_rv, views, timeout_s)
@@ -165,7 +165,7 @@ def hang_findings(open_rv, views: dict[int, RankView], timeout_s: float,
         if not stuck_ranks & set(comp):
             continue  # a wait cycle younger than the timeout: not yet reported
         in_cycle.update(comp)
-        findings.append(_cycle_finding(comp, edges, views))
+        findings.append(_cycle_finding(comp, edges, views, familiar))
     # roots: ranks somebody waits for that wait for nothing themselves
     by_rv: dict[tuple, tuple[Rendezvous, list[int]]] = {}
     for rv in stuck:
@@ -232,11 +232,12 @@ def _hang_finding(roots: list[int], items, views) -> Finding:
                "waited_s": round(waited, 1), "where": {str(r): w for r, w in where.items()},
                "issued_in_group": issued,
                "also_stuck": [it[0].label() for it in items[1:]][:10]}
-    counts = set(issued.values())
-    if len(counts) > 1 and any(issued.get(str(r), 0) < max(counts) for r in roots):
-        details["desync"] = ("the culprit issued fewer collectives on this group than the "
-                             "ranks waiting: it skipped one earlier (a rank-dependent branch "
-                             "or one batch fewer), so the sequences drifted apart")
+    gone = [r for r in roots if r in views and views[r].exit and not views[r].stopped]
+    if gone:
+        details["desync"] = (f"rank(s) {', '.join(map(str, gone))} finished with fewer "
+                             f"collectives on this group than the others issued: a "
+                             f"rank-dependent branch, one batch fewer or an exception "
+                             f"swallowed on that rank made it skip some")
     return Finding("hang", "error", summary, roots, rv.group, rv.seq, callsites,
                    details=details, remedy=_HANG_REMEDY)
 
@@ -261,7 +262,7 @@ def _all_joined_finding(rv: Rendezvous, views, explained: bool) -> Finding:
                    "stacks; a collective on tensors of different sizes can also block.")
 
 
-def _cycle_finding(comp: list[int], edges, views) -> Finding:
+def _cycle_finding(comp: list[int], edges, views, familiar) -> Finding:
     parts = []
     callsites = []
     for r in comp:
@@ -281,6 +282,8 @@ def _cycle_finding(comp: list[int], edges, views) -> Finding:
         r = lone[0]
         rv, _ = edges[r]
         main = rvs[next(iter(others))]
+        if familiar(rv.arrivals[r]):
+            return _skipped_finding(r, rv, main, views, callsites, details)
         summary = (f"rank {r} called {rv.arrivals[r].op} on group {rv.group} while ranks "
                    f"{', '.join(map(str, _waiters(main)))} wait for it in "
                    f"{main.label()}: rank {r} used the wrong process group")
@@ -296,6 +299,31 @@ def _cycle_finding(comp: list[int], edges, views) -> Finding:
                    remedy="The ranks issue the same ops in different orders: make every "
                    "rank issue p2p sends/recvs in a matching order (or use batch_isend_irecv) "
                    "and collectives of overlapping groups in the same order on all ranks.")
+
+
+def _skipped_finding(r: int, rv: Rendezvous, main: Rendezvous, views, callsites,
+                     details) -> Finding:
+    """The lone rank's call is an ordinary one for its group: it did not pick the wrong
+    group, it skipped the collective the others wait in and went on to its next op."""
+    ev = rv.arrivals[r]
+    waiters = _waiters(main)
+    issued = views[r].issued.get(main.group, 0) if r in views else None
+    others = sorted({views[w].issued.get(main.group, 0) for w in waiters if w in views})
+    summary = (f"hang: rank {r} skipped {main.label()} that ranks "
+               f"{', '.join(map(str, waiters))} wait in, and went on to {ev.op} #{rv.seq} "
+               f"in group {rv.group}")
+    if issued is not None and others:
+        summary += (f" (it has issued {issued} collective(s) on group {main.group}, the "
+                    f"others {others[-1]})")
+    details.update(reason="skipped_collective", waiting_ranks=waiters,
+                   issued_in_group={str(r): issued})
+    main_first = main.arrivals[waiters[0]] if waiters else None
+    if main_first is not None and main_first.callsite:
+        callsites.append(callsite_of(waiters[0], main_first.callsite))
+    return Finding("hang", "error", summary, [r], main.group, main.seq, callsites,
+                   details=details, remedy="A rank-dependent branch or one batch fewer made "
+                   "this rank skip a collective: every rank must issue the same collectives "
+                   "on a group, in the same order.")
 
 
 _HANG_REMEDY = ("Look at the culprit's stack: it is stuck in compute, I/O or a rank-dependent "

@@ -2,41 +2,78 @@
 
 Clock-independent (DESIGN principle 2): every rank measures its own wait in a collective
 (completion - enter, on its own clock). Everyone leaves a collective at about the same
-moment, so the last to arrive waits least, and how long the others waited for it is their
-wait minus its wait. A rank is a straggler when it is last far more often than chance
-(1/n in a group of n) over its recent collectives, by more than a floor in milliseconds.
+moment, so a rank that arrives late waits less than the others, by about how late it was.
+The last to arrive kept everyone waiting for as long as the next-to-last waited beyond it:
+that gap is its lateness in this collective; every other rank's is minus how much longer
+it waited than the last one. Measuring against the next-to-last, not the typical rank,
+keeps a cohort that is late together by design (the first pipeline stage at a step's
+loss all-reduce) from looking like stragglers. A rank's lateness is summed per step (its span, e.g. the trainer's
+"step 12"; without spans, per 64 collectives): a rank slow once per step and one slow a
+little at every collective both show as a steady per-step sum, where per-collective values
+are dominated by scheduling noise. A rank is a straggler when its mean per-step lateness is
+above a floor and clearly not noise (a t-statistic: mean / standard error over its recent
+steps). Groups of two are symmetric (one's lateness is the other's negative), so the
+verdict comes from all the groups a rank is in together.
 """
 
 from __future__ import annotations
 
+import math
 from collections import Counter, deque
 from dataclasses import dataclass
-from statistics import median
 
 from distdoctor.diagnosis.findings import Finding, callsite_of
 from distdoctor.diagnosis.rendezvous import Rendezvous
 
-WINDOW = 200  # recent collectives per rank that the score looks at
-MIN_SAMPLES = 30  # no verdict on fewer
-MIN_SCORE = 0.5  # 0 = last as often as chance, 1 = always last
-MIN_LATENESS_MS = 1.0  # below this, lateness is noise (scheduling, logging)
-TIE_MS = 0.05  # closer than this, nobody is last
+WINDOW = 400  # recent collectives per rank kept for the report
+STEPS = 40  # recent steps per rank that the verdict looks at
+MIN_STEPS = 8  # no verdict on fewer
+CHUNK = 64  # collectives per "step" for ranks that mark no spans
+MIN_T = 4.0  # how many standard errors the mean per-step lateness must stand above zero
+MIN_LATENESS_MS = 2.0  # per step; below this, lateness is noise (scheduling, logging)
+
+
+@dataclass(slots=True)
+class _Steps:
+    """Per-step sums of one rank's lateness: the closed ones and the one being filled."""
+
+    sums: deque
+    key: int = -1  # the open step: its span index, or a chunk number without spans
+    total: float = 0.0
+    count: int = 0
+    chunk: int = 0
+
+    def add(self, span_index: int, lateness: float) -> None:
+        if span_index:
+            key = span_index
+        else:  # no spans: fixed-size chunks
+            if self.count >= CHUNK and self.key < 0:
+                self.chunk += 1
+            key = -1 - self.chunk
+        if key != self.key and self.count:
+            self.sums.append(self.total)
+            self.total, self.count = 0.0, 0
+        self.key = key
+        self.total += lateness
+        self.count += 1
 
 
 @dataclass(slots=True)
 class _Obs:
-    n: int  # group size
-    last: bool
-    lateness_ms: float  # how long the others waited for this rank (0 when not last)
+    lateness_ms: float  # how long the others waited for this rank (negative: it waited)
+    last: bool  # it arrived last
     group: str
     callsite: dict | None
 
 
 class StragglerTracker:
-    def __init__(self, min_lateness_ms: float = MIN_LATENESS_MS, window: int = WINDOW):
+    def __init__(self, min_lateness_ms: float = MIN_LATENESS_MS, window: int = WINDOW,
+                 min_t: float = MIN_T):
         self.min_lateness_ms = min_lateness_ms
         self.window = window
+        self.min_t = min_t
         self.obs: dict[int, deque[_Obs]] = {}
+        self.steps: dict[int, _Steps] = {}
 
     def observe(self, rv: Rendezvous) -> None:
         """Feed one completed collective (every member arrived and finished)."""
@@ -44,65 +81,67 @@ class StragglerTracker:
             return
         waits = {r: (e.t_end_ns - e.t_enter_ns) / 1e6 for r, e in rv.arrivals.items()}
         last = min(waits, key=waits.get)
-        others = sorted(w for r, w in waits.items() if r != last)
-        lateness = median(others) - waits[last]
-        if lateness < TIE_MS:
-            last = None
-        n = len(waits)
+        w_last, w_next = sorted(waits.values())[:2]
         for rank, ev in rv.arrivals.items():
             q = self.obs.get(rank)
             if q is None:
                 q = self.obs[rank] = deque(maxlen=self.window)
-            is_last = rank == last
-            q.append(_Obs(n, is_last, lateness if is_last else 0.0, rv.group, ev.callsite))
+            lateness = w_next - w_last if rank == last else w_last - waits[rank]
+            q.append(_Obs(lateness, rank == last, rv.group, ev.callsite))
+            steps = self.steps.get(rank)
+            if steps is None:
+                steps = self.steps[rank] = _Steps(deque(maxlen=STEPS))
+            steps.add(ev.span_index, lateness)
 
     def score(self, rank: int) -> dict | None:
-        q = self.obs.get(rank)
-        if not q or len(q) < MIN_SAMPLES:
+        q, steps = self.obs.get(rank), self.steps.get(rank)
+        if not q or steps is None or len(steps.sums) < MIN_STEPS:
             return None
-        count = len(q)
-        last = [o for o in q if o.last]
-        expected = sum(1.0 / o.n for o in q)
-        score = (len(last) - expected) / max(count - expected, 1e-9)
-        late = [o.lateness_ms for o in last]
-        half = count // 2
-        early_mean = sum(o.lateness_ms for o in list(q)[:half]) / max(half, 1)
-        late_mean = sum(o.lateness_ms for o in list(q)[half:]) / max(count - half, 1)
-        return {"score": score, "last_fraction": len(last) / count, "collectives": count,
-                "lateness_ms": median(late) if late else 0.0,
-                "mean_delay_ms": sum(late) / count, "early_mean_ms": early_mean,
-                "late_mean_ms": late_mean, "last": last}
+        xs = list(steps.sums)
+        n = len(xs)
+        mean = sum(xs) / n
+        var = sum((x - mean) ** 2 for x in xs) / (n - 1)
+        t = mean / math.sqrt(var / n) if var > 0 else (math.inf if mean > 0 else 0.0)
+        per = [o.lateness_ms for o in q]
+        half = n // 2
+        return {"step_lateness_ms": mean, "t": t, "steps": n,
+                "lateness_ms": sum(per) / len(per), "collectives": len(per),
+                "last_fraction": sum(o.last for o in q) / len(q),
+                "early_mean_ms": sum(xs[:half]) / max(half, 1),
+                "late_mean_ms": sum(xs[half:]) / max(n - half, 1)}
 
     def findings(self) -> list[Finding]:
         out = []
         for rank in sorted(self.obs):
             s = self.score(rank)
-            if s is None or s["score"] < MIN_SCORE or s["lateness_ms"] < self.min_lateness_ms:
+            if (s is None or s["step_lateness_ms"] < self.min_lateness_ms
+                    or s["t"] < self.min_t):
                 continue
             out.append(self._finding(rank, s))
         return out
 
     def _finding(self, rank: int, s: dict) -> Finding:
-        last = s.pop("last")
-        groups = Counter(o.group for o in last)
-        group = groups.most_common(1)[0][0]
-        sites = Counter((o.callsite or {}).get("file", "?") + ":" + str((o.callsite or {}).get(
-            "line", "?")) for o in last)
-        site_key = sites.most_common(1)[0][0]
-        callsite = next((o.callsite for o in last if o.callsite and
-                         f"{o.callsite.get('file')}:{o.callsite.get('line')}" == site_key), None)
-        early, late = s["early_mean_ms"], s["late_mean_ms"]
-        trend = ("rising" if late > 1.25 * early + 0.1 else
-                 "falling" if early > 1.25 * late + 0.1 else "steady")
-        summary = (f"straggler: rank {rank} arrives last in {s['last_fraction']:.0%} of its "
-                   f"last {s['collectives']} collectives, {s['lateness_ms']:.1f} ms after the "
-                   f"others (median); it costs every collective {s['mean_delay_ms']:.1f} ms on "
-                   f"average ({trend})")
+        late = [o for o in self.obs[rank] if o.lateness_ms > 0]
+        groups = Counter(o.group for o in late)
+        group = groups.most_common(1)[0][0] if groups else None
+        sites = Counter(((o.callsite or {}).get("file"), (o.callsite or {}).get("line"))
+                        for o in late if o.callsite)
+        callsite = None
+        if sites:
+            file, line = sites.most_common(1)[0][0]
+            callsite = next(o.callsite for o in late if o.callsite and
+                            (o.callsite.get("file"), o.callsite.get("line")) == (file, line))
+        early, later = s["early_mean_ms"], s["late_mean_ms"]
+        trend = ("rising" if later > 1.25 * early + 0.1 else
+                 "falling" if early > 1.25 * later + 0.1 else "steady")
+        summary = (f"straggler: rank {rank} keeps the others waiting "
+                   f"{s['step_lateness_ms']:.1f} ms per step ({s['lateness_ms']:.2f} ms per "
+                   f"collective) over its last {s['steps']} steps; last to arrive in "
+                   f"{s['last_fraction']:.0%} of its collectives; {trend}")
         details = {"lateness_ms": round(s["lateness_ms"], 3),
-                   "mean_delay_ms": round(s["mean_delay_ms"], 3),
-                   "last_fraction": round(s["last_fraction"], 3),
-                   "score": round(s["score"], 3), "collectives": s["collectives"],
-                   "trend": trend, "groups": dict(groups)}
+                   "step_lateness_ms": round(s["step_lateness_ms"], 3), "steps": s["steps"],
+                   "t_statistic": round(s["t"], 1), "last_fraction": round(s["last_fraction"], 3),
+                   "collectives": s["collectives"], "trend": trend, "groups": dict(groups)}
         return Finding("straggler", "warning", summary, [rank], group, None,
                        [callsite_of(rank, callsite)], details=details,
                        remedy="Look at what the rank does before these collectives: uneven "
