@@ -11,6 +11,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from itertools import islice
 
 from distdoctor.diagnosis.crash import ExitInfo, crash_findings
 from distdoctor.diagnosis.findings import Finding
@@ -71,8 +72,9 @@ class Engine:
 
     def ingest_one(self, ev: Event, now_s: float) -> None:
         self.ingested += 1
-        st = self._rank(ev.rank)
-        t = ev.t_end_ns or ev.t_enter_ns
+        st = self.ranks.get(ev.rank) or self._rank(ev.rank)
+        t_end = ev.t_end_ns
+        t = t_end or ev.t_enter_ns
         if t > st.max_t_ns:
             st.max_t_ns = t
         if ev.kind == "span":
@@ -83,10 +85,10 @@ class Engine:
             return
         if st.latest is None or ev.index >= st.latest.index:
             st.latest = ev
-        if ev.t_end_ns is not None:
+        if t_end is not None:
             if st.last_done is None or ev.index >= st.last_done.index:
                 st.last_done = ev
-            if ev.status in ("error", "timeout"):
+            if ev.status != "ok":
                 # one finding per kind of error, not per port number or address
                 text = re.sub(r"\d+", "N", ev.error or ev.status)
                 self._errors.setdefault(text, []).append(ev)
@@ -100,21 +102,21 @@ class Engine:
             if len(self.open) >= MAX_OPEN:
                 del self.open[next(iter(self.open))]
             rv = self.open[key] = Rendezvous.open(key, ev, now_s)
-        sig = p2p_signature(ev) if rv.is_p2p else signature(ev)
-        if rv.first_sig is None:
-            rv.first_sig = sig
-        elif sig != rv.first_sig and rv.mismatch_since_s is None:
-            rv.mismatch_since_s = now_s
-        rv.arrivals[ev.rank] = ev
-        if rv.complete:
+        if rv.arrive(ev):  # a completion update has the signature it had in flight
+            sig = p2p_signature(ev) if key[0] == "p" else signature(ev)
+            if rv.first_sig is None:
+                rv.first_sig = sig
+            elif sig != rv.first_sig and rv.mismatch_since_s is None:
+                rv.mismatch_since_s = now_s
+        if rv.done >= len(rv.members) and rv.complete:
             del self.open[key]
             self.straggler.observe(rv)
             if rv.mismatch_since_s is not None:
                 self._report_mismatch(rv)
             elif not rv.is_p2p:
                 habits = self._habits.setdefault(rv.group, set())
-                if len(habits) < MAX_HABITS:
-                    habits.update(habit(e) for e in rv.arrivals.values())
+                if len(habits) < MAX_HABITS:  # a sample: agreeing ranks mostly share lines
+                    habits.update(map(habit, islice(rv.arrivals.values(), 8)))
 
     def heartbeat(self, rank: int, hb_ns: int, now_s: float) -> None:
         st = self._rank(rank)

@@ -40,6 +40,7 @@ class Rendezvous:
     members: tuple[int, ...]  # global ranks expected (a p2p pairing: sender, receiver)
     first_seen_s: float  # engine clock when the first rank arrived
     arrivals: dict[int, Event] = field(default_factory=dict)
+    done: int = 0  # arrivals that have finished (kept by `arrive`)
     first_sig: tuple | None = None  # the first arrival's signature (see mismatch.py)
     mismatch_since_s: float | None = None  # engine clock when arrivals first disagreed
     reported: bool = False
@@ -60,11 +61,19 @@ class Rendezvous:
     def missing(self) -> list[int]:
         return [r for r in self.members if r not in self.arrivals]
 
+    def arrive(self, ev: Event) -> bool:
+        """Record a rank's op (new, or its completion); True if it is new here."""
+        old = self.arrivals.get(ev.rank)
+        self.arrivals[ev.rank] = ev
+        if ev.t_end_ns is not None and (old is None or old.t_end_ns is None):
+            self.done += 1
+        return old is None
+
     @property
     def complete(self) -> bool:
-        """Every member arrived and finished."""
-        return (len(self.arrivals) >= len(self.members) > 0 and not self.missing
-                and all(e.t_end_ns is not None for e in self.arrivals.values()))
+        """Every member arrived and finished (counted, not scanned: groups can be large)."""
+        n = len(self.members)
+        return n > 0 and self.done >= n and len(self.arrivals) >= n and not self.missing
 
     def label(self) -> str:
         """'all_reduce #12 in group 3 (loss_reduce)' or 'send 0 -> 1 #4 in group 0'."""
