@@ -156,6 +156,8 @@ def _summary(run_dir, job, findings) -> None:
     status = "ok" if not job.failures else ", ".join(
         f"{'rank ' + str(p.rank) if p.rank is not None else 'job'} exited "
         f"{p.signal_name or p.exit_code}" for p in job.failures)
+    if job.stopped and not job.failures:
+        status = "stopped by distdoctor"
     print(f"distdoctor: {len(info.ring_ranks)} rank(s) traced "
           f"({' '.join(counts) or 'no events'}); {status}; run dir {run_dir}", file=sys.stderr)
     if findings:

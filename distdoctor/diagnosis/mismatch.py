@@ -126,6 +126,8 @@ def mismatch_finding(rv: Rendezvous, span_name=None,
     else:
         summary = (f"ranks disagree on {what} at {rv.label()}: "
                    + "; ".join(f"{v['ranks']} {v['describe']}" for v in vlist))
+    if span_name:
+        summary += f" in {span_name}"
     callsites = _callsites(rv, culprits)
     details = {"differs_in": fields, "variants": vlist, "group_desc": rv.group_desc,
                "arrived": sorted(rv.arrivals), "expected": list(rv.members)}
