@@ -81,12 +81,16 @@ def run(args) -> int:
         commands = [(None, cmd, env)]
 
     print(f"distdoctor: tracing into {run_dir}", file=sys.stderr)
+    holder: list = []
+    live = _start_diagnosis(run_dir, args, holder)
     try:
-        job = Job.start(commands, grace_s=args.grace)
+        job = Job.start(commands, grace_s=args.grace,
+                        on_line=live.feed_line if live.scans_output else None)
     except OSError as exc:
+        live.stop()
         raise UserError(f"run: cannot start {cmd[0]!r}: {exc.strerror}") from None
+    holder.append(job)
     _forward_signals(job)
-    live = _start_diagnosis(run_dir, args, job)
     stopped_for_hang = False
     try:
         while job.poll():
@@ -105,12 +109,14 @@ def run(args) -> int:
     return code if code or not stopped_for_hang else 1
 
 
-def _start_diagnosis(run_dir, args, job):
+def _start_diagnosis(run_dir, args, holder: list):
+    """The live engine; `holder` receives the Job once started (for the exit codes)."""
     from distdoctor.diagnosis.live import LiveDiagnosis
     from distdoctor.diagnosis.report import live_line
 
     def exits() -> dict[int, tuple[int, bool]]:
-        return {p.rank: (p.exit_code, p.stopped) for p in job.procs
+        procs = holder[0].procs if holder else ()
+        return {p.rank: (p.exit_code, p.stopped) for p in procs
                 if p.rank is not None and p.exit_code is not None}
 
     return LiveDiagnosis(run_dir, args.hang_timeout, stacks=args.stacks,

@@ -244,6 +244,10 @@ class Engine:
                 "rank dying or disagreeing; look for crash and mismatch findings first."))
         return out
 
+    def add_finding(self, f: Finding) -> None:
+        """A finding from another source (the job's log): kept and reported like ours."""
+        self._put(("external", f.kind, f.summary), f)
+
     def findings(self) -> list[Finding]:
         """Every finding so far, most severe kinds first."""
         order = {"mismatch": 0, "deadlock": 1, "hang": 2, "crash": 3, "comm_error": 4,

@@ -70,8 +70,10 @@ def stuck_rendezvous(open_rv, views: dict[int, RankView], timeout_s: float) -> l
     (the transport gave up first: gloo's timeout, or a peer's exit reset the connection)."""
     out = []
     for rv in open_rv:
+        # a dead rank's op stays "in flight" in its log forever: not a wait
         waited = max((views[r].waited_s(e) for r, e in rv.arrivals.items()
-                      if e.t_end_ns is None and r in views), default=0.0)
+                      if e.t_end_ns is None and r in views
+                      and (views[r].exit is None or views[r].stopped)), default=0.0)
         if waited >= timeout_s or (rv.missing and _failed(rv)):
             out.append(rv)
     return out

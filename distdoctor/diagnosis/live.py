@@ -11,6 +11,7 @@ import os
 import socket
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from pathlib import Path
 
@@ -20,6 +21,7 @@ from distdoctor.diagnosis.findings import Finding, write_findings
 from distdoctor.runlog.follow import RunFollower
 
 POLL_S = 0.25
+MAX_PENDING_LINES = 10_000
 STALE_HEARTBEAT_S = 5.0  # a heartbeat older than this, with the pid gone: the rank died
 
 
@@ -40,6 +42,9 @@ class LiveDiagnosis:
         self._hb_changed: dict[int, tuple[int, float]] = {}
         self.host = socket.gethostname()
         self.error: str | None = None
+        # the job's output lines, for the comm-error scanner (bounded: never hold the job)
+        self._lines: deque[tuple[int | None, str]] = deque(maxlen=MAX_PENDING_LINES)
+        self._scanner = _log_scanner()
 
     # --- lifecycle ---------------------------------------------------------------------
     def start(self) -> LiveDiagnosis:
@@ -65,11 +70,31 @@ class LiveDiagnosis:
                     self._step(time.monotonic())
             except Exception as exc:  # never take the launcher (and the job) down
                 self.error = f"live diagnosis stopped: {exc!r}"
+                import sys
+                import traceback
+
+                print(f"distdoctor: {self.error} (the job goes on; `distdoctor diagnose` "
+                      f"works post-mortem)", file=sys.stderr)
+                if os.environ.get("DISTDOCTOR_DEBUG"):
+                    traceback.print_exc()
                 return
+
+    @property
+    def scans_output(self) -> bool:
+        return self._scanner is not None
+
+    def feed_line(self, rank: int | None, text: str) -> None:
+        """A line of the job's output (any thread); scanned on the next pass."""
+        if self._scanner is not None:
+            self._lines.append((rank, text))
 
     # --- one pass ----------------------------------------------------------------------
     def _step(self, now_s: float, final: bool = False) -> None:
         self.engine.ingest(self.follower.poll(), now_s)
+        while self._lines:
+            rank, text = self._lines.popleft()
+            for f in self._scanner.feed(text, rank=rank):
+                self.engine.add_finding(f)
         for rank, header in self.follower.headers().items():
             self.engine.heartbeat(rank, header.heartbeat_mono_ns, now_s)
             self._check_alive(rank, header, now_s)
@@ -114,6 +139,14 @@ class LiveDiagnosis:
             return {}
         dumps = dump_stacks(pids)
         return {r: f"[{d.method}]\n{d.text or d.error or ''}" for r, d in dumps.items()}
+
+
+def _log_scanner():
+    try:
+        from distdoctor.diagnosis.logscan import LogScanner
+    except ImportError:
+        return None
+    return LogScanner()
 
 
 def _pid_alive(pid) -> bool:

@@ -12,7 +12,9 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 
@@ -40,6 +42,23 @@ class JobResult:
     stopped: bool = False  # distdoctor stopped the job (rank failure, hang, interrupt)
 
 
+def _forward(src, dst, rank, on_line) -> None:
+    """Copy a child's stream to ours byte for byte, line by line, and show each line to
+    `on_line` (which must not raise or block: the job's output waits on it)."""
+    out = getattr(dst, "buffer", dst)
+    for raw in iter(src.readline, b""):
+        try:
+            out.write(raw)
+            out.flush()
+        except (OSError, ValueError):
+            pass  # our stdout is gone (a closed pipe): keep draining, never block the job
+        try:
+            on_line(rank, raw.decode("utf-8", "replace"))
+        except Exception:
+            pass
+    src.close()
+
+
 def python_command(cmd: list[str]) -> list[str]:
     """`train.py args` runs under this interpreter; anything else runs as given."""
     if cmd and cmd[0].endswith(".py"):
@@ -56,12 +75,22 @@ class Job:
         self._stop_deadline: float | None = None
 
     @classmethod
-    def start(cls, commands: list[tuple[int | None, list[str], dict]], grace_s: float = 5.0):
+    def start(cls, commands: list[tuple[int | None, list[str], dict]], grace_s: float = 5.0,
+              on_line: Callable[[int | None, str], None] | None = None):
+        """Start the processes. With `on_line`, their stdout and stderr pass through pipes:
+        every line is forwarded unchanged to ours and handed to `on_line(rank, text)`."""
         procs = []
         for rank, cmd, env in commands:
+            pipe = subprocess.PIPE if on_line else None
+            if on_line:  # through a pipe Python would block-buffer: keep lines timely
+                env = {"PYTHONUNBUFFERED": "1", **env}
             popen = subprocess.Popen(cmd, env=env, start_new_session=True,
-                                     stdin=subprocess.DEVNULL)
+                                     stdin=subprocess.DEVNULL, stdout=pipe, stderr=pipe)
             procs.append(Proc(rank, popen))
+            if on_line:
+                for src, dst in ((popen.stdout, sys.stdout), (popen.stderr, sys.stderr)):
+                    threading.Thread(target=_forward, args=(src, dst, rank, on_line),
+                                     daemon=True, name=f"distdoctor-tee-{rank}").start()
         return cls(procs, grace_s)
 
     def poll(self) -> bool:

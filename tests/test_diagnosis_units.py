@@ -1,0 +1,155 @@
+"""Detectors on hand-built event streams: the rules, case by case, without processes."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from distdoctor.diagnosis.crash import ExitInfo
+from distdoctor.diagnosis.engine import Engine
+from distdoctor.diagnosis.findings import Finding, write_findings
+from distdoctor.runlog.reader import Event
+
+S = 1_000_000_000  # ns per second
+
+
+class Stream:
+    """Builds one rank's events in order, with its own clock."""
+
+    def __init__(self, rank: int):
+        self.rank, self.index = rank, 0
+
+    def op(self, op="all_reduce", group="0", ranks=(0, 1, 2, 3), seq=0, numel=8,
+           dtype="float32", t=0.0, wait=0.001, done=True, peer=None, kind="collective",
+           line=10, span=0, status=None, error=None):
+        ev = Event(rank=self.rank, index=self.index, kind=kind, op=op,
+                   status=status or ("ok" if done else "in_flight"), group=group,
+                   group_desc="", group_ranks=tuple(ranks), seq=seq, peer=peer,
+                   shapes=((numel,),), dtypes=(dtype,), device="cpu", numel_in=numel,
+                   numel_out=numel, reduce_op="sum" if "reduce" in op else None,
+                   callsite={"file": "/job/train.py", "line": line, "function": "step"},
+                   t_enter_ns=int(t * S), t_end_ns=int((t + wait) * S) if done else None,
+                   span_index=span, name=None, error=error, is_async=False,
+                   other_thread=False)
+        self.index += 1
+        return ev
+
+    def span(self, name, t=0.0):
+        ev = Event(rank=self.rank, index=self.index, kind="span", op="span", status="ok",
+                   group="", group_desc="", group_ranks=(), seq=0, peer=None, shapes=(),
+                   dtypes=(), device="", numel_in=0, numel_out=0, reduce_op=None,
+                   callsite=None, t_enter_ns=int(t * S), t_end_ns=None, span_index=0,
+                   name=name, error=None, is_async=None, other_thread=False)
+        self.index += 1
+        return ev
+
+
+def engine_with(events, timeout=5.0, now=None, heartbeats=None, exits=None):
+    e = Engine(timeout)
+    e.ingest(events, 0.0)
+    for rank, hb in (heartbeats or {}).items():
+        e.heartbeat(rank, int(hb * S), 0.0)
+    for rank, info in (exits or {}).items():
+        e.exited(rank, info)
+    e.tick(now, final=True)
+    return e.findings()
+
+
+def test_odd_one_out_is_the_culprit_and_a_tie_is_broken_by_the_groups_history():
+    ranks = [Stream(r) for r in range(4)]
+    evs = [s.op(seq=0) for s in ranks]
+    evs += [s.op(seq=1, numel=9 if s.rank == 2 else 8, t=1) for s in ranks]
+    (f,) = engine_with(evs)
+    assert (f.kind, f.ranks, f.seq) == ("mismatch", [2], 1)
+    assert f.details["differs_in"] == ["numel"]
+    # two ranks, two variants: the one that breaks the group's habit (a new line) is odd
+    a, b = Stream(0), Stream(1)
+    evs = [a.op(ranks=(0, 1)), b.op(ranks=(0, 1)),
+           a.op(ranks=(0, 1), seq=1, t=1), b.op("broadcast", ranks=(0, 1), seq=1, t=1, line=99)]
+    (f,) = engine_with(evs)
+    assert f.ranks == [1] and f.callsites[0]["line"] == 99
+
+
+def test_uneven_all_to_all_and_a_gathers_root_are_not_mismatches():
+    ranks = [Stream(r) for r in range(3)]
+    evs = [s.op("all_to_all_single", ranks=(0, 1, 2), numel=4 + s.rank) for s in ranks]
+    assert engine_with(evs) == []
+
+
+def test_hang_names_the_rank_that_never_joined_and_where_it_is():
+    ranks = [Stream(r) for r in range(4)]
+    evs = [s.op(seq=0) for s in ranks]
+    evs += [s.op(seq=1, t=1, done=False) for s in ranks if s.rank != 3]
+    findings = engine_with(evs, heartbeats={r: 20 for r in range(4)})
+    (f,) = findings
+    assert (f.kind, f.ranks) == ("hang", [3])
+    assert "in no collective" in f.summary and f.details["waiting_ranks"] == [0, 1, 2]
+    # below the timeout: nothing yet
+    assert engine_with(evs, heartbeats={r: 3 for r in range(4)}) == []
+
+
+def test_recv_against_recv_is_a_deadlock_and_a_crash_is_not_a_hang():
+    a, b = Stream(0), Stream(1)
+    evs = [a.op("recv", kind="p2p", ranks=(0, 1), peer=1, done=False),
+           b.op("recv", kind="p2p", ranks=(0, 1), peer=0, done=False)]
+    (f,) = engine_with(evs, heartbeats={0: 30, 1: 30})
+    assert (f.kind, f.ranks) == ("deadlock", [0, 1])
+    ranks = [Stream(r) for r in range(3)]
+    evs = [s.op(ranks=(0, 1, 2), done=s.rank != 2) for s in ranks]
+    evs += [s.op(ranks=(0, 1, 2), seq=1, t=1, done=False) for s in ranks[:2]]
+    findings = engine_with(evs, heartbeats={r: 30 for r in range(3)},
+                           exits={2: ExitInfo(-9)})
+    assert [(f.kind, f.ranks) for f in findings] == [("crash", [2])]
+    assert "SIGKILL" in findings[0].summary and findings[0].details["waiting_ranks"] == [0, 1]
+
+
+def _steps(n_ranks, steps, late_rank=None, late_ms=0.0, cohort=()):
+    """Each step: 10 world collectives; `late_rank` arrives `late_ms` late at the first;
+    a `cohort` of ranks arrives 300 ms late together at the last (as a pipeline stage)."""
+    streams = [Stream(r) for r in range(n_ranks)]
+    evs, seq, t = [], 0, 0.0
+    ranks = tuple(range(n_ranks))
+    for step in range(steps):
+        open_span = {}
+        for s in streams:
+            ev = s.span(f"step {step}", t)
+            open_span[s.rank] = ev.index + 1  # what the tracer stamps on ops inside it
+            evs.append(ev)
+        for k in range(10):
+            delay = {r: 0.0 for r in ranks}
+            if k == 0 and late_rank is not None:
+                delay[late_rank] = late_ms / 1000
+            if k == 9:
+                for r in cohort:
+                    delay[r] = 0.3
+            arrive_last = max(delay.values())
+            for s in streams:
+                enter = t + delay[s.rank] + 0.0001 * ((s.rank * 7 + k) % 5)  # jitter
+                evs.append(s.op(ranks=ranks, seq=seq, t=enter,
+                                wait=t + arrive_last + 0.001 - enter,
+                                span=open_span[s.rank]))
+            seq += 1
+            t += 0.5
+    return evs
+
+
+def test_straggler_found_and_a_late_cohort_is_not_one():
+    findings = engine_with(_steps(4, 20, late_rank=2, late_ms=30))
+    assert [(f.kind, f.ranks) for f in findings] == [("straggler", [2])]
+    assert findings[0].details["step_lateness_ms"] == pytest.approx(30, rel=0.2)
+    assert engine_with(_steps(8, 20, cohort=(0, 1, 2, 3))) == []
+    assert engine_with(_steps(4, 20)) == []
+
+
+def test_findings_json_round_trips(tmp_path):
+    f = Finding("hang", "error", "x", [3], "0", 4, [{"rank": 3, "file": "a.py", "line": 1,
+                                                     "function": "f"}], {"3": "stack"},
+                {"waited_s": 5.0}, "fix it")
+    write_findings(tmp_path, [f])
+    data = json.loads((tmp_path / "findings.json").read_text())
+    assert set(data["findings"][0]) == {"kind", "severity", "summary", "ranks", "group",
+                                        "seq", "callsites", "stacks", "details", "remedy"}
+    assert Finding.from_json(data["findings"][0]) == f
+    with pytest.raises(ValueError):
+        Finding("nonsense", "error", "x")
