@@ -18,6 +18,7 @@ from distdoctor.diagnosis.findings import Finding
 from distdoctor.diagnosis.hang import RankView, hang_findings
 from distdoctor.diagnosis.mismatch import habit, mismatch_finding, p2p_signature, signature
 from distdoctor.diagnosis.rendezvous import Rendezvous, key_of
+from distdoctor.diagnosis.stackframes import user_frame
 from distdoctor.diagnosis.straggler import StragglerTracker
 from distdoctor.runlog.reader import Event
 
@@ -213,6 +214,26 @@ class Engine:
             f.stacks = {str(r): text for r, text in self.stacks(f.ranks).items()}
         except Exception as exc:  # a failed stack dump must not lose the finding
             f.details["stacks_error"] = repr(exc)
+            return
+        # a culprit outside any collective: its stack tells the line it is stuck on
+        for r in f.ranks:
+            st = self.ranks.get(r)
+            text = f.stacks.get(str(r))
+            if not text or st is None or (st.latest is not None and st.latest.t_end_ns is None):
+                continue
+            frame = user_frame(text)
+            if frame is not None and not frame["file"].startswith("/"):
+                # py-spy shortens paths; the rank's own call sites know the full one
+                known = [e.callsite.get("file") for e in (st.latest, st.last_done)
+                         if e is not None and e.callsite and e.callsite.get("file")]
+                full = [k for k in known if k.endswith("/" + frame["file"])]
+                if full:
+                    frame = {**frame, "file": full[0]}
+            if frame is not None:
+                f.callsites.insert(0, {"rank": r, **frame, "source": "stack"})
+                where = f"{frame['file']}:{frame['line']} in {frame['function']}"
+                f.details.setdefault("stuck_at", {})[str(r)] = where
+                f.summary += f"; rank {r}'s stack is at {where}"
 
     def _put(self, key: tuple, f: Finding, quiet_update: bool = False) -> None:
         old = self.found.get(key)
