@@ -63,6 +63,11 @@ def test_bug_is_diagnosed(job, tmp_path):
     for other in findings:
         if other["severity"] == "error":
             assert set(other["ranks"]) <= set(culprits), described
+    if job == "stuck_outside":  # outside any collective: its stack says where it is stuck
+        assert f["stacks"].get("3"), described
+        stuck = [c for c in f["callsites"] if c.get("source") == "stack"]
+        assert stuck and stuck[0]["line"] in _markers(job)["stuck"], f["callsites"]
+        assert stuck[0]["file"].endswith("stuck_outside.py")
     # the live front end printed it, and the post-mortem agrees
     assert kind.upper() in proc.stderr
     again = run_cli(["diagnose", str(run_dir), "--json"], timeout=60)

@@ -12,7 +12,7 @@ rank, world = init()
 
 def wait_for_shard_on_nfs():
     while True:  # the bug: a retry loop with no deadline
-        time.sleep(0.01)
+        time.sleep(0.01)  # expect: stuck
 
 
 for step in range(6):

@@ -1,0 +1,135 @@
+"""Host and stack probes, for real: psutil on live and killed processes, py-spy on a stuck
+process, and the signal-triggered in-process fallback. Every child is killed and reaped."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import select
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from distdoctor.probes.host import HostProbe, process_alive
+from distdoctor.probes.stacks import dump_stacks, find_py_spy, install_stack_dump_handler
+
+STUCK = """
+import signal, sys, time
+from distdoctor.probes.stacks import install_stack_dump_handler
+mode = sys.argv[1]
+if mode == "own-handler":
+    signal.signal(signal.SIGUSR2, lambda *a: print("user handler ran", flush=True))
+ok = install_stack_dump_handler(sys.argv[2]) if mode != "no-handler" else False
+print("ready", ok, flush=True)
+
+def stuck_in_compute():
+    while True:
+        time.sleep(0.05)
+
+stuck_in_compute()
+"""
+
+
+@contextlib.contextmanager
+def child(tmp_path: Path, mode: str = "handler"):
+    script = tmp_path / "stuck.py"
+    script.write_text(STUCK)
+    proc = subprocess.Popen([sys.executable, str(script), mode, str(tmp_path / "stacks.txt")],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            stdin=subprocess.DEVNULL)
+    try:
+        ready, _, _ = select.select([proc.stdout], [], [], 30)
+        assert ready, "child did not start"
+        proc.ready_line = proc.stdout.readline().strip()
+        yield proc
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.communicate(timeout=10)
+
+
+def test_host_snapshot_reads_this_machine():
+    s = HostProbe().host_snapshot()
+    assert s.cpu_count and s.cpu_count >= 1
+    assert s.mem_total_bytes > s.mem_available_bytes > 0
+    assert s.load1 is not None and s.net_sent_bytes is not None
+
+
+def test_process_liveness_of_a_killed_rank(tmp_path):
+    probe = HostProbe()
+    with child(tmp_path, "no-handler") as proc:
+        snap = probe.processes({3: proc.pid})[0]
+        assert (snap.rank, snap.pid, snap.alive) == (3, proc.pid, True)
+        assert snap.status in ("sleeping", "running") and snap.rss_bytes > 1 << 20
+        time.sleep(0.2)
+        assert probe.processes({3: proc.pid})[0].cpu_pct is not None  # second tick
+        os.kill(proc.pid, signal.SIGSTOP)
+        time.sleep(0.1)
+        assert probe.processes({3: proc.pid})[0].status == "stopped"
+        proc.kill()
+        deadline = time.monotonic() + 10
+        while probe.process_snapshot(3, proc.pid).status != "zombie":
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+        snap = probe.process_snapshot(3, proc.pid)
+        assert not snap.alive and not process_alive(proc.pid)  # dead, not yet reaped
+        proc.wait(timeout=10)
+        snap = probe.process_snapshot(3, proc.pid)
+        assert (snap.alive, snap.status) == (False, "gone")
+
+
+@pytest.mark.skipif(find_py_spy() is None, reason="py-spy is not installed")
+def test_py_spy_names_the_function_a_rank_is_stuck_in(tmp_path):
+    with child(tmp_path, "no-handler") as proc:
+        dumps = dump_stacks({5: proc.pid}, timeout_s=30)
+        d = dumps[5]
+        assert d.method == "py-spy", d.error
+        assert "stuck_in_compute" in d.text and "stuck.py" in d.text
+        assert proc.poll() is None  # still running after the dump
+
+
+def test_signal_fallback_when_py_spy_cannot_be_used(tmp_path):
+    with child(tmp_path, "handler") as proc:
+        assert proc.ready_line == "ready True"
+        for kwargs in ({"use_py_spy": False},  # not installed
+                       {"py_spy": "/nonexistent/py-spy"},  # cannot start
+                       {"py_spy": "/bin/false"}):  # cannot attach (fails)
+            d = dump_stacks({2: proc.pid}, timeout_s=20, **kwargs)[2]
+            assert d.method == "signal", (kwargs, d.error)
+            assert "stuck_in_compute" in d.text and 'stuck.py"' in d.text
+            assert d.text.count("stuck_in_compute") == 1  # only the new dump, not the old
+        assert proc.poll() is None  # the rank runs on
+
+
+def test_no_handler_no_py_spy_is_unavailable_and_never_signals(tmp_path):
+    with child(tmp_path, "no-handler") as proc:
+        d = dump_stacks({0: proc.pid}, timeout_s=5, use_py_spy=False)[0]
+        assert d.method == "unavailable" and "no in-process stack-dump handler" in d.error
+        time.sleep(0.2)
+        assert proc.poll() is None  # SIGUSR2's default action would have killed it
+
+
+def test_handler_leaves_a_jobs_own_sigusr2_alone(tmp_path):
+    with child(tmp_path, "own-handler") as proc:
+        assert proc.ready_line == "ready False"
+        d = dump_stacks({0: proc.pid}, timeout_s=5, use_py_spy=False)[0]
+        assert d.method == "unavailable"
+        proc.kill()
+        out, _ = proc.communicate(timeout=10)
+        assert "user handler ran" not in out
+
+
+def test_dead_pid_is_unavailable_quickly():
+    t0 = time.monotonic()
+    d = dump_stacks({1: 2**22 + 12345}, timeout_s=5, py_spy="/bin/false")[1]
+    assert d.method == "unavailable" and d.error
+    assert time.monotonic() - t0 < 5
+
+
+def test_install_is_safe_without_sigusr2(monkeypatch):
+    monkeypatch.delattr(signal, "SIGUSR2")
+    assert install_stack_dump_handler("/nonexistent/dir/x.txt") is False
