@@ -19,7 +19,7 @@ INJECTIONS = {
     "mismatch:rank=2,step=3": ("mismatch", 2, "faults.py"),
     "shape:rank=1,step=3": ("mismatch", 1, "faults.py"),
     "skip:rank=3,step=2": ("hang", 3, None),
-    "hang:rank=2,step=3": ("hang", 2, None),
+    "hang:rank=2,step=3": ("hang", 2, "faults.py"),  # from its stack
     "crash:rank=1,step=3": ("crash", 1, "train.py"),
 }
 
