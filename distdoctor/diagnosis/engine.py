@@ -104,11 +104,15 @@ class Engine:
                 del self.open[next(iter(self.open))]
             rv = self.open[key] = Rendezvous.open(key, ev, now_s)
         if rv.arrive(ev):  # a completion update has the signature it had in flight
-            sig = p2p_signature(ev) if key[0] == "p" else signature(ev)
+            # the raw fields first: equal raw fields mean equal signatures (the usual case)
+            raw = (ev.op, ev.numel_in, ev.numel_out, ev.dtypes, ev.reduce_op, ev.peer)
             if rv.first_sig is None:
-                rv.first_sig = sig
-            elif sig != rv.first_sig and rv.mismatch_since_s is None:
-                rv.mismatch_since_s = now_s
+                rv.first_sig, rv.first_raw = (p2p_signature(ev) if key[0] == "p"
+                                              else signature(ev)), raw
+            elif raw != rv.first_raw and rv.mismatch_since_s is None:
+                sig = p2p_signature(ev) if key[0] == "p" else signature(ev)
+                if sig != rv.first_sig:
+                    rv.mismatch_since_s = now_s
         if rv.done >= len(rv.members) and rv.complete:
             del self.open[key]
             self.straggler.observe(rv)

@@ -42,6 +42,7 @@ class Rendezvous:
     arrivals: dict[int, Event] = field(default_factory=dict)
     done: int = 0  # arrivals that have finished (kept by `arrive`)
     first_sig: tuple | None = None  # the first arrival's signature (see mismatch.py)
+    first_raw: tuple | None = None  # and its raw fields, for a cheap equality test
     mismatch_since_s: float | None = None  # engine clock when arrivals first disagreed
     reported: bool = False
 

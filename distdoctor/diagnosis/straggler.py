@@ -33,6 +33,10 @@ MIN_T = 4.0  # how many standard errors the mean per-step lateness must stand ab
 MIN_LATENESS_MS = 2.0  # per step; below this, lateness is noise (scheduling, logging)
 
 
+def _first(item):
+    return item[0]
+
+
 @dataclass(slots=True)
 class _Steps:
     """Per-step sums of one rank's lateness: the closed ones and the one being filled."""
@@ -77,21 +81,22 @@ class StragglerTracker:
 
     def observe(self, rv: Rendezvous) -> None:
         """Feed one completed collective (every member arrived and finished)."""
-        if rv.is_p2p or len(rv.arrivals) < 2:
+        arrivals = rv.arrivals
+        if rv.is_p2p or len(arrivals) < 2:
             return
-        waits = {r: (e.t_end_ns - e.t_enter_ns) / 1e6 for r, e in rv.arrivals.items()}
-        last = min(waits, key=waits.get)
-        w_last, w_next = sorted(waits.values())[:2]
-        for rank, ev in rv.arrivals.items():
-            q = self.obs.get(rank)
+        waits = [(e.t_end_ns - e.t_enter_ns, r, e) for r, e in arrivals.items()]
+        waits.sort(key=_first)
+        w_last, last = waits[0][0], waits[0][1]
+        gap = (waits[1][0] - w_last) / 1e6
+        obs, steps, group = self.obs, self.steps, rv.group
+        for w, rank, ev in waits:
+            q = obs.get(rank)
             if q is None:
-                q = self.obs[rank] = deque(maxlen=self.window)
-            lateness = w_next - w_last if rank == last else w_last - waits[rank]
-            q.append(_Obs(lateness, rank == last, rv.group, ev.callsite))
-            steps = self.steps.get(rank)
-            if steps is None:
-                steps = self.steps[rank] = _Steps(deque(maxlen=STEPS))
-            steps.add(ev.span_index, lateness)
+                q = obs[rank] = deque(maxlen=self.window)
+                steps[rank] = _Steps(deque(maxlen=STEPS))
+            lateness = gap if rank == last else (w_last - w) / 1e6
+            q.append(_Obs(lateness, rank == last, group, ev.callsite))
+            steps[rank].add(ev.span_index, lateness)
 
     def score(self, rank: int) -> dict | None:
         q, steps = self.obs.get(rank), self.steps.get(rank)
