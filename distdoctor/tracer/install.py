@@ -18,6 +18,7 @@ import socket
 import sys
 import threading
 import time
+from pathlib import Path
 
 from distdoctor.runlog import rundir
 from distdoctor.tracer import state
@@ -176,6 +177,18 @@ def _open_recorder(run_dir: str, rank: int, world: int, backend: str) -> None:
         "restart_count": _env_int("TORCHELASTIC_RESTART_COUNT"),
     })
     state.recorder = Recorder(ring)
+    _arm_stack_dump(run_dir, rank)
+
+
+def _arm_stack_dump(run_dir, rank: int) -> None:
+    """Let `distdoctor run` get this rank's stacks where py-spy cannot attach: faulthandler
+    dumps them to RUN_DIR/stacks/ on SIGUSR2 (only if the job has no handler of its own)."""
+    try:
+        from distdoctor.probes.stacks import install_stack_dump_handler
+
+        install_stack_dump_handler(str(Path(run_dir) / "stacks" / f"rank-{rank:05d}.txt"))
+    except Exception:
+        pass  # no fallback then; py-spy may still work
 
 
 def _env_int(name: str) -> int | None:
