@@ -13,7 +13,6 @@ import time
 from pathlib import Path
 
 import pytest
-
 from distdoctor.probes.host import HostProbe, process_alive
 from distdoctor.probes.stacks import dump_stacks, find_py_spy, install_stack_dump_handler
 
@@ -24,9 +23,9 @@ mode = sys.argv[1]
 if mode == "own-handler":
     signal.signal(signal.SIGUSR2, lambda *a: print("user handler ran", flush=True))
 ok = install_stack_dump_handler(sys.argv[2]) if mode != "no-handler" else False
-print("ready", ok, flush=True)
 
 def stuck_in_compute():
+    print("ready", ok, flush=True)  # inside: a dump from now on shows this function
     while True:
         time.sleep(0.05)
 

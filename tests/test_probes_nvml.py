@@ -16,7 +16,6 @@ from pathlib import Path
 
 import pynvml
 import pytest
-
 from distdoctor.probes import nvml as nvml_mod
 from distdoctor.probes.gpu_map import parse_visible_devices, rank_gpus, resolve_gpu
 from distdoctor.probes.nvml import NvmlProbe

@@ -13,13 +13,13 @@ import time
 from pathlib import Path
 
 import pytest
-
-from distdoctor.diagnosis.findings import Finding
-from distdoctor.errors import UserError
 from distdoctor.probes.nvml import NvmlProbe
 from distdoctor.probes.nvml_replay import ReplayNvml
 from distdoctor.probes.sampler import Sampler, read_samples, samples_path
 from distdoctor.probes.throttle import join_with_straggler, throttle_findings
+
+from distdoctor.diagnosis.findings import Finding
+from distdoctor.errors import UserError
 
 FIX = Path(__file__).parent / "fixtures" / "nvml"
 EIGHT = {r: {"local_rank": r, "cuda_visible_devices": None} for r in range(8)}

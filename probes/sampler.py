@@ -1,0 +1,261 @@
+"""One sampler per node: host, rank processes and GPUs, 1 Hz, into the run directory.
+
+    RUN_DIR/probes/node-<host>.jsonl     a header line, then one NodeSample per line
+    RUN_DIR/probes/node-<host>.jsonl.1   the previous file, after rotation
+
+Each file is capped (`max_bytes`); when full it becomes ".1" (replacing the older one), so a
+node keeps at most twice the cap. A reader skips a torn last line (the file is read while it
+grows). Every line says where its GPU readings come from ("live", "replay:<file>", or why there
+are none): replayed readings are never shown as live.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any
+
+import psutil
+from distdoctor.probes.gpu_map import rank_gpus
+from distdoctor.probes.host import HostProbe, HostSnapshot, ProcessSnapshot
+from distdoctor.probes.nvml import NvmlProbe
+from distdoctor.probes.nvml_values import GpuSnapshot
+
+from distdoctor.errors import UserError
+
+log = logging.getLogger("distdoctor.probes.sampler")
+
+FORMAT = "distdoctor-probes"
+VERSION = 1
+DEFAULT_MAX_BYTES = 16 << 20
+_ENV_KEYS = ("LOCAL_RANK", "CUDA_VISIBLE_DEVICES")
+
+
+@dataclass(frozen=True)
+class NodeSample:
+    t: float
+    host: str
+    nvml: str  # "live" | "replay:<file>" | "no NVIDIA driver (...)"
+    host_stats: HostSnapshot | None
+    processes: tuple[ProcessSnapshot, ...] = ()
+    gpus: tuple[GpuSnapshot, ...] = ()
+    gpu_of_rank: Mapping[int, str] = field(default_factory=lambda: MappingProxyType({}))
+
+    def __post_init__(self):
+        object.__setattr__(self, "gpu_of_rank", MappingProxyType(dict(self.gpu_of_rank)))
+
+    def to_json(self) -> dict:
+        return {"t": self.t, "host": self.host, "nvml": self.nvml,
+                "host_stats": self.host_stats.to_json() if self.host_stats else None,
+                "processes": [p.to_json() for p in self.processes],
+                "gpus": [g.to_json() for g in self.gpus],
+                "gpu_of_rank": {str(r): g for r, g in self.gpu_of_rank.items()}}
+
+    @classmethod
+    def from_json(cls, d: dict) -> NodeSample:
+        hs = d.get("host_stats")
+        return cls(t=d["t"], host=d.get("host", "?"), nvml=d.get("nvml", "?"),
+                   host_stats=HostSnapshot.from_json(hs) if hs else None,
+                   processes=tuple(ProcessSnapshot.from_json(p) for p in d.get("processes", ())),
+                   gpus=tuple(GpuSnapshot.from_json(g) for g in d.get("gpus", ())),
+                   gpu_of_rank={int(r): g for r, g in (d.get("gpu_of_rank") or {}).items()})
+
+
+def gpu_key(g: GpuSnapshot) -> str:
+    """How samples name a GPU: its UUID, else "index:N"."""
+    return g.uuid or f"index:{g.index}"
+
+
+def samples_path(run_dir: str | os.PathLike, host: str | None = None) -> Path:
+    return Path(run_dir) / "probes" / f"node-{host or socket.gethostname()}.jsonl"
+
+
+def rank_meta_on_host(run_dir: str | os.PathLike, host: str) -> dict[int, dict]:
+    """rank -> the tracer's rank metadata (local rank, CUDA_VISIBLE_DEVICES, ...) on `host`."""
+    out = {}
+    for p in (Path(run_dir) / "ranks").glob("rank-*.json"):
+        try:
+            meta = json.loads(p.read_text())
+            if meta.get("host") == host:
+                out[int(meta["rank"])] = meta
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+    return out
+
+
+class Sampler:
+    """Samples this node every `interval_s` seconds in a background thread.
+
+    `rank_pids()` gives this node's rank -> pid (called each tick). `nvml`: an `NvmlProbe`
+    (e.g. over a `ReplayNvml`), or None for the live NVML probe. `rank_info()` may give
+    rank -> {"local_rank", "cuda_visible_devices", ...} for mapping GPUs to ranks; by default
+    the run dir's rank metadata, else each rank process's environment.
+    """
+
+    def __init__(self, run_dir: str | os.PathLike, rank_pids: Callable[[], dict[int, int]],
+                 interval_s: float = 1.0, nvml: NvmlProbe | Any | None = None, *,
+                 rank_info: Callable[[], Mapping[int, Mapping]] | None = None,
+                 max_bytes: int = DEFAULT_MAX_BYTES, clock: Callable[[], float] = time.time):
+        self.run_dir = Path(run_dir)
+        self.rank_pids = rank_pids
+        self.interval_s = interval_s
+        self._owns_nvml = nvml is None
+        self.nvml = nvml if isinstance(nvml, NvmlProbe) else NvmlProbe(nvml)
+        self.rank_info = rank_info
+        self.max_bytes = max_bytes
+        self.clock = clock
+        self.host_probe = HostProbe()
+        self.host = self.host_probe.host
+        self.path = samples_path(run_dir, self.host)
+        self._env_cache: dict[tuple[int, int], dict] = {}
+        self._info_cache: tuple[frozenset, dict] | None = None
+        self._file = None
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._latest: NodeSample | None = None
+        self._errors_logged: set[str] = set()
+
+    # -- lifecycle ---------------------------------------------------------------------
+    def start(self) -> Sampler:
+        if self._thread is None:
+            self._stop.clear()
+            self._thread = threading.Thread(target=self._loop, name="distdoctor-sampler",
+                                            daemon=True)
+            self._thread.start()
+        return self
+
+    def stop(self, timeout: float = 5.0) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout)
+            self._thread = None
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+        if self._owns_nvml:
+            self.nvml.close()
+
+    def latest(self) -> NodeSample | None:
+        return self._latest
+
+    def _loop(self) -> None:
+        next_t = time.monotonic()
+        while not self._stop.is_set():
+            try:
+                self.tick()
+            except Exception as e:  # a probe failure must not end sampling
+                if type(e).__name__ not in self._errors_logged:
+                    self._errors_logged.add(type(e).__name__)
+                    log.warning("distdoctor sampler: %s: %s", type(e).__name__, e)
+            next_t += self.interval_s
+            delay = next_t - time.monotonic()
+            if delay < 0:  # fell behind: do not burst
+                next_t, delay = time.monotonic(), 0.0
+            self._stop.wait(delay)
+
+    # -- one tick ----------------------------------------------------------------------
+    def sample(self) -> NodeSample:
+        """Read everything once (no writing)."""
+        pids = dict(self.rank_pids() or {})
+        gpus = self.nvml.snapshot()
+        mapping: dict[int, str] = {}
+        if gpus:
+            by_index = {g.index: g for g in gpus}
+            for rank, ident in rank_gpus(self.nvml.devices(), self._rank_info(pids)).items():
+                if ident.index in by_index:
+                    mapping[rank] = gpu_key(by_index[ident.index])
+        nvml = self.nvml.source if self.nvml.available else (
+            self.nvml.unavailable_reason or "no NVIDIA driver")
+        return NodeSample(t=self.clock(), host=self.host, nvml=nvml,
+                          host_stats=self.host_probe.host_snapshot(),
+                          processes=self.host_probe.processes(pids), gpus=gpus,
+                          gpu_of_rank=mapping)
+
+    def tick(self) -> NodeSample:
+        """Sample once and append the line to the node's file."""
+        s = self.sample()
+        self._write(json.dumps(s.to_json(), separators=(",", ":")) + "\n")
+        self._latest = s
+        return s
+
+    def _rank_info(self, pids: dict[int, int]) -> Mapping[int, Mapping]:
+        if self.rank_info is not None:
+            return self.rank_info()
+        key = frozenset(pids.items())
+        if self._info_cache is not None and self._info_cache[0] == key:
+            return self._info_cache[1]
+        info: dict[int, Mapping] = rank_meta_on_host(self.run_dir, self.host)
+        for rank, pid in pids.items():
+            if rank in info:
+                continue
+            if (rank, pid) not in self._env_cache:
+                try:
+                    env = psutil.Process(pid).environ()
+                    self._env_cache[(rank, pid)] = {"local_rank": env.get("LOCAL_RANK"),
+                                            "cuda_visible_devices": env.get(
+                                                "CUDA_VISIBLE_DEVICES")}
+                except psutil.Error:
+                    continue
+            info[rank] = self._env_cache[(rank, pid)]
+        if all(r in info for r in pids):  # complete: reuse until the ranks change
+            self._info_cache = (key, info)
+        return info
+
+    def _write(self, line: str) -> None:
+        if self._file is not None and self._file.tell() + len(line) > self.max_bytes:
+            self._file.close()
+            self._file = None
+            os.replace(self.path, self.path.with_name(self.path.name + ".1"))
+        if self._file is None:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self._file = open(self.path, "a")  # noqa: SIM115 - kept open between ticks
+            if self._file.tell() == 0:
+                self._file.write(json.dumps({"format": FORMAT, "version": VERSION,
+                                             "host": self.host, "interval_s": self.interval_s,
+                                             "started": time.time()}) + "\n")
+        self._file.write(line)
+        self._file.flush()
+
+
+def _read_file(path: Path) -> list[NodeSample]:
+    out = []
+    with open(path, errors="replace") as f:
+        for _n, line in enumerate(f):
+            try:
+                d = json.loads(line)
+            except ValueError:
+                continue  # a torn line (being written, or cut by a crash)
+            if "format" in d:
+                if d["format"] != FORMAT:
+                    raise UserError(f"{path}: not a distdoctor probe file")
+                if int(d.get("version", 0)) > VERSION:
+                    raise UserError(f"{path}: probe file version {d['version']} is newer than "
+                                    f"this distdoctor reads ({VERSION}); upgrade distdoctor")
+                continue
+            try:
+                out.append(NodeSample.from_json(d))
+            except (KeyError, TypeError, ValueError):
+                continue
+    return out
+
+
+def read_samples(run_dir: str | os.PathLike, host: str | None = None) -> list[NodeSample]:
+    """Every node's samples in the run dir (or one host's), oldest first."""
+    folder = Path(run_dir) / "probes"
+    pattern = f"node-{host}.jsonl" if host else "node-*.jsonl"
+    out: list[NodeSample] = []
+    for p in sorted(folder.glob(pattern)):
+        old = p.with_name(p.name + ".1")
+        if old.exists():
+            out.extend(_read_file(old))
+        out.extend(_read_file(p))
+    out.sort(key=lambda s: s.t)
+    return out

@@ -1,0 +1,223 @@
+"""Stack probe: the Python stacks (native frames optional) of stuck rank processes.
+
+`dump_stacks` runs `py-spy dump --pid` for every rank at once, within a deadline. Where py-spy
+cannot attach (not installed, no ptrace permission, a container without CAP_SYS_PTRACE), it
+falls back to an in-process dump: a rank that called `install_stack_dump_handler(path)` at
+start-up has faulthandler write all its threads' stacks to `path` on SIGUSR2; `dump_stacks`
+sends the signal and reads what was appended. `StackDump.method` says which way was used.
+
+Safety: the handler is only installed where nothing else handles the signal (a job's own
+SIGUSR2 handler is left alone), the signal is only sent to a process that registered a
+handler (pid and start time match its registry entry) and still catches the signal, so a
+dump never kills a rank.
+"""
+
+from __future__ import annotations
+
+import atexit
+import faulthandler
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import psutil
+
+PY_SPY = "py-spy"
+SIGNAL = "signal"
+UNAVAILABLE = "unavailable"
+_handler_file = None  # the open file faulthandler writes to (kept alive)
+
+
+@dataclass(frozen=True)
+class StackDump:
+    text: str
+    method: str  # "py-spy" | "signal" | "unavailable"
+    error: str | None = None
+
+
+def find_py_spy() -> str | None:
+    """The py-spy next to this Python (a virtualenv's bin/) or on PATH."""
+    here = Path(sys.executable).parent / ("py-spy.exe" if os.name == "nt" else "py-spy")
+    if here.is_file() and os.access(here, os.X_OK):
+        return str(here)
+    return shutil.which("py-spy")
+
+
+# -- the in-process fallback ---------------------------------------------------------------
+def registry_dir() -> Path:
+    """Where ranks note their dump file: one small JSON per pid, private to this user."""
+    uid = os.getuid() if hasattr(os, "getuid") else 0
+    return Path(tempfile.gettempdir()) / f"distdoctor-stacks-{uid}"
+
+
+def _create_time(pid: int) -> float | None:
+    try:
+        return psutil.Process(pid).create_time()
+    except psutil.Error:
+        return None
+
+
+def install_stack_dump_handler(path: str, signum: int | None = None) -> bool:
+    """Make this process dump all threads' Python stacks to `path` (appending) on SIGUSR2.
+
+    Call once at rank start-up. Never raises; returns False (and installs nothing) where the
+    signal already has a handler, or on a platform without it.
+    """
+    global _handler_file
+    try:
+        signum = signum if signum is not None else getattr(signal, "SIGUSR2", None)
+        if signum is None:
+            return False
+        if _handler_file is not None:
+            return True
+        if signal.getsignal(signum) not in (signal.SIG_DFL, signal.SIG_IGN):
+            return False  # the job's own handler: leave it alone
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        f = open(path, "a")  # noqa: SIM115 - kept open for faulthandler
+        # chain=False: chaining to the default action would terminate the rank.
+        faulthandler.register(signum, file=f, all_threads=True, chain=False)
+        _handler_file = f
+        reg = registry_dir()
+        reg.mkdir(mode=0o700, exist_ok=True)
+        entry = reg / f"{os.getpid()}.json"
+        entry.write_text(json.dumps({"pid": os.getpid(), "path": os.path.abspath(path),
+                                     "signal": int(signum),
+                                     "create_time": _create_time(os.getpid())}))
+        atexit.register(_remove, entry)
+        return True
+    except Exception:
+        return False
+
+
+def _remove(p: Path) -> None:
+    try:
+        p.unlink()
+    except OSError:
+        pass
+
+
+def _registered(pid: int) -> dict | None:
+    """The pid's registry entry, if it is ours and the process is the one that wrote it."""
+    p = registry_dir() / f"{pid}.json"
+    try:
+        if hasattr(os, "getuid") and p.parent.stat().st_uid != os.getuid():
+            return None
+        entry = json.loads(p.read_text())
+    except (OSError, ValueError):
+        return None
+    ct = _create_time(pid)
+    if ct is None or entry.get("create_time") is None or abs(ct - entry["create_time"]) > 1.0:
+        return None  # gone, or the pid was reused
+    return entry
+
+
+def _catches(pid: int, signum: int) -> bool:
+    """Whether the process has a handler for `signum` right now (Linux /proc; True elsewhere)."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("SigCgt:"):
+                return bool(int(line.split()[1], 16) >> (signum - 1) & 1)
+    except (OSError, ValueError, IndexError):
+        return sys.platform != "linux"
+    return False
+
+
+def _size(path: str) -> int:
+    try:
+        return os.path.getsize(path)
+    except OSError:
+        return 0
+
+
+def _signal_dumps(pids: dict[int, int], why: dict[int, str],
+                  deadline: float) -> dict[int, StackDump]:
+    out: dict[int, StackDump] = {}
+    waiting: dict[int, tuple[str, int]] = {}
+    for rank, pid in pids.items():
+        entry = _registered(pid)
+        signum = int(entry["signal"]) if entry else 0
+        if not entry or not _catches(pid, signum):
+            out[rank] = StackDump("", UNAVAILABLE, f"{why[rank]}; and no in-process stack-dump "
+                                  "handler is registered for this process")
+            continue
+        start = _size(entry["path"])
+        try:
+            os.kill(pid, signum)
+        except OSError as e:
+            out[rank] = StackDump("", UNAVAILABLE, f"{why[rank]}; signal failed: {e}")
+            continue
+        waiting[rank] = (entry["path"], start)
+    last_sizes: dict[int, tuple[int, float]] = {}
+    while waiting and time.monotonic() < deadline:
+        time.sleep(0.02)
+        for rank, (path, start) in list(waiting.items()):
+            size, now = _size(path), time.monotonic()
+            prev = last_sizes.get(rank)
+            if size > start and prev and prev[0] == size and now - prev[1] >= 0.2:
+                with open(path, errors="replace") as f:
+                    f.seek(start)
+                    out[rank] = StackDump(f.read(), SIGNAL)
+                del waiting[rank]
+            elif not prev or prev[0] != size:
+                last_sizes[rank] = (size, now)
+    for rank in waiting:
+        out[rank] = StackDump("", UNAVAILABLE, f"{why[rank]}; the in-process dump did not "
+                              "arrive in time")
+    return out
+
+
+# -- py-spy ------------------------------------------------------------------------------
+def _py_spy_dumps(exe: str, pids: dict[int, int], native: bool,
+                  deadline: float) -> tuple[dict[int, StackDump], dict[int, str]]:
+    done: dict[int, StackDump] = {}
+    failed: dict[int, str] = {}
+    procs = {}
+    for rank, pid in pids.items():
+        cmd = [exe, "dump", "--pid", str(pid)] + (["--native"] if native else [])
+        try:
+            procs[rank] = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                           stdin=subprocess.DEVNULL, text=True,
+                                           errors="replace")
+        except OSError as e:
+            failed[rank] = f"py-spy could not start: {e}"
+    for rank, proc in procs.items():
+        try:
+            out, err = proc.communicate(timeout=max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.communicate()
+            failed[rank] = "py-spy timed out"
+            continue
+        if proc.returncode == 0 and out.strip():
+            done[rank] = StackDump(out, PY_SPY)
+        else:
+            msg = (err.strip() or out.strip() or f"exit {proc.returncode}").splitlines()
+            failed[rank] = f"py-spy failed: {msg[0] if msg else ''}"
+    return done, failed
+
+
+def dump_stacks(pids: dict[int, int], native: bool = False, timeout_s: float = 10.0, *,
+                py_spy: str | None = None, use_py_spy: bool = True) -> dict[int, StackDump]:
+    """rank -> StackDump for each `rank: pid`, within about `timeout_s` in all.
+
+    py-spy first (all ranks in parallel); the signal-triggered in-process dump for the ranks
+    py-spy could not read. `py_spy` overrides the binary; `use_py_spy=False` skips it.
+    """
+    deadline = time.monotonic() + timeout_s
+    exe = (py_spy or find_py_spy()) if use_py_spy else None
+    if exe:
+        done, failed = _py_spy_dumps(exe, pids, native, deadline - min(2.0, timeout_s / 4))
+    else:
+        done, failed = {}, {r: ("py-spy is not installed" if use_py_spy else
+                                "py-spy not used") for r in pids}
+    if failed:
+        done.update(_signal_dumps({r: pids[r] for r in failed}, failed,
+                                  max(deadline, time.monotonic() + 0.5)))
+    return {r: done[r] for r in pids}
