@@ -9,6 +9,7 @@ tick. Memory stays bounded: a rendezvous is dropped once every member has finish
 from __future__ import annotations
 
 import re
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from itertools import islice
@@ -25,6 +26,7 @@ from distdoctor.runlog.reader import Event
 MAX_OPEN = 200_000  # open rendezvous kept; the oldest go first past this
 MAX_SPANS = 4096  # span names remembered per rank
 MAX_HABITS = 256  # (op, line) pairs remembered per group
+MAX_SAMPLES = 3600  # probe samples kept (an hour at 1 Hz on one node)
 SETTLE_S = 1.0  # how long a disagreement waits for more ranks before it is reported
 
 
@@ -58,7 +60,12 @@ class Engine:
         self._mismatch_groups: dict[str, int] = {}  # group -> mismatches after the first
         self._errors: dict[str, list[Event]] = {}
         self._habits: dict[str, set] = {}  # group -> habit()s of agreeing collectives
+        # probe samples (GPU clocks, reasons) and the detector that joins them to the
+        # stragglers: injected by the front end, so the engine does not import the probes
+        self.samples: deque = deque(maxlen=MAX_SAMPLES)
+        self.gpu_findings: Callable[[list, list[Finding]], list[Finding]] | None = None
         self.ingested = 0
+        self.gpu_error: str | None = None
 
     # --- input -------------------------------------------------------------------------
     def _rank(self, rank: int) -> _Rank:
@@ -172,8 +179,18 @@ class Engine:
             if key not in self.found:
                 self._attach_stacks(f)
             self._put(key, f, quiet_update=True)
-        for f in self.straggler.findings():
-            self._put(("straggler", f.ranks[0]), f, quiet_update=True)
+        stragglers = self.straggler.findings()
+        if self.gpu_findings is not None and self.samples:
+            try:
+                stragglers = self.gpu_findings(list(self.samples), stragglers)
+            except Exception as exc:  # probe data must never stop the diagnosis
+                self.gpu_error = repr(exc)
+        for f in stragglers:
+            key = (f.kind, f.ranks[0] if f.ranks else f.summary)
+            old = self.found.get(key)
+            # a straggler that turns out to sit on a throttled GPU is news worth printing
+            joined = old is not None and "GPU" in f.summary and "GPU" not in old.summary
+            self._put(key, f, quiet_update=not joined)
         for f in self._error_findings():
             self._put(("comm_error", f.summary), f, quiet_update=True)
         changed, self._changed = self._changed, []

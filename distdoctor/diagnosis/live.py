@@ -45,9 +45,13 @@ class LiveDiagnosis:
         # the job's output lines, for the comm-error scanner (bounded: never hold the job)
         self._lines: deque[tuple[int | None, str]] = deque(maxlen=MAX_PENDING_LINES)
         self._scanner = _log_scanner()
+        self.sampler = None
+        self._last_sample_t = None
+        self.engine.gpu_findings = gpu_findings_fn()
 
     # --- lifecycle ---------------------------------------------------------------------
     def start(self) -> LiveDiagnosis:
+        self.sampler = _start_sampler(self.run_dir, self._local_pids)
         self._thread = threading.Thread(target=self._loop, name="distdoctor-diagnosis",
                                         daemon=True)
         self._thread.start()
@@ -58,6 +62,11 @@ class LiveDiagnosis:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=30)
+        if self.sampler is not None:
+            try:
+                self.sampler.stop()
+            except Exception:
+                pass
         with self._lock:
             self._step(time.monotonic(), final=True)
             self.follower.close()
@@ -91,6 +100,10 @@ class LiveDiagnosis:
     # --- one pass ----------------------------------------------------------------------
     def _step(self, now_s: float, final: bool = False) -> None:
         self.engine.ingest(self.follower.poll(), now_s)
+        sample = self.sampler.latest() if self.sampler is not None else None
+        if sample is not None and sample.t != self._last_sample_t:
+            self._last_sample_t = sample.t
+            self.engine.samples.append(sample)
         while self._lines:
             rank, text = self._lines.popleft()
             for f in self._scanner.feed(text, rank=rank):
@@ -126,6 +139,14 @@ class LiveDiagnosis:
             if not _pid_alive(meta.get("pid")):
                 self.engine.exited(rank, ExitInfo(None, "vanished"))
 
+    def _local_pids(self) -> dict[int, int]:
+        """This node's rank pids (for the per-node sampler)."""
+        out = {}
+        for rank, meta in list(self.follower.meta.items()):
+            if meta and meta.get("host") == self.host and isinstance(meta.get("pid"), int):
+                out[rank] = meta["pid"]
+        return out
+
     def _dump_stacks(self, ranks: list[int]) -> dict[int, str]:
         wanted = sorted(self.follower.meta) if self.stacks_mode == "all" else ranks
         pids = {r: (self.follower.meta.get(r) or {}).get("pid") for r in wanted}
@@ -139,6 +160,30 @@ class LiveDiagnosis:
             return {}
         dumps = dump_stacks(pids)
         return {r: f"[{d.method}]\n{d.text or d.error or ''}" for r, d in dumps.items()}
+
+
+def _start_sampler(run_dir, rank_pids):
+    """The node's probe sampler (host, rank processes, GPUs) at 1 Hz, if the probes are
+    installed; None otherwise. Its samples go to RUN_DIR/probes/."""
+    try:
+        from distdoctor.probes.sampler import Sampler
+
+        return Sampler(run_dir, rank_pids).start()
+    except Exception:
+        return None
+
+
+def gpu_findings_fn():
+    """throttle findings from probe samples, joined to the stragglers (probes.throttle)."""
+    try:
+        from distdoctor.probes.throttle import join_with_straggler, throttle_findings
+    except ImportError:
+        return None
+
+    def gpu_findings(samples, stragglers):
+        return join_with_straggler(throttle_findings(samples), stragglers)
+
+    return gpu_findings
 
 
 def _log_scanner():

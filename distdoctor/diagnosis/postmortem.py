@@ -52,14 +52,30 @@ def _exits(run_dir: Path) -> tuple[dict[int, ExitInfo], list[str]]:
         return {}, [f"{path} is unreadable: process exit codes unknown"]
 
 
+def _samples(run_dir: Path, notes: list[str]) -> list:
+    try:
+        from distdoctor.probes.sampler import read_samples
+    except ImportError:
+        return []
+    try:
+        return read_samples(run_dir)
+    except Exception as exc:  # a corrupt probe file loses the throttle findings only
+        notes.append(f"probe samples unreadable ({exc}); throttling unknown")
+        return []
+
+
 def diagnose_events(events: dict[int, list], headers: dict, exits: dict[int, ExitInfo],
-                    hang_timeout_s: float) -> Engine:
+                    hang_timeout_s: float, samples: list = ()) -> Engine:
     """Run every detector over complete event streams (clocks stop at the last heartbeat).
 
     A rank's clock is known only up to its last heartbeat (one a second), so a wait that
     the live engine saw pass the timeout may end a heartbeat short of it here.
     """
+    from distdoctor.diagnosis.live import gpu_findings_fn
+
     engine = Engine(max(0.0, hang_timeout_s - HEARTBEAT_SLACK_S))
+    engine.samples.extend(samples)
+    engine.gpu_findings = gpu_findings_fn()
     for evs in events.values():
         engine.ingest(evs, 0.0)
     for rank, header in headers.items():
@@ -78,7 +94,8 @@ def diagnose_run(run: Run, hang_timeout_s: float | None = None) -> tuple[list[Fi
         t = run.info.meta.get("hang_timeout_s")
         hang_timeout_s = float(t) if isinstance(t, (int, float)) and t > 0 else 60.0
     exits, notes = _exits(run.path)
-    engine = diagnose_events(run.events, run.headers, exits, hang_timeout_s)
+    engine = diagnose_events(run.events, run.headers, exits, hang_timeout_s,
+                             samples=_samples(run.path, notes))
     findings = _merge(engine.findings(), _live_findings(run.path, notes))
     for rank, why in sorted(run.unreadable.items()):
         notes.append(f"rank {rank}: {why}; its part is unknown")
