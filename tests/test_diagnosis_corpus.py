@@ -5,10 +5,10 @@ nothing else of severity error blames anybody else. A healthy job yields no find
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import pytest
-
 from conftest import JOBS, run_cli
 
 BUGS = JOBS / "bugs"
@@ -86,3 +86,17 @@ def test_healthy_job_has_no_findings(tmp_path):
     assert "no findings" in proc.stderr
     again = run_cli(["diagnose", str(run_dir), "--json"], timeout=60)
     assert again.returncode == 0 and json.loads(again.stdout)["findings"] == []
+
+
+@pytest.mark.timeout(120)
+def test_rank_killed_under_a_wrapped_torchrun_is_the_crash(tmp_path):
+    """No launcher exit codes for the ranks: liveness (pid gone, log not closed) tells."""
+    run_dir = tmp_path / "run"
+    proc = run_cli(["run", "--run-dir", str(run_dir), "--hang-timeout", "5", "--on-hang",
+                    "kill", "--", sys.executable, "-m", "torch.distributed.run",
+                    "--nproc-per-node", "4", str(BUGS / "oom_killed.py")],
+                   timeout=100, run_dir=run_dir)
+    assert proc.returncode != 0
+    findings = json.loads((run_dir / "findings.json").read_text())["findings"]
+    errors = [(f["kind"], f["ranks"]) for f in findings if f["severity"] == "error"]
+    assert errors == [("crash", [2])], findings

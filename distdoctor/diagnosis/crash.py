@@ -61,9 +61,19 @@ def crash_findings(exits: dict[int, ExitInfo], views: dict[int, RankView],
         # a rank that exits because its collective failed is a consequence, not a cause
         consequence = (info.how == "exit" and (info.code or 0) > 0 and latest is not None
                        and latest.status in ("error", "timeout"))
+        # died while waiting for a rank that had died already: the launcher's teardown
+        # (torchrun stops every rank when one fails) or the wait's failure, not a cause
+        waited_for_dead = sorted({
+            m for rv in open_rv if rank in rv.arrivals
+            and rv.arrivals[rank].index == (latest.index if latest else -1)
+            for m in rv.missing if m != rank and m in exits and exits[m].failed})
         if latest is not None and (latest.group, latest.seq) in mismatched:
             consequence = True
             last += " (a consequence of the mismatch there)"
+        elif waited_for_dead and latest is not None and latest.t_end_ns is None:
+            consequence = True
+            last += (f", waiting for rank {', '.join(map(str, waited_for_dead))} that had "
+                     f"died (a consequence)")
         elif consequence:
             last = f" after {_fmt_op(latest)} failed ({(latest.error or latest.status)[:120]})"
         summary = f"crash: rank {rank} {info.describe()}{last}"

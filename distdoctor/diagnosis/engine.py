@@ -295,5 +295,10 @@ class Engine:
         order = {"mismatch": 0, "deadlock": 1, "hang": 2, "crash": 3, "comm_error": 4,
                  "throttle": 5, "straggler": 6}
         severity = {"error": 0, "warning": 1, "info": 2}
-        return sorted(self.found.values(),
+        # a hang blamed on ranks later found dead is that crash, not a second problem
+        dead = {f.ranks[0] for f in self.found.values() if f.kind == "crash"
+                and f.severity == "error"}
+        kept = [f for f in self.found.values()
+                if not (f.kind == "hang" and f.ranks and set(f.ranks) <= dead)]
+        return sorted(kept,
                       key=lambda f: (severity.get(f.severity, 3), order.get(f.kind, 9)))

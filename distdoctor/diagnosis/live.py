@@ -22,7 +22,7 @@ from distdoctor.runlog.follow import RunFollower
 
 POLL_S = 0.25
 MAX_PENDING_LINES = 10_000
-STALE_HEARTBEAT_S = 5.0  # a heartbeat older than this, with the pid gone: the rank died
+STALE_HEARTBEAT_S = 10.0  # a remote rank whose heartbeat stopped this long has died
 
 
 class LiveDiagnosis:
@@ -122,22 +122,25 @@ class LiveDiagnosis:
                 self.on_finding(f)
 
     def _check_alive(self, rank: int, header, now_s: float) -> None:
-        """Without a launcher that reports exits, a stale heartbeat and a gone pid mean
-        the rank died; a closed log means it shut down."""
+        """Without a launcher that reports exits: a closed log means the rank shut down; a
+        pid gone from this host (or, for another host, a heartbeat stale for a while)
+        without a closed log means it died."""
         st = self.engine.ranks.get(rank)
         if st is None or st.exit is not None:
             return
         if header.closed:
             self.engine.exited(rank, ExitInfo(None, "closed"))
             return
+        meta = self.follower.meta.get(rank) or {}
+        if meta.get("host") == self.host:
+            if not _pid_alive(meta.get("pid")):
+                self.engine.exited(rank, ExitInfo(None, "vanished"))
+            return
         seen = self._hb_changed.get(rank)
         if seen is None or seen[0] != header.heartbeat_mono_ns:
             self._hb_changed[rank] = (header.heartbeat_mono_ns, now_s)
-            return
-        meta = self.follower.meta.get(rank) or {}
-        if now_s - seen[1] > STALE_HEARTBEAT_S and meta.get("host") == self.host:
-            if not _pid_alive(meta.get("pid")):
-                self.engine.exited(rank, ExitInfo(None, "vanished"))
+        elif now_s - seen[1] > STALE_HEARTBEAT_S:
+            self.engine.exited(rank, ExitInfo(None, "vanished"))
 
     def _local_pids(self) -> dict[int, int]:
         """This node's rank pids (for the per-node sampler)."""

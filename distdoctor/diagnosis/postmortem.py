@@ -94,6 +94,10 @@ def diagnose_run(run: Run, hang_timeout_s: float | None = None) -> tuple[list[Fi
         t = run.info.meta.get("hang_timeout_s")
         hang_timeout_s = float(t) if isinstance(t, (int, float)) and t > 0 else 60.0
     exits, notes = _exits(run.path)
+    if (run.path / "exits.json").exists():  # the job is over: an unclosed log died
+        for rank, header in run.headers.items():
+            if rank not in exits and not header.closed:
+                exits[rank] = ExitInfo(None, "vanished")
     engine = diagnose_events(run.events, run.headers, exits, hang_timeout_s,
                              samples=_samples(run.path, notes))
     findings = _merge(engine.findings(), _live_findings(run.path, notes))
