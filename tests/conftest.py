@@ -33,7 +33,7 @@ def run_cli(args: list[str], timeout: float = 120, env: dict | None = None,
     full_env = dict(os.environ, **(env or {}))
     full_env.setdefault("PYTHONUNBUFFERED", "1")
     proc = subprocess.Popen([sys.executable, "-m", "distdoctor", *args], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True,
+                            stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
                             env=full_env, cwd=cwd, start_new_session=True)
     try:
         out, err = proc.communicate(timeout=timeout)
@@ -46,11 +46,16 @@ def run_cli(args: list[str], timeout: float = 120, env: dict | None = None,
             out, err = proc.communicate()
         if run_dir is not None:
             _kill_ranks(run_dir)
-        pytest.fail(f"distdoctor {' '.join(args)} timed out after {timeout}s\n{out}\n{err}")
+        pytest.fail(f"distdoctor {' '.join(args)} timed out after {timeout}s\n{_text(out)}\n{_text(err)}")
     finally:
         if run_dir is not None and proc.returncode is not None:
             _kill_ranks(run_dir)
-    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+    # decoded by hand: text mode would turn a job's `\r` into `\n`
+    return subprocess.CompletedProcess(proc.args, proc.returncode, _text(out), _text(err))
+
+
+def _text(data: bytes | None) -> str:
+    return (data or b"").decode("utf-8", "replace")
 
 
 def run_job(job: str, nproc: int, run_dir: Path, *job_args: str, timeout: float = 120,

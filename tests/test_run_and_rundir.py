@@ -66,7 +66,7 @@ def test_tracing_wraps_torchrun_and_leaves_results_bit_identical(tmp_path):
                            env=env, capture_output=True, text=True, timeout=120,
                            stdin=subprocess.DEVNULL)
     assert plain.returncode == 0, plain.stderr
-    for a, b in zip(torch.load(traced_out), torch.load(plain_out)):
+    for a, b in zip(torch.load(traced_out), torch.load(plain_out), strict=True):
         assert torch.equal(a, b)
     run = read_run(run_dir)
     assert sorted(run.events) == [0, 1]

@@ -115,7 +115,7 @@ def test_ddp_fsdp2_dtensor_and_pipelining_are_seen(tmp_path):
     res = run_job("parallel_stack.py", 2, run_dir, timeout=180)
     assert res.returncode == 0, res.stderr
     run = read_run(run_dir)
-    for rank, events in run.events.items():
+    for events in run.events.values():
         seen = _by_line(events, "parallel_stack.py")
         assert {"broadcast"} <= {e.op for e in seen["ddp_init"]}
         assert [e.op for e in seen["ddp_backward"]] == ["all_reduce"]  # the reducer's bucket

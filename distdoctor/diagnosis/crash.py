@@ -5,7 +5,7 @@ from __future__ import annotations
 import signal
 from dataclasses import dataclass
 
-from distdoctor.diagnosis.findings import Finding, callsite_of
+from distdoctor.diagnosis.findings import Finding, callsite_of, error_text
 from distdoctor.diagnosis.hang import RankView, _fmt_op
 
 
@@ -75,7 +75,7 @@ def crash_findings(exits: dict[int, ExitInfo], views: dict[int, RankView],
             last += (f", waiting for rank {', '.join(map(str, waited_for_dead))} that had "
                      f"died (a consequence)")
         elif consequence:
-            last = f" after {_fmt_op(latest)} failed ({(latest.error or latest.status)[:120]})"
+            last = f" after {_fmt_op(latest)} failed ({error_text(latest.error or latest.status)})"
         summary = f"crash: rank {rank} {info.describe()}{last}"
         if waiting:
             summary += f"; ranks {', '.join(map(str, waiting))} are left waiting for it"

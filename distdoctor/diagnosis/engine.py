@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from itertools import islice
 
 from distdoctor.diagnosis.crash import ExitInfo, crash_findings
-from distdoctor.diagnosis.findings import Finding
+from distdoctor.diagnosis.findings import Finding, error_text
 from distdoctor.diagnosis.hang import RankView, hang_findings
 from distdoctor.diagnosis.mismatch import habit, mismatch_finding, p2p_signature, signature
 from distdoctor.diagnosis.rendezvous import Rendezvous, key_of
@@ -277,7 +277,7 @@ class Engine:
             out.append(Finding(
                 "comm_error", "warning",
                 f"{first.op} #{first.seq} in group {first.group} failed on rank(s) "
-                f"{', '.join(map(str, ranks))}: {error[:200]}",
+                f"{', '.join(map(str, ranks))}: {error_text(error, 200)}",
                 [], first.group, first.seq,
                 [{"rank": e.rank, **(e.callsite or {})} for e in evs[:4]],
                 details={"reporting_ranks": ranks, "error": error[:2000],
@@ -287,8 +287,9 @@ class Engine:
         return out
 
     def add_finding(self, f: Finding) -> None:
-        """A finding from another source (the job's log): kept and reported like ours."""
-        self._put(("external", f.kind, f.summary), f)
+        """A finding from another source (the job's log): kept and reported like ours.
+        A source that updates a finding (more ranks report it) keeps `details.signature`."""
+        self._put(("external", f.kind, f.details.get("signature") or f.summary), f)
 
     def findings(self) -> list[Finding]:
         """Every finding so far, most severe kinds first."""

@@ -8,6 +8,7 @@ out, the ranks that never joined, the rank that died, the late rank), never ever
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -59,6 +60,13 @@ def callsite_of(rank: int, callsite: dict | None) -> dict:
     cs = callsite or {}
     return {"rank": rank, "file": cs.get("file"), "line": cs.get("line"),
             "function": cs.get("function")}
+
+
+def error_text(error: str | None, limit: int = 120) -> str:
+    """An op's error message for a summary: without the "[/build/path/pair.cc:537] " that
+    Gloo and c10d put first (it names their source, not the user's), cut to `limit`."""
+    text = re.sub(r"^\s*\[[^\]\s]+:\d+\]\s*", "", error or "error").strip()
+    return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
 def write_findings(run_dir: str | os.PathLike, findings: list[Finding], **extra) -> Path:

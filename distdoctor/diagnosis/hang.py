@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from distdoctor.diagnosis.findings import Finding, callsite_of
+from distdoctor.diagnosis.findings import Finding, callsite_of, error_text
 from distdoctor.diagnosis.rendezvous import Rendezvous
 from distdoctor.runlog.reader import Event
 
@@ -209,7 +209,7 @@ def _hang_finding(roots: list[int], items, views) -> Finding:
         state = f"{len(waiters)} rank(s) waiting for {waited:.0f} s"
     else:
         state = (f"rank(s) {', '.join(map(str, failed))} failed in it "
-                 f"({(rv.arrivals[failed[0]].error or 'error')[:80]})")
+                 f"({error_text(rv.arrivals[failed[0]].error, 80)})")
     summary = (f"hang: rank{'s' if len(roots) > 1 else ''} {who} never joined {first.op} "
                f"#{rv.seq} in group {rv.group}; {state}. {detail}")
     callsites = []

@@ -104,6 +104,10 @@ class LiveDiagnosis:
         if sample is not None and sample.t != self._last_sample_t:
             self._last_sample_t = sample.t
             self.engine.samples.append(sample)
+        if self._lines:
+            # ranks that print nothing are still ranks: one that never reported a timeout
+            # the others reported is the one that never arrived
+            self._scanner.ranks_seen.update(self.follower.feeds)
         while self._lines:
             rank, text = self._lines.popleft()
             for f in self._scanner.feed(text, rank=rank):

@@ -42,21 +42,38 @@ class JobResult:
     stopped: bool = False  # distdoctor stopped the job (rank failure, hang, interrupt)
 
 
+MAX_PARTIAL_LINE = 1 << 16  # a line longer than this is scanned in pieces
+
+
 def _forward(src, dst, rank, on_line) -> None:
-    """Copy a child's stream to ours byte for byte, line by line, and show each line to
-    `on_line` (which must not raise or block: the job's output waits on it)."""
+    """Copy a child's stream to ours byte for byte as it arrives (a progress bar's `\r`
+    updates are not held back for a newline), and show each complete line to `on_line`
+    (which must not raise or block: the job's output waits on it)."""
     out = getattr(dst, "buffer", dst)
-    for raw in iter(src.readline, b""):
+    fd = src.fileno()
+    partial = b""
+    while chunk := os.read(fd, 1 << 16):
         try:
-            out.write(raw)
+            out.write(chunk)
             out.flush()
         except (OSError, ValueError):
             pass  # our stdout is gone (a closed pipe): keep draining, never block the job
-        try:
-            on_line(rank, raw.decode("utf-8", "replace"))
-        except Exception:
-            pass
+        *lines, partial = (partial + chunk).split(b"\n")
+        if len(partial) > MAX_PARTIAL_LINE:
+            lines.append(partial)
+            partial = b""
+        for raw in lines:
+            _show(on_line, rank, raw)
+    if partial:
+        _show(on_line, rank, partial)
     src.close()
+
+
+def _show(on_line, rank, raw: bytes) -> None:
+    try:
+        on_line(rank, raw.decode("utf-8", "replace"))
+    except Exception:
+        pass
 
 
 def python_command(cmd: list[str]) -> list[str]:

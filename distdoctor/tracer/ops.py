@@ -13,8 +13,8 @@ group dispatches to; the tracing group calls it directly (see process_group.py f
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 from distdoctor.runlog import format as F
 

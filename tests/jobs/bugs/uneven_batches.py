@@ -8,6 +8,6 @@ from _common import grads, init  # noqa: E402
 
 rank, world = init()
 batches = 8 - (1 if rank == world - 1 else 0)
-for step in range(batches):
+for _step in range(batches):
     dist.all_reduce(grads(32))  # expect: others
 dist.barrier()  # expect: culprit
