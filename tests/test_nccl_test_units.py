@@ -346,7 +346,7 @@ def test_plot_without_matplotlib_says_so_in_one_line(capsys, monkeypatch):
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib -> ImportError
     code = cli_main(["nccl-test", "-b", "1K", "-e", "1K", "--plot", "bw.png"])
     err = capsys.readouterr().err
-    assert code == 1 and "--plot needs matplotlib" in err and err.count("\n") == 1
+    assert code == 2 and "--plot needs matplotlib" in err and err.count("\n") == 1
 
 
 def test_nproc_under_torchrun_is_refused(capsys, monkeypatch):

@@ -14,7 +14,7 @@ import sys
 from distdoctor.errors import UserError
 
 # Order here is the order in `--help`.
-SUBCOMMANDS = ["run", "show", "diagnose", "demo", "nccl-test"]
+SUBCOMMANDS = ["run", "show", "diagnose", "export", "demo", "nccl-test"]
 
 
 class _Parser(argparse.ArgumentParser):

@@ -78,7 +78,9 @@ def _from_fr(prefix: str, hang_timeout, notes: list[str]):
     dumps = load_fr_dumps(prefix)
     for rank, why in sorted(dumps.unreadable.items()):
         notes.append(f"rank {rank}: {why}; its part is unknown")
-    # Flight Recorder has no heartbeat: an entry still in flight when the dump was taken
-    # counts as hung whatever its age (the dump is usually taken on a timeout).
-    engine = diagnose_events(dumps.events, {}, {}, hang_timeout if hang_timeout else 0.0)
+    # Each dump's time stands in for a heartbeat (how long its ops had waited); an entry
+    # still in flight when the dump was taken counts as hung whatever its age (dumps are
+    # usually taken on a timeout), unless --hang-timeout asks for more.
+    engine = diagnose_events(dumps.events, dumps.headers(), {},
+                             hang_timeout if hang_timeout else 0.0)
     return engine.findings()

@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from itertools import islice
 
 from distdoctor.diagnosis.crash import ExitInfo, crash_findings
@@ -301,5 +301,14 @@ class Engine:
                 and f.severity == "error"}
         kept = [f for f in self.found.values()
                 if not (f.kind == "hang" and f.ranks and set(f.ranks) <= dead)]
+        if dead:  # "lost a peer" in the job's output is that crash seen from the others
+            kept = [_as_consequence(f) if f.kind == "comm_error" and not f.ranks
+                    and f.severity == "error" and f.details.get("source") == "log" else f
+                    for f in kept]
         return sorted(kept,
                       key=lambda f: (severity.get(f.severity, 3), order.get(f.kind, 9)))
+
+
+def _as_consequence(f: Finding) -> Finding:
+    """A log error that blames no rank, once a rank is known dead: a warning, not a cause."""
+    return replace(f, severity="warning", details={**f.details, "consequence_of_crash": True})

@@ -5,8 +5,11 @@ across a call, and nothing raised into the caller: every entry point catches, wa
 and carries on. Strings (groups, call sites, shapes) are interned once, so a steady-state
 call costs a few dictionary look-ups and three `struct.pack_into`s.
 
-Completion: CPU work (gloo) completes through its future's done-callback, on gloo's own
-thread, at the moment the work finishes. CUDA work's future completes when the op is
+Completion: a synchronous CPU op (torch.distributed's `async_op=False`, which waits on the
+work itself right after the call) completes when the caller's wait returns, in the
+caller's thread. Other CPU work (async ops; C++ callers such as DDP's reducer, which use
+the future) completes through its future's done-callback, on gloo's own thread, at the
+moment the work finishes. CUDA work's future completes when the op is
 *enqueued*, so CUDA work is polled with `Work.is_completed()` (which queries the op's CUDA
 end event) by a watcher thread: completion time then comes from the GPU, at the
 watcher's polling resolution (0.2 ms).
@@ -23,6 +26,7 @@ from functools import partial
 from distdoctor.runlog import format as F
 from distdoctor.runlog.ring import RingWriter
 from distdoctor.tracer import callsite
+from distdoctor.tracer.work import RecordingWork
 
 _warned: set = set()
 
@@ -36,6 +40,23 @@ def warn_once(key: str, message: str) -> None:
         print(f"distdoctor: {message} (tracing continues without it)", file=sys.stderr)
     except Exception:
         pass
+
+
+_FIELDS: dict[type, tuple[bool, bool, bool]] = {}
+
+
+def _fields_of(opts_type) -> tuple[bool, bool, bool]:
+    """Which of reduceOp, rootRank, asyncOp an options class has (a failed getattr on a
+    pybind object costs an exception; this asks once per class)."""
+    fields = _FIELDS.get(opts_type)
+    if fields is None:
+        fields = _FIELDS[opts_type] = tuple(hasattr(opts_type, name) for name in
+                                            ("reduceOp", "rootRank", "asyncOp"))
+    return fields
+
+
+def _numel(tensors) -> int:
+    return tensors[0].numel() if len(tensors) == 1 else sum(t.numel() for t in tensors)
 
 
 def _status_of(exc: BaseException) -> int:
@@ -88,7 +109,15 @@ class Recorder:
     def _tensors_id(self, tensors) -> int:
         if not tensors:
             return 0
-        key = tuple((tuple(t.shape), t.dtype, t.device) for t in tensors)
+        # torch.Size hashes as a tuple; one tensor (the common case) skips the generator
+        if len(tensors) == 1:
+            t = tensors[0]
+            key = ((t.shape, t.dtype, t.device),)
+        else:
+            key = tuple((t.shape, t.dtype, t.device) for t in tensors)
+        sid = self._interned.get(("tensors", key))
+        if sid is not None:
+            return sid
         return self.intern("tensors", key, lambda: {
             "shapes": [list(s) for s, _, _ in key],
             "dtypes": [str(d).replace("torch.", "") for _, d, _ in key],
@@ -114,13 +143,12 @@ class Recorder:
                 pg._dd_seq = seq + 1
             redop, flags = F.REDOP_NONE, 0
             if opts is not None:
-                op = getattr(opts, "reduceOp", None)
-                if op is not None:
-                    redop = int(op.op)
-                root = getattr(opts, "rootRank", None)
-                if root is not None:
-                    peer = root
-                if getattr(opts, "asyncOp", True):
+                has_redop, has_root, has_async = _fields_of(type(opts))
+                if has_redop:
+                    redop = int(opts.reduceOp.op)
+                if has_root:
+                    peer = opts.rootRank
+                if not has_async or opts.asyncOp:
                     flags |= F.FLAG_ASYNC
             else:
                 flags |= F.FLAG_ASYNC_UNKNOWN
@@ -129,14 +157,15 @@ class Recorder:
             callsite_id, from_main = self._callsite_id()
             if from_main or threading.get_ident() != self._main_thread:
                 flags |= F.FLAG_OTHER_THREAD
-            numel_in = sum(t.numel() for t in ins)
-            numel_out = sum(t.numel() for t in outs)
+            numel_in = _numel(ins)
+            numel_out = _numel(outs)
             e = self.ring.append(
                 spec.kind, F.OP_CODE[spec.op], redop, flags, group_id, callsite_id, seq,
                 -1 if peer is None else int(peer), tensors_id, numel_in, numel_out, t_enter,
                 self._spans[-1] + 1 if self._spans else 0, 0,
             )
-            return (e, bool(tensors) and tensors[0].is_cuda)
+            return (e, bool(tensors) and tensors[0].is_cuda, bool(flags & F.FLAG_ASYNC)
+                    or opts is None)
         except Exception as exc:  # never into user code
             warn_once("begin", f"could not record a {spec.op}: {exc!r}")
             return None
@@ -149,18 +178,22 @@ class Recorder:
         """
         if token is None:
             return work
-        e, on_cuda = token
+        e, on_cuda, async_op = token
         try:
             if work is None:  # synchronous ops (monitored_barrier) return nothing
                 self.ring.complete(e, F.STATUS_OK, time.monotonic_ns())
             elif on_cuda:
                 self._watcher.add(e, work)
+            elif not async_op:
+                # torch.distributed's synchronous calls wait on the work right away, in
+                # this thread: that wait is the completion. A done-callback instead runs on
+                # gloo's thread and must take the GIL from this one, which cost ~70 us a
+                # call in GIL hand-offs (benchmarks/tracer_overhead.py).
+                return RecordingWork(work, partial(self._finish_wait, e))
             else:
                 try:
                     fut = work.get_future()
                 except RuntimeError:  # "getFuture not implemented": gloo p2p
-                    from distdoctor.tracer.work import RecordingWork
-
                     return RecordingWork(work, partial(self._finish_wait, e))
                 fut.add_done_callback(partial(self._future_done, e))
         except Exception as exc:

@@ -1,9 +1,11 @@
-"""A Work wrapper for ops whose completion can only be seen by waiting on them.
+"""A Work wrapper whose completion is the caller's own wait.
 
-gloo's send/recv works have no future and never report `is_completed()` until someone
-waits, and waiting on them from a second thread is unsafe (two waiters, one completion).
-So the tracer hands the caller this wrapper instead: the caller's own `wait()` is the
-completion, recorded when it returns. Everything else is passed through.
+Two uses: gloo's send/recv works have no future and never report `is_completed()` until
+someone waits, and waiting on them from a second thread is unsafe (two waiters, one
+completion); and synchronous ops, which torch.distributed waits on at once, are cheaper
+to time in the caller's thread than through a callback on gloo's. The caller's `wait()`
+is the completion, recorded when it returns; a caller that takes the future instead gets
+the completion recorded through it. Everything else is passed through.
 """
 
 from __future__ import annotations
@@ -12,6 +14,14 @@ import torch.distributed as dist
 
 
 class RecordingWork(dist.Work):
+    # The last waited-on work, kept alive until the next one is waited on. gloo's worker
+    # thread drops its own reference just after it completes a work; if ours were gone
+    # first, the work's destructor would run there and need the GIL to release the
+    # tensors' Python objects: a GIL hand-off per op, and at interpreter exit a thread
+    # killed inside a destructor (std::terminate; seen as SIGABRT). Held one op longer,
+    # the work is freed here, in a thread that holds the GIL. Costs: one op's tensors.
+    _last_waited = None
+
     def __init__(self, inner, on_done):
         super().__init__()
         self._inner = inner
@@ -23,6 +33,7 @@ class RecordingWork(dist.Work):
         except BaseException as exc:
             self._report(exc)
             raise
+        RecordingWork._last_waited = self._inner
         self._report(None)
         return result
 
@@ -56,7 +67,18 @@ class RecordingWork(dist.Work):
         return self._inner.synchronize()
 
     def get_future(self):
-        return self._inner.get_future()
+        fut = self._inner.get_future()  # raises for gloo p2p, as the inner work does
+        if self._on_done is not None:  # a caller that uses the future may never wait
+            fut.add_done_callback(self._future_done)
+        return fut
+
+    def _future_done(self, fut) -> None:
+        try:
+            fut.value()
+        except Exception as exc:
+            self._report(exc)
+            return
+        self._report(None)
 
 
 class JoinedWork(dist.Work):
