@@ -104,6 +104,29 @@ def test_recv_against_recv_is_a_deadlock_and_a_crash_is_not_a_hang():
     assert "SIGKILL" in findings[0].summary and findings[0].details["waiting_ranks"] == [0, 1]
 
 
+def test_a_hang_blamed_on_a_rank_that_then_dies_of_a_peers_crash_is_dropped():
+    # rank 1 is SIGKILLed; rank 0's collective with it fails and rank 0 exits; rank 2's
+    # collective with rank 0 then fails with rank 0 missing. While rank 0's exit status is
+    # unknown that looks like rank 0 hung; once its exit code arrives, it is a consequence.
+    r0, r1, r2 = Stream(0), Stream(1), Stream(2)
+    evs = [r1.op(ranks=(0, 1), group="3", done=False),
+           r0.op(ranks=(0, 1), group="3", wait=0.5,
+                 status="error", error="Connection reset by peer"),
+           r2.op(ranks=(0, 2), group="1", wait=0.5, status="error",
+                 error="Connection closed by peer")]
+    e = Engine(5.0)
+    e.ingest(evs, 0.0)
+    e.exited(1, ExitInfo(-9))
+    e.exited(0, ExitInfo(None, "closed"))
+    e.exited(2, ExitInfo(1))
+    e.tick(None, final=True)
+    assert any(f.kind == "hang" and f.ranks == [0] for f in e.findings())
+    e.exited(0, ExitInfo(1))
+    e.tick(None, final=True)
+    errors = [(f.kind, f.ranks) for f in e.findings() if f.severity == "error"]
+    assert errors == [("crash", [1])]
+
+
 def _steps(n_ranks, steps, late_rank=None, late_ms=0.0, cohort=()):
     """Each step: 10 world collectives; `late_rank` arrives `late_ms` late at the first;
     a `cohort` of ranks arrives 300 ms late together at the last (as a pipeline stage)."""

@@ -296,11 +296,13 @@ class Engine:
         order = {"mismatch": 0, "deadlock": 1, "hang": 2, "crash": 3, "comm_error": 4,
                  "throttle": 5, "straggler": 6}
         severity = {"error": 0, "warning": 1, "info": 2}
-        # a hang blamed on ranks later found dead is that crash, not a second problem
+        # a hang blamed on ranks later found dead is that death, not a second problem
+        # (also when the death was itself a consequence: its cause is reported already)
+        died = {f.ranks[0] for f in self.found.values() if f.kind == "crash"}
         dead = {f.ranks[0] for f in self.found.values() if f.kind == "crash"
                 and f.severity == "error"}
         kept = [f for f in self.found.values()
-                if not (f.kind == "hang" and f.ranks and set(f.ranks) <= dead)]
+                if not (f.kind == "hang" and f.ranks and set(f.ranks) <= died)]
         if dead:  # "lost a peer" in the job's output is that crash seen from the others
             kept = [_as_consequence(f) if f.kind == "comm_error" and not f.ranks
                     and f.severity == "error" and f.details.get("source") == "log" else f
