@@ -127,6 +127,26 @@ def test_a_hang_blamed_on_a_rank_that_then_dies_of_a_peers_crash_is_dropped():
     assert errors == [("crash", [1])]
 
 
+def test_the_culprits_stuck_line_from_its_stack_survives_it_being_stopped():
+    ranks = [Stream(r) for r in range(3)]
+    evs = [s.op(ranks=(0, 1, 2)) for s in ranks]
+    evs += [s.op(ranks=(0, 1, 2), seq=1, t=1, done=False) for s in ranks[:2]]
+    stack = ('Thread 7 (idle): "MainThread"\n'
+             '    hang_in_compute (job/faults.py:199)\n    train (job/train.py:9)\n')
+    taken = []
+    e = Engine(5.0, stacks=lambda rs: taken.append(rs) or {r: stack for r in rs})
+    e.ingest(evs, 0.0)
+    for r in range(3):
+        e.heartbeat(r, 30 * S, 0.0)
+    e.tick(None)
+    e.exited(2, ExitInfo(None, "stopped"))  # --on-hang kill: the summary changes
+    e.tick(None, final=True)
+    (f,) = e.findings()
+    assert (f.kind, f.ranks, taken) == ("hang", [2], [[2]])  # stacks taken once
+    assert f.callsites[0]["file"] == "job/faults.py" and f.callsites[0]["line"] == 199
+    assert "stopped by distdoctor" in f.summary and "stack is at job/faults.py" in f.summary
+
+
 def _steps(n_ranks, steps, late_rank=None, late_ms=0.0, cohort=()):
     """Each step: 10 world collectives; `late_rank` arrives `late_ms` late at the first;
     a `cohort` of ranks arrives 300 ms late together at the last (as a pipeline stage)."""

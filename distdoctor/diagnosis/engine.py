@@ -176,8 +176,12 @@ class Engine:
                                known=lambda rv: rv.reported, familiar=self._familiar):
             self._annotate_spans(f)
             key = (f.kind, f.group, f.seq) if f.kind == "hang" else (f.kind, tuple(f.ranks))
-            if key not in self.found:
-                self._attach_stacks(f)
+            old = self.found.get(key)
+            if old is None:
+                self._take_stacks(f)
+            elif old.stacks:  # the finding is rebuilt each tick; its stacks were taken once
+                f.stacks = old.stacks
+            self._place_culprits_by_stack(f)
             self._put(key, f, quiet_update=True)
         stragglers = self.straggler.findings()
         if self.gpu_findings is not None and self.samples:
@@ -228,15 +232,18 @@ class Engine:
         if spans:
             f.details["span_by_rank"] = spans
 
-    def _attach_stacks(self, f: Finding) -> None:
+    def _take_stacks(self, f: Finding) -> None:
         if self.stacks is None or not f.ranks:
             return
         try:
             f.stacks = {str(r): text for r, text in self.stacks(f.ranks).items()}
         except Exception as exc:  # a failed stack dump must not lose the finding
             f.details["stacks_error"] = repr(exc)
+
+    def _place_culprits_by_stack(self, f: Finding) -> None:
+        """A culprit outside any collective: its stack tells the line it is stuck on."""
+        if not f.stacks:
             return
-        # a culprit outside any collective: its stack tells the line it is stuck on
         for r in f.ranks:
             st = self.ranks.get(r)
             text = f.stacks.get(str(r))

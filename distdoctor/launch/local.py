@@ -9,6 +9,7 @@ whole tree (a launcher's workers included) can be signalled and nothing is left 
 from __future__ import annotations
 
 import os
+import select
 import signal
 import subprocess
 import sys
@@ -43,30 +44,59 @@ class JobResult:
 
 
 MAX_PARTIAL_LINE = 1 << 16  # a line longer than this is scanned in pieces
+HOLD_TAIL_S = 0.05  # a tail with no line end waits this long for the rest of its line
 
 
 def _forward(src, dst, rank, on_line) -> None:
-    """Copy a child's stream to ours byte for byte as it arrives (a progress bar's `\r`
-    updates are not held back for a newline), and show each complete line to `on_line`
-    (which must not raise or block: the job's output waits on it)."""
+    """Copy a child's stream to ours byte for byte, a line at a time, so the ranks' lines
+    do not cut into each other; `\r` ends a line too (a progress bar's updates are not
+    held back), and a tail with no line end (a prompt) is written once it has been quiet
+    for HOLD_TAIL_S. Each complete line also goes to `on_line` (which must not raise or
+    block: the job's output waits on it)."""
     out = getattr(dst, "buffer", dst)
     fd = src.fileno()
-    partial = b""
-    while chunk := os.read(fd, 1 << 16):
-        try:
-            out.write(chunk)
-            out.flush()
-        except (OSError, ValueError):
-            pass  # our stdout is gone (a closed pipe): keep draining, never block the job
+    poller = select.poll()
+    poller.register(fd, select.POLLIN)
+    held = b""  # written once its line ends, or once it goes quiet
+    partial = b""  # the line being assembled for on_line
+    while True:
+        if held and not poller.poll(HOLD_TAIL_S * 1000):
+            _write(out, held)
+            held = b""
+            continue
+        chunk = os.read(fd, 1 << 16)
+        if not chunk:
+            break
+        data = held + chunk
+        cut = max(data.rfind(b"\n"), data.rfind(b"\r")) + 1
+        if len(data) - cut > MAX_PARTIAL_LINE:
+            cut = len(data)
+        if cut:
+            _write(out, data[:cut])
+        held = data[cut:]
         *lines, partial = (partial + chunk).split(b"\n")
         if len(partial) > MAX_PARTIAL_LINE:
             lines.append(partial)
             partial = b""
         for raw in lines:
             _show(on_line, rank, raw)
+    if held:
+        _write(out, held)
     if partial:
         _show(on_line, rank, partial)
     src.close()
+
+
+_WRITE_LOCK = threading.Lock()  # one forwarder's lines at a time
+
+
+def _write(out, data: bytes) -> None:
+    try:
+        with _WRITE_LOCK:
+            out.write(data)
+            out.flush()
+    except (OSError, ValueError):
+        pass  # our stdout is gone (a closed pipe): keep draining, never block the job
 
 
 def _show(on_line, rank, raw: bytes) -> None:
