@@ -1,16 +1,19 @@
 """Tracing overhead, as ratios measured in one run (numbers go in the README).
 
-1. 2 gloo ranks, a loop of 1-element all_reduce: time per op traced / untraced, beside
-   the same ratio for TORCH_DISTRIBUTED_DEBUG=DETAIL and for the Flight Recorder.
-2. The tracer's own cost per call: torch's fake backend (no communication and no worker
+1. Paired, 2 gloo ranks, 1-element all_reduce: in ONE pair of traced processes, blocks
+   of 100 ops alternate between the traced world group and a plain twin of it that
+   shares its gloo backend (exactly torch's untraced path). Both see the same process
+   placement and the same neighbours, so the ratio of their medians is the tracer's cost
+   on this op; separate launches differ from each other by more than that (+-15% here).
+2. Launched, 2 gloo ranks: untraced, distdoctor, TORCH_DISTRIBUTED_DEBUG=DETAIL and the
+   Flight Recorder, each in its own processes (the latter two cannot be switched on for
+   one group only), interleaved REPEATS times, median kept.
+3. The tracer's own cost per call: torch's fake backend (no communication and no worker
    thread), traced minus untraced time per call. A world of one on gloo is no good for
    this: its worker-thread hand-off makes any few microseconds of Python on the calling
-   thread cost several times that (measured: 4 us of plain Python added ~8 us a call).
+   thread cost several times that.
 
-Each configuration runs REPEATS times, interleaved, and the median is kept, so a noisy
-neighbour on the machine hurts every configuration alike.
-
-    python benchmarks/tracer_overhead.py [--iters 3000] [--repeats 5]
+    python benchmarks/tracer_overhead.py [--iters 3000] [--repeats 5] [--rounds 150]
 """
 
 from __future__ import annotations
@@ -54,24 +57,66 @@ def worker(iters: int, fake: bool) -> None:
     dist.destroy_process_group()
 
 
-def launch(nproc: int, iters: int, extra_env: dict, traced: bool, fake: bool = False) -> float:
+def paired_worker(rounds: int) -> None:
+    import torch
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo")
+    traced = dist.group.WORLD
+    assert type(traced).__name__ == "TracingProcessGroup", "run me under distdoctor"
+    plain = traced._dd_twin()  # the same gloo backend, torch's own untraced path
+    t = torch.ones(1)
+    for _ in range(200):
+        dist.all_reduce(t, group=traced)
+        dist.all_reduce(t, group=plain)
+    times = {"traced": [], "plain": []}
+    for rnd in range(rounds):
+        order = ("traced", "plain") if rnd % 2 else ("plain", "traced")
+        for name in order:
+            group = traced if name == "traced" else plain
+            start = time.perf_counter()
+            for _ in range(100):
+                dist.all_reduce(t, group=group)
+            times[name].append((time.perf_counter() - start) / 100 * 1e6)
+    if dist.get_rank() == 0:
+        print(f"PAIRED {statistics.median(times['plain']):.3f} "
+              f"{statistics.median(times['traced']):.3f}")
+    dist.destroy_process_group()
+
+
+def _spawn(nproc: int, worker_args: list[str], extra_env: dict, traced: bool) -> str:
+    """Run the worker on `nproc` local ranks; rank 0's output."""
     from distdoctor.launch.env import free_port, rank_env, traced_env
 
     base = {k: v for k, v in os.environ.items() if not k.startswith(("DISTDOCTOR", "TORCH_"))}
     base.update(extra_env)
-    run_dir = tempfile.mkdtemp(prefix="dd-bench-")
-    env = traced_env(run_dir, base) if traced else base
+    env = traced_env(tempfile.mkdtemp(prefix="dd-bench-"), base) if traced else base
     port = free_port()
-    procs = [subprocess.Popen([sys.executable, WORKER, "--worker", str(iters),
-                               *(["--fake"] if fake else [])],
+    procs = [subprocess.Popen([sys.executable, WORKER, *worker_args],
                               env=rank_env(env, r, nproc, port), stdout=subprocess.PIPE,
                               stderr=subprocess.DEVNULL, text=True, stdin=subprocess.DEVNULL)
              for r in range(nproc)]
     outs = [p.communicate(timeout=600)[0] for p in procs]
-    for line in outs[0].splitlines():
+    if any(p.returncode for p in procs):
+        raise RuntimeError(f"worker failed: {outs}")
+    return outs[0]
+
+
+def paired(rounds: int) -> tuple[float, float]:
+    for line in _spawn(2, ["--paired", str(rounds)], {}, True).splitlines():
+        if line.startswith("PAIRED"):
+            plain, traced = map(float, line.split()[1:])
+            return plain, traced
+    raise RuntimeError("paired worker printed nothing")
+
+
+def launch(nproc: int, iters: int, extra_env: dict, traced: bool, fake: bool = False) -> float:
+    out = _spawn(nproc, ["--worker", str(iters), *(["--fake"] if fake else [])], extra_env,
+                 traced)
+    for line in out.splitlines():
         if line.startswith("US_PER_OP"):
             return float(line.split()[1])
-    raise RuntimeError(f"worker failed: {outs}")
+    raise RuntimeError(f"worker printed nothing: {out}")
 
 
 CONFIGS = {
@@ -87,12 +132,27 @@ def main() -> None:
     ap.add_argument("--iters", type=int, default=3000)
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--worker", type=int, help=argparse.SUPPRESS)
+    ap.add_argument("--rounds", type=int, default=150)
     ap.add_argument("--fake", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--paired", type=int, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.worker:
         return worker(args.worker, args.fake)
+    if args.paired:
+        return paired_worker(args.paired)
 
-    print(f"2 gloo ranks, {args.iters} x all_reduce(1 element), median of {args.repeats}")
+    print(f"paired: 2 gloo ranks, all_reduce(1 element), {args.rounds} x 2 alternating blocks "
+          f"of 100 ops per launch, 3 launches")
+    ratios = []
+    for _ in range(3):
+        plain, traced = paired(args.rounds)
+        ratios.append(traced / plain)
+        print(f"  plain twin {plain:7.1f} us/op   traced {traced:7.1f} us/op   "
+              f"ratio {traced / plain:5.3f}")
+    print(f"  median ratio {statistics.median(ratios):5.3f}\n")
+
+    print(f"launched: 2 gloo ranks, {args.iters} x all_reduce(1 element), median of "
+          f"{args.repeats} launches each")
     times = {name: [] for name in CONFIGS}
     for _ in range(args.repeats):
         for name, (env, traced) in CONFIGS.items():

@@ -6,8 +6,8 @@ and carries on. Strings (groups, call sites, shapes) are interned once, so a ste
 call costs a few dictionary look-ups and three `struct.pack_into`s.
 
 Completion: a synchronous CPU op (torch.distributed's `async_op=False`, which waits on the
-work itself right after the call) completes when the caller's wait returns, in the
-caller's thread. Other CPU work (async ops; C++ callers such as DDP's reducer, which use
+work itself right after the call) is waited on here, in the caller's thread, and completes
+when that wait returns. Other CPU work (async ops; C++ callers such as DDP's reducer, which use
 the future) completes through its future's done-callback, on gloo's own thread, at the
 moment the work finishes. CUDA work's future completes when the op is
 *enqueued*, so CUDA work is polled with `Work.is_completed()` (which queries the op's CUDA
@@ -53,6 +53,26 @@ def _fields_of(opts_type) -> tuple[bool, bool, bool]:
         fields = _FIELDS[opts_type] = tuple(hasattr(opts_type, name) for name in
                                             ("reduceOp", "rootRank", "asyncOp"))
     return fields
+
+
+def _reduce_op_reader():
+    """int(opts.reduceOp.op) costs ~1.4 us (two pybind objects); hash(opts.reduceOp) is
+    the op's number in the torch versions that define ReduceOp.__hash__ so (~0.5 us).
+    Checked once against every op type; the slow read otherwise."""
+    try:
+        from torch.distributed import ReduceOp
+
+        # PREMUL_SUM is built only by _make_nccl_premul_sum; the others by ReduceOp(op)
+        ops = [v for k, v in vars(ReduceOp.RedOpType).items()
+               if k.isupper() and k != "PREMUL_SUM"]
+        if ops and all(hash(ReduceOp(op)) == int(op) for op in ops):
+            return hash
+    except Exception:
+        pass
+    return lambda reduce_op: int(reduce_op.op)
+
+
+_reduce_op_number = _reduce_op_reader()
 
 
 def _numel(tensors) -> int:
@@ -145,7 +165,7 @@ class Recorder:
             if opts is not None:
                 has_redop, has_root, has_async = _fields_of(type(opts))
                 if has_redop:
-                    redop = int(opts.reduceOp.op)
+                    redop = _reduce_op_number(opts.reduceOp)
                 if has_root:
                     peer = opts.rootRank
                 if not has_async or opts.asyncOp:
@@ -158,7 +178,7 @@ class Recorder:
             if from_main or threading.get_ident() != self._main_thread:
                 flags |= F.FLAG_OTHER_THREAD
             numel_in = _numel(ins)
-            numel_out = _numel(outs)
+            numel_out = numel_in if outs is ins else _numel(outs)
             e = self.ring.append(
                 spec.kind, F.OP_CODE[spec.op], redop, flags, group_id, callsite_id, seq,
                 -1 if peer is None else int(peer), tensors_id, numel_in, numel_out, t_enter,
@@ -174,22 +194,19 @@ class Recorder:
         """The op's call returned `work`; arrange for its completion to be recorded.
 
         Returns the work to hand to the caller: `work` itself, or for CPU work that has no
-        future (gloo's send/recv) a wrapper that records completion when waited on.
+        future (gloo's send/recv) a wrapper that records completion when waited on. A
+        synchronous CPU op is waited on here; its error, if any, is raised from here.
         """
         if token is None:
             return work
         e, on_cuda, async_op = token
+        if work is not None and not on_cuda and not async_op:
+            return self._wait_sync(e, work)
         try:
             if work is None:  # synchronous ops (monitored_barrier) return nothing
                 self.ring.complete(e, F.STATUS_OK, time.monotonic_ns())
             elif on_cuda:
                 self._watcher.add(e, work)
-            elif not async_op:
-                # torch.distributed's synchronous calls wait on the work right away, in
-                # this thread: that wait is the completion. A done-callback instead runs on
-                # gloo's thread and must take the GIL from this one, which cost ~70 us a
-                # call in GIL hand-offs (benchmarks/tracer_overhead.py).
-                return RecordingWork(work, partial(self._finish_wait, e))
             else:
                 try:
                     fut = work.get_future()
@@ -198,6 +215,26 @@ class Recorder:
                 fut.add_done_callback(partial(self._future_done, e))
         except Exception as exc:
             warn_once("end", f"could not follow an op's completion: {exc!r}")
+        return work
+
+    def _wait_sync(self, e: int, work):
+        """A synchronous CPU op (`async_op=False`): torch.distributed waits on its work the
+        moment the call returns, so waiting here, in the same thread, changes nothing for
+        the caller (its own wait then returns at once, and an error is raised from the
+        same `torch.distributed` call) and times the completion with no extra object per
+        op. A done-callback instead would run on gloo's thread and take the GIL from this
+        one: ~70 us a call in GIL hand-offs (benchmarks/tracer_overhead.py)."""
+        try:
+            work.wait()
+        except BaseException as exc:
+            self._finish(e, _status_of(exc), exc)
+            raise
+        try:
+            self.ring.complete(e, F.STATUS_OK, time.monotonic_ns())
+        except Exception as exc:
+            warn_once("end", f"could not record a completion: {exc!r}")
+        # freed here, with the GIL, when the next op completes: see RecordingWork
+        RecordingWork._last_waited = work
         return work
 
     def _finish_wait(self, e: int, exc: BaseException | None) -> None:

@@ -1,11 +1,10 @@
 """A Work wrapper whose completion is the caller's own wait.
 
-Two uses: gloo's send/recv works have no future and never report `is_completed()` until
+Its use: gloo's send/recv works have no future and never report `is_completed()` until
 someone waits, and waiting on them from a second thread is unsafe (two waiters, one
-completion); and synchronous ops, which torch.distributed waits on at once, are cheaper
-to time in the caller's thread than through a callback on gloo's. The caller's `wait()`
-is the completion, recorded when it returns; a caller that takes the future instead gets
-the completion recorded through it. Everything else is passed through.
+completion). The caller's `wait()` is the completion, recorded when it returns; a caller
+that takes the future instead gets the completion recorded through it. Everything else is
+passed through. (Synchronous ops need no wrapper: the recorder waits on them itself.)
 """
 
 from __future__ import annotations
