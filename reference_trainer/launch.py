@@ -18,12 +18,13 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
 import time
 from dataclasses import dataclass
+
+from distdoctor.launch.env import free_port
 
 MODULE = "distdoctor.reference_trainer"
 
@@ -53,12 +54,6 @@ class JobResult:
                  for r, (rc, out, err) in enumerate(zip(self.returncodes, self.stdout,
                                                         self.stderr, strict=True))]
         return "\n".join(p[-chars:] for p in parts)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 # Imported once by the fork server, so forked ranks start with them in memory.

@@ -9,30 +9,19 @@ are terminated, then killed: no rank outlives the launcher.
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 import time
 
+from distdoctor.launch.env import free_port, rank_env
 from distdoctor.nccltest.options import Options
 from distdoctor.nccltest.worker import OPTIONS_ENV
 
 
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def rank_env(base: dict, rank: int, world: int, port: int, opts: Options) -> dict:
-    env = dict(base)
-    env.update({
-        "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(world),
-        "LOCAL_WORLD_SIZE": str(world), "GROUP_RANK": "0", "ROLE_RANK": str(rank),
-        "ROLE_WORLD_SIZE": str(world), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
-        OPTIONS_ENV: opts.to_json(), "PYTHONUNBUFFERED": "1",
-    })
-    env.setdefault("OMP_NUM_THREADS", "1")  # as torchrun: N ranks share the cores
+def nccl_test_env(base: dict, rank: int, world: int, port: int, opts: Options) -> dict:
+    """torchrun's contract for local rank `rank`, plus the sweep's options."""
+    env = rank_env(base, rank, world, port)
+    env.update({OPTIONS_ENV: opts.to_json(), "PYTHONUNBUFFERED": "1"})
     return env
 
 
@@ -44,8 +33,8 @@ def launch(opts: Options, nproc: int, command: list[str] | None = None,
     procs: list[subprocess.Popen] = []
     try:
         for rank in range(nproc):
-            procs.append(subprocess.Popen(cmd, env=rank_env(os.environ, rank, nproc, port,
-                                                             opts)))
+            procs.append(subprocess.Popen(cmd, env=nccl_test_env(os.environ, rank, nproc, port,
+                                                                  opts)))
         return _wait(procs, grace_s)
     except KeyboardInterrupt:
         return 130
