@@ -28,6 +28,7 @@ from distdoctor.runlog.ring import RingWriter
 from distdoctor.tracer import callsite
 from distdoctor.tracer.work import RecordingWork
 
+EXIT_CALLBACK_WAIT_S = 1.0  # at exit, how long to let pending completion callbacks run
 _warned: set = set()
 
 
@@ -93,6 +94,8 @@ class Recorder:
         self._watcher = CompletionWatcher(self)
         self._main_thread = threading.main_thread().ident
         self._stop = threading.Event()
+        self._callbacks_lock = threading.Lock()
+        self._callbacks_pending = 0  # async CPU ops whose done-callback has not run yet
         threading.Thread(target=self._heartbeat, name="distdoctor-heartbeat",
                          daemon=True).start()
         atexit.register(self.close)
@@ -212,7 +215,14 @@ class Recorder:
                     fut = work.get_future()
                 except RuntimeError:  # "getFuture not implemented": gloo p2p
                     return RecordingWork(work, partial(self._finish_wait, e))
-                fut.add_done_callback(partial(self._future_done, e))
+                with self._callbacks_lock:
+                    self._callbacks_pending += 1
+                try:
+                    fut.add_done_callback(partial(self._future_done, e))
+                except BaseException:
+                    with self._callbacks_lock:
+                        self._callbacks_pending -= 1
+                    raise
         except Exception as exc:
             warn_once("end", f"could not follow an op's completion: {exc!r}")
         return work
@@ -254,6 +264,9 @@ class Recorder:
             self.ring.complete(e, F.STATUS_OK, time.monotonic_ns())
         except Exception as exc:
             self._finish(e, _status_of(exc), exc)
+        finally:
+            with self._callbacks_lock:  # gloo runs callbacks on more than one thread
+                self._callbacks_pending -= 1
 
     def _finish(self, e: int, status: int, exc: BaseException | None) -> None:
         try:
@@ -294,6 +307,12 @@ class Recorder:
                 return
 
     def close(self) -> None:
+        # At exit: let completion callbacks still queued on gloo's threads run now. One
+        # that runs (or is freed) on such a thread once the interpreter is finalizing
+        # cannot take the GIL and ends the process with std::terminate (SIGABRT).
+        deadline = time.monotonic() + EXIT_CALLBACK_WAIT_S
+        while self._callbacks_pending > 0 and time.monotonic() < deadline:
+            time.sleep(0.002)  # releases the GIL to them
         self._stop.set()
         try:
             self.ring.heartbeat()
