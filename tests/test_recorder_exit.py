@@ -40,10 +40,8 @@ def test_close_waits_for_pending_completion_callbacks(tmp_path):
     assert rec.end((e, False, True), work) is work
     assert rec._callbacks_pending == 1 and _end_ns(ring, e) == 0
     threading.Timer(0.2, work.future.set_result, args=(None,)).start()
-    start = time.monotonic()
     rec.close()
-    assert _end_ns(ring, e) > 0 and rec._callbacks_pending == 0
-    assert time.monotonic() - start < 0.2 + 0.9  # waited for it, not for the whole bound
+    assert _end_ns(ring, e) > 0 and rec._callbacks_pending == 0  # it ran before close ended
 
 
 @pytest.mark.timeout(20)
@@ -54,6 +52,5 @@ def test_close_gives_up_on_a_callback_that_never_comes(tmp_path, monkeypatch):
     e = ring.append(F.KIND_COLLECTIVE, F.OP_CODE["all_reduce"], 0, F.FLAG_ASYNC, 0, 0, 0,
                     -1, 0, 1, 1, time.monotonic_ns(), 0, 0)
     rec.end((e, False, True), _AsyncWork())  # a hung op: never completes
-    start = time.monotonic()
-    rec.close()
-    assert time.monotonic() - start < 1.0 and _end_ns(ring, e) == 0
+    rec.close()  # returns (the test's timeout would catch a close that waits forever)
+    assert _end_ns(ring, e) == 0 and rec._callbacks_pending == 1

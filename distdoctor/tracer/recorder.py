@@ -28,7 +28,7 @@ from distdoctor.runlog.ring import RingWriter
 from distdoctor.tracer import callsite
 from distdoctor.tracer.work import RecordingWork
 
-EXIT_CALLBACK_WAIT_S = 1.0  # at exit, how long to let pending completion callbacks run
+EXIT_CALLBACK_WAIT_S = 0.5  # at exit, how long to let pending completion callbacks run
 _warned: set = set()
 
 
@@ -307,18 +307,20 @@ class Recorder:
                 return
 
     def close(self) -> None:
-        # At exit: let completion callbacks still queued on gloo's threads run now. One
-        # that runs (or is freed) on such a thread once the interpreter is finalizing
-        # cannot take the GIL and ends the process with std::terminate (SIGABRT).
-        deadline = time.monotonic() + EXIT_CALLBACK_WAIT_S
-        while self._callbacks_pending > 0 and time.monotonic() < deadline:
-            time.sleep(0.002)  # releases the GIL to them
         self._stop.set()
         try:
             self.ring.heartbeat()
+            # first: a launcher that kills this process during the wait below must still
+            # find an exit through atexit, not a rank that vanished
             self.ring.mark_closed()
         except Exception:
             pass
+        # Let completion callbacks still queued on gloo's threads run now. One that runs
+        # (or is freed) on such a thread once the interpreter is finalizing cannot take
+        # the GIL and ends the process with std::terminate (SIGABRT).
+        deadline = time.monotonic() + EXIT_CALLBACK_WAIT_S
+        while self._callbacks_pending > 0 and time.monotonic() < deadline:
+            time.sleep(0.002)  # releases the GIL to them
 
 
 class CompletionWatcher:
