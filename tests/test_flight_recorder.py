@@ -11,7 +11,6 @@ import json
 import os
 import pickle
 import signal
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -22,26 +21,20 @@ from conftest import JOBS, marker_lines, run_cli
 from distdoctor.diagnosis.flight_recorder import load_fr_dumps
 from distdoctor.diagnosis.postmortem import diagnose_events
 from distdoctor.errors import UserError
+from distdoctor.launch.env import free_port, rank_env
 
 JOB = "fr_dump.py"
 
 
 # --- real gloo jobs -------------------------------------------------------------------
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _run_fr_job(mode: str, prefix: Path, nproc: int = 3, fmt: str = "pickle",
                 timeout: float = 60) -> None:
     """Launch the ranks torchrun-style and wait; kill every one of them on a timeout."""
-    env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()),
-               WORLD_SIZE=str(nproc), LOCAL_WORLD_SIZE=str(nproc),
-               TORCH_FR_BUFFER_SIZE="2000", PYTHONUNBUFFERED="1")
+    env = dict(os.environ, TORCH_FR_BUFFER_SIZE="2000", PYTHONUNBUFFERED="1")
+    port = free_port()
     argv = [sys.executable, str(JOBS / JOB), mode, str(prefix)] + (["json"] if fmt == "json"
                                                                    else [])
-    procs = [subprocess.Popen(argv, env=dict(env, RANK=str(r), LOCAL_RANK=str(r)),
+    procs = [subprocess.Popen(argv, env=rank_env(env, r, nproc, port),
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                               stdin=subprocess.DEVNULL, text=True, start_new_session=True)
              for r in range(nproc)]

@@ -305,9 +305,9 @@ class Engine:
         severity = {"error": 0, "warning": 1, "info": 2}
         # a hang blamed on ranks later found dead is that death, not a second problem
         # (also when the death was itself a consequence: its cause is reported already)
-        died = {f.ranks[0] for f in self.found.values() if f.kind == "crash"}
-        dead = {f.ranks[0] for f in self.found.values() if f.kind == "crash"
-                and f.severity == "error"}
+        crashes = [f for f in self.found.values() if f.kind == "crash"]
+        died = {f.ranks[0] for f in crashes}
+        dead = {f.ranks[0] for f in crashes if f.severity == "error"}
         kept = [f for f in self.found.values()
                 if not (f.kind == "hang" and f.ranks and set(f.ranks) <= died)]
         if dead:  # "lost a peer" in the job's output is that crash seen from the others

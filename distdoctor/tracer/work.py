@@ -2,9 +2,9 @@
 
 Its use: gloo's send/recv works have no future and never report `is_completed()` until
 someone waits, and waiting on them from a second thread is unsafe (two waiters, one
-completion). The caller's `wait()` is the completion, recorded when it returns; a caller
-that takes the future instead gets the completion recorded through it. Everything else is
-passed through. (Synchronous ops need no wrapper: the recorder waits on them itself.)
+completion). The caller's `wait()` is the completion, recorded when it returns. Everything
+else is passed through. (Synchronous ops need no wrapper: the recorder waits on them
+itself.)
 """
 
 from __future__ import annotations
@@ -66,18 +66,7 @@ class RecordingWork(dist.Work):
         return self._inner.synchronize()
 
     def get_future(self):
-        fut = self._inner.get_future()  # raises for gloo p2p, as the inner work does
-        if self._on_done is not None:  # a caller that uses the future may never wait
-            fut.add_done_callback(self._future_done)
-        return fut
-
-    def _future_done(self, fut) -> None:
-        try:
-            fut.value()
-        except Exception as exc:
-            self._report(exc)
-            return
-        self._report(None)
+        return self._inner.get_future()  # raises: only works without a future are wrapped
 
 
 class JoinedWork(dist.Work):
