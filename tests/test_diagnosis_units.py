@@ -127,6 +127,18 @@ def test_a_hang_blamed_on_a_rank_that_then_dies_of_a_peers_crash_is_dropped():
     assert errors == [("crash", [1])]
 
 
+def test_a_rank_that_vanishes_after_its_collective_failed_is_a_consequence():
+    # under a wrapped torchrun no exit codes arrive: rank 2 is SIGKILLed, rank 1's
+    # all_reduce with it fails, then torchrun tears rank 1 down; both merely vanish
+    r1, r2 = Stream(1), Stream(2)
+    evs = [r2.op(ranks=(1, 2), done=False),
+           r1.op(ranks=(1, 2), wait=0.2, status="error", error="Connection closed by peer")]
+    findings = engine_with(evs, exits={1: ExitInfo(None, "vanished"),
+                                       2: ExitInfo(None, "vanished")})
+    crashes = {f.ranks[0]: f.severity for f in findings if f.kind == "crash"}
+    assert crashes == {1: "warning", 2: "error"}
+
+
 def test_the_culprits_stuck_line_from_its_stack_survives_it_being_stopped():
     ranks = [Stream(r) for r in range(3)]
     evs = [s.op(ranks=(0, 1, 2)) for s in ranks]

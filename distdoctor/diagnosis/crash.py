@@ -58,8 +58,12 @@ def crash_findings(exits: dict[int, ExitInfo], views: dict[int, RankView],
         last = f"; its last op was {_fmt_op(latest)}" if latest else "; it issued no op"
         if latest is not None and latest.t_end_ns is None:
             last = f"; it died inside {_fmt_op(latest)}"
-        # a rank that exits because its collective failed is a consequence, not a cause
-        consequence = (info.how == "exit" and (info.code or 0) > 0 and latest is not None
+        # a rank that exits because its collective failed is a consequence, not a cause;
+        # so is one that vanished after such a failure (under a wrapped torchrun there is
+        # no exit code: the launcher tears the rank down once its error surfaced)
+        ended_by_failure = info.how == "vanished" or (
+            info.how == "exit" and (info.code or 0) > 0)
+        consequence = (ended_by_failure and latest is not None
                        and latest.status in ("error", "timeout"))
         # died while waiting for a rank that had died already: the launcher's teardown
         # (torchrun stops every rank when one fails) or the wait's failure, not a cause
