@@ -256,4 +256,7 @@ def _teardown() -> None:
     import torch.distributed as dist
 
     if dist.is_available() and dist.is_initialized():
+        # drains gloo's workers before exit: one that frees a finished op's tensor while
+        # the interpreter is finalizing aborts the process (a torch race, untraced too)
+        dist.barrier()
         dist.destroy_process_group()

@@ -20,4 +20,9 @@ for _ in range(10):
     dist.all_reduce(loss.detach())
 if dist.get_rank() == 0:
     torch.save([p.detach() for p in model.parameters()], sys.argv[1])
+# Torch's own exit race, untraced too: gloo's worker may drop its last reference to the
+# final all_reduce's temporary tensor while the interpreter is finalizing, which aborts
+# the process ("terminate called without an active exception"; seen once in CI). Works
+# complete in order, so a barrier here drains them before anyone exits.
+dist.barrier()
 dist.destroy_process_group()
