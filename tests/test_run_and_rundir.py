@@ -149,3 +149,25 @@ def test_install_without_torch_distributed_is_harmless(tmp_path):
     assert res.returncode == 0 and res.stdout.strip() == "2.0"
     assert "distdoctor" not in res.stderr, res.stderr
     assert not Path(tmp_path, "distdoctor-runs").exists()
+
+
+def test_a_ring_with_foreign_strings_reads_as_unknown_not_a_traceback(tmp_path):
+    """Decoded groups and tensor descriptions are cached per string id; a string that
+    is valid JSON but not the expected object (another writer, a bit flip) reads as
+    unknown fields, and the next event with a good string reads in full."""
+    from distdoctor.runlog import format as F
+    from distdoctor.runlog.ring import RingWriter
+
+    path = tmp_path / "rank-00000.ring"
+    w = RingWriter(str(path), 0, 64 * F.SLOT_SIZE, 4096)
+    bad = w.add_string([1, 2, 3])
+    group = w.add_string({"name": "7", "desc": "tp", "ranks": [2, 3], "size": 2})
+    tensors = w.add_string({"shapes": [[4, 2]], "dtypes": ["bfloat16"], "device": "cpu"})
+    for g, t in ((bad, bad), (group, tensors), (bad, 0)):
+        w.complete(w.append(F.KIND_COLLECTIVE, 0, 0, 0, g, 0, 0, -1, t, 8, 8, 1, 0, 0),
+                   F.STATUS_OK, 2)
+    first, good, last = RankLog(path).read()
+    assert (first.group, first.group_ranks, first.shapes, first.device) == ("?", (), (), "")
+    assert (good.group, good.group_desc, good.group_ranks) == ("7", "tp", (2, 3))
+    assert (good.shapes, good.dtypes, good.numel_in) == (((4, 2),), ("bfloat16",), 8)
+    assert (last.group, last.shapes) == ("?", ())

@@ -79,13 +79,15 @@ class Engine:
             self.ingest_one(ev, now_s)
 
     def ingest_one(self, ev: Event, now_s: float) -> None:
+        # Runs for every event of every rank (hundreds of thousands a second on a large
+        # job): the common case, a collective, is written out inline.
         self.ingested += 1
         st = self.ranks.get(ev.rank) or self._rank(ev.rank)
-        t_end = ev.t_end_ns
+        t_end, kind = ev.t_end_ns, ev.kind
         t = t_end or ev.t_enter_ns
         if t > st.max_t_ns:
             st.max_t_ns = t
-        if ev.kind == "span":
+        if kind == "span":
             if len(st.spans) < MAX_SPANS:
                 st.spans[ev.index + 1] = ev.name or "span"
             if st.latest is None or ev.index > st.latest.index:
@@ -100,11 +102,15 @@ class Engine:
                 # one finding per kind of error, not per port number or address
                 text = re.sub(r"\d+", "N", ev.error or ev.status)
                 self._errors.setdefault(text, []).append(ev)
-        if ev.kind == "collective" and st.issued.get(ev.group, 0) <= ev.seq:
-            st.issued[ev.group] = ev.seq + 1
-        key = key_of(ev)
-        if key is None:
-            return
+        if kind == "collective":
+            group, seq = ev.group, ev.seq
+            if st.issued.get(group, 0) <= seq:
+                st.issued[group] = seq + 1
+            key = ("c", group, seq)
+        else:
+            key = key_of(ev)
+            if key is None:
+                return
         rv = self.open.get(key)
         if rv is None:
             if len(self.open) >= MAX_OPEN:

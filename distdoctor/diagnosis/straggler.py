@@ -62,12 +62,11 @@ class _Steps:
         self.count += 1
 
 
-@dataclass(slots=True)
-class _Obs:
-    lateness_ms: float  # how long the others waited for this rank (negative: it waited)
-    last: bool  # it arrived last
-    group: str
-    callsite: dict | None
+# One rank's part in one collective, kept as a plain tuple: one is made per member of
+# every collective (256 for a 256-rank all-reduce), and a tuple costs a fifth of an object.
+# (lateness_ms: how long the others waited for it, negative when it waited; last: it
+# arrived last; group; callsite)
+_LATENESS, _LAST, _GROUP, _CALLSITE = range(4)
 
 
 class StragglerTracker:
@@ -76,7 +75,7 @@ class StragglerTracker:
         self.min_lateness_ms = min_lateness_ms
         self.window = window
         self.min_t = min_t
-        self.obs: dict[int, deque[_Obs]] = {}
+        self.obs: dict[int, deque[tuple]] = {}
         self.steps: dict[int, _Steps] = {}
 
     def observe(self, rv: Rendezvous) -> None:
@@ -95,7 +94,7 @@ class StragglerTracker:
                 q = obs[rank] = deque(maxlen=self.window)
                 steps[rank] = _Steps(deque(maxlen=STEPS))
             lateness = gap if rank == last else (w_last - w) / 1e6
-            q.append(_Obs(lateness, rank == last, group, ev.callsite))
+            q.append((lateness, rank == last, group, ev.callsite))
             steps[rank].add(ev.span_index, lateness)
 
     def score(self, rank: int) -> dict | None:
@@ -107,11 +106,11 @@ class StragglerTracker:
         mean = sum(xs) / n
         var = sum((x - mean) ** 2 for x in xs) / (n - 1)
         t = mean / math.sqrt(var / n) if var > 0 else (math.inf if mean > 0 else 0.0)
-        per = [o.lateness_ms for o in q]
+        per = [o[_LATENESS] for o in q]
         half = n // 2
         return {"step_lateness_ms": mean, "t": t, "steps": n,
                 "lateness_ms": sum(per) / len(per), "collectives": len(per),
-                "last_fraction": sum(o.last for o in q) / len(q),
+                "last_fraction": sum(o[_LAST] for o in q) / len(q),
                 "early_mean_ms": sum(xs[:half]) / max(half, 1),
                 "late_mean_ms": sum(xs[half:]) / max(n - half, 1)}
 
@@ -126,16 +125,16 @@ class StragglerTracker:
         return out
 
     def _finding(self, rank: int, s: dict) -> Finding:
-        late = [o for o in self.obs[rank] if o.lateness_ms > 0]
-        groups = Counter(o.group for o in late)
+        late = [o for o in self.obs[rank] if o[_LATENESS] > 0]
+        groups = Counter(o[_GROUP] for o in late)
         group = groups.most_common(1)[0][0] if groups else None
-        sites = Counter(((o.callsite or {}).get("file"), (o.callsite or {}).get("line"))
-                        for o in late if o.callsite)
+        sites = Counter((o[_CALLSITE].get("file"), o[_CALLSITE].get("line"))
+                        for o in late if o[_CALLSITE])
         callsite = None
         if sites:
             file, line = sites.most_common(1)[0][0]
-            callsite = next(o.callsite for o in late if o.callsite and
-                            (o.callsite.get("file"), o.callsite.get("line")) == (file, line))
+            callsite = next(o[_CALLSITE] for o in late if o[_CALLSITE] and
+                            (o[_CALLSITE].get("file"), o[_CALLSITE].get("line")) == (file, line))
         early, later = s["early_mean_ms"], s["late_mean_ms"]
         trend = ("rising" if later > 1.25 * early + 0.1 else
                  "falling" if early > 1.25 * later + 0.1 else "steady")

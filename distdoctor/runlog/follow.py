@@ -7,6 +7,8 @@ that appear later (a launcher starting ranks one by one) are picked up on the ne
 
 from __future__ import annotations
 
+import math
+import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -18,6 +20,7 @@ from distdoctor.runlog.rundir import rank_meta_path, ring_path
 # In-flight ops re-read per rank per poll, at most: async work that never reports its
 # completion must not make every poll slower.
 MAX_PENDING = 4096
+RESCAN_S = 2.0  # the ranks folder is listed at least this often (see _discover)
 
 
 @dataclass
@@ -38,8 +41,7 @@ class RankFeed:
         head = self.header.head
         index = max(self.next_index, head - self.log.capacity, 0)
         out = []
-        while index < head:
-            ev = self.log.read_one(index)
+        for ev in self.log.read_range(index, head):
             if ev is None:
                 self.stalls += 1
                 if self.stalls < 3:
@@ -60,11 +62,26 @@ class RunFollower:
         self.feeds: dict[int, RankFeed] = {}
         self.unreadable: dict[int, str] = {}
         self.meta: dict[int, dict] = {}
+        self._ranks_mtime = -1
+        self._scanned_s = -math.inf
 
     def _discover(self) -> None:
+        """Pick up rank logs that appeared. Listing the folder costs O(ranks) per poll, so
+        it is listed only when its mtime moved, while a log is still unreadable, or
+        every RESCAN_S. File systems stamp mtimes coarsely (ext4: a clock tick), so a
+        file created in the tick of the last listing leaves the mtime unchanged: a
+        folder changed within the last RESCAN_S is listed on every poll."""
         ranks_dir = self.run_dir / "ranks"
-        if not ranks_dir.is_dir():
+        try:
+            mtime = os.stat(ranks_dir).st_mtime_ns
+        except OSError:
             return
+        now = time.monotonic()
+        settled = time.time_ns() - mtime > RESCAN_S * 1e9
+        if (mtime == self._ranks_mtime and settled and not self.unreadable
+                and now - self._scanned_s < RESCAN_S):
+            return
+        self._ranks_mtime, self._scanned_s = mtime, now
         for p in ranks_dir.glob("rank-*.ring"):
             try:
                 rank = int(p.stem.split("-", 1)[1])

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import mmap
 import os
+import struct
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -109,7 +110,10 @@ class RankLog:
         self.rank, self.pid, self.capacity = rank, pid, capacity
         self._strings_offset, self._strings_size, self._ring_offset = s_off, s_size, r_off
         self._strings = _Strings()
-        self._decoded: dict[int, object] = {}
+        # string id -> its decoded fields (groups, tensor descriptions): most events of a
+        # rank share a handful of them, and decoding is most of the cost of reading one
+        self._groups: dict[int, tuple] = {}
+        self._tensors: dict[int, tuple] = {}
 
     def close(self) -> None:
         self._mm.close()
@@ -154,38 +158,83 @@ class RankLog:
         """Events numbered >= `since` still present in the ring, oldest first."""
         head = F.U64.unpack_from(self._mm, F.OFF_HEAD)[0]
         start = max(since, head - self.capacity, 0)
-        out = []
-        for e in range(start, head):
-            ev = self.read_one(e)
-            if ev is not None:
-                out.append(ev)
+        return [ev for ev in self.read_range(start, head) if ev is not None]
+
+    def read_range(self, start: int, stop: int) -> list[Event | None]:
+        """Events `start` .. `stop - 1`, None for each slot not holding its event (not
+        written yet, being rewritten, overwritten). The slots are copied out and decoded
+        in one pass per contiguous stretch of the ring."""
+        out: list[Event | None] = []
+        cap, decode = self.capacity, self._decode
+        while start < stop:
+            slot = start % cap
+            n = min(stop - start, cap - slot)
+            at = self._ring_offset + slot * F.SLOT_SIZE
+            e = start
+            for rec in _iter_slots(self._mm[at:at + n * F.SLOT_SIZE]):
+                out.append(decode(e, rec) if rec[0] == e + 1 else None)
+                e += 1
+            start += n
         return out
 
     def read_one(self, e: int) -> Event | None:
-        at = self._ring_offset + (e % self.capacity) * F.SLOT_SIZE
-        rec = F.SLOT.unpack_from(self._mm, at)
+        rec = _unpack_slot(self._mm, self._ring_offset + (e % self.capacity) * F.SLOT_SIZE)
         if rec[0] != e + 1:
             return None  # not written yet, being rewritten, or overwritten
+        return self._decode(e, rec)
+
+    def _decode(self, e: int, rec: tuple) -> Event:
         (_, kind, status, op, redop, flags, _p, _p16, group_id, callsite_id, seq, peer,
          tensors_id, numel_in, numel_out, t_enter, t_end, span_index, name_id,
          error_id) = rec
-        group = self.string(group_id) or {}
-        tensors = self.string(tensors_id) or {}
+        group = self._groups.get(group_id) or self._group(group_id)
+        tensors = self._tensors.get(tensors_id) or self._tensor_desc(tensors_id)
+        codes = _decoded_codes.get((kind, op, status, redop, flags)) or _decode_codes(
+            kind, op, status, redop, flags)
+        string = self.string
         return Event(
-            rank=self.rank, index=e, kind=F.KINDS.get(kind, "unknown"),
-            op=F.OPS[op] if op < len(F.OPS) else "unknown",
-            status=F.STATUSES.get(status, "unknown"),
-            group=str(group.get("name", "?")), group_desc=str(group.get("desc", "")),
-            group_ranks=tuple(group.get("ranks", ())), seq=seq,
-            peer=None if peer < 0 else peer,
-            shapes=tuple(tuple(s) for s in tensors.get("shapes", ())),
-            dtypes=tuple(tensors.get("dtypes", ())), device=str(tensors.get("device", "")),
-            numel_in=numel_in, numel_out=numel_out,
-            reduce_op=F.REDUCE_OPS[redop] if redop < len(F.REDUCE_OPS) else None,
-            callsite=self.string(callsite_id) if callsite_id else None,
-            t_enter_ns=t_enter, t_end_ns=t_end or None, span_index=span_index,
-            name=self.string(name_id) if name_id else None,
-            error=self.string(error_id) if error_id else None,
-            is_async=None if flags & F.FLAG_ASYNC_UNKNOWN else bool(flags & F.FLAG_ASYNC),
-            other_thread=bool(flags & F.FLAG_OTHER_THREAD),
+            self.rank, e, codes[0], codes[1], codes[2], *group, seq,
+            None if peer < 0 else peer, *tensors, numel_in, numel_out, codes[3],
+            string(callsite_id) if callsite_id else None, t_enter, t_end or None, span_index,
+            string(name_id) if name_id else None, string(error_id) if error_id else None,
+            codes[4], codes[5],
         )
+
+    def _group(self, sid: int) -> tuple:
+        """(name, desc, ranks) of a group string; cached once the string is readable."""
+        value = self.string(sid)
+        group = value if isinstance(value, dict) else {}
+        out = (str(group.get("name", "?")), str(group.get("desc", "")),
+               tuple(group.get("ranks", ())))
+        if value is not None or sid == 0:  # id 0 is "unknown" for good
+            self._groups[sid] = out
+        return out
+
+    def _tensor_desc(self, sid: int) -> tuple:
+        """(shapes, dtypes, device) of a tensors string; cached once readable."""
+        value = self.string(sid)
+        desc = value if isinstance(value, dict) else {}
+        out = (tuple(tuple(s) for s in desc.get("shapes", ())),
+               tuple(desc.get("dtypes", ())), str(desc.get("device", "")))
+        if value is not None or sid == 0:
+            self._tensors[sid] = out
+        return out
+
+
+# bound once: read_one runs for every event the live engine sees
+_unpack_slot = F.SLOT.unpack_from
+_iter_slots = struct.Struct(F.SLOT.format + f"{F.SLOT_SIZE - F.SLOT.size}x").iter_unpack
+_decoded_codes: dict[tuple, tuple] = {}
+
+
+def _decode_codes(kind, op, status, redop, flags) -> tuple:
+    """(kind, op, status, reduce op, is_async, other_thread) of a slot's small codes;
+    few distinct combinations occur, so each is decoded once."""
+    out = (F.KINDS.get(kind, "unknown"), F.OPS[op] if op < len(F.OPS) else "unknown",
+           F.STATUSES.get(status, "unknown"),
+           F.REDUCE_OPS[redop] if redop < len(F.REDUCE_OPS) else None,
+           None if flags & F.FLAG_ASYNC_UNKNOWN else bool(flags & F.FLAG_ASYNC),
+           bool(flags & F.FLAG_OTHER_THREAD))
+    if len(_decoded_codes) < 4096:  # bounded even for a corrupt log's random codes
+        _decoded_codes[(kind, op, status, redop, flags)] = out
+    return out

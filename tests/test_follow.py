@@ -1,0 +1,57 @@
+"""The run dir follower on hand-written rings: what the live engine is fed, poll by poll."""
+
+from __future__ import annotations
+
+import json
+
+from distdoctor.runlog import format as F
+from distdoctor.runlog.follow import RunFollower
+from distdoctor.runlog.ring import RingWriter
+from distdoctor.runlog.rundir import rank_meta_path, ring_path
+
+
+def _writer(run_dir, rank: int, capacity: int = 64) -> RingWriter:
+    (run_dir / "ranks").mkdir(exist_ok=True)
+    w = RingWriter(str(ring_path(run_dir, rank)), rank, capacity * F.SLOT_SIZE, 4096)
+    rank_meta_path(run_dir, rank).write_text(json.dumps({"rank": rank}))
+    return w
+
+
+def _op(w: RingWriter, seq: int) -> int:
+    return w.append(F.KIND_COLLECTIVE, F.OP_CODE["all_reduce"], 0, 0, 0, 0, seq, -1, 0, 1,
+                    1, 1000 + seq, 0, 0)
+
+
+def test_a_rank_log_created_later_is_followed_from_its_first_event(tmp_path):
+    w0 = _writer(tmp_path, 0)
+    w0.complete(_op(w0, 0), F.STATUS_OK, 2000)
+    follower = RunFollower(tmp_path)
+    assert [(e.rank, e.seq) for e in follower.poll()] == [(0, 0)]
+    assert follower.poll() == []  # nothing new
+    w1 = _writer(tmp_path, 1)  # a launcher starting ranks one by one
+    w1.complete(_op(w1, 0), F.STATUS_OK, 2000)
+    w1.complete(_op(w1, 1), F.STATUS_OK, 2001)
+    assert [(e.rank, e.seq) for e in follower.poll()] == [(1, 0), (1, 1)]
+
+
+def test_an_op_seen_in_flight_comes_again_when_it_completes(tmp_path):
+    w = _writer(tmp_path, 0)
+    follower = RunFollower(tmp_path)
+    e = _op(w, 0)
+    (first,) = follower.poll()
+    assert first.status == "in_flight" and first.t_end_ns is None
+    assert follower.poll() == []
+    w.complete(e, F.STATUS_OK, 5000)
+    (again,) = follower.poll()
+    assert (again.index, again.status, again.t_end_ns) == (first.index, "ok", 5000)
+
+
+def test_a_wrapped_ring_is_read_across_its_end_in_order(tmp_path):
+    w = _writer(tmp_path, 0, capacity=16)
+    follower = RunFollower(tmp_path)
+    for seq in range(10):
+        w.complete(_op(w, seq), F.STATUS_OK, 2000 + seq)
+    assert [e.seq for e in follower.poll()] == list(range(10))
+    for seq in range(10, 30):  # wraps past slot 15, and past what the follower has not read
+        w.complete(_op(w, seq), F.STATUS_OK, 2000 + seq)
+    assert [e.seq for e in follower.poll()] == list(range(14, 30))  # the ring keeps 16
