@@ -12,27 +12,23 @@ unless timing was on (no straggler verdict from a dump). Gloo records no p2p ops
 every entry as "scheduled" (only `retired` tells it finished, and a failed op is retired
 too) and leaves `pg_config` empty (members are inferred from the dumps themselves).
 
-Security: unpickling runs code. A dump is a tree of dicts, lists, strings and numbers, so
-the unpickler refuses every global; a crafted file lands in `unreadable`, never runs.
+Security: unpickling runs code; `fr_files` reads dumps with an unpickler that refuses
+every global, so a crafted file lands in `unreadable`, never runs.
 """
 
 from __future__ import annotations
 
-import io
 import json
 import math
-import pickle
 import re
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from distdoctor.diagnosis.fr_files import Unreadable, find_dump_files, read_dump
+from distdoctor.diagnosis.stackframes import is_library
 from distdoctor.errors import UserError
 from distdoctor.runlog.reader import Event, RingHeader
-
-MAX_DUMP_BYTES = 1 << 30  # 2000 entries with stacks is a few MB; a GB is not a dump
-READS_MAJOR = 2  # Flight Recorder format versions "2.x" (and older) are understood
-_NAME = re.compile(r"(\d+)(\.json|\.pkl|\.pickle)?$")
 
 # profiling_name (backend prefix and p2p suffix stripped, lower case) -> our op name
 _OPS = {
@@ -58,8 +54,6 @@ _DTYPES = {
     "Bool": "bool", "ComplexFloat": "complex64", "ComplexDouble": "complex128",
     "ComplexHalf": "complex32",
 }
-# frames of these files are libraries, not the user's line
-_LIBRARY = ("/torch/", "/distdoctor/", "-packages/", "/lib/python3", "<frozen")
 
 
 @dataclass
@@ -79,86 +73,6 @@ class FrDumps:
                               head=len(self.events.get(r, ())), strings_dropped=0,
                               heartbeat_mono_ns=t, heartbeat_wall_ns=t, closed=False)
                 for r, t in self.dump_time_ns.items() if r in self.events}
-
-
-class _Refused(pickle.UnpicklingError):
-    pass
-
-
-class _NoGlobals(pickle.Unpickler):
-    """Builds only pickle's own types; any class or function (os.system...) is refused."""
-
-    def find_class(self, module, name):
-        raise _Refused(f"refused to load {module}.{name}, which no dump holds: a crafted file?")
-
-
-class _Unreadable(Exception):
-    pass
-
-
-# --- files ---------------------------------------------------------------------------
-def find_dump_files(prefix: str) -> dict[int, Path]:
-    """rank -> file, for PREFIX<rank>[.json|.pkl]; PREFIX may also be a directory of one
-    set of dumps (any common file-name prefix)."""
-    p = Path(prefix).expanduser()
-    if p.is_dir():
-        folder, stem = p, None
-    else:
-        folder, stem = p.parent, p.name
-    try:
-        names = sorted(f.name for f in folder.iterdir() if f.is_file())
-    except OSError:
-        return {}
-    sets: dict[str, dict[int, Path]] = defaultdict(dict)
-    for name in names:
-        m = _NAME.search(name)
-        if m is None or (stem is not None and name[:m.start()] != stem):
-            continue
-        rank, found = int(m.group(1)), sets[name[:m.start()]]
-        if rank in found:  # e.g. both a pickle and a JSON dump of one rank
-            raise UserError(f"two dumps of rank {rank}: {found[rank]} and {folder / name}; "
-                            f"keep one", 2)
-        found[rank] = folder / name
-    if len(sets) > 1:
-        found = ", ".join(str(folder / s) for s in sorted(sets))
-        raise UserError(f"{prefix} holds several sets of dumps ({found}): pass one prefix", 2)
-    return next(iter(sets.values()), {})
-
-
-def read_dump(path: Path) -> dict:
-    """A dump's top-level dict, from pickle or JSON (told apart by content)."""
-    try:
-        with open(path, "rb") as fh:
-            data = fh.read(MAX_DUMP_BYTES + 1)
-    except OSError as exc:
-        raise _Unreadable(f"cannot read {path}: {exc.strerror}") from None
-    if len(data) > MAX_DUMP_BYTES:
-        raise _Unreadable(f"{path} is over {MAX_DUMP_BYTES >> 20} MiB: not a dump")
-    head = data.lstrip()[:1]
-    try:
-        if head == b"{":
-            dump = json.loads(data)
-        elif head == b"\x80":  # pickle protocol 2 and later
-            dump = _NoGlobals(io.BytesIO(data)).load()
-        else:
-            raise _Unreadable(f"{path} is not a Flight Recorder dump (neither pickle nor JSON)")
-    except _Unreadable:
-        raise
-    except _Refused as exc:
-        raise _Unreadable(f"{path}: {exc}") from None
-    except Exception as exc:  # truncated or corrupt: EOFError, ValueError, RecursionError...
-        truncated = isinstance(exc, EOFError) or "truncated" in str(exc)
-        what = "truncated" if truncated else f"corrupt: {type(exc).__name__}"
-        raise _Unreadable(f"{path} is unreadable ({what})") from None
-    if not isinstance(dump, dict) or not isinstance(dump.get("entries", []), list) or not (
-            "entries" in dump or "pg_config" in dump):
-        raise _Unreadable(f"{path} is not a Flight Recorder dump")
-    version = str(dump.get("version", "0"))
-    major = version.split(".")[0]
-    if major.isdigit() and int(major) > READS_MAJOR:
-        raise _Unreadable(f"{path} has Flight Recorder format {version}; this distdoctor "
-                          f"reads up to {READS_MAJOR}.x: upgrade distdoctor")
-    return dump
 
 
 # --- entries -------------------------------------------------------------------------
@@ -193,17 +107,6 @@ def _op(profiling_name: str) -> tuple[str, int | None]:
     return _OPS.get(name, name), peer
 
 
-def _library(path: str, strict: bool) -> bool:
-    if "reference_trainer" in path:  # distdoctor's own demo trainer is user code
-        return False
-    if strict:
-        return any(s in path for s in _LIBRARY)
-    # second look: the user's code may be an installed package; torch and the
-    # standard library still are not it
-    stdlib = "/lib/python3" in path and "-packages/" not in path
-    return "/torch/" in path or "<frozen" in path or stdlib
-
-
 def _callsite(frames) -> dict | None:
     """The innermost frame of the user's Python code (frames come innermost first; C++
     frames, with TORCH_FR_CPP_STACK, are skipped)."""
@@ -211,7 +114,7 @@ def _callsite(frames) -> dict | None:
              if isinstance(f, dict)]
     for strict in (True, False):
         for path, f in paths:
-            if path.endswith(".py") and not _library(path, strict):
+            if path.endswith(".py") and not is_library(path, strict):
                 return {"file": path, "line": f.get("line"), "function": f.get("name")}
     return None
 
@@ -344,7 +247,7 @@ def load_fr_dumps(prefix: str) -> FrDumps:
             dumped = _dump_time(dumps[rank], path.stat().st_mtime_ns)
             if dumped is not None:
                 out.dump_time_ns[rank] = dumped
-        except (_Unreadable, OSError) as exc:
+        except (Unreadable, OSError) as exc:
             out.unreadable[rank] = str(exc)
     if not dumps:
         first = next(iter(out.unreadable.values()))

@@ -10,15 +10,26 @@ _PYSPY = re.compile(r"^\s+(?P<function>\S.*?) \((?P<file>.+):(?P<line>\d+)\)\s*$
 # faulthandler:  '  File "/abs/faults.py", line 220 in hang_in_compute'
 _FAULT = re.compile(r'^\s+File "(?P<file>.+)", line (?P<line>\d+) in (?P<function>.+?)\s*$')
 _THREAD = re.compile(r"^(Thread|Current thread) ")
-_INTERNAL = ("site-packages/", "/lib/python3", "<frozen", "torch/", "distdoctor/",
-             "threading.py", "runpy.py", "selectors.py", "queue.py")
+# Not the user's code: installed packages, the standard library, torch and distdoctor.
+# Paths come absolute (faulthandler, Flight Recorder) or package-relative (py-spy:
+# "torch/distributed/distributed_c10d.py"), so packages match either way.
+_LIBRARY = ("-packages/", "/lib/python3", "<frozen", "threading.py", "runpy.py",
+            "selectors.py", "queue.py")
+_PACKAGES = ("torch/", "distdoctor/")
 
 
-def _internal(file: str) -> bool:
-    f = file.replace("\\", "/")
+def is_library(path: str, strict: bool = True) -> bool:
+    """Whether a frame's file is library code rather than the user's. `strict=False` is
+    a second look for when no frame passed the first: the user's code may be an
+    installed package, but torch and the standard library still are not it."""
+    f = path.replace("\\", "/")
     if "reference_trainer" in f:  # distdoctor's own demo trainer is user code
         return False
-    return any(s in f for s in _INTERNAL)
+    if strict:
+        return any(s in f for s in _LIBRARY) or any(
+            f.startswith(p) or "/" + p in f for p in _PACKAGES)
+    stdlib = "/lib/python3" in f and "-packages/" not in f
+    return f.startswith("torch/") or "/torch/" in f or "<frozen" in f or stdlib
 
 
 def threads(text: str) -> list[tuple[str, list[dict]]]:
@@ -41,6 +52,6 @@ def user_frame(text: str) -> dict | None:
     ts.sort(key=lambda t: 0 if ("MainThread" in t[0] or t[0].startswith("Current")) else 1)
     for _, frames in ts:
         for frame in frames:
-            if not _internal(frame["file"]):
+            if not is_library(frame["file"]):
                 return frame
     return None
