@@ -55,3 +55,18 @@ def test_a_wrapped_ring_is_read_across_its_end_in_order(tmp_path):
     for seq in range(10, 30):  # wraps past slot 15, and past what the follower has not read
         w.complete(_op(w, seq), F.STATUS_OK, 2000 + seq)
     assert [e.seq for e in follower.poll()] == list(range(14, 30))  # the ring keeps 16
+
+
+def test_a_completion_read_half_written_stays_in_flight(tmp_path):
+    """complete() writes the status, then t_end; a reader between the two stores must
+    not take the op as finished with status "in_flight"."""
+    w = _writer(tmp_path, 0)
+    follower = RunFollower(tmp_path)
+    e = _op(w, 0)
+    follower.poll()
+    at = w.ring_offset + e * F.SLOT_SIZE
+    F.I64.pack_into(w._mm, at + F.OFF_SLOT_END, 5000)  # t_end landed, status not yet seen
+    assert follower.poll() == []
+    w.complete(e, F.STATUS_OK, 5000)
+    (done,) = follower.poll()
+    assert (done.status, done.t_end_ns) == ("ok", 5000)

@@ -191,6 +191,10 @@ class RankLog:
         tensors = self._tensors.get(tensors_id) or self._tensor_desc(tensors_id)
         codes = _decoded_codes.get((kind, op, status, redop, flags)) or _decode_codes(
             kind, op, status, redop, flags)
+        if status == _IN_FLIGHT:
+            # completion writes the status, then t_end; a read between the two can see
+            # the new t_end beside the old status: still in flight until both are there
+            t_end = 0
         string = self.string
         return Event(
             self.rank, e, codes[0], codes[1], codes[2], *group, seq,
@@ -225,6 +229,7 @@ class RankLog:
 _unpack_slot = F.SLOT.unpack_from
 _iter_slots = struct.Struct(F.SLOT.format + f"{F.SLOT_SIZE - F.SLOT.size}x").iter_unpack
 _decoded_codes: dict[tuple, tuple] = {}
+_IN_FLIGHT = F.STATUS_IN_FLIGHT
 
 
 def _decode_codes(kind, op, status, redop, flags) -> tuple:
