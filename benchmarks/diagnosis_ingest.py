@@ -57,6 +57,38 @@ def synthetic(ranks: int, collectives: int, tp: int = 8, in_flight: bool = True)
     return out
 
 
+class RingJob:
+    """A run dir whose ranks' ring files are written as the tracer writes them: call it
+    with events (completed ones) to append them to their ranks' rings."""
+
+    def __init__(self, run_dir, ranks: int, collectives: int):
+        (Path(run_dir) / "ranks").mkdir(exist_ok=True)
+        self.writers = {r: RingWriter(str(ring_path(run_dir, r)), r, (collectives + 16) *
+                                      F.SLOT_SIZE, 1 << 16) for r in range(ranks)}
+        for r in range(ranks):  # as each rank writes it when tracing starts
+            rank_meta_path(run_dir, r).write_text(json.dumps({"rank": r, "host": "node"}))
+        self._ids: dict = {}
+
+    def _sid(self, w, value) -> int:
+        key = (id(w), repr(value))
+        if key not in self._ids:
+            self._ids[key] = w.add_string(value)
+        return self._ids[key]
+
+    def __call__(self, events) -> None:
+        sid = self._sid
+        for ev in events:
+            w = self.writers[ev.rank]
+            group = sid(w, {"name": ev.group, "desc": "", "ranks": list(ev.group_ranks)})
+            tensors = sid(w, {"shapes": [list(x) for x in ev.shapes],
+                              "dtypes": list(ev.dtypes), "device": ev.device})
+            e = w.append(F.KIND_COLLECTIVE, F.OP_CODE[ev.op],
+                         F.REDUCE_OPS.index(ev.reduce_op) if ev.reduce_op else 0, 0,
+                         group, sid(w, ev.callsite), ev.seq, -1, tensors, ev.numel_in,
+                         ev.numel_out, ev.t_enter_ns, 0, 0)
+            w.complete(e, F.STATUS_OK, ev.t_end_ns)
+
+
 def measure(ranks: int, collectives: int, in_flight: bool) -> float:
     """Collectives ingested per CPU second."""
     events = synthetic(ranks, collectives, in_flight=in_flight)
@@ -81,32 +113,11 @@ def measure_from_rings(ranks: int, collectives: int) -> float:
     events = synthetic(ranks, collectives, in_flight=False)
     relax_gc()  # as the live loop runs (distdoctor run's own process)
     with tempfile.TemporaryDirectory() as run_dir:
-        (Path(run_dir) / "ranks").mkdir()
-        writers = {r: RingWriter(str(ring_path(run_dir, r)), r, (collectives + 16) *
-                                 F.SLOT_SIZE, 1 << 16) for r in range(ranks)}
-        for r in range(ranks):  # as each rank writes it when tracing starts
-            rank_meta_path(run_dir, r).write_text(json.dumps({"rank": r, "host": "node"}))
-        ids: dict = {}
-
-        def sid(w, value):
-            key = (id(w), repr(value))
-            if key not in ids:
-                ids[key] = w.add_string(value)
-            return ids[key]
-
+        write = RingJob(run_dir, ranks, collectives)
         follower, engine, cpu = RunFollower(run_dir), Engine(hang_timeout_s=60), 0.0
         per_poll = ranks * 250
         for n in range(0, len(events), per_poll):
-            for ev in events[n:n + per_poll]:  # the ranks write ...
-                w = writers[ev.rank]
-                group = sid(w, {"name": ev.group, "desc": "", "ranks": list(ev.group_ranks)})
-                tensors = sid(w, {"shapes": [list(x) for x in ev.shapes],
-                                  "dtypes": list(ev.dtypes), "device": ev.device})
-                e = w.append(F.KIND_COLLECTIVE, F.OP_CODE[ev.op],
-                             F.REDUCE_OPS.index(ev.reduce_op) if ev.reduce_op else 0, 0,
-                             group, sid(w, ev.callsite), ev.seq, -1, tensors, ev.numel_in,
-                             ev.numel_out, ev.t_enter_ns, 0, 0)
-                w.complete(e, F.STATUS_OK, ev.t_end_ns)
+            write(events[n:n + per_poll])  # the ranks write ...
             start = time.process_time()  # ... and one poll reads and ingests it all
             engine.ingest(follower.poll(), 0.0)
             cpu += time.process_time() - start

@@ -225,26 +225,31 @@ class Sampler:
         self._file.flush()
 
 
+def _parse_line(line, path: Path) -> NodeSample | None:
+    """One line of a probe file: a sample, or None (the header, or a torn line being
+    written or cut by a crash). A foreign or newer header is a one-line UserError."""
+    try:
+        d = json.loads(line)
+    except ValueError:
+        return None
+    if not isinstance(d, dict):
+        return None
+    if "format" in d:
+        if d["format"] != FORMAT:
+            raise UserError(f"{path}: not a distdoctor probe file")
+        if int(d.get("version", 0)) > VERSION:
+            raise UserError(f"{path}: probe file version {d['version']} is newer than "
+                            f"this distdoctor reads ({VERSION}); upgrade distdoctor")
+        return None
+    try:
+        return NodeSample.from_json(d)
+    except (KeyError, TypeError, ValueError, AttributeError):
+        return None
+
+
 def _read_file(path: Path) -> list[NodeSample]:
-    out = []
     with open(path, errors="replace") as f:
-        for _n, line in enumerate(f):
-            try:
-                d = json.loads(line)
-            except ValueError:
-                continue  # a torn line (being written, or cut by a crash)
-            if "format" in d:
-                if d["format"] != FORMAT:
-                    raise UserError(f"{path}: not a distdoctor probe file")
-                if int(d.get("version", 0)) > VERSION:
-                    raise UserError(f"{path}: probe file version {d['version']} is newer than "
-                                    f"this distdoctor reads ({VERSION}); upgrade distdoctor")
-                continue
-            try:
-                out.append(NodeSample.from_json(d))
-            except (KeyError, TypeError, ValueError):
-                continue
-    return out
+        return [s for s in (_parse_line(line, path) for line in f) if s is not None]
 
 
 def read_samples(run_dir: str | os.PathLike, host: str | None = None) -> list[NodeSample]:
@@ -259,3 +264,47 @@ def read_samples(run_dir: str | os.PathLike, host: str | None = None) -> list[No
         out.extend(_read_file(p))
     out.sort(key=lambda s: s.t)
     return out
+
+
+class SampleTail:
+    """The samples other processes append to a run dir's probe files, as they come: what
+    `distdoctor watch` reads while `distdoctor run`'s sampler writes. Each call returns
+    the complete lines added since the last; a rotated file is read from its start."""
+
+    FIRST_READ_BYTES = 256 << 10  # a file found already long: only its newest samples
+
+    def __init__(self, run_dir: str | os.PathLike):
+        self.folder = Path(run_dir) / "probes"
+        self._pos: dict[Path, tuple[int, int]] = {}  # file -> (inode, offset read to)
+
+    def read_new(self) -> list[NodeSample]:
+        out: list[NodeSample] = []
+        try:
+            paths = sorted(self.folder.glob("node-*.jsonl"))
+        except OSError:
+            return out
+        for path in paths:
+            try:
+                out.extend(self._read(path))
+            except (OSError, UserError):
+                continue  # a file being replaced, or not ours: skipped, never fatal
+        out.sort(key=lambda s: s.t)
+        return out
+
+    def _read(self, path: Path) -> list[NodeSample]:
+        with open(path, "rb") as f:
+            st = os.fstat(f.fileno())
+            inode, offset = self._pos.get(path, (st.st_ino, -1))
+            if offset < 0:  # first sight: start near the end, at a line start
+                offset = max(0, st.st_size - self.FIRST_READ_BYTES)
+            elif inode != st.st_ino or st.st_size < offset:
+                offset = 0  # rotated: a new file under the same name
+            f.seek(offset)
+            data = f.read()
+        if offset and path not in self._pos:  # started mid-file: drop the partial line
+            cut = data.find(b"\n") + 1
+            data, offset = data[cut:], offset + cut
+        end = data.rfind(b"\n") + 1  # the last line may be half written: next time
+        self._pos[path] = (st.st_ino, offset + end)
+        lines = data[:end].decode(errors="replace").splitlines()
+        return [s for s in (_parse_line(line, path) for line in lines) if s is not None]

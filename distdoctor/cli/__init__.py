@@ -15,6 +15,9 @@ from distdoctor.errors import UserError
 
 # Order here is the order in `--help`.
 SUBCOMMANDS = ["run", "show", "diagnose", "export", "demo", "nccl-test"]
+# Commands of other parts of the distribution (the dashboard's `watch`) register under this
+# entry-point group, so the core never imports them (DESIGN.md: tui -> core, never back).
+PLUGIN_GROUP = "distdoctor.commands"
 
 
 class _Parser(argparse.ArgumentParser):
@@ -24,7 +27,20 @@ class _Parser(argparse.ArgumentParser):
         raise UserError(f"{self.prog}: {message}", exit_code=2)
 
 
-def build_parser() -> argparse.ArgumentParser:
+def _plugins() -> dict:
+    from importlib.metadata import entry_points
+
+    return {ep.name: ep for ep in entry_points(group=PLUGIN_GROUP)}
+
+
+def _wants_plugins(argv: list[str]) -> bool:
+    """Whether the command line may name a plugin command (or asks for help): looking
+    plugins up costs ~50 ms, which `distdoctor run` does not pay."""
+    command = next((a for a in argv if not a.startswith("-")), None)
+    return command not in SUBCOMMANDS
+
+
+def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     parser = _Parser(
         prog="distdoctor",
         description="Diagnostics for distributed PyTorch: which rank, which collective, "
@@ -37,13 +53,27 @@ def build_parser() -> argparse.ArgumentParser:
     for name in SUBCOMMANDS:
         module = importlib.import_module(f"distdoctor.cli.{name.replace('-', '_')}")
         module.register(sub)
+    if argv is None or _wants_plugins(argv):
+        for name, ep in _plugins().items():
+            try:
+                ep.load().register(sub)
+            except Exception as exc:  # a broken part must not take the other commands down
+                sub.add_parser(name, help=f"(unavailable: {exc})").set_defaults(
+                    func=_unavailable(name, exc))
     return parser
+
+
+def _unavailable(name: str, exc: Exception):
+    def run(args) -> int:
+        raise UserError(f"{name} is unavailable in this installation: {exc!r}")
+
+    return run
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     try:
-        parser = build_parser()
+        parser = build_parser(argv)
         args = parser.parse_args(argv)
         if not getattr(args, "func", None):
             parser.print_help()

@@ -71,6 +71,8 @@ def run(args) -> int:
              f"{args.hang_timeout:g}", "--on-hang", args.on_hang, "--",
              "python", *trainer[1:]]
     err_console.print(f"[bold]distdoctor demo[/]: {shlex.join(shown)}")
+    err_console.print("[dim]the dashboard, from another terminal: distdoctor watch"
+                      f"{' ' + shlex.quote(args.run_dir) if args.run_dir else ''}[/]")
     run_args = argparse.Namespace(nproc=nproc, run_dir=args.run_dir,
                                   hang_timeout=args.hang_timeout, on_hang=args.on_hang,
                                   stacks="culprits", grace=5.0, cmd=trainer)

@@ -66,6 +66,9 @@ class Engine:
         self.gpu_findings: Callable[[list, list[Finding]], list[Finding]] | None = None
         self.ingested = 0
         self.gpu_error: str | None = None
+        # ranks whose clock is the engine's own (same host, CLOCK_MONOTONIC: the caller's
+        # `now_s` is time.monotonic()); the others' "now" is estimated from heartbeats
+        self.same_clock: set[int] = set()
 
     # --- input -------------------------------------------------------------------------
     def _rank(self, rank: int) -> _Rank:
@@ -150,6 +153,8 @@ class Engine:
         base = max(st.hb_ns, st.max_t_ns)
         if not base:
             return None
+        if now_s is not None and st.exit is None and st.rank in self.same_clock:
+            return max(base, int(now_s * 1e9))  # exact: a heartbeat is up to 1 s old
         if now_s is not None and st.hb_seen_s is not None and st.exit is None:
             return max(base, st.hb_ns + int((now_s - st.hb_seen_s) * 1e9))
         return base

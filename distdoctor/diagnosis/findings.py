@@ -76,3 +76,32 @@ def write_findings(run_dir: str | os.PathLike, findings: list[Finding], **extra)
     path = Path(run_dir) / FINDINGS_FILE
     write_json_atomic(path, {"findings": [f.to_json() for f in findings], **extra})
     return path
+
+
+def read_findings(run_dir: str | os.PathLike) -> list[Finding]:
+    """RUN_DIR/findings.json as written by the live engine; [] when there is none yet.
+    Raises ValueError (or OSError) when it is unreadable."""
+    import json
+
+    path = Path(run_dir) / FINDINGS_FILE
+    if not path.exists():
+        return []
+    try:
+        return [Finding.from_json(d) for d in json.loads(path.read_text())["findings"]]
+    except (KeyError, TypeError, AttributeError) as exc:
+        raise ValueError(f"{path} is not a findings file ({exc!r})") from None
+
+
+def merge_findings(found: list[Finding], written: list[Finding]) -> list[Finding]:
+    """Recomputed findings, with the stacks of their written twins (only the live engine,
+    beside the running ranks, could take stacks), plus written ones not recomputed (e.g.
+    comm errors from the job's output, which only the launcher saw)."""
+    by_key = {(f.kind, tuple(f.ranks), f.group): f for f in found}
+    out = list(found)
+    for f in written:
+        twin = by_key.get((f.kind, tuple(f.ranks), f.group))
+        if twin is None:
+            out.append(f)
+        elif f.stacks and not twin.stacks:
+            twin.stacks = f.stacks
+    return out

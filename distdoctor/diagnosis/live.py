@@ -39,9 +39,14 @@ class LiveDiagnosis:
     def __init__(self, run_dir: str | Path, hang_timeout_s: float = 60.0,
                  on_finding: Callable[[Finding], None] | None = None,
                  stacks: str = "culprits",
-                 exits: Callable[[], dict[int, tuple[int, bool]]] | None = None):
+                 exits: Callable[[], dict[int, tuple[int, bool]]] | None = None,
+                 owner: bool = True, backlog: int | None = None):
+        """`owner`: this process runs the job (`distdoctor run`): it samples the node's
+        probes and writes findings.json. A viewer (`distdoctor watch`) writes nothing:
+        it reads the owner's probe samples and starts `backlog` events back per rank."""
         self.run_dir = Path(run_dir)
-        self.follower = RunFollower(run_dir)
+        self.owner = owner
+        self.follower = RunFollower(run_dir, backlog)
         self.engine = Engine(hang_timeout_s, stacks=self._dump_stacks)
         self.on_finding = on_finding
         self.stacks_mode = stacks
@@ -56,13 +61,17 @@ class LiveDiagnosis:
         self._lines: deque[tuple[int | None, str]] = deque(maxlen=MAX_PENDING_LINES)
         self._scanner = _log_scanner()
         self.sampler = None
+        self._sample_tail = None  # a viewer's reader of the owner's probe files
         self._last_sample_t = None
         self.engine.gpu_findings = gpu_findings_fn()
 
     # --- lifecycle ---------------------------------------------------------------------
     def start(self) -> LiveDiagnosis:
         relax_gc()
-        self.sampler = _start_sampler(self.run_dir, self._local_pids)
+        if self.owner:
+            self.sampler = _start_sampler(self.run_dir, self._local_pids)
+        else:
+            self._sample_tail = _sample_tail(self.run_dir)
         self._thread = threading.Thread(target=self._loop, name="distdoctor-diagnosis",
                                         daemon=True)
         self._thread.start()
@@ -82,6 +91,14 @@ class LiveDiagnosis:
             self._step(time.monotonic(), final=True)
             self.follower.close()
             return self.engine.findings()
+
+    def pass_once(self) -> None:
+        """One pass without the background thread (a one-off view: `watch --once`)."""
+        with self._lock:
+            self._step(time.monotonic())
+
+    def close(self) -> None:
+        self.follower.close()
 
     def _loop(self) -> None:
         while not self._stop.wait(POLL_S):
@@ -115,6 +132,8 @@ class LiveDiagnosis:
         if sample is not None and sample.t != self._last_sample_t:
             self._last_sample_t = sample.t
             self.engine.samples.append(sample)
+        if self._sample_tail is not None:
+            self.engine.samples.extend(self._sample_tail.read_new())
         if self._lines:
             # ranks that print nothing are still ranks: one that never reported a timeout
             # the others reported is the one that never arrived
@@ -130,7 +149,7 @@ class LiveDiagnosis:
             for rank, (code, stopped) in self.exits().items():
                 self.engine.exited(rank, ExitInfo(code, "stopped" if stopped else "exit"))
         changed = self.engine.tick(now_s, final=final)
-        if changed or final:
+        if self.owner and (changed or final):
             write_findings(self.run_dir, self.engine.findings())
         if self.on_finding is not None:
             for f in changed:
@@ -148,6 +167,7 @@ class LiveDiagnosis:
             return
         meta = self.follower.meta.get(rank) or {}
         if meta.get("host") == self.host:
+            self.engine.same_clock.add(rank)
             if not _pid_alive(meta.get("pid")):
                 self.engine.exited(rank, ExitInfo(None, "vanished"))
             return
@@ -166,6 +186,8 @@ class LiveDiagnosis:
         return out
 
     def _dump_stacks(self, ranks: list[int]) -> dict[int, str]:
+        if self.stacks_mode == "none":
+            return {}
         wanted = sorted(self.follower.meta) if self.stacks_mode == "all" else ranks
         pids = {r: (self.follower.meta.get(r) or {}).get("pid") for r in wanted}
         pids = {r: p for r, p in pids.items() if isinstance(p, int)
@@ -189,6 +211,14 @@ def _start_sampler(run_dir, rank_pids):
         return Sampler(run_dir, rank_pids).start()
     except Exception:
         return None
+
+
+def _sample_tail(run_dir):
+    try:
+        from distdoctor.probes.sampler import SampleTail
+    except ImportError:
+        return None
+    return SampleTail(run_dir)
 
 
 def gpu_findings_fn():

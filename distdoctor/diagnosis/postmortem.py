@@ -7,7 +7,7 @@ from pathlib import Path
 
 from distdoctor.diagnosis.crash import ExitInfo
 from distdoctor.diagnosis.engine import Engine
-from distdoctor.diagnosis.findings import FINDINGS_FILE, Finding
+from distdoctor.diagnosis.findings import FINDINGS_FILE, Finding, merge_findings, read_findings
 from distdoctor.runlog.run import Run
 
 HEARTBEAT_SLACK_S = 1.5
@@ -15,30 +15,16 @@ HEARTBEAT_SLACK_S = 1.5
 
 def _live_findings(run_dir: Path, notes: list[str]) -> list[Finding]:
     """What the live engine wrote: it alone has the stacks of ranks that were alive."""
-    path = run_dir / FINDINGS_FILE
-    if not path.exists():
-        return []
     try:
-        return [Finding.from_json(d) for d in json.loads(path.read_text())["findings"]]
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):
-        notes.append(f"{path} is unreadable; live findings (and their stacks) are lost")
+        return read_findings(run_dir)
+    except (OSError, ValueError):
+        notes.append(f"{run_dir / FINDINGS_FILE} is unreadable; live findings (and their "
+                     f"stacks) are lost")
         return []
 
 
-def _merge(found: list[Finding], live: list[Finding]) -> list[Finding]:
-    """Recomputed findings, with the live ones' stacks, plus live ones not recomputed."""
-    by_key = {(f.kind, tuple(f.ranks), f.group): f for f in found}
-    out = list(found)
-    for f in live:
-        twin = by_key.get((f.kind, tuple(f.ranks), f.group))
-        if twin is None:
-            out.append(f)
-        elif f.stacks and not twin.stacks:
-            twin.stacks = f.stacks
-    return out
-
-
-def _exits(run_dir: Path) -> tuple[dict[int, ExitInfo], list[str]]:
+def read_exits(run_dir: Path) -> tuple[dict[int, ExitInfo], list[str]]:
+    """Exit codes from RUN_DIR/exits.json (written by `distdoctor run` when the job ends)."""
     path = run_dir / "exits.json"
     if not path.exists():
         return {}, []
@@ -93,14 +79,14 @@ def diagnose_run(run: Run, hang_timeout_s: float | None = None) -> tuple[list[Fi
     if hang_timeout_s is None:
         t = run.info.meta.get("hang_timeout_s")
         hang_timeout_s = float(t) if isinstance(t, (int, float)) and t > 0 else 60.0
-    exits, notes = _exits(run.path)
+    exits, notes = read_exits(run.path)
     if (run.path / "exits.json").exists():  # the job is over: an unclosed log died
         for rank, header in run.headers.items():
             if rank not in exits and not header.closed:
                 exits[rank] = ExitInfo(None, "vanished")
     engine = diagnose_events(run.events, run.headers, exits, hang_timeout_s,
                              samples=_samples(run.path, notes))
-    findings = _merge(engine.findings(), _live_findings(run.path, notes))
+    findings = merge_findings(engine.findings(), _live_findings(run.path, notes))
     for rank, why in sorted(run.unreadable.items()):
         notes.append(f"rank {rank}: {why}; its part is unknown")
     ws = run.world_size

@@ -57,8 +57,11 @@ class RankFeed:
 class RunFollower:
     """Polls every rank log of a run dir; `poll()` returns events new or changed since."""
 
-    def __init__(self, run_dir: str | Path):
+    def __init__(self, run_dir: str | Path, backlog: int | None = None):
         self.run_dir = Path(run_dir)
+        # events already in a log when it is first seen that are read (None: all of them);
+        # a viewer joining a long job needs the present, not a ring's worth of history
+        self.backlog = backlog
         self.feeds: dict[int, RankFeed] = {}
         self.unreadable: dict[int, str] = {}
         self.meta: dict[int, dict] = {}
@@ -90,7 +93,10 @@ class RunFollower:
             if rank in self.feeds:
                 continue
             try:
-                self.feeds[rank] = RankFeed(RankLog(ring_path(self.run_dir, rank)))
+                feed = RankFeed(RankLog(ring_path(self.run_dir, rank)))
+                if self.backlog is not None:
+                    feed.next_index = max(0, feed.log.header().head - self.backlog)
+                self.feeds[rank] = feed
                 self.unreadable.pop(rank, None)
             except UserError as exc:
                 self.unreadable[rank] = str(exc)  # maybe still being created: retry later

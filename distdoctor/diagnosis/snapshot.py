@@ -1,0 +1,287 @@
+"""What `distdoctor watch` shows: one consistent picture of a running job.
+
+Taken from the live engine between two of its passes (under its lock), as plain data: the
+dashboard only draws it, and `watch --once` prints the same picture without a terminal UI.
+Per rank: where it is (inside which collective, for how long, or outside any), what it
+finished last, how fast it issues collectives, how late it keeps the others, its process
+and GPU readings. Per group: how far each rank got, so a rank that fell behind shows.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass, field
+
+from distdoctor.diagnosis.findings import FINDINGS_FILE, Finding, merge_findings, read_findings
+
+HEARTBEAT_LATE_S = 3.0  # heartbeats come every second; this long without one is news
+
+
+@dataclass(frozen=True)
+class RankRow:
+    rank: int
+    host: str | None
+    pid: int | None
+    state: str  # starting | running | in collective | hung | no heartbeat | exited | failed
+    where: str  # what the state is about: "all_reduce #41 in group 0 for 2.1 s", an exit
+    callsite: str | None  # file:line of the op in flight, or of the last one finished
+    last_done: str | None  # "all_reduce #40 (0)"
+    collectives: int  # issued so far, over all its groups
+    rate: float | None  # collectives per second since the previous snapshot
+    span: str | None  # the span it began last ("step 12")
+    lateness_ms: float | None  # mean per-step lateness (straggler score), when scored
+    cpu_pct: float | None = None
+    rss_bytes: int | None = None
+    gpu: str | None = None  # "71 C 1980 MHz 96%", from the probe samples
+
+
+@dataclass(frozen=True)
+class GroupRow:
+    group: str
+    desc: str
+    ranks: tuple[int, ...]  # global ranks, as far as known
+    issued: dict[int, int]  # rank -> collectives it issued in this group
+    newest: int  # the most any member issued
+    behind: tuple[int, ...]  # members more than one collective short of `newest`
+
+
+@dataclass(frozen=True)
+class JobSnapshot:
+    run_dir: str
+    command: str | None
+    world_size: int | None
+    state: str  # waiting for ranks | running | finished
+    elapsed_s: float | None
+    ranks: list[RankRow]
+    groups: list[GroupRow]
+    findings: list[Finding]
+    events: int  # events ingested so far
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def counts(self) -> dict[str, int]:
+        out = {"error": 0, "warning": 0, "info": 0}
+        for f in self.findings:
+            out[f.severity] = out.get(f.severity, 0) + 1
+        return out
+
+
+def _site(callsite: dict | None) -> str | None:
+    if not callsite or not callsite.get("file"):
+        return None
+    return f"{os.path.basename(callsite['file'])}:{callsite.get('line')}"
+
+
+def _op_text(ev) -> str:
+    return f"{ev.op} #{ev.seq} in group {ev.group}"
+
+
+class SnapshotTaker:
+    """Takes snapshots of one `LiveDiagnosis`; remembers what it needs between them (the
+    groups seen, the previous counts for rates, the owner's findings file)."""
+
+    def __init__(self, live, clock=time.monotonic):
+        self.live = live
+        self.clock = clock
+        self._groups: dict[str, tuple[str, tuple[int, ...]]] = {}
+        self._prev: tuple[float, dict[int, int]] | None = None
+        self._written: list[Finding] = []
+        self._written_mtime: int | None = None
+        self._notes: list[str] = []
+
+    def take(self) -> JobSnapshot:
+        live = self.live
+        now = self.clock()
+        with live._lock:
+            engine = live.engine
+            views = engine.views(now)
+            found = engine.findings()
+            ranks = self._rank_rows(engine, views, now)
+            groups = self._group_rows(engine)
+            events = engine.ingested
+            samples = list(engine.samples)[-64:]
+        ranks = _with_probes(ranks, samples)
+        meta = _run_meta(live.run_dir)
+        world = meta.get("world_size") if isinstance(meta.get("world_size"), int) else None
+        state = _job_state(live.run_dir, ranks, world)
+        cmd = meta.get("command")
+        if isinstance(cmd, list):
+            cmd = " ".join(map(str, cmd))
+        return JobSnapshot(
+            run_dir=str(live.run_dir), command=cmd if isinstance(cmd, str) else None,
+            world_size=world, state=state, elapsed_s=_elapsed(meta), ranks=ranks,
+            groups=groups, findings=_ordered(merge_findings(found, self._written_findings())),
+            events=events, notes=list(self._notes) + ([live.error] if live.error else []))
+
+    # --- pieces ------------------------------------------------------------------------
+    def _rank_rows(self, engine, views, now: float) -> list[RankRow]:
+        counts = {r: sum(st.issued.values()) for r, st in engine.ranks.items()}
+        rates: dict[int, float] = {}
+        if self._prev is not None and now > self._prev[0]:
+            dt = now - self._prev[0]
+            rates = {r: (n - self._prev[1].get(r, 0)) / dt for r, n in counts.items()}
+        self._prev = (now, counts)
+        meta = self.live.follower.meta
+        rows = []
+        for r in sorted(engine.ranks):
+            st, view = engine.ranks[r], views[r]
+            m = meta.get(r) or {}
+            for ev in (st.latest, st.last_done):
+                if ev is not None and ev.group not in self._groups:
+                    self._groups[ev.group] = (ev.group_desc, ev.group_ranks)
+            state, where, site = _where(st, view, now, engine.hang_timeout_s)
+            score = engine.straggler.score(r)
+            rows.append(RankRow(
+                rank=r, host=m.get("host"), pid=m.get("pid") if isinstance(m.get("pid"), int)
+                else None, state=state, where=where, callsite=site,
+                last_done=(f"{st.last_done.op} #{st.last_done.seq} ({st.last_done.group})"
+                           if st.last_done is not None else None),
+                collectives=counts[r], rate=rates.get(r), span=st.newest_span,
+                lateness_ms=score["step_lateness_ms"] if score else None))
+        return rows
+
+    def _group_rows(self, engine) -> list[GroupRow]:
+        issued: dict[str, dict[int, int]] = {}
+        for r, st in engine.ranks.items():
+            for g, n in st.issued.items():
+                issued.setdefault(g, {})[r] = n
+        rows = []
+        for g in sorted(issued, key=_group_order):
+            desc, members = self._groups.get(g, ("", ()))
+            counts = issued[g]
+            newest = max(counts.values())
+            # one short is normal (a rank entered a collective the others have not yet)
+            behind = tuple(sorted(r for r, n in counts.items() if n < newest - 1) +
+                           sorted(r for r in members if r not in counts and newest > 1))
+            rows.append(GroupRow(g, desc, tuple(members) or tuple(sorted(counts)), counts,
+                                 newest, behind))
+        return rows
+
+    def _written_findings(self) -> list[Finding]:
+        """The owner's findings.json (`distdoctor run`): re-read when it changes."""
+        path = self.live.run_dir / FINDINGS_FILE
+        try:
+            mtime = os.stat(path).st_mtime_ns
+        except OSError:
+            return self._written
+        if mtime != self._written_mtime:
+            self._written_mtime = mtime
+            try:
+                self._written = read_findings(self.live.run_dir)
+                self._notes = []
+            except (OSError, ValueError) as exc:
+                self._notes = [f"{path} is unreadable ({exc}); showing this view's own findings"]
+        return self._written
+
+
+def _where(st, view, now: float, hang_timeout_s: float) -> tuple[str, str, str | None]:
+    """(state, what it is doing, call site) of one rank."""
+    latest = st.latest
+    site = _site(latest.callsite) if latest is not None else None
+    if st.exit is not None:
+        return ("failed" if st.exit.failed else "exited"), st.exit.describe(), site
+    if latest is None:
+        return "starting", "no collective yet", None
+    if latest.t_end_ns is None:
+        waited = view.waited_s(latest)
+        state = "hung" if waited >= hang_timeout_s else "in collective"
+        return state, f"{_op_text(latest)} for {waited:.1f} s", site
+    if st.hb_seen_s is not None and now - st.hb_seen_s > HEARTBEAT_LATE_S:
+        return "no heartbeat", f"none for {now - st.hb_seen_s:.0f} s", site
+    since = ""
+    if view.now_ns is not None and latest.t_end_ns:
+        since = f" {max(0.0, (view.now_ns - latest.t_end_ns) / 1e9):.1f} s ago"
+    return "running", f"outside collectives; last left {latest.op}{since}", site
+
+
+def _with_probes(rows: list[RankRow], samples: list) -> list[RankRow]:
+    """Fill each rank's process and GPU columns from the newest sample naming it."""
+    proc: dict[int, object] = {}
+    gpu: dict[int, object] = {}
+    for s in samples:  # oldest first: newer readings overwrite
+        for p in getattr(s, "processes", ()):
+            proc[p.rank] = p
+        by_key = {}
+        for g in getattr(s, "gpus", ()):
+            by_key[_gpu_key(g)] = g
+        for r, key in getattr(s, "gpu_of_rank", {}).items():
+            if key in by_key:
+                gpu[r] = by_key[key]
+    if not proc and not gpu:
+        return rows
+    out = []
+    for row in rows:
+        p, g = proc.get(row.rank), gpu.get(row.rank)
+        out.append(RankRow(**{**row.__dict__,
+                              "cpu_pct": getattr(p, "cpu_pct", None),
+                              "rss_bytes": getattr(p, "rss_bytes", None),
+                              "gpu": _gpu_text(g) if g is not None else None}))
+    return out
+
+
+def _gpu_key(g) -> str:
+    try:
+        from distdoctor.probes.sampler import gpu_key
+    except ImportError:
+        return str(getattr(g, "index", "?"))
+    return gpu_key(g)
+
+
+def _gpu_text(g) -> str:
+    parts = []
+    if g.temperature_c is not None:
+        parts.append(f"{g.temperature_c} C")
+    if g.sm_clock_mhz is not None:
+        parts.append(f"{g.sm_clock_mhz} MHz")
+    if g.utilization_pct is not None:
+        parts.append(f"{g.utilization_pct}%")
+    text = " ".join(parts) or "?"
+    if not str(g.source).startswith("live"):
+        text += " (replayed)"  # never shown as live (DESIGN principle 4)
+    return text
+
+
+def _run_meta(run_dir) -> dict:
+    import json
+
+    try:
+        data = json.loads((run_dir / "run.json").read_text())
+        return data if isinstance(data, dict) else {}
+    except (OSError, ValueError):
+        return {}
+
+
+def _elapsed(meta: dict) -> float | None:
+    created = meta.get("created")
+    if not isinstance(created, str):
+        return None
+    from datetime import datetime
+
+    try:
+        started = datetime.strptime(created, "%Y-%m-%dT%H:%M:%S%z").timestamp()
+    except ValueError:
+        return None
+    return max(0.0, time.time() - started)
+
+
+def _job_state(run_dir, ranks: list[RankRow], world: int | None) -> str:
+    if (run_dir / "exits.json").exists():
+        return "finished"
+    if not ranks:
+        return "waiting for ranks"
+    if all(r.state in ("exited", "failed") for r in ranks) and (world is None or
+                                                               len(ranks) >= world):
+        return "finished"
+    return "running"
+
+
+def _group_order(g: str):
+    return (0, int(g)) if g.isdigit() else (1, g)
+
+
+_SEVERITY_ORDER = {"error": 0, "warning": 1, "info": 2}
+
+
+def _ordered(findings: list[Finding]) -> list[Finding]:
+    return sorted(findings, key=lambda f: _SEVERITY_ORDER.get(f.severity, 3))

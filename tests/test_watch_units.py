@@ -1,0 +1,82 @@
+"""The dashboard's pieces without a terminal: probe-file tailing, cell wording and colour,
+the ranks' GPU column from (replayed, and labelled so) NVML readings."""
+
+from __future__ import annotations
+
+import json
+
+from distdoctor.probes.sampler import SampleTail, samples_path
+from distdoctor.tui import cells
+from test_probes_sampler_throttle import replayed_run
+
+from distdoctor.diagnosis.findings import Finding
+from distdoctor.diagnosis.snapshot import JobSnapshot, RankRow, _with_probes
+
+
+def _row(rank: int, **kw) -> RankRow:
+    base = dict(rank=rank, host="h", pid=1, state="running", where="outside collectives",
+                callsite="train.py:9", last_done="all_reduce #3 (0)", collectives=4,
+                rate=2.0, span="step 2", lateness_ms=None)
+    return RankRow(**{**base, **kw})
+
+
+def test_tail_reads_only_complete_new_lines_and_follows_rotation(tmp_path):
+    samples = replayed_run(tmp_path, "h100_hw_thermal")
+    tail = SampleTail(tmp_path)
+    assert [s.t for s in tail.read_new()] == [s.t for s in samples]
+    assert tail.read_new() == []
+    path = samples_path(tmp_path)
+    line = json.dumps(samples[-1].to_json() | {"t": samples[-1].t + 1})
+    with open(path, "a") as f:
+        f.write(line[:40])  # the sampler is mid-write
+    assert tail.read_new() == []
+    with open(path, "a") as f:
+        f.write(line[40:] + "\n")
+    assert [s.t for s in tail.read_new()] == [samples[-1].t + 1]
+    path.rename(path.with_name(path.name + ".1"))  # rotation: a new, shorter file
+    path.write_text(json.dumps({"format": "distdoctor-probes", "version": 1}) + "\n"
+                    + json.dumps(samples[0].to_json()) + "\n")
+    assert [s.t for s in tail.read_new()] == [samples[0].t]
+
+
+def test_tail_starts_near_the_end_of_a_long_file(tmp_path, monkeypatch):
+    samples = replayed_run(tmp_path, "h100_hw_thermal")
+    size = samples_path(tmp_path).stat().st_size
+    monkeypatch.setattr(SampleTail, "FIRST_READ_BYTES", size // 4)
+    got = SampleTail(tmp_path).read_new()
+    assert 0 < len(got) < len(samples)
+    assert got[-1].t == samples[-1].t  # the newest, whole; the cut first line dropped
+
+
+def test_gpu_column_comes_from_the_rank_gpu_and_says_replayed(tmp_path):
+    samples = replayed_run(tmp_path, "h100_hw_thermal")
+    rows = _with_probes([_row(6), _row(7)], samples)
+    assert rows[0].gpu.startswith("89 C 1155 MHz") and rows[0].gpu.endswith("(replayed)")
+    assert rows[1].gpu and "(replayed)" in rows[1].gpu
+    assert _with_probes([_row(6)], []) == [_row(6)]  # no probes: unchanged
+
+
+def test_cells_colour_culprits_late_ranks_and_states():
+    cells_ = cells.rank_cells(_row(3, state="hung", lateness_ms=12.5), culprits={3})
+    assert cells_[0].style == "bold red"
+    assert cells_[2].plain == "hung" and cells_[2].style == "bold red"
+    assert cells_[8].plain == "+12.5" and "yellow" in str(cells_[8].style)
+    calm = cells.rank_cells(_row(1, lateness_ms=-40.0), culprits={3})
+    assert calm[0].style == "bold" and calm[8].style == "dim"
+    assert cells._span_list([7, 0, 1, 2, 3, 5, 8]) == "0-3,5,7-8"
+    assert cells._span_list([]) == ""
+
+
+def test_header_counts_findings_by_severity():
+    snap = JobSnapshot("/r", "python train.py", 8, "running", 75.0, [_row(0)], [],
+                       [Finding("hang", "error", "h", [3]),
+                        Finding("straggler", "warning", "s", [5]),
+                        Finding("straggler", "warning", "s", [6])], 1234)
+    text = cells.header_line(snap).plain
+    assert "ranks 1/8 (1 alive)" in text and "up 0:01:15" in text and "events 1,234" in text
+    assert "1 error" in text and "2 warning" in text
+    detail = cells.finding_detail(Finding("hang", "error", "rank 3 never joined", [3], "0", 7,
+                                          [{"rank": 3, "file": "/a/t.py", "line": 9}],
+                                          {"3": "frame"}, remedy="look"))
+    assert "group 0, seq 7" in detail.plain and "rank 3: /a/t.py:9" in detail.plain
+    assert "try: look" in detail.plain and "stack of rank 3" in detail.plain

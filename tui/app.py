@@ -1,0 +1,155 @@
+"""The dashboard: a running job's ranks, groups and findings, redrawn twice a second.
+
+It draws `JobSnapshot`s and nothing else: the live engine (`LiveDiagnosis` as a viewer)
+follows the run dir on its own thread, and a worker thread takes each snapshot, so a slow
+pass over a large job never freezes the screen.
+"""
+
+from __future__ import annotations
+
+import re
+
+from distdoctor.tui import cells
+from textual.app import App, ComposeResult
+from textual.binding import Binding
+from textual.containers import Horizontal, Vertical, VerticalScroll
+from textual.widgets import DataTable, Footer, Header, Static
+
+from distdoctor.diagnosis.snapshot import JobSnapshot, SnapshotTaker
+
+REFRESH_S = 0.5
+
+
+class WatchApp(App):
+    TITLE = "distdoctor watch"
+    CSS = """
+    #summary { height: auto; padding: 0 1; }
+    #ranks { height: 1fr; }
+    #lower { height: 2fr; }
+    #groups { width: 2fr; }
+    #right { width: 5fr; }
+    #findings { height: 1fr; }
+    #detail-box { height: 1fr; border-top: solid $secondary; }
+    #detail { padding: 0 1; }
+    """
+    BINDINGS = [
+        Binding("q", "quit", "quit"),
+        Binding("r", "focus('ranks')", "ranks"),
+        Binding("g", "focus('groups')", "groups"),
+        Binding("f", "focus('findings')", "findings"),
+        Binding("p", "pause", "pause/resume"),
+    ]
+
+    def __init__(self, taker: SnapshotTaker, refresh_s: float = REFRESH_S):
+        super().__init__()
+        self.taker = taker
+        self.refresh_s = refresh_s
+        self.paused = False
+        self.snapshot: JobSnapshot | None = None
+        self._finding_keys: list[tuple] = []
+
+    def compose(self) -> ComposeResult:
+        yield Header()
+        yield Static("reading the run directory...", id="summary")
+        yield DataTable(id="ranks", cursor_type="row", zebra_stripes=True)
+        with Horizontal(id="lower"):
+            yield DataTable(id="groups", cursor_type="row")
+            with Vertical(id="right"):
+                yield DataTable(id="findings", cursor_type="row")
+                with VerticalScroll(id="detail-box"):
+                    yield Static("no findings yet", id="detail")
+        yield Footer()
+
+    def on_mount(self) -> None:
+        for table_id, columns in (("ranks", cells.RANK_COLUMNS), ("groups", cells.GROUP_COLUMNS),
+                                  ("findings", cells.FINDING_COLUMNS)):
+            table = self.query_one(f"#{table_id}", DataTable)
+            for name in columns:
+                table.add_column(name, key=name, width=cells.RANK_WIDTHS.get(name)
+                                 if table_id == "ranks" else None)
+        self.sub_title = str(self.taker.live.run_dir)
+        self._take()
+        self.set_interval(self.refresh_s, self._take)
+
+    # --- refresh -----------------------------------------------------------------------
+    def _take(self) -> None:
+        if not self.paused:
+            self.run_worker(self._take_in_thread, thread=True, exclusive=True, group="snap")
+
+    def _take_in_thread(self) -> None:
+        snap = self.taker.take()
+        self.call_from_thread(self.show, snap)
+
+    def show(self, snap: JobSnapshot) -> None:
+        self.snapshot = snap
+        self.query_one("#summary", Static).update(cells.header_line(snap))
+        culprits = {r for f in snap.findings for r in f.ranks}
+        _fill(self.query_one("#ranks", DataTable),
+              [(str(r.rank), cells.rank_cells(r, culprits)) for r in snap.ranks],
+              cells.RANK_COLUMNS)
+        _fill(self.query_one("#groups", DataTable),
+              [(g.group, cells.group_cells(g)) for g in snap.groups], cells.GROUP_COLUMNS)
+        self._show_findings(snap)
+
+    def _show_findings(self, snap: JobSnapshot) -> None:
+        table = self.query_one("#findings", DataTable)
+        keys = [(f.kind, f.severity, f.summary, tuple(f.ranks)) for f in snap.findings]
+        if keys != self._finding_keys:
+            row = table.cursor_row
+            table.clear()
+            for i, f in enumerate(snap.findings):
+                table.add_row(*cells.finding_cells(f), key=str(i))
+            self._finding_keys = keys
+            if snap.findings:
+                table.move_cursor(row=min(max(row, 0), len(snap.findings) - 1))
+        self._show_detail(table.cursor_row)
+
+    def _show_detail(self, index: int) -> None:
+        snap = self.snapshot
+        detail = self.query_one("#detail", Static)
+        if snap is None or not snap.findings:
+            detail.update("no findings: every collective so far matched and completed")
+        elif 0 <= index < len(snap.findings):
+            detail.update(cells.finding_detail(snap.findings[index]))
+
+    def on_data_table_row_highlighted(self, event: DataTable.RowHighlighted) -> None:
+        if event.data_table.id == "findings":
+            self._show_detail(event.cursor_row)
+
+    # --- actions -----------------------------------------------------------------------
+    def action_focus(self, table_id: str) -> None:
+        self.query_one(f"#{table_id}", DataTable).focus()
+
+    def action_pause(self) -> None:
+        self.paused = not self.paused
+        self.sub_title = f"{self.taker.live.run_dir}" + ("  [paused]" if self.paused else "")
+
+
+def _fill(table: DataTable, rows: list[tuple[str, tuple]], columns: tuple[str, ...]) -> None:
+    """Update rows in place by key (the cursor and scroll stay put), only the cells whose
+    text or colour changed; add new rows; drop rows that went away."""
+    shown: dict[str, tuple] = table.__dict__.setdefault("_dd_shown", {})
+    wanted = {key for key, _ in rows}
+    for key in [k for k in shown if k not in wanted]:
+        table.remove_row(key)
+        del shown[key]
+    added = False
+    for key, values in rows:
+        looks = tuple((v.plain, str(v.style)) for v in values)
+        old = shown.get(key)
+        if old is None:
+            table.add_row(*values, key=key)
+            added = True
+        else:
+            for column, value, was, now in zip(columns, values, old, looks, strict=True):
+                if was != now:
+                    table.update_cell(key, column, value)
+        shown[key] = looks
+    if added:  # rows appear in any order (a launcher starts its ranks one by one)
+        table.sort(columns[0], key=lambda cell: _natural(cell.plain))
+
+
+def _natural(text: str):
+    """Rank and group numbers in number order ("2" before "10"), names after them."""
+    head = re.match(r"\d+", text)
+    return (0, int(head.group()), text) if head else (1, 0, text)

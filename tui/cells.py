@@ -1,0 +1,149 @@
+"""How the dashboard writes a snapshot's values: rich Text per cell, colour by meaning.
+
+Plain functions of `distdoctor.diagnosis.snapshot` rows, so the colours and wording are
+tested without a terminal."""
+
+from __future__ import annotations
+
+from rich.text import Text
+
+from distdoctor.diagnosis.findings import Finding
+from distdoctor.diagnosis.snapshot import GroupRow, JobSnapshot, RankRow
+
+STATE_STYLE = {
+    "running": "green", "in collective": "cyan", "starting": "dim",
+    "hung": "bold red", "no heartbeat": "bold yellow", "failed": "bold red", "exited": "dim",
+}
+SEVERITY_STYLE = {"error": "bold red", "warning": "bold yellow", "info": "cyan"}
+
+RANK_COLUMNS = ("rank", "host", "state", "where", "line", "last done", "coll/s", "span",
+                "late ms/step", "cpu %", "rss", "gpu")
+GROUP_COLUMNS = ("group", "ranks", "issued", "behind")
+FINDING_COLUMNS = ("severity", "kind", "ranks", "summary")
+# Fixed widths for the dashboard's ranks table: sizing a column to its content measures
+# every row of it, per updated cell (6.8 s a redraw for 256 ranks; 12 columns x 256 rows)
+RANK_WIDTHS = {"rank": 5, "host": 12, "state": 13, "where": 44, "line": 22, "last done": 24,
+               "coll/s": 6, "span": 10, "late ms/step": 12, "cpu %": 5, "rss": 10, "gpu": 22}
+
+# A rank whose mean per-step lateness is above this is worth the reader's eye (the
+# straggler detector itself also asks for a t-statistic; this is only a colour)
+LATE_MS = 2.0
+
+
+def _num(value, fmt: str, style: str = "") -> Text:
+    return Text("-" if value is None else format(value, fmt), style=style, justify="right")
+
+
+def _bytes(n: int | None) -> Text:
+    if n is None:
+        return Text("-", justify="right")
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return Text(f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}", justify="right")
+        n /= 1024
+    raise AssertionError("unreachable")
+
+
+def rank_cells(row: RankRow, culprits: set[int]) -> tuple:
+    """One ranks-table row; a rank some finding blames gets its number in red."""
+    late = row.lateness_ms
+    late_style = "bold yellow" if late is not None and late > LATE_MS else "dim"
+    return (
+        Text(str(row.rank), style="bold red" if row.rank in culprits else "bold",
+             justify="right"),
+        Text(row.host or "?"),
+        Text(row.state, style=STATE_STYLE.get(row.state, "")),
+        Text(row.where),
+        Text(row.callsite or "-", style="dim" if row.callsite is None else ""),
+        Text(row.last_done or "-"),
+        _num(row.rate, ".0f"),
+        Text(row.span or "-"),
+        _num(late, "+.1f", late_style),
+        _num(row.cpu_pct, ".0f"),
+        _bytes(row.rss_bytes),
+        Text(row.gpu or "-"),
+    )
+
+
+def group_cells(row: GroupRow) -> tuple:
+    counts = sorted(set(row.issued.values()))
+    issued = (f"{counts[0]}" if len(counts) == 1 else f"{counts[0]}..{counts[-1]}"
+              ) if counts else "-"
+    name = row.group + (f" ({row.desc})" if row.desc else "")
+    return (
+        Text(name),
+        Text(_span_list(row.ranks)),
+        Text(issued, justify="right"),
+        Text(_span_list(row.behind) if row.behind else "-",
+             style="bold red" if row.behind else "dim"),
+    )
+
+
+def finding_cells(f: Finding) -> tuple:
+    return (
+        Text(f.severity, style=SEVERITY_STYLE.get(f.severity, "")),
+        Text(f.kind.upper(), style=SEVERITY_STYLE.get(f.severity, "")),
+        Text(_span_list(f.ranks) if f.ranks else "-"),
+        Text(f.summary),
+    )
+
+
+def finding_detail(f: Finding) -> Text:
+    """Everything about one finding, for the detail pane under the findings table."""
+    out = Text()
+    out.append(f"{f.kind.upper()} ", style=SEVERITY_STYLE.get(f.severity, "bold"))
+    out.append(f"({f.severity})\n", style="dim")
+    out.append(f.summary + "\n")
+    if f.group is not None:
+        out.append(f"group {f.group}" + (f", seq {f.seq}" if f.seq is not None else "") + "\n",
+                   style="dim")
+    for cs in f.callsites[:12]:
+        where = f"{cs.get('file')}:{cs.get('line')}" if cs.get("file") else "unknown line"
+        fn = f" in {cs['function']}" if cs.get("function") else ""
+        out.append(f"  rank {cs.get('rank')}: {where}{fn}\n")
+    if f.remedy:
+        out.append("try: ", style="bold")
+        out.append(f.remedy + "\n")
+    for rank, stack in sorted(f.stacks.items(), key=lambda kv: int(kv[0])):
+        out.append(f"stack of rank {rank}:\n", style="bold")
+        out.append(stack.rstrip() + "\n", style="dim")
+    return out
+
+
+def header_line(s: JobSnapshot) -> Text:
+    counts = s.counts
+    out = Text()
+    out.append(s.state, style={"running": "bold green", "finished": "bold"}.get(s.state, "dim"))
+    seen = len(s.ranks)
+    out.append(f"  ranks {seen}" + (f"/{s.world_size}" if s.world_size else ""))
+    alive = sum(r.state not in ("exited", "failed") for r in s.ranks)
+    out.append(f" ({alive} alive)")
+    if s.elapsed_s is not None:
+        m, sec = divmod(int(s.elapsed_s), 60)
+        out.append(f"  up {m // 60:d}:{m % 60:02d}:{sec:02d}")
+    out.append(f"  events {s.events:,}")
+    out.append("  findings: ")
+    if not s.findings:
+        out.append("none", style="green")
+    for sev in ("error", "warning", "info"):
+        if counts.get(sev):
+            out.append(f"{counts[sev]} {sev}  ", style=SEVERITY_STYLE[sev])
+    out.append(f"\n{s.run_dir}", style="dim")
+    if s.command:
+        out.append(f"  $ {s.command}", style="dim")
+    for note in s.notes:
+        out.append(f"\nnote: {note}", style="yellow")
+    return out
+
+
+def _span_list(ranks) -> str:
+    """0,1,2,3,5 -> "0-3,5": a 256-rank group stays one short cell."""
+    ranks = sorted(ranks)
+    parts, i = [], 0
+    while i < len(ranks):
+        j = i
+        while j + 1 < len(ranks) and ranks[j + 1] == ranks[j] + 1:
+            j += 1
+        parts.append(str(ranks[i]) if i == j else f"{ranks[i]}-{ranks[j]}")
+        i = j + 1
+    return ",".join(parts)

@@ -1,0 +1,113 @@
+"""`distdoctor watch`: the live dashboard of a running (or finished) job.
+
+  distdoctor watch                         # newest run under ./distdoctor-runs
+  distdoctor watch RUN_DIR                 # a job started with `distdoctor run`, or one
+                                           # that calls distdoctor.install() itself
+  distdoctor watch RUN_DIR --once          # one snapshot as text (scripts, no terminal)
+
+It only reads the run dir: start and stop it at will, beside `distdoctor run` or from
+another shell; the job never notices. Keys: r/g/f focus ranks/groups/findings, arrows
+select a finding (its call sites, remedy and stacks show below), p pauses, q quits.
+
+Registered with the `distdoctor` command through the "distdoctor.commands" entry point,
+so the core never imports the dashboard (DESIGN.md: tui -> core, never core -> tui).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from distdoctor.errors import UserError
+
+DEFAULT_BACKLOG = 20_000  # events per rank read from before the viewer started
+
+
+def register(sub) -> None:
+    p = sub.add_parser("watch", help="live dashboard of a running job", description=__doc__,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("run_dir", nargs="?", metavar="RUN_DIR",
+                   help="run directory (default: newest under ./distdoctor-runs)")
+    p.add_argument("--once", action="store_true",
+                   help="print one snapshot as text and exit (no terminal needed)")
+    p.add_argument("--hang-timeout", type=float, metavar="S",
+                   help="seconds in flight that make a hang (default: the run's, or 60)")
+    p.add_argument("--backlog", type=int, default=DEFAULT_BACKLOG, metavar="N",
+                   help=f"events per rank to read from before now ({DEFAULT_BACKLOG:,}; "
+                   f"0: only new ones)")
+    p.add_argument("--refresh", type=float, default=0.5, metavar="S",
+                   help="seconds between redraws (0.5)")
+    p.set_defaults(func=run)
+
+
+def run(args) -> int:
+    from distdoctor.diagnosis.live import LiveDiagnosis
+    from distdoctor.runlog.rundir import open_run_dir
+
+    if args.hang_timeout is not None and args.hang_timeout <= 0:
+        raise UserError("watch: --hang-timeout must be positive", 2)
+    if args.backlog < 0:
+        raise UserError("watch: --backlog must be 0 or more", 2)
+    if args.refresh <= 0:
+        raise UserError("watch: --refresh must be positive", 2)
+    if not args.once and not (sys.stdin.isatty() and sys.stdout.isatty()):
+        raise UserError("watch: the dashboard needs a terminal; use --once to print one "
+                        "snapshot", 2)
+    info = open_run_dir(args.run_dir)
+    hang_timeout = args.hang_timeout
+    if hang_timeout is None:
+        t = info.meta.get("hang_timeout_s")
+        hang_timeout = float(t) if isinstance(t, (int, float)) and t > 0 else 60.0
+    live = LiveDiagnosis(info.path, hang_timeout, stacks="none", owner=False,
+                         backlog=args.backlog, exits=lambda: _exits(info.path))
+    if args.once:
+        return _print_once(live)
+    from distdoctor.tui.app import WatchApp
+
+    from distdoctor.diagnosis.snapshot import SnapshotTaker
+
+    live.start()
+    try:
+        WatchApp(SnapshotTaker(live), refresh_s=args.refresh).run()
+    finally:
+        live.stop()
+    return 0
+
+
+def _exits(run_dir) -> dict[int, tuple[int | None, bool]]:
+    """Exit codes `distdoctor run` wrote when the job ended (none while it runs)."""
+    from distdoctor.diagnosis.postmortem import read_exits
+
+    exits, _ = read_exits(run_dir)
+    return {r: (e.code, e.how == "stopped") for r, e in exits.items()}
+
+
+def _print_once(live) -> int:
+    from distdoctor.tui import cells
+    from rich.console import Console
+    from rich.table import Table
+
+    from distdoctor.diagnosis.snapshot import SnapshotTaker
+
+    live.pass_once()
+    snap = SnapshotTaker(live).take()
+    live.close()
+    # a pipe or a log gets whole lines: rich would fold a 12-column table into 80 columns
+    console = Console(width=None if sys.stdout.isatty() else 200, highlight=False)
+    console.print(cells.header_line(snap))
+    for title, columns, rows in (
+            ("ranks", cells.RANK_COLUMNS, [cells.rank_cells(
+                r, {c for f in snap.findings for c in f.ranks}) for r in snap.ranks]),
+            ("groups", cells.GROUP_COLUMNS, [cells.group_cells(g) for g in snap.groups]),
+            ("findings", cells.FINDING_COLUMNS, [cells.finding_cells(f)
+                                                 for f in snap.findings])):
+        if not rows:
+            continue
+        shown = [i for i in range(len(columns)) if any(row[i].plain != "-" for row in rows)]
+        table = Table(title=title, title_justify="left", show_edge=False)
+        for i in shown:
+            table.add_column(columns[i])
+        for row in rows:
+            table.add_row(*(row[i] for i in shown))
+        console.print(table)
+    return 1 if any(f.severity == "error" for f in snap.findings) else 0
