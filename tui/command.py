@@ -41,7 +41,6 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
-    from distdoctor.diagnosis.live import LiveDiagnosis
     from distdoctor.runlog.rundir import open_run_dir
 
     if args.hang_timeout is not None and args.hang_timeout <= 0:
@@ -58,20 +57,31 @@ def run(args) -> int:
     if hang_timeout is None:
         t = info.meta.get("hang_timeout_s")
         hang_timeout = float(t) if isinstance(t, (int, float)) and t > 0 else 60.0
-    live = LiveDiagnosis(info.path, hang_timeout, stacks="none", owner=False,
-                         backlog=args.backlog, exits=lambda: _exits(info.path))
     if args.once:
-        return _print_once(live)
+        return _print_once(_viewer(info.path, hang_timeout, args.backlog))
+    show(info.path, hang_timeout, args.backlog, args.refresh)
+    return 0
+
+
+def show(run_dir, hang_timeout_s: float, backlog: int = DEFAULT_BACKLOG,
+         refresh_s: float = 0.5) -> None:
+    """The dashboard of `run_dir` until the user quits it (also `distdoctor demo`'s)."""
     from distdoctor.tui.app import WatchApp
 
     from distdoctor.diagnosis.snapshot import SnapshotTaker
 
-    live.start()
+    live = _viewer(run_dir, hang_timeout_s, backlog).start()
     try:
-        WatchApp(SnapshotTaker(live), refresh_s=args.refresh).run()
+        WatchApp(SnapshotTaker(live), refresh_s=refresh_s).run()
     finally:
         live.stop()
-    return 0
+
+
+def _viewer(run_dir, hang_timeout_s: float, backlog: int):
+    from distdoctor.diagnosis.live import LiveDiagnosis
+
+    return LiveDiagnosis(run_dir, hang_timeout_s, stacks="none", owner=False, backlog=backlog,
+                         exits=lambda: _exits(run_dir))
 
 
 def _exits(run_dir) -> dict[int, tuple[int | None, bool]]:

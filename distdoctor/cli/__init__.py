@@ -15,9 +15,8 @@ from distdoctor.errors import UserError
 
 # Order here is the order in `--help`.
 SUBCOMMANDS = ["run", "show", "diagnose", "export", "demo", "nccl-test"]
-# Commands of other parts of the distribution (the dashboard's `watch`) register under this
-# entry-point group, so the core never imports them (DESIGN.md: tui -> core, never back).
-PLUGIN_GROUP = "distdoctor.commands"
+# Commands of other parts of the distribution (the dashboard's `watch`) come through
+# distdoctor.plugins, so the core never imports them.
 
 
 class _Parser(argparse.ArgumentParser):
@@ -25,12 +24,6 @@ class _Parser(argparse.ArgumentParser):
 
     def error(self, message: str):  # noqa: D401 - argparse API
         raise UserError(f"{self.prog}: {message}", exit_code=2)
-
-
-def _plugins() -> dict:
-    from importlib.metadata import entry_points
-
-    return {ep.name: ep for ep in entry_points(group=PLUGIN_GROUP)}
 
 
 def _wants_plugins(argv: list[str]) -> bool:
@@ -54,7 +47,9 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
         module = importlib.import_module(f"distdoctor.cli.{name.replace('-', '_')}")
         module.register(sub)
     if argv is None or _wants_plugins(argv):
-        for name, ep in _plugins().items():
+        from distdoctor import plugins
+
+        for name, ep in plugins.entry_points(plugins.COMMANDS).items():
             try:
                 ep.load().register(sub)
             except Exception as exc:  # a broken part must not take the other commands down

@@ -9,6 +9,10 @@ It is `distdoctor run --nproc N -- python -m distdoctor.reference_trainer ...` w
 chosen for N (printed first, so you can run or change it yourself). Injection kinds:
 straggler, mismatch, shape, skip, hang, crash, slowlink, throttle (see
 `python -m distdoctor.reference_trainer --help`).
+
+On a terminal the job runs behind the live dashboard (`distdoctor watch`), its output
+going to RUN_DIR/job.log; quitting the dashboard stops the job. Without a terminal, or
+with --no-dashboard, findings are printed as they appear.
 """
 
 from __future__ import annotations
@@ -34,6 +38,8 @@ def register(sub) -> None:
                    help="stop the job once a hang is diagnosed (kill)")
     p.add_argument("--run-dir", metavar="DIR", help="where to write (default: a new dir "
                    "under ./distdoctor-runs)")
+    p.add_argument("--no-dashboard", action="store_true",
+                   help="print findings instead of showing the dashboard")
     p.set_defaults(func=run)
 
 
@@ -71,9 +77,61 @@ def run(args) -> int:
              f"{args.hang_timeout:g}", "--on-hang", args.on_hang, "--",
              "python", *trainer[1:]]
     err_console.print(f"[bold]distdoctor demo[/]: {shlex.join(shown)}")
+    show = None
+    if not args.no_dashboard and sys.stdin.isatty() and sys.stdout.isatty():
+        from distdoctor import plugins
+
+        show = plugins.dashboard()
+    if show is not None:
+        return _behind_dashboard(show, nproc, trainer, args)
     err_console.print("[dim]the dashboard, from another terminal: distdoctor watch"
                       f"{' ' + shlex.quote(args.run_dir) if args.run_dir else ''}[/]")
     run_args = argparse.Namespace(nproc=nproc, run_dir=args.run_dir,
                                   hang_timeout=args.hang_timeout, on_hang=args.on_hang,
                                   stacks="culprits", grace=5.0, cmd=trainer)
     return run_cmd.run(run_args)
+
+
+def _behind_dashboard(show, nproc: int, trainer: list[str], args) -> int:
+    """`distdoctor run ...` in the background (output to RUN_DIR/job.log), the dashboard
+    in front; when the dashboard is quit, the job is stopped the way `run` stops one."""
+    import os
+    import signal
+    import subprocess
+    from pathlib import Path
+
+    from distdoctor.console import err_console
+    from distdoctor.runlog import rundir
+    from distdoctor.runlog.follow import wait_for_run_dir
+
+    if args.run_dir:
+        run_dir = Path(args.run_dir)
+        if (run_dir / "run.json").exists():
+            raise UserError(f"demo: {run_dir} already holds a run; choose a new --run-dir")
+        run_dir.mkdir(parents=True, exist_ok=True)
+    else:
+        run_dir = rundir.new_run_dir()
+    log_path = run_dir / "job.log"
+    cmd = [sys.executable, "-m", "distdoctor", "run", "--nproc", str(nproc), "--run-dir",
+           str(run_dir), "--hang-timeout", f"{args.hang_timeout:g}", "--on-hang", args.on_hang,
+           "--", *trainer]
+    with open(log_path, "w") as log:
+        job = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log,
+                               stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        if wait_for_run_dir(run_dir, 60) and job.poll() is None:
+            show(run_dir, args.hang_timeout)
+    finally:
+        if job.poll() is None:
+            job.send_signal(signal.SIGTERM)  # run stops its ranks, then writes its summary
+            try:
+                job.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                os.killpg(job.pid, signal.SIGKILL)
+                job.wait()
+    said = [line for line in log_path.read_text(errors="replace").splitlines()
+            if line.startswith("distdoctor:")]
+    for line in said[-6:]:
+        err_console.print(line, markup=False, highlight=False)
+    err_console.print(f"[dim]the job's output: {log_path}[/]")
+    return job.returncode

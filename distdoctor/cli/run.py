@@ -92,6 +92,7 @@ def run(args) -> int:
     holder.append(job)
     _forward_signals(job)
     stopped_for_hang = False
+    terminated = None
     try:
         while job.poll():
             if args.on_hang == "kill" and _hang_found(live):
@@ -102,9 +103,13 @@ def run(args) -> int:
             time.sleep(0.1)
     except KeyboardInterrupt:
         job.stop()
+    except _Terminated as exc:
+        terminated = exc.signum
     _write_exits(run_dir, job)
     findings = live.stop()
     _summary(run_dir, job, findings)
+    if terminated is not None:
+        return 128 + terminated
     code = job.exit_code()
     return code if code or not stopped_for_hang else 1
 
@@ -129,10 +134,19 @@ def _hang_found(live) -> bool:
                for f in list(live.engine.found.values()))
 
 
+class _Terminated(Exception):
+    def __init__(self, signum: int):
+        super().__init__(signum)
+        self.signum = signum
+
+
 def _forward_signals(job) -> None:
+    """SIGTERM (a scheduler's cancel, a user's kill) stops the ranks, then winds down as at
+    the job's end: exit codes, the last diagnosis pass and the summary are still written."""
     def handler(signum, frame):
+        signal.signal(signum, signal.SIG_IGN)  # the wind-down must not be cut short
         job.stop(signum)
-        raise SystemExit(128 + signum)
+        raise _Terminated(signum)
 
     signal.signal(signal.SIGTERM, handler)
 
