@@ -237,7 +237,10 @@ def _parse_line(line, path: Path) -> NodeSample | None:
     if "format" in d:
         if d["format"] != FORMAT:
             raise UserError(f"{path}: not a distdoctor probe file")
-        if int(d.get("version", 0)) > VERSION:
+        version = d.get("version", 0)
+        if not isinstance(version, int):
+            raise UserError(f"{path}: probe file version {version!r} is not a number")
+        if version > VERSION:
             raise UserError(f"{path}: probe file version {d['version']} is newer than "
                             f"this distdoctor reads ({VERSION}); upgrade distdoctor")
         return None
@@ -269,7 +272,9 @@ def read_samples(run_dir: str | os.PathLike, host: str | None = None) -> list[No
 class SampleTail:
     """The samples other processes append to a run dir's probe files, as they come: what
     `distdoctor watch` reads while `distdoctor run`'s sampler writes. Each call returns
-    the complete lines added since the last; a rotated file is read from its start."""
+    the complete lines added since the last; a rotated file is read from its start (the
+    last lines written to the old file before it rotated are not read: a second's worth
+    at most, for a live view)."""
 
     FIRST_READ_BYTES = 256 << 10  # a file found already long: only its newest samples
 
@@ -286,7 +291,7 @@ class SampleTail:
         for path in paths:
             try:
                 out.extend(self._read(path))
-            except (OSError, UserError):
+            except (OSError, UserError, ValueError):
                 continue  # a file being replaced, or not ours: skipped, never fatal
         out.sort(key=lambda s: s.t)
         return out

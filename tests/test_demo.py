@@ -66,7 +66,10 @@ def _events(run_dir, rank: int) -> int:
 
 
 @pytest.mark.timeout(180)
-def test_demo_on_a_terminal_runs_behind_the_dashboard_and_q_stops_it(tmp_path):
+@pytest.mark.parametrize("how", ["q", "hangup"])
+def test_demo_on_a_terminal_runs_behind_the_dashboard_and_stops_with_it(how, tmp_path):
+    """`q` quits the dashboard; a hang-up (the terminal closed) kills the demo: either way
+    the job behind it is stopped through `run`'s wind-down, never left running."""
     run_dir = tmp_path / "run"
     pid, fd = pty.fork()
     if pid == 0:  # the child: distdoctor demo on a 160x48 terminal
@@ -84,8 +87,11 @@ def test_demo_on_a_terminal_runs_behind_the_dashboard_and_q_stops_it(tmp_path):
             assert time.monotonic() < deadline, "the ranks made no progress"
             _read_until(fd, rb"(?!)", 0.5, seen)  # keep the pty drained meanwhile
         assert (run_dir / "job.log").exists()
-        os.write(fd, b"q")
-        assert _read_until(fd, b"the job's output", 90, seen), bytes(seen[-3000:])
+        if how == "q":
+            os.write(fd, b"q")
+            assert _read_until(fd, b"the job's output", 90, seen), bytes(seen[-3000:])
+        else:
+            os.kill(pid, signal.SIGHUP)
         _read_until(fd, rb"(?!)", 5, seen)  # (a pattern that never matches) the rest
         _, status = os.waitpid(pid, 0)
         pid = 0
@@ -95,10 +101,13 @@ def test_demo_on_a_terminal_runs_behind_the_dashboard_and_q_stops_it(tmp_path):
             os.waitpid(pid, 0)
         os.close(fd)
         _kill_ranks(run_dir)
-    tail = bytes(seen).decode(errors="replace")
-    assert "2 rank(s) traced" in tail and "stopped" in tail, tail[-2000:]
     exits = json.loads((run_dir / "exits.json").read_text())
     assert exits["stopped_by_distdoctor"] and len(exits["processes"]) == 2
-    assert os.waitstatus_to_exitcode(status) == 128 + signal.SIGTERM
     log = (run_dir / "job.log").read_text()
     assert "reference_trainer: world 2" in log and "stopped by distdoctor" in log, log
+    if how == "q":
+        assert os.waitstatus_to_exitcode(status) == 0  # the user's quit is no failure
+        tail = bytes(seen).decode(errors="replace")
+        assert "2 rank(s) traced" in tail, tail[-2000:]  # run's summary, shown after
+    else:
+        assert os.waitstatus_to_exitcode(status) == 128 + signal.SIGHUP

@@ -10,6 +10,7 @@ from __future__ import annotations
 import re
 
 from distdoctor.tui import cells
+from rich.text import Text
 from textual.app import App, ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical, VerticalScroll
@@ -46,6 +47,7 @@ class WatchApp(App):
         self.refresh_s = refresh_s
         self.paused = False
         self.snapshot: JobSnapshot | None = None
+        self._taking = False
         self._finding_keys: list[tuple] = []
 
     def compose(self) -> ComposeResult:
@@ -73,12 +75,25 @@ class WatchApp(App):
 
     # --- refresh -----------------------------------------------------------------------
     def _take(self) -> None:
-        if not self.paused:
-            self.run_worker(self._take_in_thread, thread=True, exclusive=True, group="snap")
+        # one snapshot at a time: a thread worker cannot be cancelled, so a slow pass of
+        # the engine (which holds its lock) must not queue more of them behind it
+        if not self.paused and not self._taking:
+            self._taking = True
+            self.run_worker(self._take_in_thread, thread=True, group="snap")
 
     def _take_in_thread(self) -> None:
-        snap = self.taker.take()
-        self.call_from_thread(self.show, snap)
+        try:
+            snap = self.taker.take()
+        except Exception as exc:  # the view shows what went wrong; the job never notices
+            self.call_from_thread(self._show_failure, exc)
+        else:
+            self.call_from_thread(self.show, snap)
+        finally:
+            self._taking = False
+
+    def _show_failure(self, exc: Exception) -> None:
+        self.query_one("#summary", Static).update(Text.assemble(
+            ("cannot read the run directory: ", "bold red"), repr(exc), " (retrying)"))
 
     def show(self, snap: JobSnapshot) -> None:
         self.snapshot = snap

@@ -74,7 +74,7 @@ def show(run_dir, hang_timeout_s: float, backlog: int = DEFAULT_BACKLOG,
     try:
         WatchApp(SnapshotTaker(live), refresh_s=refresh_s).run()
     finally:
-        live.stop()
+        live.leave()
 
 
 def _viewer(run_dir, hang_timeout_s: float, backlog: int):
@@ -99,9 +99,15 @@ def _print_once(live) -> int:
 
     from distdoctor.diagnosis.snapshot import SnapshotTaker
 
-    live.pass_once()
-    snap = SnapshotTaker(live).take()
-    live.close()
+    try:
+        live.pass_once()
+        snap = SnapshotTaker(live).take()
+    except UserError:
+        raise
+    except Exception as exc:  # a run dir changing under us in a way no reader foresaw
+        raise UserError(f"watch: cannot read {live.run_dir}: {exc!r}") from None
+    finally:
+        live.close()
     # a pipe or a log gets whole lines: rich would fold a 12-column table into 80 columns
     console = Console(width=None if sys.stdout.isatty() else 200, highlight=False)
     console.print(cells.header_line(snap))

@@ -50,11 +50,14 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
         from distdoctor import plugins
 
         for name, ep in plugins.entry_points(plugins.COMMANDS).items():
+            if name in sub.choices:  # a core command's name is not a plugin's to take
+                continue
             try:
                 ep.load().register(sub)
             except Exception as exc:  # a broken part must not take the other commands down
-                sub.add_parser(name, help=f"(unavailable: {exc})").set_defaults(
-                    func=_unavailable(name, exc))
+                if name not in sub.choices:
+                    sub.add_parser(name, help=f"(unavailable: {exc})").set_defaults(
+                        func=_unavailable(name, exc))
     return parser
 
 

@@ -94,13 +94,13 @@ def run(args) -> int:
 
 def _behind_dashboard(show, nproc: int, trainer: list[str], args) -> int:
     """`distdoctor run ...` in the background (output to RUN_DIR/job.log), the dashboard
-    in front; when the dashboard is quit, the job is stopped the way `run` stops one."""
-    import os
+    in front; quitting the dashboard (or closing the terminal) stops the job the way `run`
+    stops one. Exit code: 0 when the user quit, else the job's."""
     import signal
-    import subprocess
     from pathlib import Path
 
     from distdoctor.console import err_console
+    from distdoctor.launch.background import BackgroundRun
     from distdoctor.runlog import rundir
     from distdoctor.runlog.follow import wait_for_run_dir
 
@@ -112,26 +112,30 @@ def _behind_dashboard(show, nproc: int, trainer: list[str], args) -> int:
     else:
         run_dir = rundir.new_run_dir()
     log_path = run_dir / "job.log"
-    cmd = [sys.executable, "-m", "distdoctor", "run", "--nproc", str(nproc), "--run-dir",
-           str(run_dir), "--hang-timeout", f"{args.hang_timeout:g}", "--on-hang", args.on_hang,
-           "--", *trainer]
-    with open(log_path, "w") as log:
-        job = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log,
-                               stderr=subprocess.STDOUT, start_new_session=True)
+
+    def closed(signum, frame):  # the terminal went away, or a kill: stop the job too
+        raise SystemExit(128 + signum)
+
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, closed)
+    job = BackgroundRun(run_dir, ["--nproc", str(nproc), "--hang-timeout",
+                                  f"{args.hang_timeout:g}", "--on-hang", args.on_hang,
+                                  "--", *trainer], log_path)
+    shown = False
     try:
-        if wait_for_run_dir(run_dir, 60) and job.poll() is None:
+        if wait_for_run_dir(run_dir, 60) and job.running:
+            shown = True
             show(run_dir, args.hang_timeout)
     finally:
-        if job.poll() is None:
-            job.send_signal(signal.SIGTERM)  # run stops its ranks, then writes its summary
-            try:
-                job.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                os.killpg(job.pid, signal.SIGKILL)
-                job.wait()
+        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+            signal.signal(sig, signal.SIG_IGN)  # the job is being stopped: let it finish
+        quit_early = job.running
+        code = job.stop()
     said = [line for line in log_path.read_text(errors="replace").splitlines()
             if line.startswith("distdoctor:")]
+    if not shown:
+        err_console.print("distdoctor demo: the job ended before the dashboard could show it")
     for line in said[-6:]:
         err_console.print(line, markup=False, highlight=False)
     err_console.print(f"[dim]the job's output: {log_path}[/]")
-    return job.returncode
+    return 0 if quit_early else code

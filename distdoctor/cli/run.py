@@ -90,7 +90,7 @@ def run(args) -> int:
         live.stop()
         raise UserError(f"run: cannot start {cmd[0]!r}: {exc.strerror}") from None
     holder.append(job)
-    _forward_signals(job)
+    in_loop = _forward_signals(job)
     stopped_for_hang = False
     terminated = None
     try:
@@ -102,9 +102,11 @@ def run(args) -> int:
                 break
             time.sleep(0.1)
     except KeyboardInterrupt:
+        in_loop[0] = False
         job.stop()
     except _Terminated as exc:
         terminated = exc.signum
+    in_loop[0] = False
     _write_exits(run_dir, job)
     findings = live.stop()
     _summary(run_dir, job, findings)
@@ -140,15 +142,21 @@ class _Terminated(Exception):
         self.signum = signum
 
 
-def _forward_signals(job) -> None:
+def _forward_signals(job) -> list[bool]:
     """SIGTERM (a scheduler's cancel, a user's kill) stops the ranks, then winds down as at
-    the job's end: exit codes, the last diagnosis pass and the summary are still written."""
+    the job's end: exit codes, the last diagnosis pass and the summary are still written.
+    Returns the switch that says whether the job loop runs: only there is the signal
+    raised; one that comes during the wind-down is let pass (the ranks are stopping)."""
+    in_loop = [True]
+
     def handler(signum, frame):
-        signal.signal(signum, signal.SIG_IGN)  # the wind-down must not be cut short
-        job.stop(signum)
-        raise _Terminated(signum)
+        if in_loop[0]:
+            in_loop[0] = False
+            job.stop(signum)
+            raise _Terminated(signum)
 
     signal.signal(signal.SIGTERM, handler)
+    return in_loop
 
 
 def _write_exits(run_dir, job) -> None:

@@ -29,6 +29,7 @@ POLL_S = 0.25
 GC_THRESHOLDS = (100_000, 20, 100)
 MAX_PENDING_LINES = 10_000
 STALE_HEARTBEAT_S = 10.0  # a remote rank whose heartbeat stopped this long has died
+LOCAL_STALE_S = 3.0  # a viewer's confirmation that a local rank whose pid is gone died
 
 
 def relax_gc() -> None:
@@ -42,10 +43,13 @@ class LiveDiagnosis:
                  exits: Callable[[], dict[int, tuple[int, bool]]] | None = None,
                  owner: bool = True, backlog: int | None = None):
         """`owner`: this process runs the job (`distdoctor run`): it samples the node's
-        probes and writes findings.json. A viewer (`distdoctor watch`) writes nothing:
-        it reads the owner's probe samples and starts `backlog` events back per rank."""
+        probes, takes stacks and writes findings.json. A viewer (`distdoctor watch`)
+        touches neither the ranks nor the run dir: it reads the owner's probe samples and
+        starts `backlog` events back per rank."""
         self.run_dir = Path(run_dir)
         self.owner = owner
+        if not owner:
+            stacks = "none"  # py-spy attaching to the job is the owner's call, not a viewer's
         self.follower = RunFollower(run_dir, backlog)
         self.engine = Engine(hang_timeout_s, stacks=self._dump_stacks)
         self.on_finding = on_finding
@@ -61,7 +65,8 @@ class LiveDiagnosis:
         self._lines: deque[tuple[int | None, str]] = deque(maxlen=MAX_PENDING_LINES)
         self._scanner = _log_scanner()
         self.sampler = None
-        self._sample_tail = None  # a viewer's reader of the owner's probe files
+        # a viewer's reader of the owner's probe files
+        self._sample_tail = None if owner else _sample_tail(self.run_dir)
         self._last_sample_t = None
         self.engine.gpu_findings = gpu_findings_fn()
 
@@ -70,8 +75,6 @@ class LiveDiagnosis:
         relax_gc()
         if self.owner:
             self.sampler = _start_sampler(self.run_dir, self._local_pids)
-        else:
-            self._sample_tail = _sample_tail(self.run_dir)
         self._thread = threading.Thread(target=self._loop, name="distdoctor-diagnosis",
                                         daemon=True)
         self._thread.start()
@@ -91,6 +94,14 @@ class LiveDiagnosis:
             self._step(time.monotonic(), final=True)
             self.follower.close()
             return self.engine.findings()
+
+    def leave(self) -> None:
+        """A viewer's stop: no last pass (it has no exits to add and writes nothing)."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+        with self._lock:
+            self.follower.close()
 
     def pass_once(self) -> None:
         """One pass without the background thread (a one-off view: `watch --once`)."""
@@ -165,16 +176,20 @@ class LiveDiagnosis:
         if header.closed:
             self.engine.exited(rank, ExitInfo(None, "closed"))
             return
+        seen = self._hb_changed.get(rank)
+        if seen is None or seen[0] != header.heartbeat_mono_ns:
+            seen = self._hb_changed[rank] = (header.heartbeat_mono_ns, now_s)
+        hb_age_s = now_s - seen[1]
         meta = self.follower.meta.get(rank) or {}
         if meta.get("host") == self.host:
             self.engine.same_clock.add(rank)
-            if not _pid_alive(meta.get("pid")):
+            if header.heartbeat_mono_ns:  # one clock: the heartbeat's own age, exactly
+                hb_age_s = now_s - header.heartbeat_mono_ns / 1e9
+            # A viewer may sit in another pid namespace on the same host (a sidecar
+            # container): there every pid looks gone, so it also wants the heartbeat stopped.
+            if not _pid_alive(meta.get("pid")) and (self.owner or hb_age_s > LOCAL_STALE_S):
                 self.engine.exited(rank, ExitInfo(None, "vanished"))
-            return
-        seen = self._hb_changed.get(rank)
-        if seen is None or seen[0] != header.heartbeat_mono_ns:
-            self._hb_changed[rank] = (header.heartbeat_mono_ns, now_s)
-        elif now_s - seen[1] > STALE_HEARTBEAT_S:
+        elif hb_age_s > STALE_HEARTBEAT_S:
             self.engine.exited(rank, ExitInfo(None, "vanished"))
 
     def _local_pids(self) -> dict[int, int]:

@@ -9,6 +9,7 @@ and GPU readings. Per group: how far each rank got, so a rank that fell behind s
 
 from __future__ import annotations
 
+import copy
 import os
 import time
 from dataclasses import dataclass, field
@@ -92,11 +93,11 @@ class SnapshotTaker:
 
     def take(self) -> JobSnapshot:
         live = self.live
-        now = self.clock()
-        with live._lock:
+        with live._lock:  # the live thread changes all of this between its passes
+            now = self.clock()
             engine = live.engine
             views = engine.views(now)
-            found = engine.findings()
+            found = copy.deepcopy(engine.findings())  # merged and drawn outside the lock
             ranks = self._rank_rows(engine, views, now)
             groups = self._group_rows(engine)
             events = engine.ingested
@@ -130,7 +131,9 @@ class SnapshotTaker:
             for ev in (st.latest, st.last_done):
                 if ev is not None and ev.group not in self._groups:
                     self._groups[ev.group] = (ev.group_desc, ev.group_ranks)
-            state, where, site = _where(st, view, now, engine.hang_timeout_s)
+            hb_age = (now - st.hb_ns / 1e9 if r in engine.same_clock and st.hb_ns else
+                      now - st.hb_seen_s if st.hb_seen_s is not None else None)
+            state, where, site = _where(st, view, hb_age, engine.hang_timeout_s)
             score = engine.straggler.score(r)
             rows.append(RankRow(
                 rank=r, host=m.get("host"), pid=m.get("pid") if isinstance(m.get("pid"), int)
@@ -175,20 +178,21 @@ class SnapshotTaker:
         return self._written
 
 
-def _where(st, view, now: float, hang_timeout_s: float) -> tuple[str, str, str | None]:
+def _where(st, view, hb_age_s: float | None,
+           hang_timeout_s: float) -> tuple[str, str, str | None]:
     """(state, what it is doing, call site) of one rank."""
     latest = st.latest
     site = _site(latest.callsite) if latest is not None else None
     if st.exit is not None:
         return ("failed" if st.exit.failed else "exited"), st.exit.describe(), site
+    if hb_age_s is not None and hb_age_s > HEARTBEAT_LATE_S:  # frozen, or dead unseen
+        return "no heartbeat", f"none for {hb_age_s:.0f} s", site
     if latest is None:
         return "starting", "no collective yet", None
     if latest.t_end_ns is None:
         waited = view.waited_s(latest)
         state = "hung" if waited >= hang_timeout_s else "in collective"
         return state, f"{_op_text(latest)} for {waited:.1f} s", site
-    if st.hb_seen_s is not None and now - st.hb_seen_s > HEARTBEAT_LATE_S:
-        return "no heartbeat", f"none for {now - st.hb_seen_s:.0f} s", site
     since = ""
     if view.now_ns is not None and latest.t_end_ns:
         since = f" {max(0.0, (view.now_ns - latest.t_end_ns) / 1e9):.1f} s ago"
