@@ -70,3 +70,28 @@ def test_a_completion_read_half_written_stays_in_flight(tmp_path):
     w.complete(e, F.STATUS_OK, 5000)
     (done,) = follower.poll()
     assert (done.status, done.t_end_ns) == ("ok", 5000)
+
+
+def test_missing_rank_metadata_is_retried_now_and_then_not_every_poll(tmp_path, monkeypatch):
+    w = _writer(tmp_path, 0)
+    rank_meta_path(tmp_path, 0).unlink()  # the rank has not written it yet
+    clock = [100.0]
+    monkeypatch.setattr("distdoctor.runlog.follow.time.monotonic", lambda: clock[0])
+    follower = RunFollower(tmp_path)
+    w.complete(_op(w, 0), F.STATUS_OK, 2000)
+    follower.poll()
+    assert follower.meta[0] == {}
+    rank_meta_path(tmp_path, 0).write_text(json.dumps({"rank": 0, "host": "h", "pid": 7}))
+    follower.poll()
+    assert follower.meta[0] == {}  # not looked for again within RESCAN_S
+    clock[0] += 2.5
+    follower.poll()
+    assert follower.meta[0]["pid"] == 7
+
+
+def test_a_backlog_starts_a_long_log_near_its_end(tmp_path):
+    w = _writer(tmp_path, 0)
+    for seq in range(10):
+        w.complete(_op(w, seq), F.STATUS_OK, 2000 + seq)
+    assert [e.seq for e in RunFollower(tmp_path, backlog=3).poll()] == [7, 8, 9]
+    assert [e.seq for e in RunFollower(tmp_path, backlog=0).poll()] == []

@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import JOBS, _kill_ranks, run_cli, run_job
+from conftest import JOBS, _kill_ranks, marker_lines, run_cli, run_job
 
 from distdoctor.diagnosis.live import LiveDiagnosis
 from distdoctor.diagnosis.snapshot import SnapshotTaker
@@ -74,6 +74,9 @@ def test_once_shows_who_waits_where_and_the_hang(hung_job):
     for r in (0, 1, 2):  # waiting in the all_reduce past the hang timeout
         assert "hung" in rows[r] and "all_reduce #2" in rows[r], rows[r]
     assert "running" in rows[3] and "outside collectives" in rows[3], rows[3]
+    # where it is stuck: the line of its stack (the owner's py-spy), not its last collective
+    stuck = marker_lines("bugs/stuck_outside.py")["stuck"]
+    assert f"stack at stuck_outside.py:{stuck}" in rows[3], rows[3]
     assert "4/4" in out
     hang_rows = [line.split("│") for line in out.split("\nfindings")[1].splitlines()
                  if "│" in line and "HANG" in line]

@@ -93,9 +93,10 @@ def read_findings(run_dir: str | os.PathLike) -> list[Finding]:
 
 
 def merge_findings(found: list[Finding], written: list[Finding]) -> list[Finding]:
-    """Recomputed findings, with the stacks of their written twins (only the live engine,
-    beside the running ranks, could take stacks), plus written ones not recomputed (e.g.
-    comm errors from the job's output, which only the launcher saw)."""
+    """Recomputed findings, with the stacks of their written twins and the call sites read
+    from those stacks (only the live engine, beside the running ranks, could take stacks),
+    plus written ones not recomputed (e.g. comm errors from the job's output, which only
+    the launcher saw)."""
     by_key = {(f.kind, tuple(f.ranks), f.group): f for f in found}
     out = list(found)
     for f in written:
@@ -104,4 +105,6 @@ def merge_findings(found: list[Finding], written: list[Finding]) -> list[Finding
             out.append(f)
         elif f.stacks and not twin.stacks:
             twin.stacks = f.stacks
+            from_stacks = [c for c in f.callsites if c.get("source") == "stack"]
+            twin.callsites = from_stacks + [c for c in twin.callsites if c not in from_stacks]
     return out

@@ -12,7 +12,7 @@ from __future__ import annotations
 import copy
 import os
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from distdoctor.diagnosis.findings import FINDINGS_FILE, Finding, merge_findings, read_findings
 
@@ -103,6 +103,8 @@ class SnapshotTaker:
             events = engine.ingested
             samples = list(engine.samples)[-64:]
         ranks = _with_probes(ranks, samples)
+        findings = _ordered(merge_findings(found, self._written_findings()))
+        ranks = _with_stuck_lines(ranks, findings)
         meta = _run_meta(live.run_dir)
         world = meta.get("world_size") if isinstance(meta.get("world_size"), int) else None
         state = _job_state(live.run_dir, ranks, world)
@@ -112,7 +114,7 @@ class SnapshotTaker:
         return JobSnapshot(
             run_dir=str(live.run_dir), command=cmd if isinstance(cmd, str) else None,
             world_size=world, state=state, elapsed_s=_elapsed(meta), ranks=ranks,
-            groups=groups, findings=_ordered(merge_findings(found, self._written_findings())),
+            groups=groups, findings=findings,
             events=events, notes=list(self._notes) + ([live.error] if live.error else []))
 
     # --- pieces ------------------------------------------------------------------------
@@ -217,10 +219,31 @@ def _with_probes(rows: list[RankRow], samples: list) -> list[RankRow]:
     out = []
     for row in rows:
         p, g = proc.get(row.rank), gpu.get(row.rank)
-        out.append(RankRow(**{**row.__dict__,
-                              "cpu_pct": getattr(p, "cpu_pct", None),
-                              "rss_bytes": getattr(p, "rss_bytes", None),
-                              "gpu": _gpu_text(g) if g is not None else None}))
+        out.append(replace(row, cpu_pct=getattr(p, "cpu_pct", None),
+                           rss_bytes=getattr(p, "rss_bytes", None),
+                           gpu=_gpu_text(g) if g is not None else None))
+    return out
+
+
+def _with_stuck_lines(rows: list[RankRow], findings: list[Finding]) -> list[RankRow]:
+    """A rank a hang waits for while it is in no collective: its line is where its stack
+    says it is (taken by the owner with py-spy), not the last collective it left."""
+    stuck = {}
+    for f in findings:
+        if f.kind in ("hang", "deadlock"):
+            for cs in f.callsites:
+                if cs.get("source") == "stack" and cs.get("rank") in f.ranks:
+                    stuck.setdefault(cs["rank"], cs)
+    if not stuck:
+        return rows
+    out = []
+    for row in rows:
+        cs = stuck.get(row.rank)
+        if cs is not None and row.state in ("running", "no heartbeat"):
+            fn = f" in {cs['function']}" if cs.get("function") else ""
+            row = replace(row, callsite=_site(cs),
+                          where=f"{row.where}; stack at {_site(cs)}{fn}")
+        out.append(row)
     return out
 
 

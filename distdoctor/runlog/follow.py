@@ -66,6 +66,7 @@ class RunFollower:
         self.unreadable: dict[int, str] = {}
         self.meta: dict[int, dict] = {}
         self._ranks_mtime = -1
+        self._meta_tried: dict[int, float] = {}
         self._scanned_s = -math.inf
 
     def _discover(self) -> None:
@@ -103,8 +104,14 @@ class RunFollower:
             self._load_meta(rank)
 
     def _load_meta(self, rank: int) -> None:
+        """A rank's metadata; one not there yet (or half written) is tried again on a
+        later poll, at most every RESCAN_S (a rank that never writes it costs no more)."""
         import json
 
+        now = time.monotonic()
+        if now - self._meta_tried.get(rank, -math.inf) < RESCAN_S:
+            return
+        self._meta_tried[rank] = now
         try:
             self.meta[rank] = json.loads(rank_meta_path(self.run_dir, rank).read_text())
         except (OSError, ValueError):
