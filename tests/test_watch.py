@@ -76,7 +76,8 @@ def test_once_shows_who_waits_where_and_the_hang(hung_job):
     assert "running" in rows[3] and "outside collectives" in rows[3], rows[3]
     # where it is stuck: the line of its stack (the owner's py-spy), not its last collective
     stuck = marker_lines("bugs/stuck_outside.py")["stuck"]
-    assert f"stack at stuck_outside.py:{stuck}" in rows[3], rows[3]
+    assert f"stuck_outside.py:{stuck}" in rows[3], rows[3]
+    assert "in wait_for_shard_on_nfs" in rows[3], rows[3]
     assert "4/4" in out
     hang_rows = [line.split("│") for line in out.split("\nfindings")[1].splitlines()
                  if "│" in line and "HANG" in line]
@@ -112,6 +113,12 @@ def test_dashboard_draws_ranks_groups_and_the_finding(hung_job):
             await pilot.pause(0.1)
             detail = str(app.query_one("#detail").render())
             assert "stuck_outside.py" in detail and "try:" in detail, detail
+            await pilot.press("r")
+            ranks.move_cursor(row=0)
+            await pilot.pause(0.1)
+            detail = str(app.query_one("#detail").render())
+            assert "rank 0" in detail and "all_reduce #2 in 0" in detail, detail
+            assert "in flight" in detail and "ok" in detail, detail  # #2 waits, #0-1 done
             groups = app.query_one("#groups")
             assert groups.get_row_at(0)[0].plain.startswith("0")
             await pilot.press("p")

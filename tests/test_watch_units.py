@@ -10,7 +10,7 @@ from distdoctor.tui import cells
 from test_probes_sampler_throttle import replayed_run
 
 from distdoctor.diagnosis.findings import Finding
-from distdoctor.diagnosis.snapshot import JobSnapshot, RankRow, _with_probes
+from distdoctor.diagnosis.snapshot import JobSnapshot, OpRow, RankRow, _with_probes
 
 
 def _row(rank: int, **kw) -> RankRow:
@@ -80,3 +80,16 @@ def test_header_counts_findings_by_severity():
                                           {"3": "frame"}, remedy="look"))
     assert "group 0, seq 7" in detail.plain and "rank 3: /a/t.py:9" in detail.plain
     assert "try: look" in detail.plain and "stack of rank 3" in detail.plain
+
+
+def test_rank_detail_lists_its_newest_ops_with_their_outcome():
+    ops = [OpRow(7, "all_reduce", "0", 3, "float32[64]", "ok", 14.25, "t.py:21"),
+           OpRow(8, "broadcast", "1", 0, "int64[2]", "error", 2.0, "t.py:30"),
+           OpRow(9, "all_reduce", "0", 4, "float32[64]", "in_flight", 10104.6, "t.py:21")]
+    text = cells.rank_detail(_row(2, state="hung", where="all_reduce #4 in group 0"), ops)
+    lines = text.plain.splitlines()
+    assert lines[0].startswith("rank 2  h  pid 1  hung")
+    assert "#7" in lines[2] and "ok 14.2 ms" in lines[2] and "t.py:21" in lines[2]
+    assert "broadcast #0 in 1" in lines[3] and "error 2.0 ms" in lines[3]
+    assert "in flight 10.1 s" in lines[4]
+    assert "no ops seen" in cells.rank_detail(_row(0), []).plain

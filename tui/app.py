@@ -48,7 +48,9 @@ class WatchApp(App):
         self.paused = False
         self.snapshot: JobSnapshot | None = None
         self._taking = False
-        self._finding_keys: list[tuple] = []
+        self._detail: tuple[str, int] = ("finding", 0)  # what the detail pane shows
+        self._finding_ids: list[tuple] = []  # which findings the table shows
+        self._finding_texts: list[tuple] = []  # and what they say (a hang's wait grows)
 
     def compose(self) -> ComposeResult:
         yield Header()
@@ -108,32 +110,71 @@ class WatchApp(App):
 
     def _show_findings(self, snap: JobSnapshot) -> None:
         table = self.query_one("#findings", DataTable)
-        keys = [(f.kind, f.severity, f.summary, tuple(f.ranks)) for f in snap.findings]
-        if keys != self._finding_keys:
+        ids = [f.key for f in snap.findings]
+        texts = [(f.severity, f.summary) for f in snap.findings]
+        if ids != self._finding_ids or texts != self._finding_texts:
             row = table.cursor_row
             table.clear()
             for i, f in enumerate(snap.findings):
                 table.add_row(*cells.finding_cells(f), key=str(i))
-            self._finding_keys = keys
             if snap.findings:
-                table.move_cursor(row=min(max(row, 0), len(snap.findings) - 1))
-        self._show_detail(table.cursor_row)
+                row = min(max(row, 0), len(snap.findings) - 1)
+                table.move_cursor(row=row)
+                if ids != self._finding_ids:  # a new finding goes first in the detail pane
+                    self._detail = ("finding", row)
+            self._finding_ids, self._finding_texts = ids, texts
+        self._show_detail()
 
-    def _show_detail(self, index: int) -> None:
+    def _show_detail(self) -> None:
+        """The selected finding, or the selected rank with its newest ops: whichever table
+        the user moved in last."""
         snap = self.snapshot
         detail = self.query_one("#detail", Static)
-        if snap is None or not snap.findings:
-            detail.update("no findings: every collective so far matched and completed")
-        elif 0 <= index < len(snap.findings):
-            detail.update(cells.finding_detail(snap.findings[index]))
+        what, which = self._detail
+        # the next snapshots carry this rank's ops (all ranks' would cost 10x the snapshot)
+        self.taker.detail_rank = which if what == "rank" else None
+        if snap is None:
+            return
+        if what == "rank":
+            row = next((r for r in snap.ranks if r.rank == which), None)
+            if row is not None:
+                detail.update(cells.rank_detail(row, snap.recent.get(which, [])))
+                return
+        if not snap.findings:
+            detail.update("no findings: every collective so far matched and completed "
+                          "(select a rank to see its newest ops)")
+        elif 0 <= which < len(snap.findings) or what == "rank":
+            index = which if what == "finding" else 0
+            detail.update(cells.finding_detail(snap.findings[min(index, len(snap.findings) - 1)]))
 
     def on_data_table_row_highlighted(self, event: DataTable.RowHighlighted) -> None:
-        if event.data_table.id == "findings":
-            self._show_detail(event.cursor_row)
+        table = event.data_table
+        if not table.has_focus:  # a redraw moved the cursor, not the user
+            return
+        if table.id == "findings":
+            self._detail = ("finding", event.cursor_row)
+        elif table.id == "ranks" and event.row_key is not None and event.row_key.value:
+            self._detail = ("rank", int(event.row_key.value))
+            self._show_detail()
+            self._take()  # its ops come with the next snapshot: take it now
+            return
+        else:
+            return
+        self._show_detail()
 
     # --- actions -----------------------------------------------------------------------
     def action_focus(self, table_id: str) -> None:
-        self.query_one(f"#{table_id}", DataTable).focus()
+        """Focus a table; the detail pane follows to its selected rank or finding."""
+        table = self.query_one(f"#{table_id}", DataTable)
+        table.focus()
+        if table_id == "findings":
+            self._detail = ("finding", table.cursor_row)
+        elif table_id == "ranks" and table.row_count:
+            key = table.coordinate_to_cell_key((table.cursor_row, 0)).row_key.value
+            self._detail = ("rank", int(key))
+        self._show_detail()
+        if table_id == "ranks":
+            self._take()  # the rank's ops come with the next snapshot: take it now
 
     def action_pause(self) -> None:
         self.paused = not self.paused

@@ -8,7 +8,7 @@ from __future__ import annotations
 from rich.text import Text
 
 from distdoctor.diagnosis.findings import Finding
-from distdoctor.diagnosis.snapshot import GroupRow, JobSnapshot, RankRow
+from distdoctor.diagnosis.snapshot import GroupRow, JobSnapshot, OpRow, RankRow
 
 STATE_STYLE = {
     "running": "green", "in collective": "cyan", "starting": "dim",
@@ -22,7 +22,7 @@ GROUP_COLUMNS = ("group", "ranks", "issued", "behind")
 FINDING_COLUMNS = ("severity", "kind", "ranks", "summary")
 # Fixed widths for the dashboard's ranks table: sizing a column to its content measures
 # every row of it, per updated cell (6.8 s a redraw for 256 ranks; 12 columns x 256 rows)
-RANK_WIDTHS = {"rank": 5, "host": 12, "state": 13, "where": 44, "line": 22, "last done": 24,
+RANK_WIDTHS = {"rank": 5, "host": 10, "state": 13, "where": 52, "line": 22, "last done": 22,
                "coll/s": 6, "span": 10, "late ms/step": 12, "cpu %": 5, "rss": 10, "gpu": 22}
 
 # A rank whose mean per-step lateness is above this is worth the reader's eye (the
@@ -107,6 +107,27 @@ def finding_detail(f: Finding) -> Text:
     for rank, stack in sorted(f.stacks.items(), key=lambda kv: int(kv[0])):
         out.append(f"stack of rank {rank}:\n", style="bold")
         out.append(stack.rstrip() + "\n", style="dim")
+    return out
+
+
+def rank_detail(row: RankRow, ops: list[OpRow]) -> Text:
+    """One rank, for the detail pane: where it is, then its newest ops, newest last."""
+    out = Text()
+    out.append(f"rank {row.rank}", style="bold")
+    out.append(f"  {row.host or '?'}  pid {row.pid if row.pid is not None else '?'}  ")
+    out.append(row.state, style=STATE_STYLE.get(row.state, ""))
+    out.append(f"\n{row.where}\n")
+    if not ops:
+        out.append("no ops seen since this view started\n", style="dim")
+    for op in ops:
+        took = ("-" if op.ms is None else f"{op.ms:.1f} ms" if op.ms < 1000 else
+                f"{op.ms / 1000:.1f} s")
+        status = "in flight" if op.status == "in_flight" else op.status
+        style = {"ok": "", "in_flight": "cyan"}.get(op.status, "bold red")
+        out.append(f"  #{op.index:<7} {op.op} #{op.seq} in {op.group}  {op.tensors}  ",
+                   style=style)
+        out.append(f"{status} {took}", style=style or "dim")
+        out.append(f"  {op.callsite or ''}\n", style="dim")
     return out
 
 

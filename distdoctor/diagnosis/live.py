@@ -20,6 +20,7 @@ from distdoctor.diagnosis.crash import ExitInfo
 from distdoctor.diagnosis.engine import Engine
 from distdoctor.diagnosis.findings import Finding, write_findings
 from distdoctor.runlog.follow import RunFollower
+from distdoctor.runlog.reader import Event
 
 POLL_S = 0.25
 # The follower and engine make an object per event (up to hundreds of thousands a second
@@ -29,6 +30,7 @@ POLL_S = 0.25
 GC_THRESHOLDS = (100_000, 20, 100)
 MAX_PENDING_LINES = 10_000
 STALE_HEARTBEAT_S = 10.0  # a remote rank whose heartbeat stopped this long has died
+RECENT_OPS = 16  # per rank, kept by a viewer for its rank detail
 LOCAL_STALE_S = 3.0  # a viewer's confirmation that a local rank whose pid is gone died
 
 
@@ -65,6 +67,8 @@ class LiveDiagnosis:
         self._lines: deque[tuple[int | None, str]] = deque(maxlen=MAX_PENDING_LINES)
         self._scanner = _log_scanner()
         self.sampler = None
+        # a viewer's newest ops per rank (its rank detail); the owner keeps none
+        self.recent: dict[int, dict[int, Event]] | None = None if owner else {}
         # a viewer's reader of the owner's probe files
         self._sample_tail = None if owner else _sample_tail(self.run_dir)
         self._last_sample_t = None
@@ -138,7 +142,10 @@ class LiveDiagnosis:
 
     # --- one pass ----------------------------------------------------------------------
     def _step(self, now_s: float, final: bool = False) -> None:
-        self.engine.ingest(self.follower.poll(), now_s)
+        events = self.follower.poll()
+        if self.recent is not None:
+            self._remember(events)
+        self.engine.ingest(events, now_s)
         sample = self.sampler.latest() if self.sampler is not None else None
         if sample is not None and sample.t != self._last_sample_t:
             self._last_sample_t = sample.t
@@ -165,6 +172,18 @@ class LiveDiagnosis:
         if self.on_finding is not None:
             for f in changed:
                 self.on_finding(f)
+
+    def _remember(self, events) -> None:
+        """Each rank's newest ops by event number, for a viewer's rank detail; a
+        completion replaces the in-flight record of the same op."""
+        for ev in events:
+            if ev.kind == "span":
+                continue
+            ops = self.recent.setdefault(ev.rank, {})
+            ops[ev.index] = ev
+            if len(ops) > 2 * RECENT_OPS:
+                for index in sorted(ops)[:-RECENT_OPS]:
+                    del ops[index]
 
     def _check_alive(self, rank: int, header, now_s: float) -> None:
         """Without a launcher that reports exits: a closed log means the rank shut down; a

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field, replace
 
 from distdoctor.diagnosis.findings import FINDINGS_FILE, Finding, merge_findings, read_findings
 
+RECENT_SHOWN = 12  # a rank's newest ops in its detail
 HEARTBEAT_LATE_S = 3.0  # heartbeats come every second; this long without one is news
 
 
@@ -35,6 +36,20 @@ class RankRow:
     cpu_pct: float | None = None
     rss_bytes: int | None = None
     gpu: str | None = None  # "71 C 1980 MHz 96%", from the probe samples
+
+
+@dataclass(frozen=True)
+class OpRow:
+    """One of a rank's newest ops, for the dashboard's rank detail."""
+
+    index: int  # the rank's event number
+    op: str
+    group: str
+    seq: int
+    tensors: str  # "float32[1024]", the first few
+    status: str  # ok | error | timeout | in_flight
+    ms: float | None  # how long it took, or has been in flight so far
+    callsite: str | None
 
 
 @dataclass(frozen=True)
@@ -59,6 +74,7 @@ class JobSnapshot:
     findings: list[Finding]
     events: int  # events ingested so far
     notes: list[str] = field(default_factory=list)
+    recent: dict[int, list[OpRow]] = field(default_factory=dict)  # detail_rank's newest ops
 
     @property
     def counts(self) -> dict[str, int]:
@@ -90,6 +106,7 @@ class SnapshotTaker:
         self._written: list[Finding] = []
         self._written_mtime: int | None = None
         self._notes: list[str] = []
+        self.detail_rank: int | None = None  # whose newest ops the snapshot carries
 
     def take(self) -> JobSnapshot:
         live = self.live
@@ -102,6 +119,10 @@ class SnapshotTaker:
             groups = self._group_rows(engine)
             events = engine.ingested
             samples = list(engine.samples)[-64:]
+            ops = (live.recent or {}).get(self.detail_rank, {})
+            recent = ({self.detail_rank: [_op_row(ops[i], views.get(self.detail_rank))
+                                          for i in sorted(ops)[-RECENT_SHOWN:]]}
+                      if ops else {})
         ranks = _with_probes(ranks, samples)
         findings = _ordered(merge_findings(found, self._written_findings()))
         ranks = _with_stuck_lines(ranks, findings)
@@ -115,7 +136,8 @@ class SnapshotTaker:
             run_dir=str(live.run_dir), command=cmd if isinstance(cmd, str) else None,
             world_size=world, state=state, elapsed_s=_elapsed(meta), ranks=ranks,
             groups=groups, findings=findings,
-            events=events, notes=list(self._notes) + ([live.error] if live.error else []))
+            events=events, notes=list(self._notes) + ([live.error] if live.error else []),
+            recent=recent)
 
     # --- pieces ------------------------------------------------------------------------
     def _rank_rows(self, engine, views, now: float) -> list[RankRow]:
@@ -180,6 +202,16 @@ class SnapshotTaker:
         return self._written
 
 
+def _op_row(ev, view) -> OpRow:
+    tensors = ", ".join(f"{d}{list(shape)}" for shape, d in zip(ev.shapes[:2], ev.dtypes[:2],
+                                                                  strict=False))
+    if len(ev.shapes) > 2:
+        tensors += f", +{len(ev.shapes) - 2}"
+    ms = (ev.duration_ms if ev.t_end_ns is not None else
+          view.waited_s(ev) * 1e3 if view is not None else None)
+    return OpRow(ev.index, ev.op, ev.group, ev.seq, tensors, ev.status, ms, _site(ev.callsite))
+
+
 def _where(st, view, hb_age_s: float | None,
            hang_timeout_s: float) -> tuple[str, str, str | None]:
     """(state, what it is doing, call site) of one rank."""
@@ -197,8 +229,8 @@ def _where(st, view, hb_age_s: float | None,
         return state, f"{_op_text(latest)} for {waited:.1f} s", site
     since = ""
     if view.now_ns is not None and latest.t_end_ns:
-        since = f" {max(0.0, (view.now_ns - latest.t_end_ns) / 1e9):.1f} s ago"
-    return "running", f"outside collectives; last left {latest.op}{since}", site
+        since = f" for {max(0.0, (view.now_ns - latest.t_end_ns) / 1e9):.1f} s"
+    return "running", f"outside collectives{since}", site
 
 
 def _with_probes(rows: list[RankRow], samples: list) -> list[RankRow]:
@@ -240,9 +272,8 @@ def _with_stuck_lines(rows: list[RankRow], findings: list[Finding]) -> list[Rank
     for row in rows:
         cs = stuck.get(row.rank)
         if cs is not None and row.state in ("running", "no heartbeat"):
-            fn = f" in {cs['function']}" if cs.get("function") else ""
-            row = replace(row, callsite=_site(cs),
-                          where=f"{row.where}; stack at {_site(cs)}{fn}")
+            fn = f", in {cs['function']}" if cs.get("function") else ""
+            row = replace(row, callsite=_site(cs), where=f"{row.where}{fn}")
         out.append(row)
     return out
 
