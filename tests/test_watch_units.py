@@ -93,3 +93,12 @@ def test_rank_detail_lists_its_newest_ops_with_their_outcome():
     assert "broadcast #0 in 1" in lines[3] and "error 2.0 ms" in lines[3]
     assert "in flight 10.1 s" in lines[4]
     assert "no ops seen" in cells.rank_detail(_row(0), []).plain
+
+
+def test_the_default_backlog_shrinks_per_rank_on_large_jobs():
+    from distdoctor.tui.command import default_backlog
+
+    assert default_backlog(8) == 20_000
+    assert default_backlog(256) == 1_562  # 400,000 events in all
+    assert default_backlog(100_000) == 1_000
+    assert default_backlog(None) == 20_000

@@ -20,7 +20,16 @@ import sys
 
 from distdoctor.errors import UserError
 
-DEFAULT_BACKLOG = 20_000  # events per rank read from before the viewer started
+# Events read from before the viewer started: 20,000 per rank, and 400,000 in all at most
+# (the first pass reads them all before the first picture: ~2 s at the engine's pace)
+DEFAULT_BACKLOG = 20_000
+BACKLOG_BUDGET = 400_000
+
+
+def default_backlog(world_size) -> int:
+    if not isinstance(world_size, int) or world_size < 1:
+        return DEFAULT_BACKLOG
+    return max(1_000, min(DEFAULT_BACKLOG, BACKLOG_BUDGET // world_size))
 
 
 def register(sub) -> None:
@@ -32,8 +41,9 @@ def register(sub) -> None:
                    help="print one snapshot as text and exit (no terminal needed)")
     p.add_argument("--hang-timeout", type=float, metavar="S",
                    help="seconds in flight that make a hang (default: the run's, or 60)")
-    p.add_argument("--backlog", type=int, default=DEFAULT_BACKLOG, metavar="N",
-                   help=f"events per rank to read from before now ({DEFAULT_BACKLOG:,}; "
+    p.add_argument("--backlog", type=int, metavar="N",
+                   help=f"events per rank to read from before now ({DEFAULT_BACKLOG:,}, "
+                   f"fewer past {BACKLOG_BUDGET // DEFAULT_BACKLOG} ranks; "
                    f"0: only new ones)")
     p.add_argument("--refresh", type=float, default=0.5, metavar="S",
                    help="seconds between redraws (0.5)")
@@ -45,7 +55,7 @@ def run(args) -> int:
 
     if args.hang_timeout is not None and args.hang_timeout <= 0:
         raise UserError("watch: --hang-timeout must be positive", 2)
-    if args.backlog < 0:
+    if args.backlog is not None and args.backlog < 0:
         raise UserError("watch: --backlog must be 0 or more", 2)
     if args.refresh <= 0:
         raise UserError("watch: --refresh must be positive", 2)
@@ -57,9 +67,11 @@ def run(args) -> int:
     if hang_timeout is None:
         t = info.meta.get("hang_timeout_s")
         hang_timeout = float(t) if isinstance(t, (int, float)) and t > 0 else 60.0
+    backlog = (args.backlog if args.backlog is not None
+               else default_backlog(info.meta.get("world_size")))
     if args.once:
-        return _print_once(_viewer(info.path, hang_timeout, args.backlog))
-    show(info.path, hang_timeout, args.backlog, args.refresh)
+        return _print_once(_viewer(info.path, hang_timeout, backlog))
+    show(info.path, hang_timeout, backlog, args.refresh)
     return 0
 
 
