@@ -8,6 +8,7 @@ from __future__ import annotations
 from rich.text import Text
 
 from distdoctor.diagnosis.findings import Finding
+from distdoctor.diagnosis.report import site_text
 from distdoctor.diagnosis.snapshot import GroupRow, JobSnapshot, OpRow, RankRow
 
 STATE_STYLE = {
@@ -98,9 +99,7 @@ def finding_detail(f: Finding) -> Text:
         out.append(f"group {f.group}" + (f", seq {f.seq}" if f.seq is not None else "") + "\n",
                    style="dim")
     for cs in f.callsites[:12]:
-        where = f"{cs.get('file')}:{cs.get('line')}" if cs.get("file") else "unknown line"
-        fn = f" in {cs['function']}" if cs.get("function") else ""
-        out.append(f"  rank {cs.get('rank')}: {where}{fn}\n")
+        out.append(f"  {site_text(cs)}\n")
     if f.remedy:
         out.append("try: ", style="bold")
         out.append(f.remedy + "\n")

@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from distdoctor.cli import common
 from distdoctor.errors import UserError
 
 # Events read from before the viewer started: 20,000 per rank, and 400,000 in all at most
@@ -35,12 +36,10 @@ def default_backlog(world_size) -> int:
 def register(sub) -> None:
     p = sub.add_parser("watch", help="live dashboard of a running job", description=__doc__,
                        formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("run_dir", nargs="?", metavar="RUN_DIR",
-                   help="run directory (default: newest under ./distdoctor-runs)")
+    common.add_run_dir(p)
     p.add_argument("--once", action="store_true",
                    help="print one snapshot as text and exit (no terminal needed)")
-    p.add_argument("--hang-timeout", type=float, metavar="S",
-                   help="seconds in flight that make a hang (default: the run's, or 60)")
+    common.add_run_hang_timeout(p)
     p.add_argument("--backlog", type=int, metavar="N",
                    help=f"events per rank to read from before now ({DEFAULT_BACKLOG:,}, "
                    f"fewer past {BACKLOG_BUDGET // DEFAULT_BACKLOG} ranks; "
@@ -53,8 +52,7 @@ def register(sub) -> None:
 def run(args) -> int:
     from distdoctor.runlog.rundir import open_run_dir
 
-    if args.hang_timeout is not None and args.hang_timeout <= 0:
-        raise UserError("watch: --hang-timeout must be positive", 2)
+    common.check_hang_timeout(args.hang_timeout, "watch")
     if args.backlog is not None and args.backlog < 0:
         raise UserError("watch: --backlog must be 0 or more", 2)
     if args.refresh <= 0:
@@ -63,10 +61,7 @@ def run(args) -> int:
         raise UserError("watch: the dashboard needs a terminal; use --once to print one "
                         "snapshot", 2)
     info = open_run_dir(args.run_dir)
-    hang_timeout = args.hang_timeout
-    if hang_timeout is None:
-        t = info.meta.get("hang_timeout_s")
-        hang_timeout = float(t) if isinstance(t, (int, float)) and t > 0 else 60.0
+    hang_timeout = args.hang_timeout if args.hang_timeout is not None else info.hang_timeout_s
     backlog = (args.backlog if args.backlog is not None
                else default_backlog(info.meta.get("world_size")))
     if args.once:

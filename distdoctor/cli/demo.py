@@ -21,6 +21,7 @@ import argparse
 import shlex
 import sys
 
+from distdoctor.cli import common
 from distdoctor.errors import UserError
 
 
@@ -64,8 +65,7 @@ def run(args) -> int:
         raise UserError("demo: --nproc must be at least 1", 2)
     if args.steps < 1:
         raise UserError("demo: --steps must be at least 1", 2)
-    if args.hang_timeout <= 0:
-        raise UserError("demo: --hang-timeout must be positive", 2)
+    common.check_hang_timeout(args.hang_timeout, "demo")
     # gloo/NCCL's own timeout must be longer than distdoctor's, or the transport gives
     # up (with an error that names no culprit) before the hang is diagnosed
     transport_timeout = max(60.0, 3 * args.hang_timeout)
@@ -97,20 +97,13 @@ def _behind_dashboard(show, nproc: int, trainer: list[str], args) -> int:
     in front; quitting the dashboard (or closing the terminal) stops the job the way `run`
     stops one. Exit code: 0 when the user quit, else the job's."""
     import signal
-    from pathlib import Path
 
     from distdoctor.console import err_console
     from distdoctor.launch.background import BackgroundRun
     from distdoctor.runlog import rundir
     from distdoctor.runlog.follow import wait_for_run_dir
 
-    if args.run_dir:
-        run_dir = Path(args.run_dir)
-        if (run_dir / "run.json").exists():
-            raise UserError(f"demo: {run_dir} already holds a run; choose a new --run-dir")
-        run_dir.mkdir(parents=True, exist_ok=True)
-    else:
-        run_dir = rundir.new_run_dir()
+    run_dir = rundir.claim_run_dir(args.run_dir, "demo")
     log_path = run_dir / "job.log"
 
     def closed(signum, frame):  # the terminal went away, or a kill: stop the job too

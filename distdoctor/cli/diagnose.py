@@ -15,29 +15,26 @@ import argparse
 import json
 import sys
 
-from distdoctor.errors import UserError
+from distdoctor.cli import common
 
 
 def register(sub) -> None:
     p = sub.add_parser("diagnose", help="findings of a run (post-mortem)", description=__doc__,
                        formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("run_dir", nargs="?", metavar="RUN_DIR",
-                   help="run directory (default: newest under ./distdoctor-runs)")
+    common.add_run_dir(p)
     p.add_argument("--json", action="store_true", help="print findings as JSON")
     p.add_argument("--log", metavar="FILE", action="append",
                    help="scan a job log for NCCL/Gloo/c10d errors (repeatable)")
     p.add_argument("--fr-dump", metavar="PREFIX",
                    help="read PyTorch Flight Recorder dumps PREFIX<rank>")
-    p.add_argument("--hang-timeout", type=float, metavar="S",
-                   help="seconds in flight that make a hang (default: the run's, or 60)")
+    common.add_run_hang_timeout(p)
     p.set_defaults(func=run)
 
 
 def run(args) -> int:
     from distdoctor.diagnosis.findings import Finding
 
-    if args.hang_timeout is not None and args.hang_timeout <= 0:
-        raise UserError("diagnose: --hang-timeout must be positive", 2)
+    common.check_hang_timeout(args.hang_timeout, "diagnose")
     findings: list[Finding] = []
     notes: list[str] = []
     sources = []

@@ -16,12 +16,13 @@ from __future__ import annotations
 import argparse
 import sys
 
+from distdoctor.cli import common
+
 
 def register(sub) -> None:
     p = sub.add_parser("export", help="timeline for ui.perfetto.dev", description=__doc__,
                        formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("run_dir", nargs="?", metavar="RUN_DIR",
-                   help="run directory (default: newest under ./distdoctor-runs)")
+    common.add_run_dir(p)
     p.add_argument("--perfetto", metavar="FILE", required=True,
                    help="write a Chrome Trace Event JSON timeline to FILE ('-': stdout)")
     p.add_argument("--no-findings", action="store_true",

@@ -23,6 +23,7 @@ import time
 from collections import Counter
 from pathlib import Path
 
+from distdoctor.cli import common
 from distdoctor.console import err_console
 from distdoctor.errors import UserError
 
@@ -59,17 +60,10 @@ def run(args) -> int:
         raise UserError("run: no command given (distdoctor run [--nproc N] -- CMD ...)", 2)
     if args.nproc is not None and args.nproc < 1:
         raise UserError("run: --nproc must be at least 1", 2)
-    if args.hang_timeout <= 0:
-        raise UserError("run: --hang-timeout must be positive", 2)
+    common.check_hang_timeout(args.hang_timeout, "run")
     cmd = python_command(cmd)
 
-    if args.run_dir:
-        run_dir = Path(args.run_dir)
-        if (run_dir / "run.json").exists():
-            raise UserError(f"run: {run_dir} already holds a run; choose a new --run-dir")
-        (run_dir / "ranks").mkdir(parents=True, exist_ok=True)
-    else:
-        run_dir = rundir.new_run_dir()
+    run_dir = rundir.claim_run_dir(args.run_dir, "run")
     rundir.write_run_meta(run_dir, launcher="distdoctor run", command=cmd, nproc=args.nproc,
                           world_size=args.nproc, hang_timeout_s=args.hang_timeout,
                           on_hang=args.on_hang)

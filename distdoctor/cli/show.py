@@ -17,6 +17,7 @@ import os
 from collections import Counter
 from dataclasses import asdict
 
+from distdoctor.cli import common
 from distdoctor.errors import UserError
 
 CELL_WIDTH = 30
@@ -25,8 +26,7 @@ CELL_WIDTH = 30
 def register(sub) -> None:
     p = sub.add_parser("show", help="per-rank collective sequence", description=__doc__,
                        formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("run_dir", nargs="?", metavar="RUN_DIR",
-                   help="run directory (default: newest under ./distdoctor-runs)")
+    common.add_run_dir(p)
     p.add_argument("--rank", type=int, metavar="R", help="show only rank R, every op")
     p.add_argument("--last", type=int, metavar="N", help="only the last N rows")
     p.add_argument("--json", action="store_true", help="print events as JSON")

@@ -77,8 +77,7 @@ def diagnose_events(events: dict[int, list], headers: dict, exits: dict[int, Exi
 def diagnose_run(run: Run, hang_timeout_s: float | None = None) -> tuple[list[Finding], list[str]]:
     """Findings of a run, and notes on what is unknown (unreadable logs, lost events)."""
     if hang_timeout_s is None:
-        t = run.info.meta.get("hang_timeout_s")
-        hang_timeout_s = float(t) if isinstance(t, (int, float)) and t > 0 else 60.0
+        hang_timeout_s = run.info.hang_timeout_s
     exits, notes = read_exits(run.path)
     if (run.path / "exits.json").exists():  # the job is over: an unclosed log died
         for rank, header in run.headers.items():

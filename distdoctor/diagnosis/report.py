@@ -11,7 +11,8 @@ STYLE = {"error": "bold red", "warning": "bold yellow", "info": "bold cyan"}
 STACK_LINES = 25  # per rank in the full report; the JSON keeps them whole
 
 
-def _site(cs: dict) -> str:
+def site_text(cs: dict) -> str:
+    """A call-site entry of a finding as people read it: "rank 3: /abs/train.py:88 in step"."""
     where = f"{cs.get('file')}:{cs.get('line')}" if cs.get("file") else "unknown line"
     fn = f" in {cs['function']}" if cs.get("function") else ""
     return f"rank {cs.get('rank')}: {where}{fn}"
@@ -24,7 +25,7 @@ def live_line(f: Finding) -> Text:
     text.append(f.summary)
     culprit_sites = [c for c in f.callsites if c.get("rank") in f.ranks and c.get("file")]
     if culprit_sites:
-        text.append("\n    at " + "; ".join(_site(c) for c in culprit_sites[:3]), style="dim")
+        text.append("\n    at " + "; ".join(site_text(c) for c in culprit_sites[:3]), style="dim")
     return text
 
 
@@ -38,7 +39,7 @@ def print_report(findings: list[Finding], console, notes: list[str] = ()) -> Non
         if f.ranks:
             console.print(f"   culprit rank(s): {', '.join(map(str, f.ranks))}")
         for cs in f.callsites[:8]:
-            console.print(f"   [dim]at[/] {escape(_site(cs))}")
+            console.print(f"   [dim]at[/] {escape(site_text(cs))}")
         for rank, stack in sorted(f.stacks.items(), key=lambda kv: int(kv[0])):
             lines = stack.rstrip().splitlines()
             console.print(f"   [dim]stack of rank {rank}:[/]")

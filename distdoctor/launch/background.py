@@ -12,13 +12,12 @@ import json
 import os
 import signal
 import subprocess
+import sys
 from pathlib import Path
 
 
 class BackgroundRun:
     def __init__(self, run_dir: Path, run_args: list[str], log_path: Path):
-        import sys
-
         self.run_dir = run_dir
         cmd = [sys.executable, "-m", "distdoctor", "run", "--run-dir", str(run_dir), *run_args]
         with open(log_path, "w") as log:

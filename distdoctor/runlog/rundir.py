@@ -51,6 +51,18 @@ def new_run_dir(root: str | os.PathLike = DEFAULT_ROOT, tag: str | None = None) 
             path = base.with_name(f"{base.name}-{n}")
 
 
+def claim_run_dir(path: str | os.PathLike | None, who: str) -> Path:
+    """The run dir a new job writes: the one asked for, which must not hold a run yet
+    (created if missing), or a fresh one under DEFAULT_ROOT."""
+    if not path:
+        return new_run_dir()
+    run_dir = Path(path)
+    if (run_dir / "run.json").exists():
+        raise UserError(f"{who}: {run_dir} already holds a run; choose a new --run-dir")
+    (run_dir / "ranks").mkdir(parents=True, exist_ok=True)
+    return run_dir
+
+
 def write_json_atomic(path: str | os.PathLike, data: dict) -> None:
     """Write JSON so a concurrent reader sees the old file or the new one, never half."""
     path = Path(path)
@@ -94,6 +106,12 @@ class RunInfo:
     meta: dict  # run.json
     ranks: dict[int, dict]  # rank -> rank-NNNNN.json (may be empty for a rank that died early)
     ring_ranks: list[int]  # ranks that have an event log
+
+    @property
+    def hang_timeout_s(self) -> float:
+        """The hang timeout the run was started with, or the default of 60 s."""
+        t = self.meta.get("hang_timeout_s")
+        return float(t) if isinstance(t, (int, float)) and t > 0 else 60.0
 
 
 def open_run_dir(path: str | os.PathLike | None) -> RunInfo:
