@@ -141,8 +141,18 @@ class Engine:
 
     def heartbeat(self, rank: int, hb_ns: int, now_s: float) -> None:
         st = self._rank(rank)
-        if hb_ns and hb_ns != st.hb_ns:
-            st.hb_ns, st.hb_seen_s = hb_ns, now_s
+        if st.hb_seen_s is None or (hb_ns and hb_ns != st.hb_ns):  # first sight, or news
+            st.hb_ns, st.hb_seen_s = hb_ns or st.hb_ns, now_s
+
+    def heartbeat_age_s(self, rank: int, now_s: float) -> float | None:
+        """How old the rank's newest heartbeat is: exact for a rank on the engine's own
+        clock, else the time since it was seen to change; None before any was seen."""
+        st = self.ranks.get(rank)
+        if st is None:
+            return None
+        if rank in self.same_clock and st.hb_ns:
+            return now_s - st.hb_ns / 1e9
+        return None if st.hb_seen_s is None else now_s - st.hb_seen_s
 
     def exited(self, rank: int, info: ExitInfo) -> None:
         self._rank(rank).exit = info

@@ -60,7 +60,6 @@ class LiveDiagnosis:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
-        self._hb_changed: dict[int, tuple[int, float]] = {}
         self.host = socket.gethostname()
         self.error: str | None = None
         # the job's output lines, for the comm-error scanner (bounded: never hold the job)
@@ -195,15 +194,12 @@ class LiveDiagnosis:
         if header.closed:
             self.engine.exited(rank, ExitInfo(None, "closed"))
             return
-        seen = self._hb_changed.get(rank)
-        if seen is None or seen[0] != header.heartbeat_mono_ns:
-            seen = self._hb_changed[rank] = (header.heartbeat_mono_ns, now_s)
-        hb_age_s = now_s - seen[1]
         meta = self.follower.meta.get(rank) or {}
-        if meta.get("host") == self.host:
-            self.engine.same_clock.add(rank)
-            if header.heartbeat_mono_ns:  # one clock: the heartbeat's own age, exactly
-                hb_age_s = now_s - header.heartbeat_mono_ns / 1e9
+        local = meta.get("host") == self.host
+        if local:
+            self.engine.same_clock.add(rank)  # one clock: the heartbeat's age is exact
+        hb_age_s = self.engine.heartbeat_age_s(rank, now_s) or 0.0
+        if local:
             # A viewer may sit in another pid namespace on the same host (a sidecar
             # container): there every pid looks gone, so it also wants the heartbeat stopped.
             if not _pid_alive(meta.get("pid")) and (self.owner or hb_age_s > LOCAL_STALE_S):

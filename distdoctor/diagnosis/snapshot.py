@@ -107,6 +107,7 @@ class SnapshotTaker:
         self._written_mtime: int | None = None
         self._notes: list[str] = []
         self.detail_rank: int | None = None  # whose newest ops the snapshot carries
+        self._job: tuple[str | None, int | None, float | None] | None = None  # run.json
 
     def take(self) -> JobSnapshot:
         live = self.live
@@ -126,18 +127,29 @@ class SnapshotTaker:
         ranks = _with_probes(ranks, samples)
         findings = _ordered(merge_findings(found, self._written_findings()))
         ranks = _with_stuck_lines(ranks, findings)
-        meta = _run_meta(live.run_dir)
-        world = meta.get("world_size") if isinstance(meta.get("world_size"), int) else None
-        state = _job_state(live.run_dir, ranks, world)
-        cmd = meta.get("command")
-        if isinstance(cmd, list):
-            cmd = " ".join(map(str, cmd))
+        cmd, world, started = self._job_info()
         return JobSnapshot(
-            run_dir=str(live.run_dir), command=cmd if isinstance(cmd, str) else None,
-            world_size=world, state=state, elapsed_s=_elapsed(meta), ranks=ranks,
-            groups=groups, findings=findings,
+            run_dir=str(live.run_dir), command=cmd, world_size=world,
+            state=_job_state(live.run_dir, ranks, world),
+            elapsed_s=None if started is None else max(0.0, time.time() - started),
+            ranks=ranks, groups=groups, findings=findings,
             events=events, notes=list(self._notes) + ([live.error] if live.error else []),
             recent=recent)
+
+    def _job_info(self) -> tuple[str | None, int | None, float | None]:
+        """(command, world size, start time) from run.json, which is written once when
+        the job starts: read until it is there, then kept."""
+        if self._job is None:
+            meta = _run_meta(self.live.run_dir)
+            if not meta:
+                return None, None, None
+            cmd = meta.get("command")
+            if isinstance(cmd, list):
+                cmd = " ".join(map(str, cmd))
+            world = meta.get("world_size")
+            self._job = (cmd if isinstance(cmd, str) else None,
+                         world if isinstance(world, int) else None, _started(meta))
+        return self._job
 
     # --- pieces ------------------------------------------------------------------------
     def _rank_rows(self, engine, views, now: float) -> list[RankRow]:
@@ -155,9 +167,8 @@ class SnapshotTaker:
             for ev in (st.latest, st.last_done):
                 if ev is not None and ev.group not in self._groups:
                     self._groups[ev.group] = (ev.group_desc, ev.group_ranks)
-            hb_age = (now - st.hb_ns / 1e9 if r in engine.same_clock and st.hb_ns else
-                      now - st.hb_seen_s if st.hb_seen_s is not None else None)
-            state, where, site = _where(st, view, hb_age, engine.hang_timeout_s)
+            state, where, site = _where(st, view, engine.heartbeat_age_s(r, now),
+                                        engine.hang_timeout_s)
             score = engine.straggler.score(r)
             rows.append(RankRow(
                 rank=r, host=m.get("host"), pid=m.get("pid") if isinstance(m.get("pid"), int)
@@ -310,17 +321,17 @@ def _run_meta(run_dir) -> dict:
         return {}
 
 
-def _elapsed(meta: dict) -> float | None:
+def _started(meta: dict) -> float | None:
+    """The job's start (run.json's "created") as a Unix time."""
     created = meta.get("created")
     if not isinstance(created, str):
         return None
     from datetime import datetime
 
     try:
-        started = datetime.strptime(created, "%Y-%m-%dT%H:%M:%S%z").timestamp()
+        return datetime.strptime(created, "%Y-%m-%dT%H:%M:%S%z").timestamp()
     except ValueError:
         return None
-    return max(0.0, time.time() - started)
 
 
 def _job_state(run_dir, ranks: list[RankRow], world: int | None) -> str:
