@@ -49,6 +49,8 @@ class WatchApp(App):
         self.snapshot: JobSnapshot | None = None
         self._taking = False
         self._detail: tuple[str, int] = ("finding", 0)  # what the detail pane shows
+        # per table and row key, the (text, style) of each cell on screen
+        self._shown: dict[str, dict[str, tuple]] = {"ranks": {}, "groups": {}}
         self._finding_ids: list[tuple] = []  # which findings the table shows
         self._finding_texts: list[tuple] = []  # and what they say (a hang's wait grows)
 
@@ -101,10 +103,10 @@ class WatchApp(App):
         self.snapshot = snap
         self.query_one("#summary", Static).update(cells.header_line(snap))
         culprits = {r for f in snap.findings for r in f.ranks}
-        _fill(self.query_one("#ranks", DataTable),
+        _fill(self.query_one("#ranks", DataTable), self._shown["ranks"],
               [(str(r.rank), cells.rank_cells(r, culprits)) for r in snap.ranks],
               cells.RANK_COLUMNS)
-        _fill(self.query_one("#groups", DataTable),
+        _fill(self.query_one("#groups", DataTable), self._shown["groups"],
               [(g.group, cells.group_cells(g)) for g in snap.groups], cells.GROUP_COLUMNS)
         self._show_findings(snap)
 
@@ -143,9 +145,10 @@ class WatchApp(App):
         if not snap.findings:
             detail.update("no findings: every collective so far matched and completed "
                           "(select a rank to see its newest ops)")
-        elif 0 <= which < len(snap.findings) or what == "rank":
-            index = which if what == "finding" else 0
-            detail.update(cells.finding_detail(snap.findings[min(index, len(snap.findings) - 1)]))
+            return
+        index = which if what == "finding" else 0  # a rank gone from view: the first finding
+        detail.update(cells.finding_detail(snap.findings[min(max(index, 0),
+                                                             len(snap.findings) - 1)]))
 
     def on_data_table_row_highlighted(self, event: DataTable.RowHighlighted) -> None:
         table = event.data_table
@@ -155,12 +158,9 @@ class WatchApp(App):
             self._detail = ("finding", event.cursor_row)
         elif table.id == "ranks" and event.row_key is not None and event.row_key.value:
             self._detail = ("rank", int(event.row_key.value))
-            self._show_detail()
-            self._take()  # its ops come with the next snapshot: take it now
-            return
         else:
             return
-        self._show_detail()
+        self._follow_detail(table.id)
 
     # --- actions -----------------------------------------------------------------------
     def action_focus(self, table_id: str) -> None:
@@ -172,6 +172,9 @@ class WatchApp(App):
         elif table_id == "ranks" and table.row_count:
             key = table.coordinate_to_cell_key((table.cursor_row, 0)).row_key.value
             self._detail = ("rank", int(key))
+        self._follow_detail(table_id)
+
+    def _follow_detail(self, table_id: str) -> None:
         self._show_detail()
         if table_id == "ranks":
             self._take()  # the rank's ops come with the next snapshot: take it now
@@ -181,10 +184,11 @@ class WatchApp(App):
         self.sub_title = f"{self.taker.live.run_dir}" + ("  [paused]" if self.paused else "")
 
 
-def _fill(table: DataTable, rows: list[tuple[str, tuple]], columns: tuple[str, ...]) -> None:
+def _fill(table: DataTable, shown: dict[str, tuple], rows: list[tuple[str, tuple]],
+          columns: tuple[str, ...]) -> None:
     """Update rows in place by key (the cursor and scroll stay put), only the cells whose
-    text or colour changed; add new rows; drop rows that went away."""
-    shown: dict[str, tuple] = table.__dict__.setdefault("_dd_shown", {})
+    text or colour changed (`shown`: what each row's cells look like on screen, kept up to
+    date here); add new rows; drop rows that went away."""
     wanted = {key for key, _ in rows}
     for key in [k for k in shown if k not in wanted]:
         table.remove_row(key)
