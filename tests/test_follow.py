@@ -72,20 +72,32 @@ def test_a_completion_read_half_written_stays_in_flight(tmp_path):
     assert (done.status, done.t_end_ns) == ("ok", 5000)
 
 
-def test_missing_rank_metadata_is_retried_now_and_then_not_every_poll(tmp_path, monkeypatch):
+def test_missing_rank_metadata_is_retried_soon_then_less_often(tmp_path, monkeypatch):
     w = _writer(tmp_path, 0)
     rank_meta_path(tmp_path, 0).unlink()  # the rank has not written it yet
     clock = [100.0]
     monkeypatch.setattr("distdoctor.runlog.follow.time.monotonic", lambda: clock[0])
     follower = RunFollower(tmp_path)
     w.complete(_op(w, 0), F.STATUS_OK, 2000)
-    follower.poll()
-    assert follower.meta[0] == {}
+    tried_at = []
+    real_load = follower._load_meta
+
+    def counting_load(rank, now_too=False):
+        before = follower._meta_tried.get(rank)
+        real_load(rank, now_too)
+        if follower._meta_tried.get(rank) != before:
+            tried_at.append(clock[0] - 100.0)
+
+    monkeypatch.setattr(follower, "_load_meta", counting_load)
+    for _ in range(64):  # 8 s of polls every 1/8 s, the file never written
+        follower.poll()
+        clock[0] += 0.125
+    gaps = [b - a for a, b in zip(tried_at, tried_at[1:], strict=False)]
+    assert gaps[:4] == [0.25, 0.5, 1.0, 2.0] and set(gaps[4:]) == {2.0}, gaps
     rank_meta_path(tmp_path, 0).write_text(json.dumps({"rank": 0, "host": "h", "pid": 7}))
     follower.poll()
-    assert follower.meta[0] == {}  # not looked for again within RESCAN_S
-    clock[0] += 2.5
-    follower.poll()
+    assert follower.meta[0] == {}  # tried a moment ago
+    follower.poll(final=True)  # the last poll of a run looks once more
     assert follower.meta[0]["pid"] == 7
 
 
@@ -95,3 +107,26 @@ def test_a_backlog_starts_a_long_log_near_its_end(tmp_path):
         w.complete(_op(w, seq), F.STATUS_OK, 2000 + seq)
     assert [e.seq for e in RunFollower(tmp_path, backlog=3).poll()] == [7, 8, 9]
     assert [e.seq for e in RunFollower(tmp_path, backlog=0).poll()] == []
+
+
+def test_a_rank_dead_before_its_metadata_was_read_is_found_dead_by_the_last_pass(tmp_path):
+    """The live engine tells a dead local rank by its pid, from the rank's metadata. A
+    rank that wrote its metadata just after the follower first looked, and died before
+    the next look, must still be found dead when the run ends a moment later."""
+    import socket
+    import subprocess
+
+    from distdoctor.diagnosis.live import LiveDiagnosis
+
+    w = _writer(tmp_path, 0)
+    rank_meta_path(tmp_path, 0).unlink()
+    w.complete(_op(w, 0), F.STATUS_OK, 2000)
+    _op(w, 1)  # it died inside its next collective
+    live = LiveDiagnosis(tmp_path, hang_timeout_s=60)
+    live.pass_once()  # looked for the metadata: not there yet
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    rank_meta_path(tmp_path, 0).write_text(json.dumps(
+        {"rank": 0, "host": socket.gethostname(), "pid": gone.pid}))
+    crashes = [f for f in live.stop() if f.kind == "crash"]
+    assert [(f.ranks, f.details["how"]) for f in crashes] == [([0], "vanished")]

@@ -141,7 +141,7 @@ class LiveDiagnosis:
 
     # --- one pass ----------------------------------------------------------------------
     def _step(self, now_s: float, final: bool = False) -> None:
-        events = self.follower.poll()
+        events = self.follower.poll(final)
         if self.recent is not None:
             self._remember(events)
         self.engine.ingest(events, now_s)

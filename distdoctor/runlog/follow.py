@@ -21,6 +21,7 @@ from distdoctor.runlog.rundir import rank_meta_path, ring_path
 # completion must not make every poll slower.
 MAX_PENDING = 4096
 RESCAN_S = 2.0  # the ranks folder is listed at least this often (see _discover)
+META_RETRY_S = 0.25  # first retry of a rank's missing metadata; doubles up to RESCAN_S
 
 
 @dataclass
@@ -66,7 +67,7 @@ class RunFollower:
         self.unreadable: dict[int, str] = {}
         self.meta: dict[int, dict] = {}
         self._ranks_mtime = -1
-        self._meta_tried: dict[int, float] = {}
+        self._meta_tried: dict[int, tuple[float, int]] = {}  # rank -> (last try, tries)
         self._scanned_s = -math.inf
 
     def _discover(self) -> None:
@@ -103,26 +104,31 @@ class RunFollower:
                 self.unreadable[rank] = str(exc)  # maybe still being created: retry later
             self._load_meta(rank)
 
-    def _load_meta(self, rank: int) -> None:
-        """A rank's metadata; one not there yet (or half written) is tried again on a
-        later poll, at most every RESCAN_S (a rank that never writes it costs no more)."""
+    def _load_meta(self, rank: int, now_too: bool = False) -> None:
+        """A rank's metadata. A rank creates its log a moment before its metadata, so one
+        not there yet (or half written) is tried again soon, then less and less often, up
+        to every RESCAN_S (a rank that never writes it costs little). `now_too`: try even
+        if the last try was a moment ago (the last pass: who is local decides who died)."""
         import json
 
         now = time.monotonic()
-        if now - self._meta_tried.get(rank, -math.inf) < RESCAN_S:
+        last, tries = self._meta_tried.get(rank, (-math.inf, 0))
+        if not now_too and now - last < min(RESCAN_S, META_RETRY_S * 2 ** (tries - 1)):
             return
-        self._meta_tried[rank] = now
+        self._meta_tried[rank] = (now, tries + 1)
         try:
             self.meta[rank] = json.loads(rank_meta_path(self.run_dir, rank).read_text())
         except (OSError, ValueError):
             self.meta.setdefault(rank, {})
 
-    def poll(self) -> list[Event]:
+    def poll(self, final: bool = False) -> list[Event]:
+        """New events and completions. `final`: the last poll of a run (metadata still
+        missing is looked for once more, whenever it was last tried)."""
         self._discover()
         out: list[Event] = []
         for rank, feed in self.feeds.items():
             if not self.meta.get(rank):
-                self._load_meta(rank)
+                self._load_meta(rank, now_too=final)
             try:
                 feed.header = feed.log.header()
                 # completions of ops seen in flight
