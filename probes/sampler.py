@@ -210,7 +210,24 @@ class Sampler:
         return info
 
     def _write(self, line: str) -> None:
-        if self._file is not None and self._file.tell() + len(line) > self.max_bytes:
+        if self._file is None:
+            self._file = ProbeFile(self.path, self.host, self.interval_s, self.max_bytes)
+        self._file.write(line)
+
+
+class ProbeFile:
+    """A node's probe file, written line by line: the header line first, and at the cap
+    the file becomes ".1" (the sampler's own, and a collector's copy of another node's)."""
+
+    def __init__(self, path: Path, host: str, interval_s: float,
+                 max_bytes: int = DEFAULT_MAX_BYTES):
+        self.path, self.host, self.interval_s = path, host, interval_s
+        self.max_bytes = max_bytes
+        self._file = None
+
+    def write(self, lines: str) -> None:
+        """Whole lines, each ending in a newline."""
+        if self._file is not None and self._file.tell() + len(lines) > self.max_bytes:
             self._file.close()
             self._file = None
             os.replace(self.path, self.path.with_name(self.path.name + ".1"))
@@ -221,8 +238,13 @@ class Sampler:
                 self._file.write(json.dumps({"format": FORMAT, "version": VERSION,
                                              "host": self.host, "interval_s": self.interval_s,
                                              "started": time.time()}) + "\n")
-        self._file.write(line)
+        self._file.write(lines)
         self._file.flush()
+
+    def close(self) -> None:
+        if self._file is not None:
+            self._file.close()
+            self._file = None
 
 
 def _parse_line(line, path: Path) -> NodeSample | None:

@@ -4,6 +4,13 @@
   distdoctor watch RUN_DIR                 # a job started with `distdoctor run`, or one
                                            # that calls distdoctor.install() itself
   distdoctor watch RUN_DIR --once          # one snapshot as text (scripts, no terminal)
+  distdoctor watch --listen 0.0.0.0:7070   # every node of a multi-node job, each started
+                                           # with `distdoctor run --forward HEAD:7070`
+
+With --listen, this is the collector: the nodes' logs are copied into RUN_DIR (default: a
+new run dir), which it shows; without a terminal it prints findings as they come until
+stopped (a service on the head node). A non-loopback address needs $DISTDOCTOR_TOKEN,
+set alike on every node.
 
 It only reads the run dir: start and stop it at will, beside `distdoctor run` or from
 another shell; the job never notices. Keys: r/g/f focus ranks/groups/findings, arrows
@@ -44,6 +51,8 @@ def register(sub) -> None:
                    help=f"events per rank to read from before now ({DEFAULT_BACKLOG:,}, "
                    f"fewer past {BACKLOG_BUDGET // DEFAULT_BACKLOG} ranks; "
                    f"0: only new ones)")
+    p.add_argument("--listen", metavar="HOST:PORT",
+                   help="collect the logs `distdoctor run --forward` sends from each node")
     p.add_argument("--refresh", type=float, default=0.5, metavar="S",
                    help="seconds between redraws (0.5)")
     p.set_defaults(func=run)
@@ -57,7 +66,9 @@ def run(args) -> int:
         raise UserError("watch: --backlog must be 0 or more", 2)
     if args.refresh <= 0:
         raise UserError("watch: --refresh must be positive", 2)
-    if not args.once and not (sys.stdin.isatty() and sys.stdout.isatty()):
+    if args.listen:
+        return _collect(args)
+    if not args.once and not _on_terminal():
         raise UserError("watch: the dashboard needs a terminal; use --once to print one "
                         "snapshot", 2)
     info = open_run_dir(args.run_dir)
@@ -68,6 +79,58 @@ def run(args) -> int:
         return _print_once(_viewer(info.path, hang_timeout, backlog))
     show(info.path, hang_timeout, backlog, args.refresh)
     return 0
+
+
+def _on_terminal() -> bool:
+    return sys.stdin.isatty() and sys.stdout.isatty()
+
+
+def _collect(args) -> int:
+    """`watch --listen`: the collector, with the dashboard on a terminal, else as a
+    service printing findings until SIGTERM or Ctrl-C."""
+    import os
+    import signal
+    import threading
+
+    from distdoctor.collect.server import Collector, is_loopback, parse_address
+    from distdoctor.console import err_console
+    from distdoctor.diagnosis.report import live_line
+    from distdoctor.runlog import rundir
+
+    if args.once:
+        raise UserError("watch: --once reads a run dir; --listen collects one", 2)
+    host, port = parse_address(args.listen, "watch --listen")
+    token = os.environ.get("DISTDOCTOR_TOKEN") or None
+    if token is None and not is_loopback(host):
+        raise UserError(f"watch: listening on {host} (not loopback) needs a shared token: "
+                        f"set DISTDOCTOR_TOKEN here and on every node", 2)
+    hang_timeout = args.hang_timeout or 60.0
+    run_dir = rundir.claim_run_dir(args.run_dir, "watch --listen")
+    rundir.write_run_meta(run_dir, launcher="distdoctor watch --listen",
+                          command=["distdoctor", "watch", "--listen", args.listen],
+                          hang_timeout_s=hang_timeout)
+    collector = Collector(run_dir, (host, port), token,
+                          say=lambda line: err_console.print(f"distdoctor: {line}",
+                                                             highlight=False)).start()
+    where = f"{collector.address[0]}:{collector.address[1]}"
+    err_console.print(f"distdoctor: collecting on {where} into {run_dir}", highlight=False)
+    try:
+        if _on_terminal():
+            show(run_dir, hang_timeout, args.backlog or DEFAULT_BACKLOG, args.refresh)
+            return 0
+        done = threading.Event()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, lambda *_: done.set())
+        live = _viewer(run_dir, hang_timeout, args.backlog,
+                       on_finding=lambda f: err_console.print(live_line(f))).start()
+        done.wait()
+        live.leave()
+        return 0
+    finally:
+        collector.stop()
+        nodes = ", ".join(f"{h} ({n} connection(s))" for h, n in sorted(collector.nodes.items()))
+        err_console.print(f"distdoctor: collected {nodes or 'no node'} into {run_dir}",
+                          highlight=False)
 
 
 def show(run_dir, hang_timeout_s: float, backlog: int = DEFAULT_BACKLOG,
@@ -84,11 +147,11 @@ def show(run_dir, hang_timeout_s: float, backlog: int = DEFAULT_BACKLOG,
         live.leave()
 
 
-def _viewer(run_dir, hang_timeout_s: float, backlog: int):
+def _viewer(run_dir, hang_timeout_s: float, backlog: int | None, on_finding=None):
     from distdoctor.diagnosis.live import LiveDiagnosis
 
     return LiveDiagnosis(run_dir, hang_timeout_s, stacks="none", owner=False, backlog=backlog,
-                         exits=lambda: _exits(run_dir))
+                         exits=lambda: _exits(run_dir), on_finding=on_finding)
 
 
 def _exits(run_dir) -> dict[int, tuple[int | None, bool]]:

@@ -88,7 +88,7 @@ def run(args) -> int:
                       f"{' ' + shlex.quote(args.run_dir) if args.run_dir else ''}[/]")
     run_args = argparse.Namespace(nproc=nproc, run_dir=args.run_dir,
                                   hang_timeout=args.hang_timeout, on_hang=args.on_hang,
-                                  stacks="culprits", grace=5.0, cmd=trainer)
+                                  stacks="culprits", grace=5.0, forward=None, cmd=trainer)
     return run_cmd.run(run_args)
 
 

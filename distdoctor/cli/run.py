@@ -43,6 +43,9 @@ def register(sub) -> None:
     p.add_argument("--grace", type=float, default=5.0, metavar="S",
                    help="seconds the other ranks get after one fails, before they are "
                    "stopped (5)")
+    p.add_argument("--forward", metavar="HOST:PORT",
+                   help="also send this node's logs to a collector (`distdoctor watch "
+                   "--listen`) for a view of every node; token: $DISTDOCTOR_TOKEN")
     p.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- CMD ...",
                    help="the training command")
     p.set_defaults(func=run)
@@ -61,6 +64,11 @@ def run(args) -> int:
     if args.nproc is not None and args.nproc < 1:
         raise UserError("run: --nproc must be at least 1", 2)
     common.check_hang_timeout(args.hang_timeout, "run")
+    forward_to = None
+    if args.forward:
+        from distdoctor.collect.server import parse_address
+
+        forward_to = parse_address(args.forward, "run --forward")
     cmd = python_command(cmd)
 
     run_dir = rundir.claim_run_dir(args.run_dir, "run")
@@ -84,25 +92,33 @@ def run(args) -> int:
         live.stop()
         raise UserError(f"run: cannot start {cmd[0]!r}: {exc.strerror}") from None
     holder.append(job)
-    in_loop = _forward_signals(job)
+    forwarder = _start_forwarder(run_dir, forward_to, args) if forward_to else None
+
+    def stop_job(sig: int = signal.SIGTERM) -> None:
+        live.stopping()  # the ranks alive now are stopped by us, not crashed
+        job.stop(sig)
+
+    in_loop = _forward_signals(stop_job)
     stopped_for_hang = False
     terminated = None
     try:
         while job.poll():
             if args.on_hang == "kill" and _hang_found(live):
                 err_console.print("distdoctor: stopping the job (--on-hang kill)")
-                job.stop()
+                stop_job()
                 stopped_for_hang = True
                 break
             time.sleep(0.1)
     except KeyboardInterrupt:
         in_loop[0] = False
-        job.stop()
+        stop_job()
     except _Terminated as exc:
         terminated = exc.signum
     in_loop[0] = False
-    _write_exits(run_dir, job)
+    exits = _write_exits(run_dir, job, live)
     findings = live.stop()
+    if forwarder is not None:
+        forwarder.stop(exits)
     _summary(run_dir, job, findings)
     if terminated is not None:
         return 128 + terminated
@@ -136,7 +152,7 @@ class _Terminated(Exception):
         self.signum = signum
 
 
-def _forward_signals(job) -> list[bool]:
+def _forward_signals(stop_job) -> list[bool]:
     """SIGTERM (a scheduler's cancel, a user's kill) stops the ranks, then winds down as at
     the job's end: exit codes, the last diagnosis pass and the summary are still written.
     Returns the switch that says whether the job loop runs: only there is the signal
@@ -146,20 +162,36 @@ def _forward_signals(job) -> list[bool]:
     def handler(signum, frame):
         if in_loop[0]:
             in_loop[0] = False
-            job.stop(signum)
+            stop_job(signum)
             raise _Terminated(signum)
 
     signal.signal(signal.SIGTERM, handler)
     return in_loop
 
 
-def _write_exits(run_dir, job) -> None:
+def _start_forwarder(run_dir, address, args):
+    import os
+
+    from distdoctor.collect.forward import Forwarder
+
+    return Forwarder(run_dir, address, os.environ.get("DISTDOCTOR_TOKEN"), run_meta={
+        "hang_timeout_s": args.hang_timeout, "run_dir": str(run_dir)}).start()
+
+
+def _write_exits(run_dir, job, live) -> list[dict]:
+    """Exit codes per process. Under a wrapped launcher only the launcher's is known: the
+    ranks the live engine saw alive when distdoctor stopped the job are listed as
+    stopped, so a post-mortem does not take them for crashes."""
     from distdoctor.runlog import rundir
 
     exits = [{"rank": p.rank, "pid": p.popen.pid, "exit_code": p.exit_code,
               "signal": p.signal_name, "stopped_by_distdoctor": p.stopped} for p in job.procs]
+    known = {p.rank for p in job.procs}
+    exits += [{"rank": r, "pid": None, "exit_code": None, "signal": None,
+               "stopped_by_distdoctor": True} for r in live.stopped_ranks() if r not in known]
     rundir.write_json_atomic(Path(run_dir) / "exits.json",
                              {"stopped_by_distdoctor": job.stopped, "processes": exits})
+    return exits
 
 
 def _summary(run_dir, job, findings) -> None:

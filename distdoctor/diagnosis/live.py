@@ -98,6 +98,25 @@ class LiveDiagnosis:
             self.follower.close()
             return self.engine.findings()
 
+    def stopping(self) -> None:
+        """The owner is about to stop the job: a rank still alive now is stopped, not
+        crashed, whatever its launcher reports of it (a wrapped torchrun reports nothing
+        per rank). Ranks already gone are found so first."""
+        with self._lock:
+            now_s = time.monotonic()
+            for rank, header in self.follower.headers().items():
+                self._check_alive(rank, header, now_s)
+            for rank, st in self.engine.ranks.items():
+                if st.exit is None:
+                    self.engine.exited(rank, ExitInfo(None, "stopped"))
+
+    def stopped_ranks(self) -> list[int]:
+        """Ranks marked stopped by `stopping` (for exits.json)."""
+        with self._lock:
+            return sorted(r for r, st in self.engine.ranks.items()
+                          if st.exit is not None and st.exit.how == "stopped"
+                          and st.exit.code is None)
+
     def leave(self) -> None:
         """A viewer's stop: no last pass (it has no exits to add and writes nothing)."""
         self._stop.set()

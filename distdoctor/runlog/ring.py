@@ -23,7 +23,10 @@ DEFAULT_STRINGS_MIB = 4
 class RingWriter:
     """Appends fixed-size event records to a memory-mapped ring file."""
 
-    def __init__(self, path: str, rank: int, ring_bytes: int, strings_bytes: int):
+    def __init__(self, path: str, rank: int, ring_bytes: int, strings_bytes: int,
+                 pid: int | None = None):
+        """`pid`: the rank's process (a mirror of another host's log names the rank's, not
+        its own)."""
         self.path = path
         self.capacity = max(16, ring_bytes // F.SLOT_SIZE)
         self.strings_offset = F.HEADER_SIZE
@@ -39,7 +42,8 @@ class RingWriter:
             os.close(fd)
         F.HEADER_STATIC.pack_into(
             self._mm, 0, F.MAGIC, F.VERSION, F.HEADER_SIZE, F.SLOT_SIZE, self.capacity,
-            self.strings_offset, self.strings_size, self.ring_offset, rank, os.getpid(),
+            self.strings_offset, self.strings_size, self.ring_offset, rank,
+            os.getpid() if pid is None else pid,
         )
         self._events = itertools.count()  # next() is atomic under the GIL
         self._strings_used = 0
@@ -95,6 +99,36 @@ class RingWriter:
             F.U32.pack_into(mm, at + F.OFF_SLOT_ERROR, error_id)
         mm[at + F.OFF_SLOT_STATUS] = status
         F.I64.pack_into(mm, at + F.OFF_SLOT_END, t_end_ns)  # last: marks completion
+
+    # --- replication (a collector's copy of another host's log) ----------------------
+    def put_slot(self, e: int, record: bytes) -> None:
+        """Event `e`'s 128-byte slot as the rank wrote it; its number word is stored last,
+        as `append` does, so a reader of this copy never takes a half-copied slot."""
+        at = self.ring_offset + (e % self.capacity) * F.SLOT_SIZE
+        mm = self._mm
+        F.U64.pack_into(mm, at, 0)
+        mm[at + 8:at + F.SLOT_SIZE] = record[8:F.SLOT_SIZE]
+        mm[at:at + 8] = record[:8]
+
+    def put_strings(self, offset: int, data: bytes) -> None:
+        """Bytes of the rank's string table at `offset` (the counts follow in `put_state`)."""
+        self._mm[self.strings_offset + offset:self.strings_offset + offset + len(data)] = data
+
+    def put_state(self, head: int, strings_used: int, strings_count: int,
+                  strings_dropped: int, heartbeat_mono_ns: int, heartbeat_wall_ns: int,
+                  closed: bool) -> None:
+        """The header words; sent after the slots and strings they count."""
+        mm = self._mm
+        F.U64.pack_into(mm, F.OFF_STRINGS_USED, strings_used)
+        F.U64.pack_into(mm, F.OFF_STRINGS_COUNT, strings_count)
+        F.U64.pack_into(mm, F.OFF_STRINGS_DROPPED, strings_dropped)
+        F.U64.pack_into(mm, F.OFF_HEAD, head)
+        F.I64.pack_into(mm, F.OFF_HEARTBEAT_MONO, heartbeat_mono_ns)
+        F.I64.pack_into(mm, F.OFF_HEARTBEAT_WALL, heartbeat_wall_ns)
+        F.U64.pack_into(mm, F.OFF_CLOSED, 1 if closed else 0)
+
+    def close(self) -> None:
+        self._mm.close()
 
     # --- liveness ------------------------------------------------------------------
     def heartbeat(self) -> None:

@@ -1,0 +1,292 @@
+"""A node's side of multi-node collection: `distdoctor run --forward HOST:PORT` ships this
+node's run dir (its ranks' event logs, metadata, probe samples and exit codes) to the
+collector, which keeps a copy that `watch` and `diagnose` read like a local run dir.
+
+It runs in `distdoctor run`'s process, never in a rank: the ranks write their logs as
+always and the forwarder reads them the way the live engine does. The logs are the buffer:
+nothing is queued in memory, so a collector that is down or slow costs the job nothing;
+after a reconnect each log is sent again from its newest MIRROR_SLOTS events.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import socket
+import sys
+import time
+from pathlib import Path
+
+from distdoctor.collect import wire
+from distdoctor.runlog import format as F
+from distdoctor.runlog.rundir import rank_meta_path
+
+INTERVAL_S = 0.25
+RETRY_S = (0.5, 1, 2, 5)  # waits between connection attempts; the last repeats
+SEND_TIMEOUT_S = 5.0
+MAX_PENDING = 4096  # in-flight events whose completion is still to be sent, per rank
+
+
+class _Source:
+    """One rank's event log, read-only, and how much of it the collector has."""
+
+    def __init__(self, path: Path, rank: int):
+        self.path, self.rank = path, rank
+        with open(path, "rb") as fh:
+            st = os.fstat(fh.fileno())
+            if st.st_size < F.HEADER_SIZE:
+                raise ValueError("log still being created")
+            self.mm = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
+        self.inode = st.st_ino
+        (magic, version, _hs, slot_size, self.capacity, self.strings_offset,
+         self.strings_size, self.ring_offset, _rank, self.pid) = F.HEADER_STATIC.unpack_from(
+            self.mm, 0)
+        if magic != F.MAGIC or version > F.VERSION or slot_size != F.SLOT_SIZE or (
+                st.st_size < self.ring_offset + self.capacity * F.SLOT_SIZE):
+            self.mm.close()
+            raise ValueError("not a readable event log")
+        self.reset()
+        self.meta_mtime = None
+
+    def reset(self) -> None:
+        """The collector has nothing of this log (a new connection)."""
+        self.opened = False
+        self.sent_head = None
+        self.sent_strings = 0
+        self.pending: dict[int, None] = {}
+        self.stalled_at, self.stalls = -1, 0
+
+    def word(self, offset: int, fmt=F.U64) -> int:
+        return fmt.unpack_from(self.mm, offset)[0]
+
+    def slot(self, e: int) -> bytes:
+        at = self.ring_offset + (e % self.capacity) * F.SLOT_SIZE
+        return self.mm[at:at + F.SLOT_SIZE]
+
+    def close(self) -> None:
+        self.mm.close()
+
+
+class Forwarder:
+    def __init__(self, run_dir: str | os.PathLike, address: tuple[str, int],
+                 token: str | None = None, run_meta: dict | None = None):
+        import threading
+
+        self.run_dir = Path(run_dir)
+        self.address = address
+        self.token = token
+        self.run_meta = run_meta or {}
+        self.host = socket.gethostname()
+        self.sources: dict[int, _Source] = {}
+        self._sock: socket.socket | None = None
+        self._next_try_s = 0.0
+        self._failures = 0
+        self._said: set[str] = set()
+        self._samples = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="distdoctor-forward",
+                                        daemon=True)
+        self.sent_bytes = 0
+
+    def start(self) -> Forwarder:
+        self._thread.start()
+        return self
+
+    def stop(self, exits: list[dict] | None = None) -> None:
+        """A last pass (the final events and heartbeats), then the exit codes."""
+        self._stop.set()
+        if self._thread.ident is not None:
+            self._thread.join(timeout=30)
+        try:
+            self.tick(final=True)
+            if exits and self._sock is not None:
+                self._send(wire.json_frame(wire.EXITS, {"processes": exits}))
+        except OSError as exc:
+            self._lost(exc)
+        finally:
+            if self._sock is not None:
+                self._sock.close()
+            for src in self.sources.values():
+                src.close()
+
+    def _loop(self) -> None:
+        while not self._stop.wait(INTERVAL_S):
+            try:
+                self.tick()
+            except OSError as exc:
+                self._lost(exc)
+            except Exception as exc:  # never take `distdoctor run` (and the job) down
+                self._say("bug", f"forwarding stopped: {exc!r}")
+                return
+
+    # --- one pass ------------------------------------------------------------------
+    def tick(self, final: bool = False) -> None:
+        self._discover()
+        if self._sock is None and not self._connect(final):
+            return
+        for src in list(self.sources.values()):
+            self._forward_log(src)
+        self._forward_samples()
+
+    def _discover(self) -> None:
+        for path in (self.run_dir / "ranks").glob("rank-*.ring"):
+            try:
+                rank = int(path.stem.split("-", 1)[1])
+            except (IndexError, ValueError):
+                continue
+            old = self.sources.get(rank)
+            try:
+                if old is not None and os.stat(path).st_ino == old.inode:
+                    continue
+                src = _Source(path, rank)
+            except (OSError, ValueError):
+                continue  # being created: next pass
+            if old is not None:  # the rank restarted and made a new log
+                old.close()
+            self.sources[rank] = src
+
+    def _connect(self, final: bool) -> bool:
+        now = time.monotonic()
+        if now < self._next_try_s and not final:
+            return False
+        try:
+            sock = socket.create_connection(self.address, timeout=SEND_TIMEOUT_S)
+        except OSError as exc:
+            self._failures += 1
+            self._next_try_s = now + RETRY_S[min(self._failures, len(RETRY_S)) - 1]
+            self._say("connect", f"cannot reach the collector at {_where(self.address)} "
+                      f"({exc.strerror or exc}); the job goes on, retrying")
+            return False
+        sock.settimeout(SEND_TIMEOUT_S)
+        self._sock, self._failures = sock, 0
+        for src in self.sources.values():
+            src.reset()
+            src.meta_mtime = None
+        self._send(wire.json_frame(wire.HELLO, {
+            "format": wire.FORMAT, "version": wire.VERSION, "host": self.host,
+            "token": self.token, "run": self.run_meta}))
+        self._say("connected", f"forwarding to the collector at {_where(self.address)}")
+        return True
+
+    def _lost(self, exc: OSError) -> None:
+        if self._sock is not None:
+            self._sock.close()
+            self._sock = None
+        self._failures += 1
+        self._next_try_s = time.monotonic() + RETRY_S[min(self._failures, len(RETRY_S)) - 1]
+        self._say("lost", f"lost the collector at {_where(self.address)} "
+                  f"({exc.strerror or exc}); the job goes on, reconnecting")
+
+    def _send(self, data: bytes) -> None:
+        self._sock.sendall(data)
+        self.sent_bytes += len(data)
+
+    def _forward_log(self, src: _Source) -> None:
+        rank = src.rank
+        self._forward_meta(src)
+        if not src.opened:
+            self._send(wire.frame(wire.OPEN, wire.OPEN_BODY.pack(
+                src.capacity, src.strings_size, src.pid), rank))
+            src.opened = True
+        # strings first, then slots, then the header words that count them: the copy is
+        # never ahead of itself, as the rank's own log never is
+        used = min(src.word(F.OFF_STRINGS_USED), src.strings_size)
+        while src.sent_strings < used:
+            n = min(used - src.sent_strings, wire.MAX_PAYLOAD)
+            at = src.strings_offset + src.sent_strings
+            self._send(wire.frame(wire.STRINGS, src.mm[at:at + n], rank, src.sent_strings))
+            src.sent_strings += n
+        count = src.word(F.OFF_STRINGS_COUNT)
+        head = src.word(F.OFF_HEAD)
+        self._forward_new_slots(src, head)
+        self._forward_completions(src, head)
+        self._send(wire.frame(wire.STATE, wire.STATE_BODY.pack(
+            src.sent_head, src.sent_strings, count, src.word(F.OFF_STRINGS_DROPPED),
+            src.word(F.OFF_HEARTBEAT_MONO, F.I64), src.word(F.OFF_HEARTBEAT_WALL, F.I64),
+            1 if src.word(F.OFF_CLOSED) == 1 else 0), rank))
+
+    def _forward_meta(self, src: _Source) -> None:
+        path = rank_meta_path(self.run_dir, src.rank)
+        try:
+            mtime = os.stat(path).st_mtime_ns
+            if mtime == src.meta_mtime:
+                return
+            data = path.read_bytes()
+            wire.json_payload(wire.META, data)  # half written: next pass
+        except (OSError, wire.WireError):
+            return
+        self._send(wire.frame(wire.META, data, src.rank))
+        src.meta_mtime = mtime
+
+    def _forward_new_slots(self, src: _Source, head: int) -> None:
+        start = max(src.sent_head or 0, head - min(src.capacity, wire.MIRROR_SLOTS))
+        batch: list[bytes] = []
+        first = e = start
+        while e < head:
+            rec = src.slot(e)
+            if F.U64.unpack_from(rec, 0)[0] != e + 1:
+                # being written, or rewritten under a wrap: wait a pass or two, then skip
+                if src.stalled_at != e:
+                    src.stalled_at, src.stalls = e, 0
+                src.stalls += 1
+                if src.stalls < 3:
+                    break
+                self._send_slots(src.rank, first, batch)
+                batch, first, e = [], e + 1, e + 1
+                continue
+            batch.append(rec)
+            if F.I64.unpack_from(rec, F.OFF_SLOT_END)[0] == 0:
+                src.pending[e] = None
+            if len(batch) == wire.SLOTS_PER_FRAME:
+                self._send_slots(src.rank, first, batch)
+                batch, first = [], e + 1
+            e += 1
+        self._send_slots(src.rank, first, batch)
+        src.sent_head = e
+        while len(src.pending) > MAX_PENDING:
+            del src.pending[next(iter(src.pending))]
+
+    def _forward_completions(self, src: _Source, head: int) -> None:
+        for e in list(src.pending):
+            rec = src.slot(e)
+            if F.U64.unpack_from(rec, 0)[0] != e + 1:
+                del src.pending[e]  # overwritten: the ring wrapped past it
+            elif F.I64.unpack_from(rec, F.OFF_SLOT_END)[0] != 0:
+                del src.pending[e]
+                self._send_slots(src.rank, e, [rec])
+
+    def _send_slots(self, rank: int, first: int, batch: list[bytes]) -> None:
+        if batch:
+            self._send(wire.frame(wire.SLOTS, b"".join(batch), rank, first))
+
+    def _forward_samples(self) -> None:
+        import json
+
+        from distdoctor.probes.sampler import SampleTail
+
+        if self._samples is None:
+            self._samples = SampleTail(self.run_dir)
+        samples = self._samples.read_new()
+        if samples:
+            data = "".join(json.dumps(s.to_json()) + "\n" for s in samples).encode()
+            if len(data) > wire.MAX_PAYLOAD:  # only after a long disconnection: the newest
+                data = data[-wire.MAX_PAYLOAD:]
+                data = data[data.find(b"\n") + 1:]
+            self._send(wire.frame(wire.SAMPLES, data))
+
+    def _say(self, key: str, message: str) -> None:
+        """One line per kind of news, not one per pass: "connected" again only after a
+        loss, a loss again only after a connection."""
+        if key in self._said:
+            return
+        self._said.add(key)
+        if key == "connected":
+            self._said -= {"lost", "connect"}
+        elif key in ("lost", "connect"):
+            self._said.discard("connected")
+        print(f"distdoctor: {message}", file=sys.stderr)
+
+
+def _where(address: tuple[str, int]) -> str:
+    host, port = address
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"

@@ -1,0 +1,174 @@
+"""The collector's copy of every node's run dir, kept as one run dir: the forwarded frames
+are written back into the files they were read from (event logs in their own layout,
+rank metadata, probe files, exit codes), so `watch`, `diagnose` and `show` read the copy
+as they read a local run, with no code of their own for it.
+
+Every field is checked before anything is written: a node that sends what no forwarder
+sends is dropped (WireError) and what it sent before stays.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import threading
+from pathlib import Path
+
+from distdoctor.collect import wire
+from distdoctor.runlog import format as F
+from distdoctor.runlog.ring import RingWriter
+from distdoctor.runlog.rundir import rank_meta_path, ring_path, write_json_atomic
+
+MAX_RANK = 1 << 24
+MAX_STRINGS_BYTES = 64 << 20
+HOST_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,252}\Z")
+
+
+class Mirror:
+    """The copy: which node sends which rank, and the exit codes of all."""
+
+    def __init__(self, run_dir: str | Path):
+        self.run_dir = Path(run_dir)
+        (self.run_dir / "ranks").mkdir(parents=True, exist_ok=True)
+        self._lock = threading.Lock()
+        self._senders: dict[int, NodeMirror] = {}  # rank -> the node that sends it
+        self._rings: dict[int, tuple[tuple, RingWriter]] = {}  # rank -> (layout, copy)
+        self._exits: dict[int, dict] = {}
+
+    def ring_for(self, rank: int, node: NodeMirror, layout: tuple[int, int, int]) -> RingWriter:
+        """The copy of `rank`'s log that `node` writes. A node that reconnects writes on
+        into the same file (readers keep their place); a rank that made a new log (a
+        restart: another pid) gets a new file, put in place whole (never truncated
+        under a reader's map)."""
+        capacity, strings_size, pid = layout
+        with self._lock:
+            other = self._senders.get(rank)
+            # the same host again is the same node reconnecting (its old connection may
+            # not have timed out yet); another host sending the rank is a mistake
+            if (other is not None and other is not node and not other.closed
+                    and other.host != node.host):
+                raise wire.WireError(f"rank {rank} is already sent by node {other.host}")
+            self._senders[rank] = node
+            have = self._rings.get(rank)
+            if have is not None and have[0] == layout:
+                return have[1]
+            path = ring_path(self.run_dir, rank)
+            tmp = path.with_name(f".{path.name}.tmp")
+            ring = RingWriter(str(tmp), rank, min(capacity, wire.MIRROR_SLOTS) * F.SLOT_SIZE,
+                              strings_size, pid=pid)
+            os.replace(tmp, path)
+            if have is not None:
+                have[1].close()
+            self._rings[rank] = (layout, ring)
+            return ring
+
+    def close(self) -> None:
+        with self._lock:
+            for _, ring in self._rings.values():
+                ring.close()
+            self._rings.clear()
+
+    def add_exits(self, processes: list) -> None:
+        with self._lock:
+            for p in processes:
+                if isinstance(p, dict) and isinstance(p.get("rank"), int):
+                    self._exits[p["rank"]] = p
+            write_json_atomic(self.run_dir / "exits.json", {
+                "stopped_by_distdoctor": any(p.get("stopped_by_distdoctor")
+                                             for p in self._exits.values()),
+                "processes": [self._exits[r] for r in sorted(self._exits)]})
+
+
+class NodeMirror:
+    """One node's connection: applies its frames to the copy."""
+
+    def __init__(self, mirror: Mirror, hello: dict):
+        host = hello.get("host")
+        if not isinstance(host, str) or not HOST_NAME.match(host):
+            raise wire.WireError(f"HELLO names no usable host ({str(host)[:60]!r})")
+        self.mirror, self.host = mirror, host
+        self.rings: dict[int, RingWriter] = {}
+        self.closed = False
+        self._probes = None
+
+    def apply(self, kind: int, rank: int, arg: int, payload: bytes) -> None:
+        if kind == wire.SAMPLES:
+            return self._samples(payload)
+        if kind == wire.EXITS:
+            processes = wire.json_payload(kind, payload).get("processes")
+            if not isinstance(processes, list):
+                raise wire.WireError("EXITS frame has no list of processes")
+            return self.mirror.add_exits(processes)
+        if kind == wire.HELLO:
+            raise wire.WireError("a second HELLO")
+        if rank >= MAX_RANK:
+            raise wire.WireError(f"rank {rank} is out of range")
+        if kind == wire.META:
+            meta = wire.json_payload(kind, payload)
+            if meta.get("rank") != rank:
+                raise wire.WireError(f"META frame of rank {rank} describes rank "
+                                     f"{meta.get('rank')!r}")
+            write_json_atomic(rank_meta_path(self.mirror.run_dir, rank), meta)
+        elif kind == wire.OPEN:
+            self._open(rank, payload)
+        else:
+            ring = self.rings.get(rank)
+            if ring is None:
+                raise wire.WireError(f"{wire.NAMES[kind]} frame for rank {rank} before OPEN")
+            if kind == wire.STRINGS:
+                if arg + len(payload) > ring.strings_size:
+                    raise wire.WireError(f"STRINGS frame past rank {rank}'s string table")
+                ring.put_strings(arg, payload)
+            elif kind == wire.SLOTS:
+                self._slots(ring, rank, arg, payload)
+            elif kind == wire.STATE:
+                self._state(ring, rank, payload)
+
+    def _open(self, rank: int, payload: bytes) -> None:
+        if len(payload) != wire.OPEN_BODY.size:
+            raise wire.WireError("OPEN frame of the wrong size")
+        capacity, strings_size, pid = wire.OPEN_BODY.unpack(payload)
+        if not 16 <= capacity < 1 << 40 or not 4096 <= strings_size <= MAX_STRINGS_BYTES:
+            raise wire.WireError(f"OPEN frame of rank {rank} with an impossible layout")
+        self.rings[rank] = self.mirror.ring_for(rank, self, (capacity, strings_size, pid))
+
+    @staticmethod
+    def _slots(ring: RingWriter, rank: int, first: int, payload: bytes) -> None:
+        if not payload or len(payload) % F.SLOT_SIZE:
+            raise wire.WireError("SLOTS frame is not whole slots")
+        for i in range(len(payload) // F.SLOT_SIZE):
+            rec = payload[i * F.SLOT_SIZE:(i + 1) * F.SLOT_SIZE]
+            if F.U64.unpack_from(rec, 0)[0] != first + i + 1:
+                raise wire.WireError(f"SLOTS frame of rank {rank}: slot {i} does not hold "
+                                     f"event {first + i}")
+            ring.put_slot(first + i, rec)
+
+    @staticmethod
+    def _state(ring: RingWriter, rank: int, payload: bytes) -> None:
+        if len(payload) != wire.STATE_BODY.size:
+            raise wire.WireError("STATE frame of the wrong size")
+        head, used, count, dropped, hb_mono, hb_wall, closed = wire.STATE_BODY.unpack(payload)
+        if used > ring.strings_size:
+            raise wire.WireError(f"STATE frame of rank {rank} counts more strings than fit")
+        ring.put_state(head, used, count, dropped, hb_mono, hb_wall, bool(closed))
+
+    def _samples(self, payload: bytes) -> None:
+        try:
+            text = payload.decode()
+        except UnicodeDecodeError:
+            raise wire.WireError("SAMPLES frame is not UTF-8") from None
+        if not text.endswith("\n"):
+            raise wire.WireError("SAMPLES frame does not end a line")
+        if self._probes is None:
+            from distdoctor.probes.sampler import ProbeFile, samples_path
+
+            self._probes = ProbeFile(samples_path(self.mirror.run_dir, self.host),
+                                     self.host, interval_s=1.0)
+        self._probes.write(text)
+
+    def close(self) -> None:
+        """The connection ended; the copies of its logs stay (the Mirror closes them)."""
+        self.closed = True
+        self.rings.clear()
+        if self._probes is not None:
+            self._probes.close()

@@ -1,0 +1,129 @@
+"""The collector: accepts the nodes' forwarding streams and keeps their copy (mirror.py).
+
+One thread per node (a job has tens to hundreds of nodes; each sends a few hundred KiB/s
+at most). A node must say HELLO first, with the token when the collector has one; a node
+that sends a malformed frame, a wrong token, or nothing for IDLE_S is dropped with one
+line, and what it sent before stays.
+"""
+
+from __future__ import annotations
+
+import hmac
+import ipaddress
+import socket
+import threading
+from collections.abc import Callable
+from pathlib import Path
+
+from distdoctor.collect import wire
+from distdoctor.collect.mirror import Mirror, NodeMirror
+from distdoctor.errors import UserError
+
+IDLE_S = 60.0  # a node sends its logs' state 4 times a second: this much silence is loss
+HELLO_S = 10.0
+
+
+def parse_address(text: str, what: str) -> tuple[str, int]:
+    """HOST:PORT (or [IPv6]:PORT) into (host, port), or a one-line UserError."""
+    host, sep, port = text.rpartition(":")
+    host = host[1:-1] if host.startswith("[") and host.endswith("]") else host
+    if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise UserError(f"{what}: expected HOST:PORT, got {text!r}", 2)
+    return host, int(port)
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+class Collector:
+    def __init__(self, run_dir: str | Path, address: tuple[str, int], token: str | None,
+                 say: Callable[[str], None]):
+        self.mirror = Mirror(run_dir)
+        self.token = token
+        self.say = say
+        self.nodes: dict[str, int] = {}  # host -> connections so far (for tests, status)
+        self._lock = threading.Lock()
+        self._conns: set[socket.socket] = set()
+        self._stopping = False
+        try:
+            family = socket.AF_INET6 if ":" in address[0] else socket.AF_INET
+            self._listener = socket.create_server(address, family=family)
+        except OSError as exc:
+            raise UserError(f"watch: cannot listen on {address[0]}:{address[1]}: "
+                            f"{exc.strerror or exc}") from None
+        self.address = self._listener.getsockname()[:2]
+
+    def start(self) -> Collector:
+        threading.Thread(target=self._accept, name="distdoctor-collector",
+                         daemon=True).start()
+        return self
+
+    def stop(self) -> None:
+        self._stopping = True
+        self._listener.close()
+        with self._lock:
+            for conn in self._conns:
+                try:
+                    conn.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+        self.mirror.close()
+
+    def _accept(self) -> None:
+        while not self._stopping:
+            try:
+                conn, peer = self._listener.accept()
+            except OSError:
+                return  # closed by stop()
+            threading.Thread(target=self._serve, args=(conn, peer), daemon=True,
+                             name=f"distdoctor-node-{peer[0]}").start()
+
+    def _serve(self, conn: socket.socket, peer) -> None:
+        who = f"{peer[0]}:{peer[1]}"
+        node = None
+        with self._lock:
+            self._conns.add(conn)
+        try:
+            conn.settimeout(HELLO_S)
+            reader = conn.makefile("rb")
+            first = wire.read_frame(reader.read)
+            if first is None:
+                return
+            if first[0] != wire.HELLO:
+                raise wire.WireError("the first frame is not HELLO")
+            hello = wire.json_payload(wire.HELLO, first[3])
+            if hello.get("format") != wire.FORMAT:
+                raise wire.WireError("HELLO is not a distdoctor forwarder's")
+            if self.token is not None and not hmac.compare_digest(
+                    str(hello.get("token") or "").encode(), self.token.encode()):
+                self.say(f"refused {who}: wrong or missing token (DISTDOCTOR_TOKEN)")
+                return
+            node = NodeMirror(self.mirror, hello)
+            who = f"node {node.host} ({who})"
+            with self._lock:
+                self.nodes[node.host] = self.nodes.get(node.host, 0) + 1
+            self.say(f"{who} connected")
+            conn.settimeout(IDLE_S)
+            while (got := wire.read_frame(reader.read)) is not None:
+                node.apply(*got)
+            self.say(f"{who} finished")
+        except wire.WireError as exc:
+            self.say(f"dropped {who}: {exc}")
+        except OSError as exc:
+            if not self._stopping:
+                self.say(f"lost {who}: {exc.strerror or exc}")
+        except Exception as exc:  # a bug of ours: one node's stream, not the collector
+            if not self._stopping:
+                self.say(f"dropped {who}: {exc!r}")
+        finally:
+            if node is not None:
+                node.close()
+            with self._lock:
+                self._conns.discard(conn)
+            conn.close()

@@ -1,0 +1,94 @@
+"""The forwarding protocol: how a node's `distdoctor run --forward` ships its run dir to
+the collector (`distdoctor watch --listen`). One TCP stream per node, one-way, made of
+frames:
+
+    24-byte header  magic b"DDFW", version u8, type u8, reserved u16, rank u32,
+                    arg u64, length u32  (little-endian)
+    payload         `length` bytes (at most MAX_PAYLOAD)
+
+No pickle, nothing executed: payloads are JSON objects (HELLO, META, EXITS), UTF-8 JSON
+lines (SAMPLES) or the rank's event-log bytes in the event log's own layout (OPEN,
+STRINGS, SLOTS, STATE; see runlog/format.py). The collector checks every field before it
+writes anything, and drops a connection that sends a malformed frame.
+
+    HELLO    first frame: {"format", "version", "host", "token", "run": run.json's fields}
+    META     rank's metadata (ranks/rank-N.json)
+    OPEN     a rank's log appeared (or was recreated): capacity, string table size, pid
+    STRINGS  bytes of the rank's string table at offset `arg`
+    SLOTS    whole 128-byte slots, of events `arg`, `arg + 1`, ...
+    STATE    the rank's header words: head, string counts, heartbeat, closed
+    SAMPLES  the node's probe samples, whole lines
+    EXITS    exit statuses of the node's ranks, as in exits.json
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+
+from distdoctor.runlog import format as F
+
+MAGIC = b"DDFW"
+VERSION = 1
+FORMAT = "distdoctor-forward"
+FRAME = struct.Struct("<4sBBHIQI")
+MAX_PAYLOAD = 4 << 20
+
+HELLO, META, OPEN, STRINGS, SLOTS, STATE, SAMPLES, EXITS = range(1, 9)
+NAMES = {HELLO: "HELLO", META: "META", OPEN: "OPEN", STRINGS: "STRINGS", SLOTS: "SLOTS",
+         STATE: "STATE", SAMPLES: "SAMPLES", EXITS: "EXITS"}
+
+OPEN_BODY = struct.Struct("<QQI")  # capacity (slots), string table bytes, pid
+# head, strings used, strings count, strings dropped, heartbeat mono/wall ns, closed
+STATE_BODY = struct.Struct("<QQQQqqB")
+SLOTS_PER_FRAME = MAX_PAYLOAD // F.SLOT_SIZE
+# The collector's copy of a rank's log keeps its newest MIRROR_SLOTS events (4 MiB), and
+# a node sends at most that many of a log it has not sent yet: a copy has no holes for a
+# reader to stall on, and a collector of a thousand ranks stays within a few GiB.
+MIRROR_SLOTS = 32768
+
+
+class WireError(Exception):
+    """A frame that is not one of ours: the connection it came on is dropped."""
+
+
+def frame(kind: int, payload: bytes = b"", rank: int = 0, arg: int = 0) -> bytes:
+    return FRAME.pack(MAGIC, VERSION, kind, 0, rank, arg, len(payload)) + payload
+
+
+def json_frame(kind: int, value, rank: int = 0) -> bytes:
+    return frame(kind, json.dumps(value, separators=(",", ":")).encode(), rank)
+
+
+def read_frame(recv_exactly) -> tuple[int, int, int, bytes] | None:
+    """(type, rank, arg, payload), or None at a clean end of stream. `recv_exactly(n)`
+    returns n bytes, fewer only at the end of the stream."""
+    head = recv_exactly(FRAME.size)
+    if not head:
+        return None
+    if len(head) < FRAME.size:
+        raise WireError("stream ended inside a frame header")
+    magic, version, kind, _, rank, arg, length = FRAME.unpack(head)
+    if magic != MAGIC:
+        raise WireError("not a distdoctor forwarding stream")
+    if version > VERSION:
+        raise WireError(f"forwarding protocol version {version}; this distdoctor speaks "
+                        f"up to {VERSION}: upgrade the collector")
+    if kind not in NAMES:
+        raise WireError(f"unknown frame type {kind}")
+    if length > MAX_PAYLOAD:
+        raise WireError(f"{NAMES[kind]} frame of {length} bytes (at most {MAX_PAYLOAD})")
+    payload = recv_exactly(length) if length else b""
+    if len(payload) < length:
+        raise WireError(f"stream ended inside a {NAMES[kind]} frame")
+    return kind, rank, arg, payload
+
+
+def json_payload(kind: int, payload: bytes) -> dict:
+    try:
+        value = json.loads(payload)
+    except (ValueError, UnicodeDecodeError):
+        raise WireError(f"{NAMES[kind]} frame is not JSON") from None
+    if not isinstance(value, dict):
+        raise WireError(f"{NAMES[kind]} frame is not a JSON object")
+    return value

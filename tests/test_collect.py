@@ -1,0 +1,207 @@
+"""Multi-node collection: `distdoctor run --forward` on each node, `watch --listen` on the
+head node. Two "nodes" here are two torchrun launches (node ranks 0 and 1) on this host,
+each under its own `distdoctor run` with its own run dir; only the collector sees all."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from conftest import JOBS, _kill_ranks, marker_lines, run_cli
+
+from distdoctor.collect import wire
+from distdoctor.collect.server import Collector
+from distdoctor.launch.env import free_port
+from distdoctor.runlog import format as F
+from distdoctor.runlog.follow import RunFollower
+from distdoctor.runlog.ring import RingWriter
+from distdoctor.runlog.rundir import rank_meta_path, ring_path
+
+BUGS = JOBS / "bugs"
+
+
+def _start(args: list[str], env: dict | None = None) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "distdoctor", *args],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            stdin=subprocess.DEVNULL, start_new_session=True,
+                            env=dict(os.environ, PYTHONUNBUFFERED="1", **(env or {})))
+
+
+class Lines:
+    """A process's stderr, line by line, read in a thread (never blocks the test)."""
+
+    def __init__(self, proc: subprocess.Popen):
+        self.lines: list[str] = []
+        self._thread = threading.Thread(target=self._read, args=(proc.stderr,), daemon=True)
+        self._thread.start()
+
+    def _read(self, stream) -> None:
+        for raw in stream:
+            self.lines.append(raw.decode(errors="replace"))
+
+    def wait_for(self, text: str, timeout_s: float) -> str:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            for line in list(self.lines):
+                if text in line:
+                    return line
+            time.sleep(0.1)
+        raise AssertionError(f"no line with {text!r} within {timeout_s} s:\n"
+                             + "".join(self.lines))
+
+
+def _stop(proc: subprocess.Popen, sig=signal.SIGTERM, timeout_s: float = 30) -> int:
+    if proc.poll() is None:
+        proc.send_signal(sig)
+    try:
+        return proc.wait(timeout_s)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        return proc.wait()
+
+
+@pytest.mark.timeout(150)
+def test_the_collector_sees_every_node_and_names_the_rank_on_the_other_node(tmp_path):
+    """Rank 3 (node 1) spins outside any collective; ranks 0-2 wait in all_reduce. Node 0's
+    own engine cannot see rank 3; the collector, fed by both nodes, names it."""
+    port, master = free_port(), free_port()
+    copy = tmp_path / "copy"
+    collector = _start(["watch", "--listen", f"127.0.0.1:{port}", str(copy),
+                        "--hang-timeout", "5"])
+    said = Lines(collector)
+    nodes, node_dirs = [], []
+    try:
+        said.wait_for("collecting on", 30)
+        for node_rank in (0, 1):
+            run_dir = tmp_path / f"node{node_rank}"
+            node_dirs.append(run_dir)
+            nodes.append(_start([
+                "run", "--run-dir", str(run_dir), "--forward", f"127.0.0.1:{port}",
+                "--hang-timeout", "30", "--", sys.executable, "-m", "torch.distributed.run",
+                "--nnodes", "2", "--node-rank", str(node_rank), "--nproc-per-node", "2",
+                "--master-addr", "127.0.0.1", "--master-port", str(master),
+                str(BUGS / "stuck_outside.py")]))
+        line = said.wait_for("HANG", 90)
+        assert "rank 3 never joined" in line, line
+        # each node's own run dir holds only its own ranks
+        assert sorted(p.name for p in (node_dirs[1] / "ranks").glob("*.ring")) == [
+            "rank-00002.ring", "rank-00003.ring"]
+    finally:
+        for proc in nodes:
+            _stop(proc)
+        for run_dir in node_dirs:
+            _kill_ranks(run_dir)
+        code = _stop(collector)
+    assert code == 0, "".join(said.lines)
+    said.wait_for("collected", 10)
+    # the copy is a run dir like any other: all four ranks, and the same diagnosis after
+    assert sorted(p.name for p in (copy / "ranks").glob("*.ring")) == [
+        f"rank-{r:05d}.ring" for r in range(4)]
+    post = run_cli(["diagnose", str(copy), "--json", "--hang-timeout", "5"], timeout=60)
+    hangs = [f for f in json.loads(post.stdout)["findings"] if f["kind"] == "hang"]
+    assert [h["ranks"] for h in hangs] == [[3]], post.stdout
+    culprit = hangs[0]["callsites"][0]  # the line of rank 3's last collective
+    assert (culprit["rank"], culprit["line"]) == (3, marker_lines("bugs/stuck_outside.py")[
+        "others"]) and culprit["file"].endswith("stuck_outside.py")
+    assert "Traceback" not in "".join(said.lines)
+
+
+@pytest.mark.timeout(60)
+def test_a_job_whose_collector_is_down_runs_as_without_one(tmp_path):
+    closed = free_port()  # nobody listens there
+    proc = run_cli(["run", "--nproc", "2", "--run-dir", str(tmp_path / "run"), "--forward",
+                    f"127.0.0.1:{closed}", "--", str(JOBS / "all_ops.py")],
+                   timeout=50, run_dir=tmp_path / "run")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stderr.count("cannot reach the collector") == 1, proc.stderr
+    assert "Traceback" not in proc.stderr and "no findings" in proc.stderr
+
+
+# --- the collector against bad peers, in process ---------------------------------------
+
+def _ring_with_events(run_dir: Path, n: int) -> RingWriter:
+    (run_dir / "ranks").mkdir(parents=True)
+    w = RingWriter(str(ring_path(run_dir, 0)), 0, 64 * F.SLOT_SIZE, 4096)
+    rank_meta_path(run_dir, 0).write_text(json.dumps({"rank": 0, "host": "x", "pid": 1}))
+    for seq in range(n):
+        e = w.append(F.KIND_COLLECTIVE, F.OP_CODE["all_reduce"], 0, 0, 0, 0, seq, -1, 0, 1,
+                     1, 1000 + seq, 0, 0)
+        w.complete(e, F.STATUS_OK, 2000 + seq)
+    return w
+
+
+def _collector(tmp_path, token=None) -> tuple[Collector, list[str]]:
+    said: list[str] = []
+    return Collector(tmp_path / "copy", ("127.0.0.1", 0), token, said.append).start(), said
+
+
+def _until(predicate, timeout_s: float = 10) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.05)
+
+
+@pytest.mark.timeout(30)
+def test_a_malformed_frame_drops_its_node_and_keeps_what_it_sent(tmp_path):
+    from distdoctor.collect.forward import Forwarder
+
+    _ring_with_events(tmp_path / "node", 10)
+    collector, said = _collector(tmp_path)
+    try:
+        Forwarder(tmp_path / "node", collector.address).tick()
+        _until(lambda: len(RunFollower(tmp_path / "copy").poll()) == 10)
+        for bad, why in [
+                (b"GET / HTTP/1.1\r\n\r\n" + bytes(8), "not a distdoctor forwarding stream"),
+                (wire.json_frame(wire.META, {"rank": 0}), "first frame is not HELLO"),
+                (wire.json_frame(wire.HELLO, {"format": wire.FORMAT, "host": "h"})
+                 + wire.frame(wire.SLOTS, b"x" * 100, 0, 0), "before OPEN"),
+                (wire.json_frame(wire.HELLO, {"format": wire.FORMAT, "host": "../etc"}),
+                 "no usable host"),
+                (wire.json_frame(wire.HELLO, {"format": wire.FORMAT, "host": "h"})
+                 + wire.FRAME.pack(wire.MAGIC, 1, wire.SAMPLES, 0, 0, 0, 1 << 30),
+                 "at most")]:
+            with socket.create_connection(collector.address) as s:
+                s.sendall(bad)
+                _until(lambda why=why: any(why in line for line in said))
+        assert all("Traceback" not in line for line in said)
+        assert len(RunFollower(tmp_path / "copy").poll()) == 10  # nothing lost
+    finally:
+        collector.stop()
+
+
+@pytest.mark.timeout(30)
+def test_a_collector_with_a_token_refuses_a_node_without_it(tmp_path):
+    from distdoctor.collect.forward import Forwarder
+
+    _ring_with_events(tmp_path / "node", 3)
+    collector, said = _collector(tmp_path, token="s3cret")
+    try:
+        Forwarder(tmp_path / "node", collector.address, token="wrong").tick()
+        _until(lambda: any("wrong or missing token" in line for line in said))
+        assert not list((tmp_path / "copy" / "ranks").glob("*.ring"))
+        Forwarder(tmp_path / "node", collector.address, token="s3cret").tick()
+        _until(lambda: len(RunFollower(tmp_path / "copy").poll()) == 3)
+    finally:
+        collector.stop()
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("args, message", [
+    (["watch", "--listen", "10.1.2.3:7070"], "needs a shared token"),
+    (["watch", "--listen", "nonsense"], "expected HOST:PORT"),
+    (["watch", "--listen", "127.0.0.1:7070", "--once"], "--once reads a run dir"),
+    (["run", "--forward", "host:port", "--nproc", "1", "--", "x.py"], "expected HOST:PORT"),
+])
+def test_bad_collection_flags_get_one_line(args, message, tmp_path):
+    proc = run_cli(args, timeout=30, cwd=tmp_path)
+    assert proc.returncode == 2 and message in proc.stderr, proc.stderr
+    assert "Traceback" not in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
