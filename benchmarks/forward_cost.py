@@ -22,7 +22,7 @@ from diagnosis_ingest import RingJob, synthetic
 
 from distdoctor.collect import forward
 from distdoctor.collect.forward import Forwarder
-from distdoctor.collect.server import Collector
+from distdoctor.collect.server import Collector, listen
 from distdoctor.runlog import format as F
 from distdoctor.runlog.reader import RankLog
 from distdoctor.runlog.rundir import ring_path
@@ -35,7 +35,7 @@ def measure(ranks: int, rate: int, seconds: float) -> dict:
         total = int(rate * seconds) + rate
         job = RingJob(node, ranks, total)
         events = synthetic(ranks, total, in_flight=False)  # rank-interleaved, seq by seq
-        collector = Collector(copy, ("127.0.0.1", 0), None, say=lambda line: None).start()
+        collector = Collector(copy, listen(("127.0.0.1", 0)), None, say=lambda line: None).start()
         fwd = Forwarder(node, collector.address)
         written: list[tuple[int, float]] = []  # (events per rank written, when)
         stop = threading.Event()

@@ -18,7 +18,8 @@ import pytest
 from conftest import JOBS, _kill_ranks, marker_lines, run_cli
 
 from distdoctor.collect import wire
-from distdoctor.collect.server import Collector
+from distdoctor.collect.forward import Forwarder
+from distdoctor.collect.server import Collector, listen
 from distdoctor.launch.env import free_port
 from distdoctor.runlog import format as F
 from distdoctor.runlog.follow import RunFollower
@@ -138,9 +139,10 @@ def _ring_with_events(run_dir: Path, n: int) -> RingWriter:
     return w
 
 
-def _collector(tmp_path, token=None) -> tuple[Collector, list[str]]:
+def _collector(tmp_path, token=None, port=0) -> tuple[Collector, list[str]]:
     said: list[str] = []
-    return Collector(tmp_path / "copy", ("127.0.0.1", 0), token, said.append).start(), said
+    return Collector(tmp_path / "copy", listen(("127.0.0.1", port)), token,
+                     said.append).start(), said
 
 
 def _until(predicate, timeout_s: float = 10) -> None:
@@ -152,12 +154,12 @@ def _until(predicate, timeout_s: float = 10) -> None:
 
 @pytest.mark.timeout(30)
 def test_a_malformed_frame_drops_its_node_and_keeps_what_it_sent(tmp_path):
-    from distdoctor.collect.forward import Forwarder
-
     _ring_with_events(tmp_path / "node", 10)
     collector, said = _collector(tmp_path)
     try:
-        Forwarder(tmp_path / "node", collector.address).tick()
+        fwd = Forwarder(tmp_path / "node", collector.address)
+        fwd.tick()
+        fwd.stop()
         _until(lambda: len(RunFollower(tmp_path / "copy").poll()) == 10)
         for bad, why in [
                 (b"GET / HTTP/1.1\r\n\r\n" + bytes(8), "not a distdoctor forwarding stream"),
@@ -168,7 +170,8 @@ def test_a_malformed_frame_drops_its_node_and_keeps_what_it_sent(tmp_path):
                  "no usable host"),
                 (wire.json_frame(wire.HELLO, {"format": wire.FORMAT, "host": "h"})
                  + wire.FRAME.pack(wire.MAGIC, 1, wire.SAMPLES, 0, 0, 0, 1 << 30),
-                 "at most")]:
+                 "at most"),
+                (wire.FRAME.pack(wire.MAGIC, 1, wire.HELLO, 0, 0, 0, 1 << 20), "at most")]:
             with socket.create_connection(collector.address) as s:
                 s.sendall(bad)
                 _until(lambda why=why: any(why in line for line in said))
@@ -179,18 +182,59 @@ def test_a_malformed_frame_drops_its_node_and_keeps_what_it_sent(tmp_path):
 
 
 @pytest.mark.timeout(30)
-def test_a_collector_with_a_token_refuses_a_node_without_it(tmp_path):
-    from distdoctor.collect.forward import Forwarder
-
+def test_a_collector_with_a_token_refuses_a_node_without_it_and_the_node_backs_off(
+        tmp_path, capsys):
     _ring_with_events(tmp_path / "node", 3)
     collector, said = _collector(tmp_path, token="s3cret")
     try:
-        Forwarder(tmp_path / "node", collector.address, token="wrong").tick()
+        wrong = Forwarder(tmp_path / "node", collector.address, token="wrong")
+        for _ in range(5):  # the job's forwarder ticks 4 times a second
+            wrong.tick()
         _until(lambda: any("wrong or missing token" in line for line in said))
+        assert sum("wrong or missing token" in line for line in said) == 1  # backed off
+        for _ in range(3):
+            wrong.tick(final=True)  # tried regardless of the back-off: still one line
+        wrong.stop()
+        err = capsys.readouterr().err
+        assert err.count("refused this node: wrong or missing token") == 1, err
+        assert wrong._next_try_s - time.monotonic() > 20  # it waits before trying again
         assert not list((tmp_path / "copy" / "ranks").glob("*.ring"))
-        Forwarder(tmp_path / "node", collector.address, token="s3cret").tick()
+        right = Forwarder(tmp_path / "node", collector.address, token="s3cret")
+        right.tick()
+        right.stop()
         _until(lambda: len(RunFollower(tmp_path / "copy").poll()) == 3)
     finally:
+        collector.stop()
+
+
+@pytest.mark.timeout(60)
+def test_a_node_reconnects_after_its_link_drops_and_the_copy_catches_up(tmp_path):
+    """Events written while the link was down, and the completion of an op that was in
+    flight when it went, reach the copy after the reconnection; a reader of the copy
+    keeps its place."""
+    w = _ring_with_events(tmp_path / "node", 5)
+    pending = w.append(F.KIND_COLLECTIVE, F.OP_CODE["all_reduce"], 0, 0, 0, 0, 5, -1, 0, 1,
+                       1, 1005, 0, 0)
+    collector, said = _collector(tmp_path)
+    fwd = Forwarder(tmp_path / "node", collector.address).start()
+    try:
+        follower = RunFollower(tmp_path / "copy")
+        seen: list = []
+        _until(lambda: seen.extend(follower.poll()) or len(seen) == 6)
+        assert seen[-1].status == "in_flight"
+        with collector._lock:  # the link drops (a switch reboots)
+            for conn in collector._conns:
+                conn.shutdown(socket.SHUT_RDWR)
+        w.complete(pending, F.STATUS_OK, 3000)
+        for seq in range(6, 9):
+            w.complete(w.append(F.KIND_COLLECTIVE, F.OP_CODE["all_reduce"], 0, 0, 0, 0, seq,
+                                -1, 0, 1, 1, 1000 + seq, 0, 0), F.STATUS_OK, 2000 + seq)
+        _until(lambda: seen.extend(follower.poll()) or len(seen) >= 10, timeout_s=30)
+        done = {e.seq: e.status for e in seen if e.t_end_ns}
+        assert done == {seq: "ok" for seq in range(9)}, done
+        assert sum("connected" in line for line in said) == 2, said
+    finally:
+        fwd.stop()
         collector.stop()
 
 

@@ -130,3 +130,22 @@ def test_a_rank_dead_before_its_metadata_was_read_is_found_dead_by_the_last_pass
         {"rank": 0, "host": socket.gethostname(), "pid": gone.pid}))
     crashes = [f for f in live.stop() if f.kind == "crash"]
     assert [(f.ranks, f.details["how"]) for f in crashes] == [([0], "vanished")]
+
+
+def test_a_remote_rank_taken_for_dead_comes_back_when_its_heartbeat_does(tmp_path):
+    """A node's link to the collector (or a shared file system) stalls for longer than
+    the stale-heartbeat limit: its ranks look dead, and are alive again once it is back."""
+    from distdoctor.diagnosis.live import STALE_HEARTBEAT_S, LiveDiagnosis
+
+    w = _writer(tmp_path, 0)
+    rank_meta_path(tmp_path, 0).write_text(json.dumps(
+        {"rank": 0, "host": "another-node", "pid": 1}))
+    w.complete(_op(w, 0), F.STATUS_OK, 2000)
+    live = LiveDiagnosis(tmp_path, hang_timeout_s=60, owner=False)
+    live._step(100.0)
+    live._step(100.0 + STALE_HEARTBEAT_S + 1)
+    assert [f.kind for f in live.engine.findings()] == ["crash"]
+    w.heartbeat()  # the node is back
+    live._step(100.0 + STALE_HEARTBEAT_S + 2)
+    assert live.engine.findings() == [] and live.engine.ranks[0].exit is None
+    live.close()

@@ -92,7 +92,7 @@ def _collect(args) -> int:
     import signal
     import threading
 
-    from distdoctor.collect.server import Collector, is_loopback, parse_address
+    from distdoctor.collect.server import Collector, is_loopback, listen, parse_address
     from distdoctor.console import err_console
     from distdoctor.diagnosis.report import live_line
     from distdoctor.runlog import rundir
@@ -105,11 +105,12 @@ def _collect(args) -> int:
         raise UserError(f"watch: listening on {host} (not loopback) needs a shared token: "
                         f"set DISTDOCTOR_TOKEN here and on every node", 2)
     hang_timeout = args.hang_timeout or 60.0
+    listener = listen((host, port))
     run_dir = rundir.claim_run_dir(args.run_dir, "watch --listen")
     rundir.write_run_meta(run_dir, launcher="distdoctor watch --listen",
                           command=["distdoctor", "watch", "--listen", args.listen],
                           hang_timeout_s=hang_timeout)
-    collector = Collector(run_dir, (host, port), token,
+    collector = Collector(run_dir, listener, token,
                           say=lambda line: err_console.print(f"distdoctor: {line}",
                                                              highlight=False)).start()
     where = f"{collector.address[0]}:{collector.address[1]}"

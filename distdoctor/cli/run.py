@@ -105,6 +105,7 @@ def run(args) -> int:
         while job.poll():
             if args.on_hang == "kill" and _hang_found(live):
                 err_console.print("distdoctor: stopping the job (--on-hang kill)")
+                in_loop[0] = False  # a SIGTERM now must not stop the job a second time
                 stop_job()
                 stopped_for_hang = True
                 break

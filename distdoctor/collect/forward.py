@@ -14,6 +14,7 @@ import mmap
 import os
 import socket
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -22,7 +23,8 @@ from distdoctor.runlog import format as F
 from distdoctor.runlog.rundir import rank_meta_path
 
 INTERVAL_S = 0.25
-RETRY_S = (0.5, 1, 2, 5)  # waits between connection attempts; the last repeats
+RETRY_S = (0.5, 1, 2, 5, 10, 30)  # waits between connection attempts; the last repeats
+STABLE_S = 30.0  # a connection that lasted this long resets the waits and the messages
 SEND_TIMEOUT_S = 5.0
 MAX_PENDING = 4096  # in-flight events whose completion is still to be sent, per rank
 
@@ -59,6 +61,13 @@ class _Source:
     def word(self, offset: int, fmt=F.U64) -> int:
         return fmt.unpack_from(self.mm, offset)[0]
 
+    def remade(self) -> bool:
+        """The rank made its log anew in the same file (a restart: the writer truncates
+        it, so the inode stays): another pid, or fewer events or strings than sent."""
+        pid = F.HEADER_STATIC.unpack_from(self.mm, 0)[-1]
+        return pid != self.pid or self.word(F.OFF_HEAD) < (self.sent_head or 0) or (
+            self.word(F.OFF_STRINGS_USED) < self.sent_strings)
+
     def slot(self, e: int) -> bytes:
         at = self.ring_offset + (e % self.capacity) * F.SLOT_SIZE
         return self.mm[at:at + F.SLOT_SIZE]
@@ -70,8 +79,6 @@ class _Source:
 class Forwarder:
     def __init__(self, run_dir: str | os.PathLike, address: tuple[str, int],
                  token: str | None = None, run_meta: dict | None = None):
-        import threading
-
         self.run_dir = Path(run_dir)
         self.address = address
         self.token = token
@@ -79,8 +86,9 @@ class Forwarder:
         self.host = socket.gethostname()
         self.sources: dict[int, _Source] = {}
         self._sock: socket.socket | None = None
+        self._connected_s = 0.0
         self._next_try_s = 0.0
-        self._failures = 0
+        self._failures = 0  # attempts since the last connection that lasted STABLE_S
         self._said: set[str] = set()
         self._samples = None
         self._stop = threading.Event()
@@ -93,21 +101,27 @@ class Forwarder:
         return self
 
     def stop(self, exits: list[dict] | None = None) -> None:
-        """A last pass (the final events and heartbeats), then the exit codes."""
+        """A last pass (the final events and heartbeats), then the exit codes. Never
+        raises: `distdoctor run` still writes its summary and exits with the job's code."""
         self._stop.set()
         if self._thread.ident is not None:
-            self._thread.join(timeout=30)
+            self._thread.join(timeout=2 * SEND_TIMEOUT_S)
         try:
-            self.tick(final=True)
-            if exits and self._sock is not None:
-                self._send(wire.json_frame(wire.EXITS, {"processes": exits}))
+            if not self._thread.is_alive():  # never two writers on one socket
+                self.tick(final=True)
+                if exits and self._sock is not None:
+                    self._send(wire.json_frame(wire.EXITS, {"processes": exits}))
         except OSError as exc:
-            self._lost(exc)
+            self._say("final", f"the collector at {_where(self.address)} missed the job's "
+                      f"last events ({exc.strerror or exc})")
+        except Exception as exc:
+            self._say("bug", f"forwarding stopped: {exc!r}")
         finally:
             if self._sock is not None:
                 self._sock.close()
-            for src in self.sources.values():
-                src.close()
+            if not self._thread.is_alive():
+                for src in self.sources.values():
+                    src.close()
 
     def _loop(self) -> None:
         while not self._stop.wait(INTERVAL_S):
@@ -124,6 +138,9 @@ class Forwarder:
         self._discover()
         if self._sock is None and not self._connect(final):
             return
+        if self._failures and time.monotonic() - self._connected_s > STABLE_S:
+            self._failures = 0
+            self._said.clear()  # news again from now on
         for src in list(self.sources.values()):
             self._forward_log(src)
         self._forward_samples()
@@ -136,7 +153,8 @@ class Forwarder:
                 continue
             old = self.sources.get(rank)
             try:
-                if old is not None and os.stat(path).st_ino == old.inode:
+                if (old is not None and os.stat(path).st_ino == old.inode
+                        and not old.remade()):
                     continue
                 src = _Source(path, rank)
             except (OSError, ValueError):
@@ -152,28 +170,48 @@ class Forwarder:
         try:
             sock = socket.create_connection(self.address, timeout=SEND_TIMEOUT_S)
         except OSError as exc:
-            self._failures += 1
-            self._next_try_s = now + RETRY_S[min(self._failures, len(RETRY_S)) - 1]
+            self._back_off()
             self._say("connect", f"cannot reach the collector at {_where(self.address)} "
                       f"({exc.strerror or exc}); the job goes on, retrying")
             return False
-        sock.settimeout(SEND_TIMEOUT_S)
-        self._sock, self._failures = sock, 0
+        try:
+            sock.settimeout(SEND_TIMEOUT_S)
+            sock.sendall(wire.json_frame(wire.HELLO, {
+                "format": wire.FORMAT, "version": wire.VERSION, "host": self.host,
+                "token": self.token, "run": self.run_meta}))
+            verdict = wire.read_frame(sock.makefile("rb").read)
+        except (OSError, wire.WireError) as exc:
+            sock.close()
+            self._back_off()
+            self._say("connect", f"the collector at {_where(self.address)} did not answer "
+                      f"({exc}); the job goes on, retrying")
+            return False
+        if verdict is None or verdict[0] != wire.WELCOME:
+            sock.close()
+            why = "closed the connection"
+            if verdict is not None and verdict[0] == wire.REFUSED:
+                why = str(wire.json_payload(wire.REFUSED, verdict[3]).get("why"))[:200]
+            self._back_off(RETRY_S[-1])
+            self._say("refused", f"the collector at {_where(self.address)} refused this "
+                      f"node: {why}; the job goes on")
+            return False
+        self._sock, self._connected_s = sock, now
         for src in self.sources.values():
             src.reset()
             src.meta_mtime = None
-        self._send(wire.json_frame(wire.HELLO, {
-            "format": wire.FORMAT, "version": wire.VERSION, "host": self.host,
-            "token": self.token, "run": self.run_meta}))
         self._say("connected", f"forwarding to the collector at {_where(self.address)}")
         return True
+
+    def _back_off(self, at_least_s: float = 0.0) -> None:
+        self._failures += 1
+        wait = RETRY_S[min(self._failures, len(RETRY_S)) - 1]
+        self._next_try_s = time.monotonic() + max(wait, at_least_s)
 
     def _lost(self, exc: OSError) -> None:
         if self._sock is not None:
             self._sock.close()
             self._sock = None
-        self._failures += 1
-        self._next_try_s = time.monotonic() + RETRY_S[min(self._failures, len(RETRY_S)) - 1]
+        self._back_off()
         self._say("lost", f"lost the collector at {_where(self.address)} "
                   f"({exc.strerror or exc}); the job goes on, reconnecting")
 
@@ -188,8 +226,10 @@ class Forwarder:
             self._send(wire.frame(wire.OPEN, wire.OPEN_BODY.pack(
                 src.capacity, src.strings_size, src.pid), rank))
             src.opened = True
-        # strings first, then slots, then the header words that count them: the copy is
-        # never ahead of itself, as the rank's own log never is
+        # the head first: the rank adds a string before the event that uses it, so the
+        # strings read after the head cover every event up to it. Sent in the rank's
+        # order, strings, then slots, then the header words that count them.
+        head = src.word(F.OFF_HEAD)
         used = min(src.word(F.OFF_STRINGS_USED), src.strings_size)
         while src.sent_strings < used:
             n = min(used - src.sent_strings, wire.MAX_PAYLOAD)
@@ -197,7 +237,6 @@ class Forwarder:
             self._send(wire.frame(wire.STRINGS, src.mm[at:at + n], rank, src.sent_strings))
             src.sent_strings += n
         count = src.word(F.OFF_STRINGS_COUNT)
-        head = src.word(F.OFF_HEAD)
         self._forward_new_slots(src, head)
         self._forward_completions(src, head)
         self._send(wire.frame(wire.STATE, wire.STATE_BODY.pack(
@@ -235,7 +274,7 @@ class Forwarder:
                 batch, first, e = [], e + 1, e + 1
                 continue
             batch.append(rec)
-            if F.I64.unpack_from(rec, F.OFF_SLOT_END)[0] == 0:
+            if not _finished(rec):
                 src.pending[e] = None
             if len(batch) == wire.SLOTS_PER_FRAME:
                 self._send_slots(src.rank, first, batch)
@@ -247,11 +286,12 @@ class Forwarder:
             del src.pending[next(iter(src.pending))]
 
     def _forward_completions(self, src: _Source, head: int) -> None:
+        oldest = src.sent_head - wire.MIRROR_SLOTS  # older ones are gone from the copy
         for e in list(src.pending):
             rec = src.slot(e)
-            if F.U64.unpack_from(rec, 0)[0] != e + 1:
-                del src.pending[e]  # overwritten: the ring wrapped past it
-            elif F.I64.unpack_from(rec, F.OFF_SLOT_END)[0] != 0:
+            if e < oldest or F.U64.unpack_from(rec, 0)[0] != e + 1:
+                del src.pending[e]  # past the copy's window, or overwritten here
+            elif _finished(rec):
                 del src.pending[e]
                 self._send_slots(src.rank, e, [rec])
 
@@ -275,16 +315,19 @@ class Forwarder:
             self._send(wire.frame(wire.SAMPLES, data))
 
     def _say(self, key: str, message: str) -> None:
-        """One line per kind of news, not one per pass: "connected" again only after a
-        loss, a loss again only after a connection."""
+        """One line per kind of news until a connection has lasted STABLE_S: a collector
+        that refuses or drops this node is not reported on every retry."""
         if key in self._said:
             return
         self._said.add(key)
-        if key == "connected":
-            self._said -= {"lost", "connect"}
-        elif key in ("lost", "connect"):
-            self._said.discard("connected")
         print(f"distdoctor: {message}", file=sys.stderr)
+
+
+def _finished(rec: bytes) -> bool:
+    """Both halves of the completion are in (status, then end time: a slot copied
+    between the two stores is not finished yet)."""
+    return (rec[F.OFF_SLOT_STATUS] != F.STATUS_IN_FLIGHT
+            and F.I64.unpack_from(rec, F.OFF_SLOT_END)[0] != 0)
 
 
 def _where(address: tuple[str, int]) -> str:

@@ -20,6 +20,8 @@ from distdoctor.runlog.ring import RingWriter
 from distdoctor.runlog.rundir import rank_meta_path, ring_path, write_json_atomic
 
 MAX_RANK = 1 << 24
+MAX_RANKS_PER_NODE = 1024  # a node has a few GPUs; the cap bounds one node's share of disk
+MAX_EXITS = 1 << 20
 MAX_STRINGS_BYTES = 64 << 20
 HOST_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,252}\Z")
 
@@ -71,7 +73,8 @@ class Mirror:
     def add_exits(self, processes: list) -> None:
         with self._lock:
             for p in processes:
-                if isinstance(p, dict) and isinstance(p.get("rank"), int):
+                if (isinstance(p, dict) and isinstance(p.get("rank"), int)
+                        and (p["rank"] in self._exits or len(self._exits) < MAX_EXITS)):
                     self._exits[p["rank"]] = p
             write_json_atomic(self.run_dir / "exits.json", {
                 "stopped_by_distdoctor": any(p.get("stopped_by_distdoctor")
@@ -88,6 +91,7 @@ class NodeMirror:
             raise wire.WireError(f"HELLO names no usable host ({str(host)[:60]!r})")
         self.mirror, self.host = mirror, host
         self.rings: dict[int, RingWriter] = {}
+        self.heads: dict[int, int] = {}  # rank -> the head its last STATE gave
         self.closed = False
         self._probes = None
 
@@ -120,9 +124,9 @@ class NodeMirror:
                     raise wire.WireError(f"STRINGS frame past rank {rank}'s string table")
                 ring.put_strings(arg, payload)
             elif kind == wire.SLOTS:
-                self._slots(ring, rank, arg, payload)
+                self._slots(ring, rank, arg, payload, self.heads.get(rank, 0))
             elif kind == wire.STATE:
-                self._state(ring, rank, payload)
+                self.heads[rank] = self._state(ring, rank, payload)
 
     def _open(self, rank: int, payload: bytes) -> None:
         if len(payload) != wire.OPEN_BODY.size:
@@ -130,10 +134,12 @@ class NodeMirror:
         capacity, strings_size, pid = wire.OPEN_BODY.unpack(payload)
         if not 16 <= capacity < 1 << 40 or not 4096 <= strings_size <= MAX_STRINGS_BYTES:
             raise wire.WireError(f"OPEN frame of rank {rank} with an impossible layout")
+        if rank not in self.rings and len(self.rings) >= MAX_RANKS_PER_NODE:
+            raise wire.WireError(f"more than {MAX_RANKS_PER_NODE} ranks from one node")
         self.rings[rank] = self.mirror.ring_for(rank, self, (capacity, strings_size, pid))
 
     @staticmethod
-    def _slots(ring: RingWriter, rank: int, first: int, payload: bytes) -> None:
+    def _slots(ring: RingWriter, rank: int, first: int, payload: bytes, head: int) -> None:
         if not payload or len(payload) % F.SLOT_SIZE:
             raise wire.WireError("SLOTS frame is not whole slots")
         for i in range(len(payload) // F.SLOT_SIZE):
@@ -141,16 +147,18 @@ class NodeMirror:
             if F.U64.unpack_from(rec, 0)[0] != first + i + 1:
                 raise wire.WireError(f"SLOTS frame of rank {rank}: slot {i} does not hold "
                                      f"event {first + i}")
-            ring.put_slot(first + i, rec)
+            if first + i + ring.capacity > head:  # older: its slot holds a newer event
+                ring.put_slot(first + i, rec)
 
     @staticmethod
-    def _state(ring: RingWriter, rank: int, payload: bytes) -> None:
+    def _state(ring: RingWriter, rank: int, payload: bytes) -> int:
         if len(payload) != wire.STATE_BODY.size:
             raise wire.WireError("STATE frame of the wrong size")
         head, used, count, dropped, hb_mono, hb_wall, closed = wire.STATE_BODY.unpack(payload)
         if used > ring.strings_size:
             raise wire.WireError(f"STATE frame of rank {rank} counts more strings than fit")
         ring.put_state(head, used, count, dropped, hb_mono, hb_wall, bool(closed))
+        return head
 
     def _samples(self, payload: bytes) -> None:
         try:

@@ -12,6 +12,7 @@ import hmac
 import ipaddress
 import socket
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -20,7 +21,8 @@ from distdoctor.collect.mirror import Mirror, NodeMirror
 from distdoctor.errors import UserError
 
 IDLE_S = 60.0  # a node sends its logs' state 4 times a second: this much silence is loss
-HELLO_S = 10.0
+HELLO_S = 10.0  # from connecting to a whole HELLO: a peer that dribbles is dropped
+MAX_CONNECTIONS = 1024
 
 
 def parse_address(text: str, what: str) -> tuple[str, int]:
@@ -41,32 +43,44 @@ def is_loopback(host: str) -> bool:
         return False
 
 
+def listen(address: tuple[str, int]) -> socket.socket:
+    """The collector's socket (bound before anything is written: a port in use leaves no
+    run dir behind)."""
+    try:
+        family = socket.AF_INET6 if ":" in address[0] else socket.AF_INET
+        return socket.create_server(address, family=family)
+    except OSError as exc:
+        raise UserError(f"watch: cannot listen on {address[0]}:{address[1]}: "
+                        f"{exc.strerror or exc}") from None
+
+
 class Collector:
-    def __init__(self, run_dir: str | Path, address: tuple[str, int], token: str | None,
+    def __init__(self, run_dir: str | Path, listener: socket.socket, token: str | None,
                  say: Callable[[str], None]):
         self.mirror = Mirror(run_dir)
         self.token = token
         self.say = say
-        self.nodes: dict[str, int] = {}  # host -> connections so far (for tests, status)
+        self.nodes: dict[str, int] = {}  # host -> connections so far
         self._lock = threading.Lock()
         self._conns: set[socket.socket] = set()
         self._stopping = False
-        try:
-            family = socket.AF_INET6 if ":" in address[0] else socket.AF_INET
-            self._listener = socket.create_server(address, family=family)
-        except OSError as exc:
-            raise UserError(f"watch: cannot listen on {address[0]}:{address[1]}: "
-                            f"{exc.strerror or exc}") from None
-        self.address = self._listener.getsockname()[:2]
+        self._listener = listener
+        self.address = listener.getsockname()[:2]
+        self._thread = threading.Thread(target=self._accept, name="distdoctor-collector",
+                                        daemon=True)
 
     def start(self) -> Collector:
-        threading.Thread(target=self._accept, name="distdoctor-collector",
-                         daemon=True).start()
+        self._thread.start()
         return self
 
     def stop(self) -> None:
         self._stopping = True
+        try:
+            self._listener.shutdown(socket.SHUT_RDWR)  # wakes the accept (close alone won't)
+        except OSError:
+            pass
         self._listener.close()
+        self._thread.join(timeout=5)
         with self._lock:
             for conn in self._conns:
                 try:
@@ -81,40 +95,53 @@ class Collector:
                 conn, peer = self._listener.accept()
             except OSError:
                 return  # closed by stop()
-            threading.Thread(target=self._serve, args=(conn, peer), daemon=True,
-                             name=f"distdoctor-node-{peer[0]}").start()
+            if self._stopping:
+                conn.close()
+                return
+            with self._lock:
+                full = len(self._conns) >= MAX_CONNECTIONS
+                if not full:
+                    self._conns.add(conn)
+            if full:
+                conn.close()
+                self.say(f"refused {peer[0]}:{peer[1]}: {MAX_CONNECTIONS} nodes connected")
+                continue
+            try:
+                threading.Thread(target=self._serve, args=(conn, peer), daemon=True,
+                                 name=f"distdoctor-node-{peer[0]}").start()
+            except RuntimeError as exc:  # no thread to be had: this node waits, not all
+                with self._lock:
+                    self._conns.discard(conn)
+                conn.close()
+                self.say(f"refused {peer[0]}:{peer[1]}: {exc}")
 
     def _serve(self, conn: socket.socket, peer) -> None:
         who = f"{peer[0]}:{peer[1]}"
         node = None
-        with self._lock:
-            self._conns.add(conn)
         try:
-            conn.settimeout(HELLO_S)
-            reader = conn.makefile("rb")
-            first = wire.read_frame(reader.read)
-            if first is None:
+            hello = self._hello(conn)
+            if hello is None:
                 return
-            if first[0] != wire.HELLO:
-                raise wire.WireError("the first frame is not HELLO")
-            hello = wire.json_payload(wire.HELLO, first[3])
-            if hello.get("format") != wire.FORMAT:
-                raise wire.WireError("HELLO is not a distdoctor forwarder's")
             if self.token is not None and not hmac.compare_digest(
                     str(hello.get("token") or "").encode(), self.token.encode()):
-                self.say(f"refused {who}: wrong or missing token (DISTDOCTOR_TOKEN)")
+                self._refuse(conn, who, "wrong or missing token (DISTDOCTOR_TOKEN)")
                 return
             node = NodeMirror(self.mirror, hello)
+            conn.sendall(wire.frame(wire.WELCOME))
             who = f"node {node.host} ({who})"
             with self._lock:
                 self.nodes[node.host] = self.nodes.get(node.host, 0) + 1
             self.say(f"{who} connected")
             conn.settimeout(IDLE_S)
+            reader = conn.makefile("rb")
             while (got := wire.read_frame(reader.read)) is not None:
                 node.apply(*got)
             self.say(f"{who} finished")
         except wire.WireError as exc:
-            self.say(f"dropped {who}: {exc}")
+            if node is None:  # before WELCOME: the node is told why, and backs off
+                self._refuse(conn, who, str(exc))
+            else:
+                self.say(f"dropped {who}: {exc}")
         except OSError as exc:
             if not self._stopping:
                 self.say(f"lost {who}: {exc.strerror or exc}")
@@ -127,3 +154,42 @@ class Collector:
             with self._lock:
                 self._conns.discard(conn)
             conn.close()
+
+    @staticmethod
+    def _hello(conn: socket.socket) -> dict | None:
+        """The first frame, whole within HELLO_S (read byte counts, not a timeout per
+        read: a peer that dribbles a byte at a time is dropped too)."""
+        deadline = time.monotonic() + HELLO_S
+
+        def recv_exactly(n: int) -> bytes:
+            data = b""
+            while len(data) < n:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise wire.WireError(f"no HELLO within {HELLO_S:g} s")
+                conn.settimeout(left)
+                chunk = conn.recv(n - len(data))
+                if not chunk:
+                    break
+                data += chunk
+            return data
+
+        try:
+            first = wire.read_frame(recv_exactly, max_payload=wire.MAX_HELLO)
+        except TimeoutError:
+            raise wire.WireError(f"no HELLO within {HELLO_S:g} s") from None
+        if first is None:
+            return None
+        if first[0] != wire.HELLO:
+            raise wire.WireError("the first frame is not HELLO")
+        hello = wire.json_payload(wire.HELLO, first[3])
+        if hello.get("format") != wire.FORMAT:
+            raise wire.WireError("HELLO is not a distdoctor forwarder's")
+        return hello
+
+    def _refuse(self, conn: socket.socket, who: str, why: str) -> None:
+        self.say(f"refused {who}: {why}")
+        try:
+            conn.sendall(wire.json_frame(wire.REFUSED, {"why": why}))
+        except OSError:
+            pass

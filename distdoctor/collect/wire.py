@@ -8,8 +8,8 @@ frames:
 
 No pickle, nothing executed: payloads are JSON objects (HELLO, META, EXITS), UTF-8 JSON
 lines (SAMPLES) or the rank's event-log bytes in the event log's own layout (OPEN,
-STRINGS, SLOTS, STATE; see runlog/format.py). The collector checks every field before it
-writes anything, and drops a connection that sends a malformed frame.
+STRINGS, SLOTS, STATE; see runlog/format.py). The collector checks each frame before it
+writes it, and drops a connection that sends a malformed one (what came before stays).
 
     HELLO    first frame: {"format", "version", "host", "token", "run": run.json's fields}
     META     rank's metadata (ranks/rank-N.json)
@@ -19,6 +19,11 @@ writes anything, and drops a connection that sends a malformed frame.
     STATE    the rank's header words: head, string counts, heartbeat, closed
     SAMPLES  the node's probe samples, whole lines
     EXITS    exit statuses of the node's ranks, as in exits.json
+
+and from the collector, once, the answer to HELLO:
+
+    WELCOME  go on
+    REFUSED  {"why"}: the connection closes (wrong token, another protocol version)
 """
 
 from __future__ import annotations
@@ -34,9 +39,11 @@ FORMAT = "distdoctor-forward"
 FRAME = struct.Struct("<4sBBHIQI")
 MAX_PAYLOAD = 4 << 20
 
-HELLO, META, OPEN, STRINGS, SLOTS, STATE, SAMPLES, EXITS = range(1, 9)
+HELLO, META, OPEN, STRINGS, SLOTS, STATE, SAMPLES, EXITS, WELCOME, REFUSED = range(1, 11)
 NAMES = {HELLO: "HELLO", META: "META", OPEN: "OPEN", STRINGS: "STRINGS", SLOTS: "SLOTS",
-         STATE: "STATE", SAMPLES: "SAMPLES", EXITS: "EXITS"}
+         STATE: "STATE", SAMPLES: "SAMPLES", EXITS: "EXITS", WELCOME: "WELCOME",
+         REFUSED: "REFUSED"}
+MAX_HELLO = 64 << 10  # read before the token is checked: small
 
 OPEN_BODY = struct.Struct("<QQI")  # capacity (slots), string table bytes, pid
 # head, strings used, strings count, strings dropped, heartbeat mono/wall ns, closed
@@ -60,7 +67,8 @@ def json_frame(kind: int, value, rank: int = 0) -> bytes:
     return frame(kind, json.dumps(value, separators=(",", ":")).encode(), rank)
 
 
-def read_frame(recv_exactly) -> tuple[int, int, int, bytes] | None:
+def read_frame(recv_exactly, max_payload: int = MAX_PAYLOAD
+               ) -> tuple[int, int, int, bytes] | None:
     """(type, rank, arg, payload), or None at a clean end of stream. `recv_exactly(n)`
     returns n bytes, fewer only at the end of the stream."""
     head = recv_exactly(FRAME.size)
@@ -76,8 +84,8 @@ def read_frame(recv_exactly) -> tuple[int, int, int, bytes] | None:
                         f"up to {VERSION}: upgrade the collector")
     if kind not in NAMES:
         raise WireError(f"unknown frame type {kind}")
-    if length > MAX_PAYLOAD:
-        raise WireError(f"{NAMES[kind]} frame of {length} bytes (at most {MAX_PAYLOAD})")
+    if length > max_payload:
+        raise WireError(f"{NAMES[kind]} frame of {length} bytes (at most {max_payload})")
     payload = recv_exactly(length) if length else b""
     if len(payload) < length:
         raise WireError(f"stream ended inside a {NAMES[kind]} frame")

@@ -157,6 +157,11 @@ class Engine:
     def exited(self, rank: int, info: ExitInfo) -> None:
         self._rank(rank).exit = info
 
+    def revive(self, rank: int) -> None:
+        """A rank taken for dead was not: its exit and the crash finding go."""
+        self._rank(rank).exit = None
+        self.found.pop(("crash", rank), None)
+
     # --- analysis ----------------------------------------------------------------------
     def _now_ns(self, st: _Rank, now_s: float | None) -> int | None:
         """The rank's clock now: its last heartbeat, moved on by the engine's time since."""

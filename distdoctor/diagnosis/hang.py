@@ -199,7 +199,10 @@ def _hang_finding(roots: list[int], items, views) -> Finding:
     waited = max((views[r].waited_s(rv.arrivals[r]) for r in waiters if r in views), default=0)
     first = next(iter(rv.arrivals.values()))
     who = ", ".join(map(str, roots))
-    where = {r: where_is(views[r]) if r in views else "has no event log (never started?)"
+    # on a multi-node job, a node's own `run` sees only its ranks: say so, not "dead"
+    where = {r: where_is(views[r]) if r in views else "has no event log in this run dir "
+             "(never started, or runs on another node: forward every node to one "
+             "collector, `run --forward`, to see it)"
              for r in roots}
     if len(roots) == 1:
         detail = f"rank {roots[0]} {where[roots[0]]}"

@@ -208,7 +208,14 @@ class LiveDiagnosis:
         pid gone from this host (or, for another host, a heartbeat stale for a while)
         without a closed log means it died."""
         st = self.engine.ranks.get(rank)
-        if st is None or st.exit is not None:
+        if st is None:
+            return
+        if st.exit is not None:
+            # a remote rank taken for dead whose heartbeat came back: the link to its node
+            # (a collector's) or the shared file system had stalled, the rank had not died
+            if (st.exit.how == "vanished" and rank not in self.engine.same_clock
+                    and (self.engine.heartbeat_age_s(rank, now_s) or 0.0) < POLL_S * 2):
+                self.engine.revive(rank)
             return
         if header.closed:
             self.engine.exited(rank, ExitInfo(None, "closed"))

@@ -102,10 +102,18 @@ class RingWriter:
 
     # --- replication (a collector's copy of another host's log) ----------------------
     def put_slot(self, e: int, record: bytes) -> None:
-        """Event `e`'s 128-byte slot as the rank wrote it; its number word is stored last,
-        as `append` does, so a reader of this copy never takes a half-copied slot."""
+        """Event `e`'s 128-byte slot as the rank wrote it, stored as the rank stores it, so
+        a reader of this copy never takes a half-copied slot: a new event's number word
+        last (as `append`); an update of the event already there (its completion)
+        without clearing that word, its end time last (as `complete`)."""
         at = self.ring_offset + (e % self.capacity) * F.SLOT_SIZE
         mm = self._mm
+        if F.U64.unpack_from(mm, at)[0] == e + 1:
+            end = F.OFF_SLOT_END
+            mm[at + 8:at + end] = record[8:end]  # the status among them
+            mm[at + end + 8:at + F.SLOT_SIZE] = record[end + 8:F.SLOT_SIZE]  # error id
+            mm[at + end:at + end + 8] = record[end:end + 8]
+            return
         F.U64.pack_into(mm, at, 0)
         mm[at + 8:at + F.SLOT_SIZE] = record[8:F.SLOT_SIZE]
         mm[at:at + 8] = record[:8]
