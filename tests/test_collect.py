@@ -238,6 +238,32 @@ def test_a_node_reconnects_after_its_link_drops_and_the_copy_catches_up(tmp_path
         collector.stop()
 
 
+@pytest.mark.timeout(30)
+def test_the_errors_a_node_read_in_its_job_output_reach_the_copy_and_nothing_else(tmp_path):
+    """A node's `run` alone sees its job's output (an NCCL error line); its own hang
+    findings come from a partial view of the ranks and stay on the node."""
+    from distdoctor.diagnosis.findings import Finding, read_findings, write_findings
+
+    _ring_with_events(tmp_path / "node", 3)
+    nccl = Finding("comm_error", "error", "NCCL error: unhandled system error", [],
+                   details={"source": "log", "signature": "nccl/system"})
+    partial = Finding("hang", "error", "hang: ranks 0, 1 never joined all_reduce #2", [0, 1])
+    write_findings(tmp_path / "node", [nccl, partial])
+    told: list = []
+    collector = Collector(tmp_path / "copy", listen(("127.0.0.1", 0)), None, print,
+                          on_finding=told.append).start()
+    try:
+        fwd = Forwarder(tmp_path / "node", collector.address)
+        fwd.tick()
+        fwd.tick()  # unchanged: not sent, nor told, again
+        fwd.stop()
+        _until(lambda: (tmp_path / "copy" / "findings.json").exists())
+        assert [f.summary for f in read_findings(tmp_path / "copy")] == [nccl.summary]
+        assert [f.summary for f in told] == [nccl.summary]
+    finally:
+        collector.stop()
+
+
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("args, message", [
     (["watch", "--listen", "10.1.2.3:7070"], "needs a shared token"),

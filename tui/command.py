@@ -110,9 +110,13 @@ def _collect(args) -> int:
     rundir.write_run_meta(run_dir, launcher="distdoctor watch --listen",
                           command=["distdoctor", "watch", "--listen", args.listen],
                           hang_timeout_s=hang_timeout)
+    def print_finding(f):
+        err_console.print(live_line(f))
+
     collector = Collector(run_dir, listener, token,
                           say=lambda line: err_console.print(f"distdoctor: {line}",
-                                                             highlight=False)).start()
+                                                             highlight=False),
+                          on_finding=None if _on_terminal() else print_finding).start()
     where = f"{collector.address[0]}:{collector.address[1]}"
     err_console.print(f"distdoctor: collecting on {where} into {run_dir}", highlight=False)
     try:
@@ -122,8 +126,7 @@ def _collect(args) -> int:
         done = threading.Event()
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, lambda *_: done.set())
-        live = _viewer(run_dir, hang_timeout, args.backlog,
-                       on_finding=lambda f: err_console.print(live_line(f))).start()
+        live = _viewer(run_dir, hang_timeout, args.backlog, on_finding=print_finding).start()
         done.wait()
         live.leave()
         return 0

@@ -10,6 +10,7 @@ after a reconnect each log is sent again from its newest MIRROR_SLOTS events.
 
 from __future__ import annotations
 
+import json
 import mmap
 import os
 import socket
@@ -91,6 +92,8 @@ class Forwarder:
         self._failures = 0  # attempts since the last connection that lasted STABLE_S
         self._said: set[str] = set()
         self._samples = None
+        self._findings_seen: int | None = None  # findings.json's mtime, last read
+        self._findings_sent: bytes | None = None
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="distdoctor-forward",
                                         daemon=True)
@@ -144,6 +147,7 @@ class Forwarder:
         for src in list(self.sources.values()):
             self._forward_log(src)
         self._forward_samples()
+        self._forward_findings()
 
     def _discover(self) -> None:
         for path in (self.run_dir / "ranks").glob("rank-*.ring"):
@@ -190,12 +194,16 @@ class Forwarder:
             sock.close()
             why = "closed the connection"
             if verdict is not None and verdict[0] == wire.REFUSED:
-                why = str(wire.json_payload(wire.REFUSED, verdict[3]).get("why"))[:200]
+                try:
+                    why = str(wire.json_payload(wire.REFUSED, verdict[3]).get("why"))[:200]
+                except wire.WireError as exc:
+                    why = str(exc)
             self._back_off(RETRY_S[-1])
             self._say("refused", f"the collector at {_where(self.address)} refused this "
                       f"node: {why}; the job goes on")
             return False
         self._sock, self._connected_s = sock, now
+        self._findings_sent = None
         for src in self.sources.values():
             src.reset()
             src.meta_mtime = None
@@ -300,8 +308,6 @@ class Forwarder:
             self._send(wire.frame(wire.SLOTS, b"".join(batch), rank, first))
 
     def _forward_samples(self) -> None:
-        import json
-
         from distdoctor.probes.sampler import SampleTail
 
         if self._samples is None:
@@ -313,6 +319,25 @@ class Forwarder:
                 data = data[-wire.MAX_PAYLOAD:]
                 data = data[data.find(b"\n") + 1:]
             self._send(wire.frame(wire.SAMPLES, data))
+
+    def _forward_findings(self) -> None:
+        """The errors `run` read from this node's job output: only this node has them."""
+        from distdoctor.diagnosis.findings import FINDINGS_FILE, read_findings
+
+        try:
+            mtime = os.stat(self.run_dir / FINDINGS_FILE).st_mtime_ns
+            if mtime == self._findings_seen and self._findings_sent is not None:
+                return
+            found = read_findings(self.run_dir)
+        except (OSError, ValueError):
+            return
+        self._findings_seen = mtime
+        payload = json.dumps({"findings": [f.to_json() for f in found
+                                           if f.details.get("source") == "log"][:100]})
+        data = payload.encode()[:wire.MAX_PAYLOAD]
+        if data != self._findings_sent:
+            self._send(wire.frame(wire.FINDINGS, data))
+            self._findings_sent = data
 
     def _say(self, key: str, message: str) -> None:
         """One line per kind of news until a connection has lasted STABLE_S: a collector

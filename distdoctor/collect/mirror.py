@@ -29,13 +29,17 @@ HOST_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,252}\Z")
 class Mirror:
     """The copy: which node sends which rank, and the exit codes of all."""
 
-    def __init__(self, run_dir: str | Path):
+    def __init__(self, run_dir: str | Path, on_finding=None):
+        """`on_finding(f)`: called once per finding a node forwards (a service prints it)."""
         self.run_dir = Path(run_dir)
+        self.on_finding = on_finding
+        self._told: set[tuple] = set()
         (self.run_dir / "ranks").mkdir(parents=True, exist_ok=True)
         self._lock = threading.Lock()
         self._senders: dict[int, NodeMirror] = {}  # rank -> the node that sends it
         self._rings: dict[int, tuple[tuple, RingWriter]] = {}  # rank -> (layout, copy)
         self._exits: dict[int, dict] = {}
+        self._findings: dict[str, list] = {}  # host -> what its `run` alone found
 
     def ring_for(self, rank: int, node: NodeMirror, layout: tuple[int, int, int]) -> RingWriter:
         """The copy of `rank`'s log that `node` writes. A node that reconnects writes on
@@ -63,6 +67,21 @@ class Mirror:
                 have[1].close()
             self._rings[rank] = (layout, ring)
             return ring
+
+    def set_findings(self, host: str, findings: list) -> None:
+        """The copy's findings.json: every node's own, which the viewer merges with the
+        ones its engine finds over all the ranks."""
+        from distdoctor.diagnosis.findings import write_findings
+
+        with self._lock:
+            self._findings[host] = findings
+            write_findings(self.run_dir, [f for h in sorted(self._findings)
+                                          for f in self._findings[h]])
+            new = [f for f in findings if (host, f.summary) not in self._told]
+            self._told.update((host, f.summary) for f in new)
+        if self.on_finding is not None:
+            for f in new:
+                self.on_finding(f)
 
     def close(self) -> None:
         with self._lock:
@@ -103,6 +122,8 @@ class NodeMirror:
             if not isinstance(processes, list):
                 raise wire.WireError("EXITS frame has no list of processes")
             return self.mirror.add_exits(processes)
+        if kind == wire.FINDINGS:
+            return self.mirror.set_findings(self.host, _log_findings(payload))
         if kind == wire.HELLO:
             raise wire.WireError("a second HELLO")
         if rank >= MAX_RANK:
@@ -180,3 +201,21 @@ class NodeMirror:
         self.rings.clear()
         if self._probes is not None:
             self._probes.close()
+
+
+def _log_findings(payload: bytes) -> list:
+    """A FINDINGS frame's findings that came from the job's output (a node's own engine
+    saw only its own ranks: its other findings are the collector's to make)."""
+    from distdoctor.diagnosis.findings import Finding
+
+    items = wire.json_payload(wire.FINDINGS, payload).get("findings")
+    if not isinstance(items, list):
+        raise wire.WireError("FINDINGS frame has no list of findings")
+    try:
+        found = [Finding.from_json(d) for d in items[:100]]
+        if not all(isinstance(f.summary, str) and all(isinstance(r, int) for r in f.ranks)
+                   for f in found):
+            raise TypeError
+    except (KeyError, TypeError, ValueError, AttributeError):
+        raise wire.WireError("FINDINGS frame holds something that is not a finding") from None
+    return [f for f in found if f.details.get("source") == "log"]

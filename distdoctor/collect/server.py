@@ -56,8 +56,10 @@ def listen(address: tuple[str, int]) -> socket.socket:
 
 class Collector:
     def __init__(self, run_dir: str | Path, listener: socket.socket, token: str | None,
-                 say: Callable[[str], None]):
-        self.mirror = Mirror(run_dir)
+                 say: Callable[[str], None], on_finding: Callable | None = None):
+        """`say`: one line of news (a node came, went, was refused); `on_finding`: each
+        finding a node forwards (the errors in its job's output)."""
+        self.mirror = Mirror(run_dir, on_finding)
         self.token = token
         self.say = say
         self.nodes: dict[str, int] = {}  # host -> connections so far

@@ -19,6 +19,8 @@ writes it, and drops a connection that sends a malformed one (what came before s
     STATE    the rank's header words: head, string counts, heartbeat, closed
     SAMPLES  the node's probe samples, whole lines
     EXITS    exit statuses of the node's ranks, as in exits.json
+    FINDINGS what the node's `run` alone saw, as in findings.json: the errors in its job's
+             output (the rest the collector finds itself, from all the ranks)
 
 and from the collector, once, the answer to HELLO:
 
@@ -39,10 +41,11 @@ FORMAT = "distdoctor-forward"
 FRAME = struct.Struct("<4sBBHIQI")
 MAX_PAYLOAD = 4 << 20
 
-HELLO, META, OPEN, STRINGS, SLOTS, STATE, SAMPLES, EXITS, WELCOME, REFUSED = range(1, 11)
+(HELLO, META, OPEN, STRINGS, SLOTS, STATE, SAMPLES, EXITS, WELCOME, REFUSED,
+ FINDINGS) = range(1, 12)
 NAMES = {HELLO: "HELLO", META: "META", OPEN: "OPEN", STRINGS: "STRINGS", SLOTS: "SLOTS",
          STATE: "STATE", SAMPLES: "SAMPLES", EXITS: "EXITS", WELCOME: "WELCOME",
-         REFUSED: "REFUSED"}
+         REFUSED: "REFUSED", FINDINGS: "FINDINGS"}
 MAX_HELLO = 64 << 10  # read before the token is checked: small
 
 OPEN_BODY = struct.Struct("<QQI")  # capacity (slots), string table bytes, pid
