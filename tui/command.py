@@ -91,6 +91,7 @@ def _collect(args) -> int:
     import os
     import signal
     import threading
+    import time
 
     from distdoctor.collect.server import Collector, is_loopback, listen, parse_address
     from distdoctor.console import err_console
@@ -110,17 +111,24 @@ def _collect(args) -> int:
     rundir.write_run_meta(run_dir, launcher="distdoctor watch --listen",
                           command=["distdoctor", "watch", "--listen", args.listen],
                           hang_timeout_s=hang_timeout)
+    dashboard = _on_terminal()
+
     def print_finding(f):
         err_console.print(live_line(f))
 
-    collector = Collector(run_dir, listener, token,
-                          say=lambda line: err_console.print(f"distdoctor: {line}",
-                                                             highlight=False),
-                          on_finding=None if _on_terminal() else print_finding).start()
+    def say(line: str) -> None:
+        if dashboard:  # the screen is the dashboard's: the nodes' comings and goings
+            with open(run_dir / "collector.log", "a") as log:
+                log.write(f"{time.strftime('%H:%M:%S')} {line}\n")
+        else:
+            err_console.print(f"distdoctor: {line}", highlight=False)
+
+    collector = Collector(run_dir, listener, token, say=say,
+                          on_finding=None if dashboard else print_finding).start()
     where = f"{collector.address[0]}:{collector.address[1]}"
     err_console.print(f"distdoctor: collecting on {where} into {run_dir}", highlight=False)
     try:
-        if _on_terminal():
+        if dashboard:
             show(run_dir, hang_timeout, args.backlog or DEFAULT_BACKLOG, args.refresh)
             return 0
         done = threading.Event()
