@@ -11,7 +11,6 @@ after a reconnect each log is sent again from its newest MIRROR_SLOTS events.
 from __future__ import annotations
 
 import json
-import mmap
 import os
 import socket
 import sys
@@ -20,7 +19,9 @@ import time
 from pathlib import Path
 
 from distdoctor.collect import wire
+from distdoctor.errors import UserError
 from distdoctor.runlog import format as F
+from distdoctor.runlog.reader import RankLog
 from distdoctor.runlog.rundir import rank_meta_path
 
 INTERVAL_S = 0.25
@@ -34,22 +35,11 @@ class _Source:
     """One rank's event log, read-only, and how much of it the collector has."""
 
     def __init__(self, path: Path, rank: int):
-        self.path, self.rank = path, rank
-        with open(path, "rb") as fh:
-            st = os.fstat(fh.fileno())
-            if st.st_size < F.HEADER_SIZE:
-                raise ValueError("log still being created")
-            self.mm = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
-        self.inode = st.st_ino
-        (magic, version, _hs, slot_size, self.capacity, self.strings_offset,
-         self.strings_size, self.ring_offset, _rank, self.pid) = F.HEADER_STATIC.unpack_from(
-            self.mm, 0)
-        if magic != F.MAGIC or version > F.VERSION or slot_size != F.SLOT_SIZE or (
-                st.st_size < self.ring_offset + self.capacity * F.SLOT_SIZE):
-            self.mm.close()
-            raise ValueError("not a readable event log")
-        self.reset()
+        self.rank = rank
+        self.inode = os.stat(path).st_ino
+        self.log = RankLog(path)  # UserError while the rank is still creating it
         self.meta_mtime = None
+        self.reset()
 
     def reset(self) -> None:
         """The collector has nothing of this log (a new connection)."""
@@ -59,22 +49,15 @@ class _Source:
         self.pending: dict[int, None] = {}
         self.stalled_at, self.stalls = -1, 0
 
-    def word(self, offset: int, fmt=F.U64) -> int:
-        return fmt.unpack_from(self.mm, offset)[0]
-
     def remade(self) -> bool:
         """The rank made its log anew in the same file (a restart: the writer truncates
         it, so the inode stays): another pid, or fewer events or strings than sent."""
-        pid = F.HEADER_STATIC.unpack_from(self.mm, 0)[-1]
-        return pid != self.pid or self.word(F.OFF_HEAD) < (self.sent_head or 0) or (
-            self.word(F.OFF_STRINGS_USED) < self.sent_strings)
-
-    def slot(self, e: int) -> bytes:
-        at = self.ring_offset + (e % self.capacity) * F.SLOT_SIZE
-        return self.mm[at:at + F.SLOT_SIZE]
+        log = self.log
+        return log.pid_now() != log.pid or log.word(F.OFF_HEAD) < (self.sent_head or 0) or (
+            log.word(F.OFF_STRINGS_USED) < self.sent_strings)
 
     def close(self) -> None:
-        self.mm.close()
+        self.log.close()
 
 
 class Forwarder:
@@ -161,7 +144,7 @@ class Forwarder:
                         and not old.remade()):
                     continue
                 src = _Source(path, rank)
-            except (OSError, ValueError):
+            except (OSError, UserError):
                 continue  # being created: next pass
             if old is not None:  # the rank restarted and made a new log
                 old.close()
@@ -230,27 +213,28 @@ class Forwarder:
     def _forward_log(self, src: _Source) -> None:
         rank = src.rank
         self._forward_meta(src)
+        log = src.log
         if not src.opened:
             self._send(wire.frame(wire.OPEN, wire.OPEN_BODY.pack(
-                src.capacity, src.strings_size, src.pid), rank))
+                log.capacity, log.strings_size, log.pid), rank))
             src.opened = True
         # the head first: the rank adds a string before the event that uses it, so the
         # strings read after the head cover every event up to it. Sent in the rank's
         # order, strings, then slots, then the header words that count them.
-        head = src.word(F.OFF_HEAD)
-        used = min(src.word(F.OFF_STRINGS_USED), src.strings_size)
+        head = log.word(F.OFF_HEAD)
+        used = min(log.word(F.OFF_STRINGS_USED), log.strings_size)
         while src.sent_strings < used:
             n = min(used - src.sent_strings, wire.MAX_PAYLOAD)
-            at = src.strings_offset + src.sent_strings
-            self._send(wire.frame(wire.STRINGS, src.mm[at:at + n], rank, src.sent_strings))
+            self._send(wire.frame(wire.STRINGS, log.raw_strings(
+                src.sent_strings, src.sent_strings + n), rank, src.sent_strings))
             src.sent_strings += n
-        count = src.word(F.OFF_STRINGS_COUNT)
+        count = log.word(F.OFF_STRINGS_COUNT)
         self._forward_new_slots(src, head)
-        self._forward_completions(src, head)
+        self._forward_completions(src)
         self._send(wire.frame(wire.STATE, wire.STATE_BODY.pack(
-            src.sent_head, src.sent_strings, count, src.word(F.OFF_STRINGS_DROPPED),
-            src.word(F.OFF_HEARTBEAT_MONO, F.I64), src.word(F.OFF_HEARTBEAT_WALL, F.I64),
-            1 if src.word(F.OFF_CLOSED) == 1 else 0), rank))
+            src.sent_head, src.sent_strings, count, log.word(F.OFF_STRINGS_DROPPED),
+            log.word(F.OFF_HEARTBEAT_MONO, F.I64), log.word(F.OFF_HEARTBEAT_WALL, F.I64),
+            1 if log.word(F.OFF_CLOSED) == 1 else 0), rank))
 
     def _forward_meta(self, src: _Source) -> None:
         path = rank_meta_path(self.run_dir, src.rank)
@@ -266,11 +250,12 @@ class Forwarder:
         src.meta_mtime = mtime
 
     def _forward_new_slots(self, src: _Source, head: int) -> None:
-        start = max(src.sent_head or 0, head - min(src.capacity, wire.MIRROR_SLOTS))
+        start = max(src.sent_head or 0, head - min(src.log.capacity, wire.MIRROR_SLOTS))
         batch: list[bytes] = []
+        raw_slot = src.log.raw_slot  # once, not per event
         first = e = start
         while e < head:
-            rec = src.slot(e)
+            rec = raw_slot(e)
             if F.U64.unpack_from(rec, 0)[0] != e + 1:
                 # being written, or rewritten under a wrap: wait a pass or two, then skip
                 if src.stalled_at != e:
@@ -293,10 +278,10 @@ class Forwarder:
         while len(src.pending) > MAX_PENDING:
             del src.pending[next(iter(src.pending))]
 
-    def _forward_completions(self, src: _Source, head: int) -> None:
+    def _forward_completions(self, src: _Source) -> None:
         oldest = src.sent_head - wire.MIRROR_SLOTS  # older ones are gone from the copy
         for e in list(src.pending):
-            rec = src.slot(e)
+            rec = src.log.raw_slot(e)
             if e < oldest or F.U64.unpack_from(rec, 0)[0] != e + 1:
                 del src.pending[e]  # past the copy's window, or overwritten here
             elif _finished(rec):

@@ -3,8 +3,8 @@ are written back into the files they were read from (event logs in their own lay
 rank metadata, probe files, exit codes), so `watch`, `diagnose` and `show` read the copy
 as they read a local run, with no code of their own for it.
 
-Every field is checked before anything is written: a node that sends what no forwarder
-sends is dropped (WireError) and what it sent before stays.
+Every frame is checked whole before any of it is written: a node that sends what no
+forwarder sends is dropped (WireError) and what it sent before stays.
 """
 
 from __future__ import annotations
@@ -110,7 +110,6 @@ class NodeMirror:
             raise wire.WireError(f"HELLO names no usable host ({str(host)[:60]!r})")
         self.mirror, self.host = mirror, host
         self.rings: dict[int, RingWriter] = {}
-        self.heads: dict[int, int] = {}  # rank -> the head its last STATE gave
         self.closed = False
         self._probes = None
 
@@ -145,9 +144,9 @@ class NodeMirror:
                     raise wire.WireError(f"STRINGS frame past rank {rank}'s string table")
                 ring.put_strings(arg, payload)
             elif kind == wire.SLOTS:
-                self._slots(ring, rank, arg, payload, self.heads.get(rank, 0))
+                self._slots(ring, rank, arg, payload)
             elif kind == wire.STATE:
-                self.heads[rank] = self._state(ring, rank, payload)
+                self._state(ring, rank, payload)
 
     def _open(self, rank: int, payload: bytes) -> None:
         if len(payload) != wire.OPEN_BODY.size:
@@ -160,26 +159,27 @@ class NodeMirror:
         self.rings[rank] = self.mirror.ring_for(rank, self, (capacity, strings_size, pid))
 
     @staticmethod
-    def _slots(ring: RingWriter, rank: int, first: int, payload: bytes, head: int) -> None:
+    def _slots(ring: RingWriter, rank: int, first: int, payload: bytes) -> None:
         if not payload or len(payload) % F.SLOT_SIZE:
             raise wire.WireError("SLOTS frame is not whole slots")
-        for i in range(len(payload) // F.SLOT_SIZE):
-            rec = payload[i * F.SLOT_SIZE:(i + 1) * F.SLOT_SIZE]
+        records = [payload[at:at + F.SLOT_SIZE] for at in range(0, len(payload), F.SLOT_SIZE)]
+        for i, rec in enumerate(records):
             if F.U64.unpack_from(rec, 0)[0] != first + i + 1:
                 raise wire.WireError(f"SLOTS frame of rank {rank}: slot {i} does not hold "
                                      f"event {first + i}")
+        head = ring.head()
+        for i, rec in enumerate(records):
             if first + i + ring.capacity > head:  # older: its slot holds a newer event
                 ring.put_slot(first + i, rec)
 
     @staticmethod
-    def _state(ring: RingWriter, rank: int, payload: bytes) -> int:
+    def _state(ring: RingWriter, rank: int, payload: bytes) -> None:
         if len(payload) != wire.STATE_BODY.size:
             raise wire.WireError("STATE frame of the wrong size")
         head, used, count, dropped, hb_mono, hb_wall, closed = wire.STATE_BODY.unpack(payload)
         if used > ring.strings_size:
             raise wire.WireError(f"STATE frame of rank {rank} counts more strings than fit")
         ring.put_state(head, used, count, dropped, hb_mono, hb_wall, bool(closed))
-        return head
 
     def _samples(self, payload: bytes) -> None:
         try:

@@ -103,9 +103,7 @@ class LiveDiagnosis:
         crashed, whatever its launcher reports of it (a wrapped torchrun reports nothing
         per rank). Ranks already gone are found so first."""
         with self._lock:
-            now_s = time.monotonic()
-            for rank, header in self.follower.headers().items():
-                self._check_alive(rank, header, now_s)
+            self._check_ranks(time.monotonic())
             for rank, st in self.engine.ranks.items():
                 if st.exit is None:
                     self.engine.exited(rank, ExitInfo(None, "stopped"))
@@ -178,9 +176,7 @@ class LiveDiagnosis:
             rank, text = self._lines.popleft()
             for f in self._scanner.feed(text, rank=rank):
                 self.engine.add_finding(f)
-        for rank, header in self.follower.headers().items():
-            self.engine.heartbeat(rank, header.heartbeat_mono_ns, now_s)
-            self._check_alive(rank, header, now_s)
+        self._check_ranks(now_s)
         if self.exits is not None:
             for rank, (code, stopped) in self.exits().items():
                 self.engine.exited(rank, ExitInfo(code, "stopped" if stopped else "exit"))
@@ -202,6 +198,12 @@ class LiveDiagnosis:
             if len(ops) > 2 * RECENT_OPS:
                 for index in sorted(ops)[:-RECENT_OPS]:
                     del ops[index]
+
+    def _check_ranks(self, now_s: float) -> None:
+        """Each rank's heartbeat (as of the last poll), and whether it is still alive."""
+        for rank, header in self.follower.headers().items():
+            self.engine.heartbeat(rank, header.heartbeat_mono_ns, now_s)
+            self._check_alive(rank, header, now_s)
 
     def _check_alive(self, rank: int, header, now_s: float) -> None:
         """Without a launcher that reports exits: a closed log means the rank shut down; a

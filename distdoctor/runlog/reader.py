@@ -129,6 +129,27 @@ class RankLog:
             closed=F.U64.unpack_from(mm, F.OFF_CLOSED)[0] == 1,
         )
 
+    # --- raw bytes, for a forwarder that copies the log as the rank wrote it -----------
+    @property
+    def strings_size(self) -> int:
+        return self._strings_size
+
+    def word(self, offset: int, fmt: struct.Struct = F.U64) -> int:
+        """A header word as it is now (format.OFF_*)."""
+        return fmt.unpack_from(self._mm, offset)[0]
+
+    def pid_now(self) -> int:
+        """The pid in the header now: another than `pid` once the rank (restarted) made its
+        log anew in this file."""
+        return F.HEADER_STATIC.unpack_from(self._mm, 0)[-1]
+
+    def raw_strings(self, start: int, stop: int) -> bytes:
+        return self._mm[self._strings_offset + start:self._strings_offset + stop]
+
+    def raw_slot(self, e: int) -> bytes:
+        at = self._ring_offset + (e % self.capacity) * F.SLOT_SIZE
+        return self._mm[at:at + F.SLOT_SIZE]
+
     # --- strings ---------------------------------------------------------------------
     def _load_strings(self) -> None:
         used = F.U64.unpack_from(self._mm, F.OFF_STRINGS_USED)[0]

@@ -118,6 +118,10 @@ class RingWriter:
         mm[at + 8:at + F.SLOT_SIZE] = record[8:F.SLOT_SIZE]
         mm[at:at + 8] = record[:8]
 
+    def head(self) -> int:
+        """Events counted in the header (a copy: the head its last `put_state` gave)."""
+        return F.U64.unpack_from(self._mm, F.OFF_HEAD)[0]
+
     def put_strings(self, offset: int, data: bytes) -> None:
         """Bytes of the rank's string table at `offset` (the counts follow in `put_state`)."""
         self._mm[self.strings_offset + offset:self.strings_offset + offset + len(data)] = data
