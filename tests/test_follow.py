@@ -96,9 +96,9 @@ def test_missing_rank_metadata_is_retried_soon_then_less_often(tmp_path, monkeyp
     assert gaps[:4] == [0.25, 0.5, 1.0, 2.0] and set(gaps[4:]) == {2.0}, gaps
     rank_meta_path(tmp_path, 0).write_text(json.dumps({"rank": 0, "host": "h", "pid": 7}))
     follower.poll()
-    assert follower.meta[0] == {}  # tried a moment ago
+    assert follower.meta[(0, 0)] == {}  # tried a moment ago
     follower.poll(final=True)  # the last poll of a run looks once more
-    assert follower.meta[0]["pid"] == 7
+    assert follower.meta[(0, 0)]["pid"] == 7
 
 
 def test_a_backlog_starts_a_long_log_near_its_end(tmp_path):

@@ -10,6 +10,30 @@ def add_run_dir(parser) -> None:
                         help="run directory (default: newest under ./distdoctor-runs)")
 
 
+def add_incarnation(parser) -> None:
+    parser.add_argument("--incarnation", type=int, metavar="K",
+                        help="which launch of the ranks, when they started more than once "
+                        "(0 is the first; default: the newest)")
+
+
+def read_incarnation(args, who: str, ranks: list[int] | None = None):
+    """The run's incarnation asked for with --incarnation (default: the newest)."""
+    from distdoctor.errors import UserError
+    from distdoctor.runlog.run import read_run
+
+    if args.incarnation is not None and args.incarnation < 0:
+        raise UserError(f"{who}: --incarnation must be 0 or more", 2)
+    return read_run(args.run_dir, ranks=ranks, incarnation=args.incarnation)
+
+
+def incarnation_line(run_, who: str) -> str | None:
+    """What a reader of one incarnation is told when the run holds several."""
+    if run_.incarnations <= 1:
+        return None
+    return (f"{run_.label} of 0-{run_.incarnations - 1} (the ranks started "
+            f"{run_.incarnations} times; pick one with `distdoctor {who} --incarnation K`)")
+
+
 def add_run_hang_timeout(parser) -> None:
     """--hang-timeout for a command that reads a run: the run's own is the default."""
     parser.add_argument("--hang-timeout", type=float, metavar="S",

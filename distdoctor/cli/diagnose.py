@@ -47,14 +47,15 @@ def run(args) -> int:
         findings += scan_log(log)
         sources.append(f"log {log}")
     if args.run_dir is not None or not (args.fr_dump or args.log):
-        from distdoctor.diagnosis.postmortem import diagnose_run
-        from distdoctor.runlog.run import read_run
+        from distdoctor.diagnosis.postmortem import diagnose_runs
+        from distdoctor.runlog.run import read_incarnations
 
-        run_ = read_run(args.run_dir)
-        found, run_notes = diagnose_run(run_, args.hang_timeout)
+        runs = read_incarnations(args.run_dir)
+        found, run_notes = diagnose_runs(runs, args.hang_timeout)
         findings += found
         notes += run_notes
-        sources.insert(0, f"run {run_.path}")
+        several = f" ({len(runs)} incarnations)" if len(runs) > 1 else ""
+        sources.insert(0, f"run {runs[0].path}{several}")
     if args.json:
         json.dump({"findings": [f.to_json() for f in findings], "notes": notes,
                    "sources": sources}, sys.stdout, indent=2, default=str)

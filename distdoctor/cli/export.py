@@ -27,14 +27,17 @@ def register(sub) -> None:
                    help="write a Chrome Trace Event JSON timeline to FILE ('-': stdout)")
     p.add_argument("--no-findings", action="store_true",
                    help="skip the diagnosis: ops and spans only")
+    common.add_incarnation(p)
     p.set_defaults(func=run)
 
 
 def run(args) -> int:
     from distdoctor.export.perfetto import write_perfetto
-    from distdoctor.runlog.run import read_run
 
-    run_ = read_run(args.run_dir)
+    run_ = common.read_incarnation(args, "export")
+    which = common.incarnation_line(run_, "export")
+    if which:
+        print(f"distdoctor: {which}", file=sys.stderr)
     findings = [] if args.no_findings else _findings(run_)
     stats = write_perfetto(run_, findings, args.perfetto)
     for rank, why in sorted(run_.unreadable.items()):

@@ -4,6 +4,7 @@
   distdoctor show RUN_DIR --last 20        # ranks side by side, last 20 collectives
   distdoctor show RUN_DIR --rank 3         # one rank, every op (p2p and spans too)
   distdoctor show RUN_DIR --json           # the same events as JSON
+  distdoctor show RUN_DIR --incarnation 0  # the first launch of ranks that restarted
 
 Side by side, collectives are aligned by (group, sequence number); a cell that differs
 from the other ranks' is red, and a rank with nothing at that position shows a dash.
@@ -30,16 +31,16 @@ def register(sub) -> None:
     p.add_argument("--rank", type=int, metavar="R", help="show only rank R, every op")
     p.add_argument("--last", type=int, metavar="N", help="only the last N rows")
     p.add_argument("--json", action="store_true", help="print events as JSON")
+    common.add_incarnation(p)
     p.set_defaults(func=run)
 
 
 def run(args) -> int:
     from distdoctor.console import console
-    from distdoctor.runlog.run import read_run
 
     if args.last is not None and args.last < 1:
         raise UserError("show: --last must be at least 1", 2)
-    run_ = read_run(args.run_dir, ranks=None if args.rank is None else [args.rank])
+    run_ = common.read_incarnation(args, "show", None if args.rank is None else [args.rank])
     if args.rank is not None and args.rank not in run_.events:
         known = ", ".join(map(str, run_.info.ring_ranks)) or "none"
         raise UserError(f"show: rank {args.rank} has no event log in {run_.path} "
@@ -47,6 +48,9 @@ def run(args) -> int:
     if args.json:
         print(json.dumps(_as_json(run_, args.last), indent=1))
         return 0
+    which = common.incarnation_line(run_, "show")
+    if which:
+        console.print(which)
     for rank, why in sorted(run_.unreadable.items()):
         console.print(f"[yellow]rank {rank}: {why}[/]")
     if not run_.events:
@@ -70,7 +74,8 @@ def _as_json(run_, last):
     for rank, events in sorted(run_.events.items()):
         events = events[-last:] if last else events
         out[str(rank)] = [asdict(e) for e in events]
-    return {"run_dir": str(run_.path), "ranks": out}
+    return {"run_dir": str(run_.path), "incarnation": run_.incarnation,
+            "incarnations": run_.incarnations, "ranks": out}
 
 
 # --- formatting --------------------------------------------------------------------------
@@ -119,7 +124,7 @@ def rank_table(run_, rank: int, last: int | None):
     spans = run_.span_names(rank)
     events = run_.events[rank]
     events = events[-last:] if last else events
-    meta = run_.info.ranks.get(rank, {})
+    meta = run_.meta.get(rank, {})
     title = f"rank {rank}" + (f" · {meta.get('host')} pid {meta.get('pid')}" if meta else "")
     t = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
     for col in ("group", "seq", "op", "tensors", "peer", "time", "span", "call site"):

@@ -22,23 +22,24 @@ from distdoctor.collect import wire
 from distdoctor.errors import UserError
 from distdoctor.runlog import format as F
 from distdoctor.runlog.reader import RankLog
-from distdoctor.runlog.rundir import rank_meta_path
+from distdoctor.runlog.rundir import rank_logs, rank_meta_path, ring_path
 
 INTERVAL_S = 0.25
 RETRY_S = (0.5, 1, 2, 5, 10, 30)  # waits between connection attempts; the last repeats
 STABLE_S = 30.0  # a connection that lasted this long resets the waits and the messages
 SEND_TIMEOUT_S = 5.0
 MAX_PENDING = 4096  # in-flight events whose completion is still to be sent, per rank
+RETIRE_S = 5.0  # a log left behind by a newer one of its rank, quiet this long, is done
 
 
 class _Source:
-    """One rank's event log, read-only, and how much of it the collector has."""
+    """One rank log, read-only, and how much of it the collector has."""
 
-    def __init__(self, path: Path, rank: int):
-        self.rank = rank
-        self.inode = os.stat(path).st_ino
-        self.log = RankLog(path)  # UserError while the rank is still creating it
+    def __init__(self, path: Path, rank: int, number: int):
+        self.rank, self.number = rank, number
+        self.log = RankLog(path)
         self.meta_mtime = None
+        self.quiet: tuple[int, float] | None = None  # heartbeat, seen unchanged since
         self.reset()
 
     def reset(self) -> None:
@@ -49,12 +50,20 @@ class _Source:
         self.pending: dict[int, None] = {}
         self.stalled_at, self.stalls = -1, 0
 
-    def remade(self) -> bool:
-        """The rank made its log anew in the same file (a restart: the writer truncates
-        it, so the inode stays): another pid, or fewer events or strings than sent."""
+    def finished(self, superseded: bool) -> bool:
+        """All of it sent, and the rank closed it, or started again (a newer log) and this
+        one's heartbeat has not moved for RETIRE_S: nothing more will come."""
         log = self.log
-        return log.pid_now() != log.pid or log.word(F.OFF_HEAD) < (self.sent_head or 0) or (
-            log.word(F.OFF_STRINGS_USED) < self.sent_strings)
+        if self.pending or self.sent_head is None or self.sent_head < log.word(F.OFF_HEAD):
+            return False
+        if log.word(F.OFF_CLOSED) == 1:
+            return True
+        if not superseded:
+            return False
+        now, hb = time.monotonic(), log.word(F.OFF_HEARTBEAT_MONO, F.I64)
+        if self.quiet is None or self.quiet[0] != hb:
+            self.quiet = (hb, now)
+        return now - self.quiet[1] > RETIRE_S
 
     def close(self) -> None:
         self.log.close()
@@ -68,7 +77,8 @@ class Forwarder:
         self.token = token
         self.run_meta = run_meta or {}
         self.host = socket.gethostname()
-        self.sources: dict[int, _Source] = {}
+        self.sources: dict[tuple[int, int], _Source] = {}  # (rank, log number) -> source
+        self.done: set[tuple[int, int]] = set()  # logs sent whole and let go
         self._sock: socket.socket | None = None
         self._connected_s = 0.0
         self._next_try_s = 0.0
@@ -127,28 +137,39 @@ class Forwarder:
         if self._failures and time.monotonic() - self._connected_s > STABLE_S:
             self._failures = 0
             self._said.clear()  # news again from now on
-        for src in list(self.sources.values()):
-            self._forward_log(src)
+        for key, src in list(self.sources.items()):
+            try:
+                self._forward_log(src)
+            except UserError as exc:  # rewritten by something else: say so, send the rest
+                self._say(f"log {key}", str(exc))
+                self._let_go(key)
+                continue
+            superseded = any(r == key[0] and n > key[1] for r, n in self.sources)
+            if src.finished(superseded):
+                self._let_go(key)
         self._forward_samples()
         self._forward_findings()
 
+    def _let_go(self, key: tuple[int, int]) -> None:
+        self.sources.pop(key).close()
+        self.done.add(key)
+
     def _discover(self) -> None:
-        for path in (self.run_dir / "ranks").glob("rank-*.ring"):
-            try:
-                rank = int(path.stem.split("-", 1)[1])
-            except (IndexError, ValueError):
-                continue
-            old = self.sources.get(rank)
-            try:
-                if (old is not None and os.stat(path).st_ino == old.inode
-                        and not old.remade()):
+        """New logs: a rank's first, or its next one when it started again."""
+        for rank, numbers in rank_logs(self.run_dir).items():
+            for number in numbers:
+                key = (rank, number)
+                if key in self.sources or key in self.done:
                     continue
-                src = _Source(path, rank)
-            except (OSError, UserError):
-                continue  # being created: next pass
-            if old is not None:  # the rank restarted and made a new log
-                old.close()
-            self.sources[rank] = src
+                if number > wire.MAX_LOG:
+                    self._say("max log", f"rank {rank} started more than {wire.MAX_LOG} "
+                              f"times; its later logs are not forwarded")
+                    continue
+                try:
+                    self.sources[key] = _Source(ring_path(self.run_dir, rank, number),
+                                                rank, number)
+                except UserError:
+                    continue  # unreadable: tried again next pass
 
     def _connect(self, final: bool) -> bool:
         now = time.monotonic()
@@ -211,12 +232,13 @@ class Forwarder:
         self.sent_bytes += len(data)
 
     def _forward_log(self, src: _Source) -> None:
-        rank = src.rank
+        rank, number = src.rank, src.number
         self._forward_meta(src)
         log = src.log
         if not src.opened:
+            launch = json.dumps(log.launch).encode() if log.launch else b""
             self._send(wire.frame(wire.OPEN, wire.OPEN_BODY.pack(
-                log.capacity, log.strings_size, log.pid), rank))
+                log.capacity, log.strings_size, log.pid) + launch, rank, log=number))
             src.opened = True
         # the head first: the rank adds a string before the event that uses it, so the
         # strings read after the head cover every event up to it. Sent in the rank's
@@ -226,7 +248,7 @@ class Forwarder:
         while src.sent_strings < used:
             n = min(used - src.sent_strings, wire.MAX_PAYLOAD)
             self._send(wire.frame(wire.STRINGS, log.raw_strings(
-                src.sent_strings, src.sent_strings + n), rank, src.sent_strings))
+                src.sent_strings, src.sent_strings + n), rank, src.sent_strings, number))
             src.sent_strings += n
         count = log.word(F.OFF_STRINGS_COUNT)
         self._forward_new_slots(src, head)
@@ -234,10 +256,10 @@ class Forwarder:
         self._send(wire.frame(wire.STATE, wire.STATE_BODY.pack(
             src.sent_head, src.sent_strings, count, log.word(F.OFF_STRINGS_DROPPED),
             log.word(F.OFF_HEARTBEAT_MONO, F.I64), log.word(F.OFF_HEARTBEAT_WALL, F.I64),
-            1 if log.word(F.OFF_CLOSED) == 1 else 0), rank))
+            1 if log.word(F.OFF_CLOSED) == 1 else 0), rank, log=number))
 
     def _forward_meta(self, src: _Source) -> None:
-        path = rank_meta_path(self.run_dir, src.rank)
+        path = rank_meta_path(self.run_dir, src.rank, src.number)
         try:
             mtime = os.stat(path).st_mtime_ns
             if mtime == src.meta_mtime:
@@ -246,7 +268,7 @@ class Forwarder:
             wire.json_payload(wire.META, data)  # half written: next pass
         except (OSError, wire.WireError):
             return
-        self._send(wire.frame(wire.META, data, src.rank))
+        self._send(wire.frame(wire.META, data, src.rank, log=src.number))
         src.meta_mtime = mtime
 
     def _forward_new_slots(self, src: _Source, head: int) -> None:
@@ -263,17 +285,17 @@ class Forwarder:
                 src.stalls += 1
                 if src.stalls < 3:
                     break
-                self._send_slots(src.rank, first, batch)
+                self._send_slots(src, first, batch)
                 batch, first, e = [], e + 1, e + 1
                 continue
             batch.append(rec)
             if not _finished(rec):
                 src.pending[e] = None
             if len(batch) == wire.SLOTS_PER_FRAME:
-                self._send_slots(src.rank, first, batch)
+                self._send_slots(src, first, batch)
                 batch, first = [], e + 1
             e += 1
-        self._send_slots(src.rank, first, batch)
+        self._send_slots(src, first, batch)
         src.sent_head = e
         while len(src.pending) > MAX_PENDING:
             del src.pending[next(iter(src.pending))]
@@ -286,11 +308,11 @@ class Forwarder:
                 del src.pending[e]  # past the copy's window, or overwritten here
             elif _finished(rec):
                 del src.pending[e]
-                self._send_slots(src.rank, e, [rec])
+                self._send_slots(src, e, [rec])
 
-    def _send_slots(self, rank: int, first: int, batch: list[bytes]) -> None:
+    def _send_slots(self, src: _Source, first: int, batch: list[bytes]) -> None:
         if batch:
-            self._send(wire.frame(wire.SLOTS, b"".join(batch), rank, first))
+            self._send(wire.frame(wire.SLOTS, b"".join(batch), src.rank, first, src.number))
 
     def _forward_samples(self) -> None:
         from distdoctor.probes.sampler import SampleTail

@@ -9,7 +9,6 @@ forwarder sends is dropped (WireError) and what it sent before stays.
 
 from __future__ import annotations
 
-import os
 import re
 import threading
 from pathlib import Path
@@ -20,7 +19,9 @@ from distdoctor.runlog.ring import RingWriter
 from distdoctor.runlog.rundir import rank_meta_path, ring_path, write_json_atomic
 
 MAX_RANK = 1 << 24
-MAX_RANKS_PER_NODE = 1024  # a node has a few GPUs; the cap bounds one node's share of disk
+# a node has a few GPUs (each may start again); the cap bounds one node's share of disk
+MAX_LOGS_PER_NODE = 1024
+MAX_FINISHED = 1 << 16
 MAX_EXITS = 1 << 20
 MAX_STRINGS_BYTES = 64 << 20
 HOST_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,252}\Z")
@@ -37,15 +38,17 @@ class Mirror:
         (self.run_dir / "ranks").mkdir(parents=True, exist_ok=True)
         self._lock = threading.Lock()
         self._senders: dict[int, NodeMirror] = {}  # rank -> the node that sends it
-        self._rings: dict[int, tuple[tuple, RingWriter]] = {}  # rank -> (layout, copy)
+        # (rank, log number) -> (layout, copy)
+        self._rings: dict[tuple[int, int], tuple[tuple, RingWriter]] = {}
         self._exits: dict[int, dict] = {}
         self._findings: dict[str, list] = {}  # host -> what its `run` alone found
 
-    def ring_for(self, rank: int, node: NodeMirror, layout: tuple[int, int, int]) -> RingWriter:
-        """The copy of `rank`'s log that `node` writes. A node that reconnects writes on
-        into the same file (readers keep their place); a rank that made a new log (a
-        restart: another pid) gets a new file, put in place whole (never truncated
-        under a reader's map)."""
+    def ring_for(self, rank: int, log: int, node: NodeMirror, layout: tuple[int, int, int],
+                 launch: dict | None = None) -> RingWriter:
+        """The copy of `rank`'s log number `log` that `node` writes, under the log's own
+        name. A node that reconnects writes on into the same file (readers keep their
+        place); a log whose layout changed gets a new file, put in place whole (never
+        truncated under a reader)."""
         capacity, strings_size, pid = layout
         with self._lock:
             other = self._senders.get(rank)
@@ -55,17 +58,15 @@ class Mirror:
                     and other.host != node.host):
                 raise wire.WireError(f"rank {rank} is already sent by node {other.host}")
             self._senders[rank] = node
-            have = self._rings.get(rank)
+            have = self._rings.get((rank, log))
             if have is not None and have[0] == layout:
                 return have[1]
-            path = ring_path(self.run_dir, rank)
-            tmp = path.with_name(f".{path.name}.tmp")
-            ring = RingWriter(str(tmp), rank, min(capacity, wire.MIRROR_SLOTS) * F.SLOT_SIZE,
-                              strings_size, pid=pid)
-            os.replace(tmp, path)
+            ring = RingWriter(str(ring_path(self.run_dir, rank, log)), rank,
+                              min(capacity, wire.MIRROR_SLOTS) * F.SLOT_SIZE, strings_size,
+                              pid=pid, launch=launch, log_number=log)
             if have is not None:
                 have[1].close()
-            self._rings[rank] = (layout, ring)
+            self._rings[(rank, log)] = (layout, ring)
             return ring
 
     def set_findings(self, host: str, findings: list) -> None:
@@ -109,11 +110,14 @@ class NodeMirror:
         if not isinstance(host, str) or not HOST_NAME.match(host):
             raise wire.WireError(f"HELLO names no usable host ({str(host)[:60]!r})")
         self.mirror, self.host = mirror, host
-        self.rings: dict[int, RingWriter] = {}
+        self.rings: dict[tuple[int, int], RingWriter] = {}  # (rank, log number) -> copy
+        # logs whose rank closed them, or let go to make room: their copies are complete
+        # (or as complete as they will get); a late frame for one is dropped
+        self.finished: dict[tuple[int, int], None] = {}
         self.closed = False
         self._probes = None
 
-    def apply(self, kind: int, rank: int, arg: int, payload: bytes) -> None:
+    def apply(self, kind: int, rank: int, arg: int, payload: bytes, log: int = 0) -> None:
         if kind == wire.SAMPLES:
             return self._samples(payload)
         if kind == wire.EXITS:
@@ -127,16 +131,18 @@ class NodeMirror:
             raise wire.WireError("a second HELLO")
         if rank >= MAX_RANK:
             raise wire.WireError(f"rank {rank} is out of range")
+        if (rank, log) in self.finished:
+            return
         if kind == wire.META:
             meta = wire.json_payload(kind, payload)
             if meta.get("rank") != rank:
                 raise wire.WireError(f"META frame of rank {rank} describes rank "
                                      f"{meta.get('rank')!r}")
-            write_json_atomic(rank_meta_path(self.mirror.run_dir, rank), meta)
+            write_json_atomic(rank_meta_path(self.mirror.run_dir, rank, log), meta)
         elif kind == wire.OPEN:
-            self._open(rank, payload)
+            self._open(rank, log, payload)
         else:
-            ring = self.rings.get(rank)
+            ring = self.rings.get((rank, log))
             if ring is None:
                 raise wire.WireError(f"{wire.NAMES[kind]} frame for rank {rank} before OPEN")
             if kind == wire.STRINGS:
@@ -146,17 +152,28 @@ class NodeMirror:
             elif kind == wire.SLOTS:
                 self._slots(ring, rank, arg, payload)
             elif kind == wire.STATE:
-                self._state(ring, rank, payload)
+                if self._state(ring, rank, payload):
+                    self._finish((rank, log))
 
-    def _open(self, rank: int, payload: bytes) -> None:
-        if len(payload) != wire.OPEN_BODY.size:
+    def _finish(self, key: tuple[int, int]) -> None:
+        """Let a log's copy go: the file stays, this connection writes no more of it."""
+        self.rings.pop(key, None)
+        self.finished[key] = None
+        while len(self.finished) > MAX_FINISHED:
+            del self.finished[next(iter(self.finished))]
+
+    def _open(self, rank: int, log: int, payload: bytes) -> None:
+        if not wire.OPEN_BODY.size <= len(payload) <= wire.OPEN_BODY.size + F.MAX_LAUNCH_BYTES:
             raise wire.WireError("OPEN frame of the wrong size")
-        capacity, strings_size, pid = wire.OPEN_BODY.unpack(payload)
+        capacity, strings_size, pid = wire.OPEN_BODY.unpack_from(payload)
+        launch = (wire.json_payload(wire.OPEN, payload[wire.OPEN_BODY.size:])
+                  if len(payload) > wire.OPEN_BODY.size else None)
         if not 16 <= capacity < 1 << 40 or not 4096 <= strings_size <= MAX_STRINGS_BYTES:
             raise wire.WireError(f"OPEN frame of rank {rank} with an impossible layout")
-        if rank not in self.rings and len(self.rings) >= MAX_RANKS_PER_NODE:
-            raise wire.WireError(f"more than {MAX_RANKS_PER_NODE} ranks from one node")
-        self.rings[rank] = self.mirror.ring_for(rank, self, (capacity, strings_size, pid))
+        if (rank, log) not in self.rings and len(self.rings) >= MAX_LOGS_PER_NODE:
+            self._finish(next(iter(self.rings)))  # the oldest: long finished, most likely
+        self.rings[(rank, log)] = self.mirror.ring_for(
+            rank, log, self, (capacity, strings_size, pid), launch)
 
     @staticmethod
     def _slots(ring: RingWriter, rank: int, first: int, payload: bytes) -> None:
@@ -173,13 +190,15 @@ class NodeMirror:
                 ring.put_slot(first + i, rec)
 
     @staticmethod
-    def _state(ring: RingWriter, rank: int, payload: bytes) -> None:
+    def _state(ring: RingWriter, rank: int, payload: bytes) -> bool:
+        """Applies the header words; True when the rank has closed the log."""
         if len(payload) != wire.STATE_BODY.size:
             raise wire.WireError("STATE frame of the wrong size")
         head, used, count, dropped, hb_mono, hb_wall, closed = wire.STATE_BODY.unpack(payload)
         if used > ring.strings_size:
             raise wire.WireError(f"STATE frame of rank {rank} counts more strings than fit")
         ring.put_state(head, used, count, dropped, hb_mono, hb_wall, bool(closed))
+        return bool(closed)
 
     def _samples(self, payload: bytes) -> None:
         try:

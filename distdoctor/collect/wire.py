@@ -2,8 +2,11 @@
 the collector (`distdoctor watch --listen`). One TCP stream per node, one-way, made of
 frames:
 
-    24-byte header  magic b"DDFW", version u8, type u8, reserved u16, rank u32,
+    24-byte header  magic b"DDFW", version u8, type u8, log u16, rank u32,
                     arg u64, length u32  (little-endian)
+
+`log` is which of the rank's logs a log frame (META, OPEN, STRINGS, SLOTS, STATE) is
+about: 0 for its first, n for `ranks/rank-NNNNN.n.ring` (the rank started again).
     payload         `length` bytes (at most MAX_PAYLOAD)
 
 No pickle, nothing executed: payloads are JSON objects (HELLO, META, EXITS), UTF-8 JSON
@@ -12,8 +15,9 @@ STRINGS, SLOTS, STATE; see runlog/format.py). The collector checks each frame be
 writes it, and drops a connection that sends a malformed one (what came before stays).
 
     HELLO    first frame: {"format", "version", "host", "token", "run": run.json's fields}
-    META     rank's metadata (ranks/rank-N.json)
-    OPEN     a rank's log appeared (or was recreated): capacity, string table size, pid
+    META     rank's metadata (ranks/rank-N.json, rank-N.<log>.json)
+    OPEN     a rank's log appeared: capacity, string table size, pid; then its launch
+             identity (JSON, as in the log's header)
     STRINGS  bytes of the rank's string table at offset `arg`
     SLOTS    whole 128-byte slots, of events `arg`, `arg + 1`, ...
     STATE    the rank's header words: head, string counts, heartbeat, closed
@@ -62,24 +66,27 @@ class WireError(Exception):
     """A frame that is not one of ours: the connection it came on is dropped."""
 
 
-def frame(kind: int, payload: bytes = b"", rank: int = 0, arg: int = 0) -> bytes:
-    return FRAME.pack(MAGIC, VERSION, kind, 0, rank, arg, len(payload)) + payload
+MAX_LOG = (1 << 16) - 1  # a rank's logs past this many are not forwarded
 
 
-def json_frame(kind: int, value, rank: int = 0) -> bytes:
-    return frame(kind, json.dumps(value, separators=(",", ":")).encode(), rank)
+def frame(kind: int, payload: bytes = b"", rank: int = 0, arg: int = 0, log: int = 0) -> bytes:
+    return FRAME.pack(MAGIC, VERSION, kind, log, rank, arg, len(payload)) + payload
+
+
+def json_frame(kind: int, value, rank: int = 0, log: int = 0) -> bytes:
+    return frame(kind, json.dumps(value, separators=(",", ":")).encode(), rank, log=log)
 
 
 def read_frame(recv_exactly, max_payload: int = MAX_PAYLOAD
-               ) -> tuple[int, int, int, bytes] | None:
-    """(type, rank, arg, payload), or None at a clean end of stream. `recv_exactly(n)`
-    returns n bytes, fewer only at the end of the stream."""
+               ) -> tuple[int, int, int, bytes, int] | None:
+    """(type, rank, arg, payload, log), or None at a clean end of stream.
+    `recv_exactly(n)` returns n bytes, fewer only at the end of the stream."""
     head = recv_exactly(FRAME.size)
     if not head:
         return None
     if len(head) < FRAME.size:
         raise WireError("stream ended inside a frame header")
-    magic, version, kind, _, rank, arg, length = FRAME.unpack(head)
+    magic, version, kind, log, rank, arg, length = FRAME.unpack(head)
     if magic != MAGIC:
         raise WireError("not a distdoctor forwarding stream")
     if version > VERSION:
@@ -92,7 +99,7 @@ def read_frame(recv_exactly, max_payload: int = MAX_PAYLOAD
     payload = recv_exactly(length) if length else b""
     if len(payload) < length:
         raise WireError(f"stream ended inside a {NAMES[kind]} frame")
-    return kind, rank, arg, payload
+    return kind, rank, arg, payload, log
 
 
 def json_payload(kind: int, payload: bytes) -> dict:

@@ -13,10 +13,25 @@ from distdoctor.diagnosis.hang import RankView, _fmt_op
 class ExitInfo:
     code: int | None  # exit status; negative: killed by that signal (Popen convention)
     how: str = "exit"  # "exit": status known | "closed": exited through its atexit hook,
-    #                    status unknown | "vanished": heartbeat stopped and the pid is gone
+    #                    status unknown | "raised": an uncaught exception ended it
+    #                    | "vanished": heartbeat stopped and the pid is gone
     #                    | "stopped": distdoctor stopped it (after a failure or a hang)
+    exception: dict | None = None  # "raised": {type, message, file, line, function}
+
+    @classmethod
+    def of_closed_log(cls, header) -> ExitInfo:
+        """A log its rank closed on the way out: normally, or on an uncaught exception."""
+        if header.exception is not None:
+            return cls(None, "raised", header.exception)
+        return cls(None, "closed")
 
     def describe(self) -> str:
+        if self.how == "raised":
+            e = self.exception or {}
+            where = (f" at {e['file']}:{e['line']} in {e.get('function', '?')}"
+                     if e.get("file") else "")
+            return (f"raised {e.get('type', 'an exception')}: "
+                    f"{error_text(str(e.get('message', '')), 200)}{where}")
         if self.how == "stopped":
             return "was stopped by distdoctor"
         if self.how == "closed":
@@ -36,7 +51,7 @@ class ExitInfo:
 
     @property
     def failed(self) -> bool:
-        return self.how == "vanished" or (
+        return self.how in ("vanished", "raised") or (
             self.how == "exit" and self.code is not None and self.code != 0)
 
 
@@ -61,7 +76,7 @@ def crash_findings(exits: dict[int, ExitInfo], views: dict[int, RankView],
         # a rank that exits because its collective failed is a consequence, not a cause;
         # so is one that vanished after such a failure (under a wrapped torchrun there is
         # no exit code: the launcher tears the rank down once its error surfaced)
-        ended_by_failure = info.how == "vanished" or (
+        ended_by_failure = info.how in ("vanished", "raised") or (
             info.how == "exit" and (info.code or 0) > 0)
         consequence = (ended_by_failure and latest is not None
                        and latest.status in ("error", "timeout"))
@@ -89,6 +104,11 @@ def crash_findings(exits: dict[int, ExitInfo], views: dict[int, RankView],
                        "op": latest.op, "group": latest.group, "seq": latest.seq,
                        "in_flight": latest.t_end_ns is None}}
         callsites = [callsite_of(rank, latest.callsite)] if latest is not None else []
+        if info.exception and info.exception.get("file"):  # where it raised comes first
+            callsites.insert(0, {"rank": rank, **{k: info.exception[k] for k in
+                                                   ("file", "line", "function")
+                                                   if k in info.exception}})
+            details["exception"] = info.exception
         remedy = _REMEDY_SIGKILL if info.code == -signal.SIGKILL else _REMEDY
         out.append(Finding("crash", "warning" if consequence else "error", summary, [rank],
                            latest.group if latest else None, latest.seq if latest else None,

@@ -97,10 +97,13 @@ def merge_findings(found: list[Finding], written: list[Finding]) -> list[Finding
     from those stacks (only the live engine, beside the running ranks, could take stacks),
     plus written ones not recomputed (e.g. comm errors from the job's output, which only
     the launcher saw)."""
-    by_key = {(f.kind, tuple(f.ranks), f.group): f for f in found}
+    def key(f: Finding) -> tuple:
+        return f.kind, tuple(f.ranks), f.group, f.details.get("incarnation")
+
+    by_key = {key(f): f for f in found}
     out = list(found)
     for f in written:
-        twin = by_key.get((f.kind, tuple(f.ranks), f.group))
+        twin = by_key.get(key(f))
         if twin is None:
             out.append(f)
         elif f.stacks and not twin.stacks:

@@ -1,6 +1,10 @@
 """Live diagnosis of a running job: follow its run dir, feed the engine, keep
 findings.json current, and hand each new finding to the front end (`distdoctor run`).
 
+Each incarnation of the job (its ranks started again: runlog.incarnations) has an engine
+of its own, so ranks of one launch are never compared with another's; an incarnation whose
+ranks are all gone once a newer one runs gets a last pass and is then left as it is.
+
 Runs in a background thread of the launcher, never inside a rank: the ranks only write
 memory (DESIGN principle 1), all reading and analysis happens here.
 """
@@ -10,10 +14,12 @@ from __future__ import annotations
 import gc
 import os
 import socket
+import sys
 import threading
 import time
 from collections import deque
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 from distdoctor.diagnosis.crash import ExitInfo
@@ -32,6 +38,14 @@ MAX_PENDING_LINES = 10_000
 STALE_HEARTBEAT_S = 10.0  # a remote rank whose heartbeat stopped this long has died
 RECENT_OPS = 16  # per rank, kept by a viewer for its rank detail
 LOCAL_STALE_S = 3.0  # a viewer's confirmation that a local rank whose pid is gone died
+
+
+def label_incarnation(f: Finding, incarnation: int) -> Finding:
+    """A finding of one incarnation of a job that has several, saying which."""
+    if "incarnation" in f.details:
+        return f
+    return replace(f, summary=f"incarnation {incarnation}: {f.summary}",
+                   details={**f.details, "incarnation": incarnation})
 
 
 def relax_gc() -> None:
@@ -53,7 +67,9 @@ class LiveDiagnosis:
         if not owner:
             stacks = "none"  # py-spy attaching to the job is the owner's call, not a viewer's
         self.follower = RunFollower(run_dir, backlog)
-        self.engine = Engine(hang_timeout_s, stacks=self._dump_stacks)
+        self.hang_timeout_s = hang_timeout_s
+        self.engines: dict[int, Engine] = {}  # incarnation -> its engine
+        self._done: set[int] = set()  # incarnations left as they are
         self.on_finding = on_finding
         self.stacks_mode = stacks
         self.exits = exits  # rank -> (exit status, stopped by distdoctor), when known
@@ -71,7 +87,30 @@ class LiveDiagnosis:
         # a viewer's reader of the owner's probe files
         self._sample_tail = None if owner else _sample_tail(self.run_dir)
         self._last_sample_t = None
-        self.engine.gpu_findings = gpu_findings_fn()
+        self._gpu_findings = gpu_findings_fn()
+
+    @property
+    def engine(self) -> Engine:
+        """The newest incarnation's engine (the one a dashboard shows)."""
+        return self._engine_of(self.follower.newest)
+
+    def _engine_of(self, incarnation: int) -> Engine:
+        engine = self.engines.get(incarnation)
+        if engine is None:
+            engine = self.engines[incarnation] = Engine(
+                self.hang_timeout_s, stacks=lambda ranks: self._dump_stacks(incarnation, ranks))
+            engine.gpu_findings = self._gpu_findings
+        return engine
+
+    def findings(self) -> list[Finding]:
+        """Every incarnation's findings, each labelled when there are several."""
+        return [self._label(i, f) for i in sorted(self.engines)
+                for f in self.engines[i].findings()]
+
+    def _label(self, incarnation: int, f: Finding) -> Finding:
+        if self.follower.incarnations.count <= 1:
+            return f
+        return label_incarnation(f, incarnation)
 
     # --- lifecycle ---------------------------------------------------------------------
     def start(self) -> LiveDiagnosis:
@@ -96,7 +135,7 @@ class LiveDiagnosis:
         with self._lock:
             self._step(time.monotonic(), final=True)
             self.follower.close()
-            return self.engine.findings()
+            return self.findings()
 
     def stopping(self) -> None:
         """The owner is about to stop the job: a rank still alive now is stopped, not
@@ -104,9 +143,12 @@ class LiveDiagnosis:
         per rank). Ranks already gone are found so first."""
         with self._lock:
             self._check_ranks(time.monotonic())
-            for rank, st in self.engine.ranks.items():
-                if st.exit is None:
-                    self.engine.exited(rank, ExitInfo(None, "stopped"))
+            for i, engine in self.engines.items():
+                if i in self._done:
+                    continue
+                for rank, st in engine.ranks.items():
+                    if st.exit is None:
+                        engine.exited(rank, ExitInfo(None, "stopped"))
 
     def stopped_ranks(self) -> list[int]:
         """Ranks marked stopped by `stopping` (for exits.json)."""
@@ -138,7 +180,6 @@ class LiveDiagnosis:
                     self._step(time.monotonic())
             except Exception as exc:  # never take the launcher (and the job) down
                 self.error = f"live diagnosis stopped: {exc!r}"
-                import sys
                 import traceback
 
                 print(f"distdoctor: {self.error} (the job goes on; `distdoctor diagnose` "
@@ -158,31 +199,47 @@ class LiveDiagnosis:
 
     # --- one pass ----------------------------------------------------------------------
     def _step(self, now_s: float, final: bool = False) -> None:
-        events = self.follower.poll(final)
+        batches = self.follower.poll_incarnations(final)
+        for i in sorted(batches):
+            self._engine_of(i).ingest(batches[i], now_s)
+        for why in self.follower.said:
+            print(f"distdoctor: {why}", file=sys.stderr)
+        self.follower.said.clear()
+        engine = self.engine  # the newest incarnation's
         if self.recent is not None:
-            self._remember(events)
-        self.engine.ingest(events, now_s)
+            self._remember(batches.get(self.follower.newest, ()))
         sample = self.sampler.latest() if self.sampler is not None else None
         if sample is not None and sample.t != self._last_sample_t:
             self._last_sample_t = sample.t
-            self.engine.samples.append(sample)
+            engine.samples.append(sample)
         if self._sample_tail is not None:
-            self.engine.samples.extend(self._sample_tail.read_new())
+            engine.samples.extend(self._sample_tail.read_new())
         if self._lines:
             # ranks that print nothing are still ranks: one that never reported a timeout
             # the others reported is the one that never arrived
-            self._scanner.ranks_seen.update(self.follower.feeds)
+            self._scanner.ranks_seen.update(self.follower.ranks_of(self.follower.newest))
         while self._lines:
             rank, text = self._lines.popleft()
             for f in self._scanner.feed(text, rank=rank):
-                self.engine.add_finding(f)
+                engine.add_finding(f)
         self._check_ranks(now_s)
-        if self.exits is not None:
+        if self.exits is not None:  # the launcher's ranks: each in its newest incarnation
             for rank, (code, stopped) in self.exits().items():
-                self.engine.exited(rank, ExitInfo(code, "stopped" if stopped else "exit"))
-        changed = self.engine.tick(now_s, final=final)
+                newest = max((i for i, e in self.engines.items() if rank in e.ranks),
+                             default=None)
+                if newest is not None and newest not in self._done:
+                    self.engines[newest].exited(
+                        rank, ExitInfo(code, "stopped" if stopped else "exit"))
+        changed = []
+        for i, e in list(self.engines.items()):
+            if i in self._done:
+                continue
+            changed += [self._label(i, f) for f in e.tick(now_s, final=final)]
+            if i < self.follower.newest and e.ranks and all(
+                    st.exit is not None for st in e.ranks.values()):
+                self._done.add(i)  # its ranks are gone and a newer launch runs
         if self.owner and (changed or final):
-            write_findings(self.run_dir, self.engine.findings())
+            write_findings(self.run_dir, self.findings())
         if self.on_finding is not None:
             for f in changed:
                 self.on_finding(f)
@@ -201,55 +258,60 @@ class LiveDiagnosis:
 
     def _check_ranks(self, now_s: float) -> None:
         """Each rank's heartbeat (as of the last poll), and whether it is still alive."""
-        for rank, header in self.follower.headers().items():
-            self.engine.heartbeat(rank, header.heartbeat_mono_ns, now_s)
-            self._check_alive(rank, header, now_s)
+        for i in list(self.engines):
+            if i in self._done:
+                continue
+            engine, meta = self.engines[i], self.follower.meta_of(i)
+            for rank, header in self.follower.headers(i).items():
+                engine.heartbeat(rank, header.heartbeat_mono_ns, now_s)
+                self._check_alive(engine, meta.get(rank) or {}, rank, header, now_s)
 
-    def _check_alive(self, rank: int, header, now_s: float) -> None:
+    def _check_alive(self, engine: Engine, meta: dict, rank: int, header,
+                     now_s: float) -> None:
         """Without a launcher that reports exits: a closed log means the rank shut down; a
         pid gone from this host (or, for another host, a heartbeat stale for a while)
         without a closed log means it died."""
-        st = self.engine.ranks.get(rank)
+        st = engine.ranks.get(rank)
         if st is None:
             return
         if st.exit is not None:
             # a remote rank taken for dead whose heartbeat came back: the link to its node
             # (a collector's) or the shared file system had stalled, the rank had not died
-            if (st.exit.how == "vanished" and rank not in self.engine.same_clock
-                    and (self.engine.heartbeat_age_s(rank, now_s) or 0.0) < POLL_S * 2):
-                self.engine.revive(rank)
+            if (st.exit.how == "vanished" and rank not in engine.same_clock
+                    and (engine.heartbeat_age_s(rank, now_s) or 0.0) < POLL_S * 2):
+                engine.revive(rank)
             return
         if header.closed:
-            self.engine.exited(rank, ExitInfo(None, "closed"))
+            engine.exited(rank, ExitInfo.of_closed_log(header))
             return
-        meta = self.follower.meta.get(rank) or {}
         local = meta.get("host") == self.host
         if local:
-            self.engine.same_clock.add(rank)  # one clock: the heartbeat's age is exact
-        hb_age_s = self.engine.heartbeat_age_s(rank, now_s) or 0.0
+            engine.same_clock.add(rank)  # one clock: the heartbeat's age is exact
+        hb_age_s = engine.heartbeat_age_s(rank, now_s) or 0.0
         if local:
             # A viewer may sit in another pid namespace on the same host (a sidecar
             # container): there every pid looks gone, so it also wants the heartbeat stopped.
             if not _pid_alive(meta.get("pid")) and (self.owner or hb_age_s > LOCAL_STALE_S):
-                self.engine.exited(rank, ExitInfo(None, "vanished"))
+                engine.exited(rank, ExitInfo(None, "vanished"))
         elif hb_age_s > STALE_HEARTBEAT_S:
-            self.engine.exited(rank, ExitInfo(None, "vanished"))
+            engine.exited(rank, ExitInfo(None, "vanished"))
 
     def _local_pids(self) -> dict[int, int]:
-        """This node's rank pids (for the per-node sampler)."""
+        """This node's rank pids in the newest incarnation (for the per-node sampler)."""
         out = {}
-        for rank, meta in list(self.follower.meta.items()):
-            if meta and meta.get("host") == self.host and isinstance(meta.get("pid"), int):
+        for rank, meta in self.follower.meta_of(self.follower.newest).items():
+            if meta.get("host") == self.host and isinstance(meta.get("pid"), int):
                 out[rank] = meta["pid"]
         return out
 
-    def _dump_stacks(self, ranks: list[int]) -> dict[int, str]:
+    def _dump_stacks(self, incarnation: int, ranks: list[int]) -> dict[int, str]:
         if self.stacks_mode == "none":
             return {}
-        wanted = sorted(self.follower.meta) if self.stacks_mode == "all" else ranks
-        pids = {r: (self.follower.meta.get(r) or {}).get("pid") for r in wanted}
+        meta = self.follower.meta_of(incarnation)
+        wanted = sorted(meta) if self.stacks_mode == "all" else ranks
+        pids = {r: (meta.get(r) or {}).get("pid") for r in wanted}
         pids = {r: p for r, p in pids.items() if isinstance(p, int)
-                and (self.follower.meta.get(r) or {}).get("host") == self.host}
+                and (meta.get(r) or {}).get("host") == self.host}
         if not pids:
             return {}
         try:

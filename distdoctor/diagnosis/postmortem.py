@@ -70,25 +70,63 @@ def diagnose_events(events: dict[int, list], headers: dict, exits: dict[int, Exi
     for rank, header in headers.items():
         engine.heartbeat(rank, header.heartbeat_mono_ns, 0.0)
         if header.closed and rank not in exits:
-            engine.exited(rank, ExitInfo(None, "closed"))
+            engine.exited(rank, ExitInfo.of_closed_log(header))
     for rank, info in exits.items():
         engine.exited(rank, info)
     engine.tick(None, final=True)
     return engine
 
 
+def diagnose_runs(runs: list[Run], hang_timeout_s: float | None = None
+                  ) -> tuple[list[Finding], list[str]]:
+    """Findings of every incarnation of a run (each on its own: ranks of one launch are
+    never compared with another's), labelled when there are several, merged with what
+    the live engine wrote; and notes on what is unknown."""
+    from distdoctor.diagnosis.live import label_incarnation
+
+    several = len(runs) > 1
+    findings: list[Finding] = []
+    notes: list[str] = []
+    newest = {r: run.incarnation for run in runs for r in run.events}  # rank -> newest
+    for run in runs:
+        found, run_notes = _diagnose_one(run, hang_timeout_s, newest)
+        if several:
+            found = [label_incarnation(f, run.incarnation) for f in found]
+            run_notes = [f"{run.label}: {n}" for n in run_notes]
+        findings += found
+        notes += [n for n in run_notes if n not in notes]
+    return merge_findings(findings, _live_findings(runs[0].path, notes)), notes
+
+
 def diagnose_run(run: Run, hang_timeout_s: float | None = None) -> tuple[list[Finding], list[str]]:
-    """Findings of a run, and notes on what is unknown (unreadable logs, lost events)."""
+    """Findings of one incarnation (most runs have only one), merged with the live ones
+    of the same incarnation."""
+    from distdoctor.diagnosis.live import label_incarnation
+
+    found, notes = _diagnose_one(run, hang_timeout_s, {r: run.incarnation for r in run.events})
+    written = _live_findings(run.path, notes)
+    if run.incarnations > 1:
+        found = [label_incarnation(f, run.incarnation) for f in found]
+        written = [f for f in written if f.details.get("incarnation") == run.incarnation]
+    return merge_findings(found, written), notes
+
+
+def _diagnose_one(run: Run, hang_timeout_s: float | None,
+                  newest: dict[int, int]) -> tuple[list[Finding], list[str]]:
     if hang_timeout_s is None:
         hang_timeout_s = run.info.hang_timeout_s
-    exits, notes = read_exits(run.path)
-    if (run.path / "exits.json").exists():  # the job is over: an unclosed log died
-        for rank, header in run.headers.items():
+    all_exits, notes = read_exits(run.path)
+    # exits.json has each process's last exit: a rank's belongs to its newest incarnation
+    exits = {r: e for r, e in all_exits.items() if newest.get(r) == run.incarnation}
+    if (run.path / "exits.json").exists() or run.incarnation < max(newest.values(),
+                                                                  default=0):
+        for rank, header in run.headers.items():  # this launch is over: unclosed died
             if rank not in exits and not header.closed:
                 exits[rank] = ExitInfo(None, "vanished")
+    last = run.incarnation == max(newest.values(), default=0)
     engine = diagnose_events(run.events, run.headers, exits, hang_timeout_s,
-                             samples=_samples(run.path, notes))
-    findings = merge_findings(engine.findings(), _live_findings(run.path, notes))
+                             samples=_samples(run.path, notes) if last else ())
+    findings = engine.findings()
     for rank, why in sorted(run.unreadable.items()):
         notes.append(f"rank {rank}: {why}; its part is unknown")
     ws = run.world_size

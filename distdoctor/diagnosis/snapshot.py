@@ -115,7 +115,7 @@ class SnapshotTaker:
             now = self.clock()
             engine = live.engine
             views = engine.views(now)
-            found = copy.deepcopy(engine.findings())  # merged and drawn outside the lock
+            found = copy.deepcopy(live.findings())  # merged and drawn outside the lock
             ranks = self._rank_rows(engine, views, now)
             groups = self._group_rows(engine)
             events = engine.ingested
@@ -133,7 +133,8 @@ class SnapshotTaker:
             state=_job_state(live.run_dir, ranks, world),
             elapsed_s=None if started is None else max(0.0, time.time() - started),
             ranks=ranks, groups=groups, findings=findings,
-            events=events, notes=list(self._notes) + ([live.error] if live.error else []),
+            events=events, notes=list(self._notes) + ([live.error] if live.error else [])
+            + sorted(set(live.follower.unreadable.values()))[:8],
             recent=recent)
 
     def _job_info(self) -> tuple[str | None, int | None, float | None]:
@@ -159,7 +160,7 @@ class SnapshotTaker:
             dt = now - self._prev[0]
             rates = {r: (n - self._prev[1].get(r, 0)) / dt for r, n in counts.items()}
         self._prev = (now, counts)
-        meta = self.live.follower.meta
+        meta = self.live.follower.meta_of(self.live.follower.newest)
         rows = []
         for r in sorted(engine.ranks):
             st, view = engine.ranks[r], views[r]

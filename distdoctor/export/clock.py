@@ -27,7 +27,7 @@ class Clock:
             last = max(max(e.t_enter_ns, e.t_end_ns or 0) for e in evs)
             header = run.headers.get(rank)
             self._end[rank] = max(last, header.heartbeat_mono_ns if header else 0)
-        hosts = {r: m.get("host") for r, m in run.info.ranks.items() if isinstance(m, dict)}
+        hosts = {r: m.get("host") for r, m in run.meta.items() if isinstance(m, dict)}
         # One offset per host: its ranks share a monotonic clock, so they stay exactly
         # comparable (two ranks' anchors differ by the microseconds between the reads).
         offset: dict[int, int] = {}
@@ -36,7 +36,7 @@ class Clock:
             host = hosts.get(rank)
             pair = by_host.get(host) if host else None
             if pair is None:
-                pair = _anchor(run.headers.get(rank), run.info.ranks.get(rank))
+                pair = _anchor(run.headers.get(rank), run.meta.get(rank))
                 if pair is not None and host:
                     by_host[host] = pair
             if pair is not None:

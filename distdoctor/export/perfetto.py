@@ -135,7 +135,7 @@ def trace_events(run, findings, stats: ExportStats) -> Iterator[dict]:
     # tid alone, and the pid of a process doubles as its main thread's tid.
     tids = itertools.count(max(ranks, default=-1) + 1)
     for rank in ranks:
-        meta = run.info.ranks.get(rank) or {}
+        meta = run.meta.get(rank) or {}
         host = meta.get("host") if isinstance(meta, dict) else None
         name = f"rank {rank}" + (f" ({host})" if host else "")
         yield {"ph": "M", "ts": 0, "pid": rank, "tid": rank, "name": "process_name",

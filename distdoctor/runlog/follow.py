@@ -2,7 +2,10 @@
 
 An op is written once when it enters (in flight) and its slot is updated in place when it
 completes, so a follower re-reads the slots of the ops it last saw in flight. Rank logs
-that appear later (a launcher starting ranks one by one) are picked up on the next poll.
+that appear later (a launcher starting ranks one by one, a rank that starts again) are
+picked up on the next poll, each in its incarnation (runlog.incarnations). A log that is
+finished (closed, or left behind by a newer log of its rank) and fully read is let go, so
+a job that re-launches its ranks a thousand times holds a few files open, not thousands.
 """
 
 from __future__ import annotations
@@ -14,19 +17,22 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from distdoctor.errors import UserError
+from distdoctor.runlog.incarnations import Incarnations
 from distdoctor.runlog.reader import Event, RankLog, RingHeader
-from distdoctor.runlog.rundir import rank_meta_path, ring_path
+from distdoctor.runlog.rundir import parse_log_name, rank_meta_path, ring_path
 
 # In-flight ops re-read per rank per poll, at most: async work that never reports its
 # completion must not make every poll slower.
 MAX_PENDING = 4096
 RESCAN_S = 2.0  # the ranks folder is listed at least this often (see _discover)
 META_RETRY_S = 0.25  # first retry of a rank's missing metadata; doubles up to RESCAN_S
+RETIRE_S = 5.0  # a log left behind by a newer one of its rank, quiet this long, is let go
 
 
 @dataclass
 class RankFeed:
     log: RankLog
+    incarnation: int = 0
     next_index: int = 0
     pending: dict[int, None] = field(default_factory=dict)  # in-flight event numbers, ordered
     header: RingHeader | None = None
@@ -56,22 +62,28 @@ class RankFeed:
 
 
 class RunFollower:
-    """Polls every rank log of a run dir; `poll()` returns events new or changed since."""
+    """Polls every rank log of a run dir; `poll()` returns the events new or changed since,
+    per incarnation."""
 
     def __init__(self, run_dir: str | Path, backlog: int | None = None):
         self.run_dir = Path(run_dir)
         # events already in a log when it is first seen that are read (None: all of them);
         # a viewer joining a long job needs the present, not a ring's worth of history
         self.backlog = backlog
-        self.feeds: dict[int, RankFeed] = {}
-        self.unreadable: dict[int, str] = {}
-        self.meta: dict[int, dict] = {}
+        self.feeds: dict[tuple[int, int], RankFeed] = {}  # (rank, log number) -> feed
+        self.retired: dict[tuple[int, int], RankFeed] = {}  # finished, file closed
+        self.unreadable: dict[tuple[int, int], str] = {}
+        self.meta: dict[tuple[int, int], dict] = {}  # (rank, log number) -> metadata
+        self.incarnations = Incarnations()
+        self.newest: int = 0  # the newest incarnation seen
+        self.said: list[str] = []  # one line per log that could no longer be read
         self._ranks_mtime = -1
-        self._meta_tried: dict[int, tuple[float, int]] = {}  # rank -> (last try, tries)
+        self._meta_tried: dict[tuple[int, int], tuple[float, int]] = {}
         self._scanned_s = -math.inf
+        self._quiet: dict[tuple[int, int], tuple[int, float]] = {}  # heartbeat, since
 
     def _discover(self) -> None:
-        """Pick up rank logs that appeared. Listing the folder costs O(ranks) per poll, so
+        """Pick up rank logs that appeared. Listing the folder costs O(logs) per poll, so
         it is listed only when its mtime moved, while a log is still unreadable, or
         every RESCAN_S. File systems stamp mtimes coarsely (ext4: a clock tick), so a
         file created in the tick of the last listing leaves the mtime unchanged: a
@@ -87,77 +99,144 @@ class RunFollower:
                 and now - self._scanned_s < RESCAN_S):
             return
         self._ranks_mtime, self._scanned_s = mtime, now
-        for p in ranks_dir.glob("rank-*.ring"):
-            try:
-                rank = int(p.stem.split("-", 1)[1])
-            except (IndexError, ValueError):
+        try:
+            names = os.listdir(ranks_dir)
+        except OSError:
+            return
+        found = []
+        for name in names:
+            parsed = parse_log_name(name)
+            if parsed is None or parsed[2] != "ring":
                 continue
-            if rank in self.feeds:
+            key = parsed[:2]
+            if key in self.feeds or key in self.retired:
                 continue
             try:
-                feed = RankFeed(RankLog(ring_path(self.run_dir, rank)))
-                if self.backlog is not None:
-                    feed.next_index = max(0, feed.log.header().head - self.backlog)
-                self.feeds[rank] = feed
-                self.unreadable.pop(rank, None)
+                log = RankLog(ring_path(self.run_dir, *key))
             except UserError as exc:
-                self.unreadable[rank] = str(exc)  # maybe still being created: retry later
-            self._load_meta(rank)
+                self.unreadable[key] = str(exc)  # maybe still being created: retry later
+                continue
+            self.unreadable.pop(key, None)
+            found.append((log.created_wall_ns, key[1], key[0], log))
+        # in the order they were made: that numbers the incarnations (runlog.incarnations)
+        for _, number, rank, log in sorted(found, key=lambda t: t[:3]):
+            feed = RankFeed(log, self.incarnations.assign(rank, log.launch))
+            if self.backlog is not None:
+                feed.next_index = max(0, log.header().head - self.backlog)
+            self.feeds[(rank, number)] = feed
+            self.newest = max(self.newest, feed.incarnation)
+            self._load_meta((rank, number))
 
-    def _load_meta(self, rank: int, now_too: bool = False) -> None:
-        """A rank's metadata. A rank creates its log a moment before its metadata, so one
+    def _load_meta(self, key: tuple[int, int], now_too: bool = False) -> None:
+        """A log's metadata. A rank creates its log a moment before its metadata, so one
         not there yet (or half written) is tried again soon, then less and less often, up
         to every RESCAN_S (a rank that never writes it costs little). `now_too`: try even
         if the last try was a moment ago (the last pass: who is local decides who died)."""
         import json
 
         now = time.monotonic()
-        last, tries = self._meta_tried.get(rank, (-math.inf, 0))
+        last, tries = self._meta_tried.get(key, (-math.inf, 0))
         if not now_too and now - last < min(RESCAN_S, META_RETRY_S * 2 ** (tries - 1)):
             return
-        self._meta_tried[rank] = (now, tries + 1)
+        self._meta_tried[key] = (now, tries + 1)
         try:
-            self.meta[rank] = json.loads(rank_meta_path(self.run_dir, rank).read_text())
+            self.meta[key] = json.loads(rank_meta_path(self.run_dir, *key).read_text())
         except (OSError, ValueError):
-            self.meta.setdefault(rank, {})
+            self.meta.setdefault(key, {})
 
     def poll(self, final: bool = False) -> list[Event]:
-        """New events and completions. `final`: the last poll of a run (metadata still
-        missing is looked for once more, whenever it was last tried)."""
+        """New events and completions, of every incarnation."""
+        return [ev for events in self.poll_incarnations(final).values() for ev in events]
+
+    def poll_incarnations(self, final: bool = False) -> dict[int, list[Event]]:
+        """New events and completions, per incarnation. `final`: the last poll of a run
+        (metadata still missing is looked for once more, whenever it was last tried)."""
         self._discover()
-        out: list[Event] = []
-        for rank, feed in self.feeds.items():
-            if not self.meta.get(rank):
-                self._load_meta(rank, now_too=final)
+        out: dict[int, list[Event]] = {}
+        for key, feed in list(self.feeds.items()):
+            if not self.meta.get(key):
+                self._load_meta(key, now_too=final)
             try:
                 feed.header = feed.log.header()
                 # completions of ops seen in flight
+                events = []
                 for index in list(feed.pending):
                     ev = feed.log.read_one(index)
                     if ev is None:  # overwritten: the ring wrapped past it
                         del feed.pending[index]
                     elif ev.t_end_ns is not None:  # t_end is written last
                         del feed.pending[index]
-                        out.append(ev)
+                        events.append(ev)
                 new = feed.read_new()
-            except (ValueError, OSError):  # a file replaced under us: stop following it
+            except UserError as exc:  # rewritten by someone else: say so, read on
+                self._let_go(key, feed, str(exc))
                 continue
             for ev in new:
                 if ev.t_end_ns is None and ev.kind != "span":
                     feed.pending[ev.index] = None
             while len(feed.pending) > MAX_PENDING:
                 del feed.pending[next(iter(feed.pending))]
-            out.extend(new)
+            events.extend(new)
+            if events:
+                out.setdefault(feed.incarnation, []).extend(events)
+            elif not final and self._finished(key, feed):
+                self._let_go(key, feed)
         return out
 
-    def headers(self) -> dict[int, RingHeader]:
-        return {r: f.header for r, f in self.feeds.items() if f.header is not None}
+    def _finished(self, key: tuple[int, int], feed: RankFeed) -> bool:
+        """Read to its end, and either closed or left behind by a newer log of its rank
+        whose heartbeat stopped a while ago (killed with its launch)."""
+        header = feed.header
+        if feed.next_index < header.head:
+            return False
+        if header.closed and not feed.pending:
+            return True
+        if not any(r == key[0] and n > key[1] for r, n in self.feeds):
+            return False
+        now = time.monotonic()
+        hb, since = self._quiet.get(key, (None, now))
+        if hb != header.heartbeat_mono_ns:
+            self._quiet[key] = (header.heartbeat_mono_ns, now)
+            return False
+        return now - since > RETIRE_S
+
+    def _let_go(self, key: tuple[int, int], feed: RankFeed, why: str | None = None) -> None:
+        del self.feeds[key]
+        self._quiet.pop(key, None)
+        try:
+            feed.log.close()
+        except OSError:
+            pass
+        if why is None:
+            self.retired[key] = feed
+        else:
+            self.unreadable[key] = why
+            self.said.append(why)
+
+    def ranks_of(self, incarnation: int) -> dict[int, RankFeed]:
+        """rank -> its feed in `incarnation` (followed or let go)."""
+        out = {k[0]: f for k, f in self.retired.items() if f.incarnation == incarnation}
+        out.update({k[0]: f for k, f in self.feeds.items() if f.incarnation == incarnation})
+        return out
+
+    def meta_of(self, incarnation: int) -> dict[int, dict]:
+        """rank -> metadata of its log in `incarnation`."""
+        return {k[0]: self.meta.get(k) or {} for k, f in
+                [*self.retired.items(), *self.feeds.items()] if f.incarnation == incarnation}
+
+    def headers(self, incarnation: int) -> dict[int, RingHeader]:
+        return {r: f.header for r, f in self.ranks_of(incarnation).items()
+                if f.header is not None}
+
+    def live_incarnations(self) -> set[int]:
+        """Incarnations with a log still followed."""
+        return {f.incarnation for f in self.feeds.values()}
 
     def close(self) -> None:
         for feed in self.feeds.values():
             try:
                 feed.log.close()
-            except (ValueError, OSError):
+            except OSError:
                 pass
 
 

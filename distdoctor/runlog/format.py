@@ -8,6 +8,12 @@ the file while the job runs:
 
 * Header fields sit at fixed offsets so single fields (head, heartbeat) can be updated
   in place.
+* A rank that starts again (an elastic restart, a second launch, a re-initialised default
+  group) writes a new file, never the old one: `rank-00003.ring` is its first log,
+  `rank-00003.1.ring` its second, and so on (see rundir). Each file is built whole under a
+  temporary name and then linked into place, so a reader never meets a half-made or
+  shrunk file. The header says which launch the file belongs to (`launch`, below): the
+  readers group the ranks' files into incarnations of the job by it.
 * The string table holds interned JSON values (groups, call sites, tensor shapes, span
   names, error texts) as `u32 length + utf-8 bytes`; an event refers to them by id
   (1-based position). It is append-only and bounded; when full, new strings map to id 0
@@ -38,7 +44,14 @@ OFF_STRINGS_COUNT = 144  # u64 strings interned
 OFF_STRINGS_DROPPED = 152  # u64 strings refused because the table was full
 OFF_HEARTBEAT_MONO = 160  # i64 CLOCK_MONOTONIC ns of the last heartbeat
 OFF_HEARTBEAT_WALL = 168  # i64 wall-clock ns of the last heartbeat
-OFF_CLOSED = 176  # u64 1 once the interpreter exited normally
+OFF_CLOSED = 176  # u64 1 once the interpreter exited normally, 2 on an uncaught exception
+# Written once, before the file is linked into place (zero in logs of older writers):
+OFF_LOG_NUMBER = 184  # u64 which of the rank's logs this is (0: its first)
+OFF_CREATED_WALL = 192  # i64 wall-clock ns when the file was made
+OFF_EXIT_ERROR = 200  # u32 string id: the uncaught exception ({type, message, file, ...})
+HEADER_WORDS_END = 208  # the header words a reader takes on every poll end here
+OFF_LAUNCH = 256  # u32 length + JSON: what identifies the launch (store, restart count)
+MAX_LAUNCH_BYTES = 1024
 U64 = struct.Struct("<Q")
 U32 = struct.Struct("<I")
 I64 = struct.Struct("<q")
@@ -69,6 +82,9 @@ STATUS_ERROR = 2
 STATUS_TIMEOUT = 3
 STATUSES = {STATUS_IN_FLIGHT: "in_flight", STATUS_OK: "ok", STATUS_ERROR: "error",
             STATUS_TIMEOUT: "timeout"}
+
+CLOSED_NORMALLY = 1
+CLOSED_RAISED = 2
 
 # flags
 FLAG_ASYNC = 1  # the caller asked for async_op=True (or a C++ caller: DDP, funcol)

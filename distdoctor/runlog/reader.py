@@ -3,12 +3,16 @@
 `RankLog.read(since)` decodes the events numbered `since` and later that are still in the
 ring. Slots are validated by their leading event number, so a slot being rewritten, or
 overwritten after the ring wrapped, is skipped rather than misread.
+
+The file is read with `pread`, not mapped: whatever a rank's process does to the file
+(our writers never shrink one, but a job's code may truncate or rewrite it), a read past
+its end is a short read and a one-line `ShrunkLog`, where a mapped page past the end
+would kill the reader with SIGBUS.
 """
 
 from __future__ import annotations
 
 import json
-import mmap
 import os
 import struct
 from dataclasses import dataclass, field
@@ -69,11 +73,16 @@ class RingHeader:
     heartbeat_mono_ns: int
     heartbeat_wall_ns: int
     closed: bool
+    exception: dict | None = None  # the uncaught exception that ended the rank
 
     @property
     def dropped(self) -> int:
         """Events overwritten because the ring wrapped."""
         return max(0, self.head - self.capacity)
+
+
+class ShrunkLog(UserError):
+    """The file got shorter under its reader: something other than distdoctor rewrote it."""
 
 
 @dataclass
@@ -88,15 +97,27 @@ class RankLog:
     def __init__(self, path: str | os.PathLike):
         self.path = Path(path)
         try:
-            with open(self.path, "rb") as fh:
-                size = os.fstat(fh.fileno()).st_size
-                if size < F.HEADER_SIZE:
-                    raise UserError(f"event log {self.path} is truncated ({size} bytes)")
-                self._mm = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
+            self._fd = os.open(self.path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
         except OSError as exc:
             raise UserError(f"cannot read event log {self.path}: {exc.strerror}") from None
+        try:
+            self._check_layout()
+        except BaseException:
+            os.close(self._fd)
+            raise
+        self._strings = _Strings()
+        # string id -> its decoded fields (groups, tensor descriptions): most events of a
+        # rank share a handful of them, and decoding is most of the cost of reading one
+        self._groups: dict[int, tuple] = {}
+        self._tensors: dict[int, tuple] = {}
+
+    def _check_layout(self) -> None:
+        size = os.fstat(self._fd).st_size
+        if size < F.HEADER_SIZE:
+            raise UserError(f"event log {self.path} is truncated ({size} bytes)")
+        head = self._read(0, F.HEADER_SIZE)
         (magic, version, header_size, slot_size, capacity, s_off, s_size, r_off, rank,
-         pid) = F.HEADER_STATIC.unpack_from(self._mm, 0)
+         pid) = F.HEADER_STATIC.unpack_from(head, 0)
         if magic != F.MAGIC:
             raise UserError(f"{self.path} is not a distdoctor event log")
         if version > F.VERSION:
@@ -109,24 +130,39 @@ class RankLog:
                             f"{r_off + capacity * slot_size} bytes)")
         self.rank, self.pid, self.capacity = rank, pid, capacity
         self._strings_offset, self._strings_size, self._ring_offset = s_off, s_size, r_off
-        self._strings = _Strings()
-        # string id -> its decoded fields (groups, tensor descriptions): most events of a
-        # rank share a handful of them, and decoding is most of the cost of reading one
-        self._groups: dict[int, tuple] = {}
-        self._tensors: dict[int, tuple] = {}
+        self.log_number = F.U64.unpack_from(head, F.OFF_LOG_NUMBER)[0]
+        self.created_wall_ns = F.I64.unpack_from(head, F.OFF_CREATED_WALL)[0]
+        self.launch = _launch_of(head)
+
+    def _read(self, offset: int, n: int) -> bytes:
+        try:
+            data = os.pread(self._fd, n, offset)
+        except OSError as exc:
+            raise UserError(f"cannot read event log {self.path}: {exc.strerror}") from None
+        if len(data) != n:
+            raise ShrunkLog(f"event log {self.path} shrank under its reader (something "
+                            f"other than distdoctor rewrote it); no longer read")
+        return data
 
     def close(self) -> None:
-        self._mm.close()
+        fd, self._fd = self._fd, -1
+        if fd >= 0:
+            os.close(fd)
 
     def header(self) -> RingHeader:
-        mm = self._mm
+        words = self._read(0, F.HEADER_WORDS_END)
+        closed = F.U64.unpack_from(words, F.OFF_CLOSED)[0]
+        exception = None
+        if closed == F.CLOSED_RAISED:
+            value = self.string(F.U32.unpack_from(words, F.OFF_EXIT_ERROR)[0])
+            exception = value if isinstance(value, dict) else {"type": "exception"}
         return RingHeader(
             rank=self.rank, pid=self.pid, capacity=self.capacity,
-            head=F.U64.unpack_from(mm, F.OFF_HEAD)[0],
-            strings_dropped=F.U64.unpack_from(mm, F.OFF_STRINGS_DROPPED)[0],
-            heartbeat_mono_ns=F.I64.unpack_from(mm, F.OFF_HEARTBEAT_MONO)[0],
-            heartbeat_wall_ns=F.I64.unpack_from(mm, F.OFF_HEARTBEAT_WALL)[0],
-            closed=F.U64.unpack_from(mm, F.OFF_CLOSED)[0] == 1,
+            head=F.U64.unpack_from(words, F.OFF_HEAD)[0],
+            strings_dropped=F.U64.unpack_from(words, F.OFF_STRINGS_DROPPED)[0],
+            heartbeat_mono_ns=F.I64.unpack_from(words, F.OFF_HEARTBEAT_MONO)[0],
+            heartbeat_wall_ns=F.I64.unpack_from(words, F.OFF_HEARTBEAT_WALL)[0],
+            closed=closed in (F.CLOSED_NORMALLY, F.CLOSED_RAISED), exception=exception,
         )
 
     # --- raw bytes, for a forwarder that copies the log as the rank wrote it -----------
@@ -136,37 +172,33 @@ class RankLog:
 
     def word(self, offset: int, fmt: struct.Struct = F.U64) -> int:
         """A header word as it is now (format.OFF_*)."""
-        return fmt.unpack_from(self._mm, offset)[0]
-
-    def pid_now(self) -> int:
-        """The pid in the header now: another than `pid` once the rank (restarted) made its
-        log anew in this file."""
-        return F.HEADER_STATIC.unpack_from(self._mm, 0)[-1]
+        return fmt.unpack(self._read(offset, fmt.size))[0]
 
     def raw_strings(self, start: int, stop: int) -> bytes:
-        return self._mm[self._strings_offset + start:self._strings_offset + stop]
+        return self._read(self._strings_offset + start, stop - start)
 
     def raw_slot(self, e: int) -> bytes:
-        at = self._ring_offset + (e % self.capacity) * F.SLOT_SIZE
-        return self._mm[at:at + F.SLOT_SIZE]
+        return self._read(self._ring_offset + (e % self.capacity) * F.SLOT_SIZE, F.SLOT_SIZE)
 
     # --- strings ---------------------------------------------------------------------
     def _load_strings(self) -> None:
-        used = F.U64.unpack_from(self._mm, F.OFF_STRINGS_USED)[0]
         st = self._strings
-        at = st.used
-        used = min(used, self._strings_size)
-        while at + F.STRING_LEN.size <= used:
-            (n,) = F.STRING_LEN.unpack_from(self._mm, self._strings_offset + at)
-            start = self._strings_offset + at + F.STRING_LEN.size
-            if at + F.STRING_LEN.size + n > used:
+        used = min(self.word(F.OFF_STRINGS_USED), self._strings_size)
+        if used <= st.used:
+            return
+        data = self._read(self._strings_offset + st.used, used - st.used)
+        at, end = 0, len(data)
+        while at + F.STRING_LEN.size <= end:
+            (n,) = F.STRING_LEN.unpack_from(data, at)
+            start = at + F.STRING_LEN.size
+            if start + n > end:
                 break
             try:
-                st.values.append(json.loads(self._mm[start:start + n]))
+                st.values.append(json.loads(data[start:start + n]))
             except (ValueError, UnicodeDecodeError):
                 st.values.append(None)  # a corrupt string: the event says "unknown"
-            at += F.STRING_LEN.size + n
-        st.used = at
+            at = start + n
+        st.used += at
 
     def string(self, sid: int):
         if sid >= len(self._strings.values):
@@ -177,7 +209,7 @@ class RankLog:
     # --- events ----------------------------------------------------------------------
     def read(self, since: int = 0) -> list[Event]:
         """Events numbered >= `since` still present in the ring, oldest first."""
-        head = F.U64.unpack_from(self._mm, F.OFF_HEAD)[0]
+        head = self.word(F.OFF_HEAD)
         start = max(since, head - self.capacity, 0)
         return [ev for ev in self.read_range(start, head) if ev is not None]
 
@@ -192,14 +224,14 @@ class RankLog:
             n = min(stop - start, cap - slot)
             at = self._ring_offset + slot * F.SLOT_SIZE
             e = start
-            for rec in _iter_slots(self._mm[at:at + n * F.SLOT_SIZE]):
+            for rec in _iter_slots(self._read(at, n * F.SLOT_SIZE)):
                 out.append(decode(e, rec) if rec[0] == e + 1 else None)
                 e += 1
             start += n
         return out
 
     def read_one(self, e: int) -> Event | None:
-        rec = _unpack_slot(self._mm, self._ring_offset + (e % self.capacity) * F.SLOT_SIZE)
+        rec = _unpack_slot(self.raw_slot(e))
         if rec[0] != e + 1:
             return None  # not written yet, being rewritten, or overwritten
         return self._decode(e, rec)
@@ -245,6 +277,18 @@ class RankLog:
         if value is not None or sid == 0:
             self._tensors[sid] = out
         return out
+
+
+def _launch_of(head: bytes) -> dict:
+    """The header's launch identity ({} in an older writer's log, or one not readable)."""
+    (n,) = F.U32.unpack_from(head, F.OFF_LAUNCH)
+    if not 0 < n <= F.MAX_LAUNCH_BYTES:
+        return {}
+    try:
+        value = json.loads(head[F.OFF_LAUNCH + 4:F.OFF_LAUNCH + 4 + n])
+    except (ValueError, UnicodeDecodeError):
+        return {}
+    return value if isinstance(value, dict) else {}
 
 
 # bound once: read_one runs for every event the live engine sees

@@ -21,20 +21,61 @@ DEFAULT_STRINGS_MIB = 4
 
 
 class RingWriter:
-    """Appends fixed-size event records to a memory-mapped ring file."""
+    """Appends fixed-size event records to a memory-mapped ring file.
+
+    A log is always a new file (a new inode), built whole under a temporary name and then
+    put in place: a reader of an older log at the same name keeps its file, and never
+    sees one shrink under its map (a read past the end of a shrunk map is SIGBUS)."""
 
     def __init__(self, path: str, rank: int, ring_bytes: int, strings_bytes: int,
-                 pid: int | None = None):
-        """`pid`: the rank's process (a mirror of another host's log names the rank's, not
-        its own)."""
+                 pid: int | None = None, launch: dict | None = None, log_number: int = 0):
+        """A new log at `path`, replacing whatever was there. `pid`, `launch`,
+        `log_number`: the rank's (a collector's copy of another host's log names the
+        rank's process and launch, not its own)."""
         self.path = path
+        tmp = _temp_name(path)
+        self._make(tmp, rank, ring_bytes, strings_bytes, pid, launch, log_number)
+        os.replace(tmp, path)
+
+    @classmethod
+    def next_log(cls, run_dir: str, rank: int, ring_bytes: int, strings_bytes: int,
+                 launch: dict | None = None) -> RingWriter:
+        """The rank's next log in `run_dir`: its first (`rank-00003.ring`) or, when the
+        rank ran before (a restart, a re-launch), the next free number. A name is taken
+        by a hard link, which never replaces a file, so two processes claiming the same
+        rank at once (two jobs sharing a run dir) get two logs."""
+        from distdoctor.runlog import rundir
+
+        self = cls.__new__(cls)
+        tmp = _temp_name(str(rundir.ring_path(run_dir, rank)))
+        n = rundir.next_log_number(run_dir, rank)
+        self._make(tmp, rank, ring_bytes, strings_bytes, None, launch, n)
+        try:
+            while True:
+                path = str(rundir.ring_path(run_dir, rank, n))
+                try:
+                    os.link(tmp, path)
+                    break
+                except FileExistsError:
+                    n += 1
+                    F.U64.pack_into(self._mm, F.OFF_LOG_NUMBER, n)
+        finally:
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
+        self.path, self.log_number = path, n
+        return self
+
+    def _make(self, path, rank, ring_bytes, strings_bytes, pid, launch, log_number) -> None:
+        self.log_number = log_number
         self.capacity = max(16, ring_bytes // F.SLOT_SIZE)
         self.strings_offset = F.HEADER_SIZE
         self.strings_size = max(4096, strings_bytes)
         self.ring_offset = self.strings_offset + self.strings_size
         size = self.ring_offset + self.capacity * F.SLOT_SIZE
 
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
         try:
             os.ftruncate(fd, size)  # sparse: untouched slots cost no disk
             self._mm = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
@@ -45,6 +86,13 @@ class RingWriter:
             self.strings_offset, self.strings_size, self.ring_offset, rank,
             os.getpid() if pid is None else pid,
         )
+        F.U64.pack_into(self._mm, F.OFF_LOG_NUMBER, log_number)
+        F.I64.pack_into(self._mm, F.OFF_CREATED_WALL, time.time_ns())
+        if launch:
+            data = json.dumps(launch, separators=(",", ":"), default=str).encode()
+            if len(data) <= F.MAX_LAUNCH_BYTES:
+                F.U32.pack_into(self._mm, F.OFF_LAUNCH, len(data))
+                self._mm[F.OFF_LAUNCH + 4:F.OFF_LAUNCH + 4 + len(data)] = data
         self._events = itertools.count()  # next() is atomic under the GIL
         self._strings_used = 0
         self._strings_count = 0
@@ -147,5 +195,17 @@ class RingWriter:
         F.I64.pack_into(self._mm, F.OFF_HEARTBEAT_MONO, time.monotonic_ns())
         F.I64.pack_into(self._mm, F.OFF_HEARTBEAT_WALL, time.time_ns())
 
-    def mark_closed(self) -> None:
-        F.U64.pack_into(self._mm, F.OFF_CLOSED, 1)
+    def mark_closed(self, exception_id: int = 0) -> None:
+        """The process is exiting; `exception_id`: the uncaught exception that ends it (a
+        later normal close at exit keeps that word)."""
+        if exception_id:
+            F.U32.pack_into(self._mm, F.OFF_EXIT_ERROR, exception_id)
+            F.U64.pack_into(self._mm, F.OFF_CLOSED, F.CLOSED_RAISED)
+        elif F.U64.unpack_from(self._mm, F.OFF_CLOSED)[0] != F.CLOSED_RAISED:
+            F.U64.pack_into(self._mm, F.OFF_CLOSED, F.CLOSED_NORMALLY)
+
+
+def _temp_name(path: str) -> str:
+    """A name beside `path` that no reader lists (readers glob `rank-*`)."""
+    head, tail = os.path.split(path)
+    return os.path.join(head, f".{tail}.{os.getpid()}.{threading.get_ident()}.tmp")

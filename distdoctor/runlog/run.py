@@ -1,4 +1,4 @@
-"""A whole run read back: metadata plus every rank's events."""
+"""A whole run read back: metadata plus every rank's events, per incarnation."""
 
 from __future__ import annotations
 
@@ -6,28 +6,40 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from distdoctor.errors import UserError
+from distdoctor.runlog.incarnations import Incarnations
 from distdoctor.runlog.reader import Event, RankLog, RingHeader
-from distdoctor.runlog.rundir import RunInfo, open_run_dir, ring_path
+from distdoctor.runlog.rundir import RunInfo, open_run_dir, read_rank_meta, ring_path
 
 
 @dataclass
 class Run:
+    """One incarnation of a run (the ranks of one launch; most runs have one)."""
+
     info: RunInfo
+    incarnation: int = 0
+    incarnations: int = 1  # how many the run dir holds
     events: dict[int, list[Event]] = field(default_factory=dict)
     headers: dict[int, RingHeader] = field(default_factory=dict)
     unreadable: dict[int, str] = field(default_factory=dict)  # rank -> why
+    meta: dict[int, dict] = field(default_factory=dict)  # rank -> its log's metadata
+    log_numbers: dict[int, int] = field(default_factory=dict)  # rank -> its log's number
 
     @property
     def path(self) -> Path:
         return self.info.path
 
     @property
+    def label(self) -> str:
+        """How front ends name this incarnation ("" when the run has only one)."""
+        return f"incarnation {self.incarnation}" if self.incarnations > 1 else ""
+
+    @property
     def world_size(self) -> int | None:
-        ws = self.info.meta.get("world_size")
-        if isinstance(ws, int):
-            return ws
-        sizes = [m.get("world_size") for m in self.info.ranks.values()]
-        return max((s for s in sizes if isinstance(s, int)), default=None)
+        sizes = [m.get("world_size") for m in self.meta.values()]
+        ws = max((s for s in sizes if isinstance(s, int)), default=None)
+        if ws is None and isinstance(self.info.meta.get("world_size"), int):
+            ws = self.info.meta["world_size"]
+        return ws
 
     def span_names(self, rank: int) -> dict[int, str]:
         """span_index (event number + 1) -> span name, for this rank."""
@@ -35,21 +47,76 @@ class Run:
                 if e.kind == "span"}
 
 
-def read_run(path=None, ranks: list[int] | None = None) -> Run:
-    """Read a run dir; a rank whose log is unreadable is reported, not fatal."""
+def read_incarnations(path=None, ranks: list[int] | None = None) -> list[Run]:
+    """Every incarnation of a run dir, in order (one, empty, for a run with no logs). A
+    rank log that is unreadable is reported in the incarnation of its number, not fatal."""
     info = open_run_dir(path)
-    run = Run(info)
-    for rank in info.ring_ranks:
+    logs: list[tuple[int, int, int, RankLog]] = []  # (made, number, rank, log)
+    lost: list[tuple[int, int, str]] = []
+    for rank, numbers in info.logs.items():
         if ranks is not None and rank not in ranks:
             continue
-        try:
-            log = RankLog(ring_path(info.path, rank))
-        except UserError as exc:
-            run.unreadable[rank] = str(exc)
-            continue
+        for n in numbers:
+            try:
+                log = RankLog(ring_path(info.path, rank, n))
+            except UserError as exc:
+                lost.append((rank, n, str(exc)))
+                continue
+            logs.append((log.created_wall_ns, n, rank, log))
+    numbering = Incarnations()
+    placed = [(numbering.assign(rank, log.launch), rank, n, log)
+              for _, n, rank, log in sorted(logs, key=lambda t: t[:3])]
+    runs = [Run(info, i, max(1, numbering.count)) for i in range(max(1, numbering.count))]
+    for i, rank, n, log in placed:
+        run = runs[i]
         try:
             run.headers[rank] = log.header()
             run.events[rank] = log.read()
+            run.meta[rank] = read_rank_meta(info.path, rank, n)
+            run.log_numbers[rank] = n
+        except UserError as exc:
+            run.unreadable[rank] = str(exc)
         finally:
             log.close()
-    return run
+    for rank, n, why in lost:
+        runs[min(n, len(runs) - 1)].unreadable[rank] = why
+    return runs
+
+
+def read_run(path=None, ranks: list[int] | None = None,
+             incarnation: int | None = None) -> Run:
+    """One incarnation of a run dir: the given one, or the newest."""
+    runs = read_incarnations(path, ranks)
+    if incarnation is None:
+        return runs[-1]
+    if not 0 <= incarnation < len(runs):
+        raise UserError(f"{runs[0].path} holds incarnation(s) 0-{len(runs) - 1}, "
+                        f"not {incarnation}")
+    return runs[incarnation]
+
+
+def traced_summary(path) -> str:
+    """One line on what a run dir holds, from the logs' headers only (cheap at the end of
+    a long job): "2 rank(s) traced in 5 incarnations (r0:505 r1:505)", events per rank."""
+    info = open_run_dir(path)
+    numbering = Incarnations()
+    counts = []
+    for rank, numbers in info.logs.items():
+        total = 0
+        for n in numbers:
+            try:
+                log = RankLog(ring_path(info.path, rank, n))
+            except UserError:
+                total = None if total == 0 else total
+                continue
+            try:
+                numbering.assign(rank, log.launch)
+                total = (total or 0) + log.header().head
+            except UserError:
+                pass
+            finally:
+                log.close()
+        counts.append(f"r{rank}:{'unreadable' if total is None else total}")
+    times = f" in {numbering.count} incarnations" if numbering.count > 1 else ""
+    return (f"{len(info.logs)} rank(s) traced{times} "
+            f"({' '.join(counts) or 'no events'})")

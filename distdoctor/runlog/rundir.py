@@ -4,6 +4,7 @@
       run.json                 job: format, version, command, world size, created
       ranks/rank-00003.json    rank 3: host, pid, local rank, device, torch, backend, clocks
       ranks/rank-00003.ring    rank 3's event log (see runlog.format)
+      ranks/rank-00003.1.ring  rank 3's second log (it started again), with .1.json; ...
       findings.json            written by the diagnosis engine
 
 Readers reject a missing, foreign or newer directory with one line (`UserError`).
@@ -13,8 +14,9 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from distdoctor.errors import UserError
@@ -25,16 +27,45 @@ DEFAULT_ROOT = "distdoctor-runs"
 ENV_RUN_DIR = "DISTDOCTOR_RUN_DIR"
 
 
-def rank_stem(rank: int) -> str:
-    return f"rank-{rank:05d}"
+_LOG_NAME = re.compile(r"rank-(\d+)(?:\.(\d+))?\.(ring|json)\Z")
 
 
-def ring_path(run_dir: str | os.PathLike, rank: int) -> Path:
-    return Path(run_dir) / "ranks" / f"{rank_stem(rank)}.ring"
+def rank_stem(rank: int, number: int = 0) -> str:
+    """`rank-00003` for a rank's first log, `rank-00003.2` for its third."""
+    return f"rank-{rank:05d}" + (f".{number}" if number else "")
 
 
-def rank_meta_path(run_dir: str | os.PathLike, rank: int) -> Path:
-    return Path(run_dir) / "ranks" / f"{rank_stem(rank)}.json"
+def ring_path(run_dir: str | os.PathLike, rank: int, number: int = 0) -> Path:
+    return Path(run_dir) / "ranks" / f"{rank_stem(rank, number)}.ring"
+
+
+def rank_meta_path(run_dir: str | os.PathLike, rank: int, number: int = 0) -> Path:
+    return Path(run_dir) / "ranks" / f"{rank_stem(rank, number)}.json"
+
+
+def parse_log_name(name: str) -> tuple[int, int, str] | None:
+    """(rank, log number, "ring" | "json") of a file in ranks/, None for any other name."""
+    m = _LOG_NAME.match(name)
+    return None if m is None else (int(m[1]), int(m[2] or 0), m[3])
+
+
+def rank_logs(run_dir: str | os.PathLike) -> dict[int, list[int]]:
+    """rank -> the numbers of its event logs, in order."""
+    out: dict[int, list[int]] = {}
+    try:
+        names = os.listdir(Path(run_dir) / "ranks")
+    except OSError:
+        return out
+    for name in names:
+        parsed = parse_log_name(name)
+        if parsed is not None and parsed[2] == "ring":
+            out.setdefault(parsed[0], []).append(parsed[1])
+    return {r: sorted(ns) for r, ns in sorted(out.items())}
+
+
+def next_log_number(run_dir: str | os.PathLike, rank: int) -> int:
+    """Where a rank's new log starts looking for a free name: after its newest."""
+    return max(rank_logs(run_dir).get(rank, [-1])) + 1
 
 
 def new_run_dir(root: str | os.PathLike = DEFAULT_ROOT, tag: str | None = None) -> Path:
@@ -106,6 +137,7 @@ class RunInfo:
     meta: dict  # run.json
     ranks: dict[int, dict]  # rank -> rank-NNNNN.json (may be empty for a rank that died early)
     ring_ranks: list[int]  # ranks that have an event log
+    logs: dict[int, list[int]] = field(default_factory=dict)  # rank -> its log numbers
 
     @property
     def hang_timeout_s(self) -> float:
@@ -134,22 +166,21 @@ def open_run_dir(path: str | os.PathLike | None) -> RunInfo:
                         f"{version}; this one reads up to {RUN_VERSION}): upgrade distdoctor")
     ranks_dir = run / "ranks"
     ranks: dict[int, dict] = {}
-    ring_ranks: list[int] = []
     if ranks_dir.is_dir():
         for p in sorted(ranks_dir.glob("rank-*.json")):
-            rank = _rank_of(p)
-            if rank is not None:
-                try:
-                    ranks[rank] = _load_json(p, "rank metadata")
-                except UserError:
-                    ranks[rank] = {"unreadable": True}
-        ring_ranks = sorted(r for r in (_rank_of(p) for p in ranks_dir.glob("rank-*.ring"))
-                            if r is not None)
-    return RunInfo(run, meta, ranks, ring_ranks)
+            parsed = parse_log_name(p.name)
+            if parsed is not None and parsed[1] == 0:
+                ranks[parsed[0]] = read_rank_meta(run, parsed[0])
+    logs = rank_logs(run)
+    return RunInfo(run, meta, ranks, sorted(logs), logs)
 
 
-def _rank_of(p: Path) -> int | None:
+def read_rank_meta(run_dir: str | os.PathLike, rank: int, number: int = 0) -> dict:
+    """A rank log's metadata; {} when missing, {"unreadable": True} when corrupt."""
+    path = rank_meta_path(run_dir, rank, number)
+    if not path.exists():
+        return {}
     try:
-        return int(p.stem.split("-", 1)[1])
-    except (IndexError, ValueError):
-        return None
+        return _load_json(path, "rank metadata")
+    except UserError:
+        return {"unreadable": True}

@@ -69,3 +69,15 @@ def find_user_frame():
         if frame is not None:
             return frame, True
     return None, False
+
+
+def raise_site(tb) -> dict:
+    """{file, line, function} of the innermost user frame in a traceback ({} if none)."""
+    site = {}
+    while tb is not None:
+        code = tb.tb_frame.f_code
+        if not _is_internal(code):
+            site = {"file": code.co_filename, "line": tb.tb_lineno,
+                    "function": getattr(code, "co_qualname", code.co_name)}
+        tb = tb.tb_next
+    return site

@@ -106,7 +106,8 @@ def _patch(c10d=None) -> None:
             pg, store = original(*args, **kwargs)
         finally:
             c10d.ProcessGroup = RealProcessGroup
-        if is_default and state.recorder is None:
+        if is_default:  # a new default group (again, after destroy_process_group: a
+            # test suite, a notebook) is a new incarnation of this rank, with a new log
             _start_session(pg, backend, args[4] if len(args) > 4 else kwargs.get("store"))
         return pg, store
 
@@ -118,11 +119,39 @@ def _patch(c10d=None) -> None:
 # --- the rank's session ---------------------------------------------------------------
 def _start_session(pg, backend: str, store) -> None:
     try:
+        if state.recorder is not None:
+            state.recorder.retire()
+            state.recorder = None
         rank, world = pg.rank(), pg.size()
-        run_dir = _agree_run_dir(rank, store)
-        _open_recorder(run_dir, rank, world, backend)
+        run_dir = _config["run_dir"] = _agree_run_dir(rank, store)  # kept for a re-init
+        _open_recorder(run_dir, rank, world, backend, launch_identity(store, world))
     except Exception as exc:
         print(f"distdoctor: tracing disabled on this rank: {exc!r}", file=sys.stderr)
+
+
+def launch_identity(store, world: int) -> dict:
+    """What the ranks of one launch share and the next launch does not: the store they
+    met at (a new port for each torchrun; a new file for each test of a suite), the
+    elastic restart count, the world size. Readers group the ranks' logs by it into
+    incarnations of the job (runlog.incarnations); nothing is exchanged between ranks."""
+    out: dict = {"world": world}
+    for name in ("MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID",
+                 "TORCHELASTIC_RESTART_COUNT"):
+        if os.environ.get(name):
+            out[name.lower()] = os.environ[name]
+    try:
+        base = store
+        while hasattr(base, "underlying_store"):  # PrefixStore("default_pg", ...)
+            base = base.underlying_store
+        if hasattr(base, "port") and hasattr(base, "host"):
+            out["store"] = f"tcp://{base.host}:{base.port}"
+        elif getattr(base, "path", None):
+            out["store"] = f"file://{base.path}"
+        elif base is not None:
+            out["store"] = f"{type(base).__name__}@{id(base):x}"  # one process's own store
+    except Exception:
+        pass
+    return out
 
 
 def _agree_run_dir(rank: int, store) -> str:
@@ -145,7 +174,7 @@ def _agree_run_dir(rank: int, store) -> str:
         return str(rundir.new_run_dir(tag=f"rank{rank}").resolve())
 
 
-def _open_recorder(run_dir: str, rank: int, world: int, backend: str) -> None:
+def _open_recorder(run_dir: str, rank: int, world: int, backend: str, launch: dict) -> None:
     import torch
 
     from distdoctor.runlog.ring import DEFAULT_RING_MIB, DEFAULT_STRINGS_MIB, RingWriter
@@ -156,10 +185,12 @@ def _open_recorder(run_dir: str, rank: int, world: int, backend: str) -> None:
         rundir.write_run_meta(run_dir, launcher="install", world_size=world,
                               command=sys.argv)
     ring_mib = float(os.environ.get("DISTDOCTOR_RING_MIB", DEFAULT_RING_MIB))
-    ring = RingWriter(str(rundir.ring_path(run_dir, rank)), rank,
-                      int(ring_mib * 2**20), DEFAULT_STRINGS_MIB * 2**20)
-    rundir.write_json_atomic(rundir.rank_meta_path(run_dir, rank), {
+    ring = RingWriter.next_log(run_dir, rank, int(ring_mib * 2**20),
+                               DEFAULT_STRINGS_MIB * 2**20, launch)
+    rundir.write_json_atomic(rundir.rank_meta_path(run_dir, rank, ring.log_number), {
         "rank": rank,
+        "log_number": ring.log_number,
+        "launch": launch,
         "world_size": world,
         "local_rank": _env_int("LOCAL_RANK"),
         "local_world_size": _env_int("LOCAL_WORLD_SIZE"),
@@ -178,6 +209,24 @@ def _open_recorder(run_dir: str, rank: int, world: int, backend: str) -> None:
     })
     state.recorder = Recorder(ring)
     _arm_stack_dump(run_dir, rank)
+    _hook_uncaught_exceptions()
+
+
+def _hook_uncaught_exceptions() -> None:
+    """Note an uncaught exception in the rank's log before the interpreter reports it
+    (and exits): the job's own hook, if any, still runs, after ours."""
+    if getattr(sys.excepthook, "_distdoctor", False):
+        return
+    previous = sys.excepthook
+
+    def excepthook(exc_type, exc, tb):
+        rec = state.recorder
+        if rec is not None and not issubclass(exc_type, KeyboardInterrupt):
+            rec.raised(exc_type, exc, tb)
+        previous(exc_type, exc, tb)
+
+    excepthook._distdoctor = True
+    sys.excepthook = excepthook
 
 
 def _arm_stack_dump(run_dir, rank: int) -> None:

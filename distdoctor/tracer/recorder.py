@@ -306,6 +306,26 @@ class Recorder:
             except Exception:
                 return
 
+    def raised(self, exc_type, exc, tb) -> None:
+        """The main thread is ending on an uncaught exception (from sys.excepthook): the
+        log says so, so a reader tells a rank that failed from one that finished."""
+        try:
+            self.ring.mark_closed(self.ring.add_string({
+                "type": getattr(exc_type, "__name__", str(exc_type)),
+                "message": str(exc)[:1000], **callsite.raise_site(tb)}))
+        except Exception:
+            pass
+
+    def retire(self) -> None:
+        """This rank made a new default group (a new incarnation, a new log): this log is
+        finished. Late completions of its ops may still land in it."""
+        self._stop.set()
+        try:
+            self.ring.heartbeat()
+            self.ring.mark_closed()
+        except Exception:
+            pass
+
     def close(self) -> None:
         self._stop.set()
         try:
