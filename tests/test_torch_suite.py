@@ -1,0 +1,83 @@
+"""PyTorch's own distributed test suite under `distdoctor run`: a peer's tests as ours.
+
+A subset of torch's `DistributedTest._DistTestBase` (collectives, p2p, DDP, monitored
+barrier, subgroups; tests/jobs/torch_suite) runs once bare and once under `distdoctor
+run`, which traces every rank each test spawns. distdoctor must not change any test's
+outcome, and must record exactly the ops each rank issued: each test's ranks are one
+incarnation in the run dir, found by the pids the ranks write down. The wider run is
+benchmarks/torch_suite.py.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import JOBS
+
+sys.path.insert(0, str(JOBS / "torch_suite"))
+from harness import CI_COUNTS, CI_OUTCOMES, op_counts, run_suite, traced_runs  # noqa: E402
+
+TESTS = list(CI_COUNTS)
+pytestmark = pytest.mark.timeout(540)  # both runs: ~2.5 min here; each has its own limit
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    work = tmp_path_factory.mktemp("torch_suite")
+    bare = run_suite(TESTS, work / "bare", timeout=240)
+    traced = run_suite(TESTS, work / "traced", run_dir=work / "run", timeout=240)
+    return bare, traced, work / "run"
+
+
+def test_the_suite_passes_bare(runs):
+    bare, _, _ = runs
+    # guards the comparison below: a suite that could not run here would agree trivially
+    assert bare.outcomes == CI_OUTCOMES, (bare.messages, bare.stderr[-3000:])
+
+
+def test_same_outcome_test_by_test_under_distdoctor(runs):
+    bare, traced, _ = runs
+    differ = {t: (bare.outcomes[t], traced.outcomes[t], traced.messages.get(t, "")[:500])
+              for t in TESTS if bare.outcomes[t] != traced.outcomes[t]}
+    assert not differ, traced.stderr[-3000:]
+    # distdoctor run passes the wrapped command's exit code through
+    assert traced.returncode == bare.returncode == 0, traced.stderr[-3000:]
+
+
+@pytest.fixture(scope="module")
+def traced_runs_by_test(runs):
+    _, traced, run_dir = runs
+    try:
+        by_test, stray = traced_runs(run_dir, traced.records)
+    except ImportError as exc:  # before runs were read per incarnation (issue 12)
+        pytest.skip(f"no per-incarnation reader yet: {exc}")
+    assert not stray, f"incarnations no test claimed: {stray}"
+    return by_test
+
+
+def test_traced_op_counts_are_the_ops_each_rank_issued(traced_runs_by_test):
+    counts = {t: op_counts(run) for t, run in traced_runs_by_test.items()}
+    assert counts == {t: {0: c[0], 1: c[1]} for t, c in CI_COUNTS.items() if c is not None}
+
+
+def test_findings_only_where_a_test_fails_a_rank_on_purpose(runs, traced_runs_by_test):
+    _, _, run_dir = runs
+    test_of = {run.incarnation: t for t, run in traced_runs_by_test.items()}
+    findings = json.loads((run_dir / "findings.json").read_text())["findings"]
+    where = {(test_of.get(f["details"].get("incarnation")), f["kind"]) for f in findings}
+    # rank 1 stays out of rank 0's monitored barrier in that test: a hang it names (rank
+    # 1 never joined) and the error rank 0 got; every other test is clean
+    assert {t for t, _ in where} == {"test_monitored_barrier_gloo_subgroup"}, findings
+    assert "comm_error" in {k for _, k in where}
+
+
+@pytest.mark.xfail(strict=True, reason="callsites skip every frame under torch/, torch's "
+                   "test base included: the line named is the harness's (dist_suite.py)")
+def test_callsites_name_the_line_in_torchs_test_base(traced_runs_by_test):
+    files = {e.callsite["file"] if e.callsite else None
+             for run in traced_runs_by_test.values()
+             for events in run.events.values() for e in events}
+    assert {Path(f).name if f else None for f in files} == {"distributed_test.py"}
