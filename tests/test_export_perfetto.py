@@ -271,7 +271,8 @@ def test_hosts_are_aligned_by_wall_clock_and_overlaps_get_a_lane(tmp_path):
     ranks = {0: {"host": "a"}, 1: {"host": "b", "clock": {"wall_ns": wall0 - 5 * ms,
                                                            "monotonic_ns": b - 5 * ms}},
              2: {"host": "a"}}
-    run = Run(RunInfo(tmp_path, {"world_size": 3}, ranks, [0, 1, 2]), events, headers)
+    run = Run(RunInfo(tmp_path, {"world_size": 3}, ranks, [0, 1, 2]), events=events,
+              headers=headers, meta=ranks)
     findings = [Finding("mismatch", "error", "mismatch: rank 1 differs", [1], "0", 1),
                 Finding("hang", "error", "hang: stuck transport", [], None, None),
                 Finding("crash", "error", "crash: rank 2 died", [2], "0", 7)]
