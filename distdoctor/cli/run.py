@@ -42,7 +42,7 @@ def register(sub) -> None:
                    help="whose Python stacks a hang finding carries (culprits)")
     p.add_argument("--grace", type=float, default=5.0, metavar="S",
                    help="seconds the other ranks get after one fails, before they are "
-                   "stopped (5)")
+                   "stopped; and between SIGTERM and SIGKILL when the job is stopped (5)")
     p.add_argument("--forward", metavar="HOST:PORT",
                    help="also send this node's logs to a collector (`distdoctor watch "
                    "--listen`) for a view of every node; token: $DISTDOCTOR_TOKEN")
@@ -87,35 +87,35 @@ def run(args) -> int:
     live = _start_diagnosis(run_dir, args, holder)
     try:
         job = Job.start(commands, grace_s=args.grace,
-                        on_line=live.feed_line if live.scans_output else None)
+                        on_line=live.feed_line if live.scans_output else None,
+                        run_dir=run_dir, on_stop=live.stopping)  # alive now: stopped, not crashed
     except OSError as exc:
         live.stop()
         raise UserError(f"run: cannot start {cmd[0]!r}: {exc.strerror}") from None
     holder.append(job)
-    forwarder = _start_forwarder(run_dir, forward_to, args) if forward_to else None
-
-    def stop_job(sig: int = signal.SIGTERM) -> None:
-        live.stopping()  # the ranks alive now are stopped by us, not crashed
-        job.stop(sig)
-
-    in_loop = _forward_signals(stop_job)
     stopped_for_hang = False
     terminated = None
+    forwarder = None
     try:
-        while job.poll():
-            if args.on_hang == "kill" and _hang_found(live):
-                err_console.print("distdoctor: stopping the job (--on-hang kill)")
-                in_loop[0] = False  # a SIGTERM now must not stop the job a second time
-                stop_job()
-                stopped_for_hang = True
-                break
-            time.sleep(0.1)
-    except KeyboardInterrupt:
+        forwarder = _start_forwarder(run_dir, forward_to, args) if forward_to else None
+        in_loop = _forward_signals(job.stop)
+        try:
+            while job.poll():
+                if args.on_hang == "kill" and _hang_found(live):
+                    err_console.print("distdoctor: stopping the job (--on-hang kill)")
+                    in_loop[0] = False  # a SIGTERM now must not stop the job a second time
+                    job.stop()
+                    stopped_for_hang = True
+                    break
+                time.sleep(0.1)
+        except KeyboardInterrupt:
+            in_loop[0] = False
+            job.stop()
+        except _Terminated as exc:
+            terminated = exc.signum
         in_loop[0] = False
-        stop_job()
-    except _Terminated as exc:
-        terminated = exc.signum
-    in_loop[0] = False
+    finally:
+        job.close()  # whatever happened above, nothing of the job outlives run
     exits = _write_exits(run_dir, job, live)
     findings = live.stop()
     if forwarder is not None:
@@ -190,8 +190,11 @@ def _write_exits(run_dir, job, live) -> list[dict]:
     known = {p.rank for p in job.procs}
     exits += [{"rank": r, "pid": None, "exit_code": None, "signal": None,
                "stopped_by_distdoctor": True} for r in live.stopped_ranks() if r not in known]
+    # every other process distdoctor had to signal (a launcher's workers, a daemon), and
+    # the last signal it sent each: {pid, command, rank (its RANK, if any), signal}
     rundir.write_json_atomic(Path(run_dir) / "exits.json",
-                             {"stopped_by_distdoctor": job.stopped, "processes": exits})
+                             {"stopped_by_distdoctor": job.stopped, "processes": exits,
+                              "stopped_processes": job.stopped_processes})
     return exits
 
 

@@ -2,8 +2,10 @@
 
 When a rank fails, the others are usually stuck waiting for it in a collective; they are
 stopped after a grace period (torchrun stops them at once), which leaves time for the
-diagnosis to read their event logs. Every process gets its own process group so the
-whole tree (a launcher's workers included) can be signalled and nothing is left behind.
+diagnosis to read their event logs. Every process starts in a session of its own (a
+terminal's Ctrl-C reaches run, which stops the job in order); stopping reaches every
+process of the job, however it detached (reaper.py), and nothing outlives run
+(guardian.py).
 """
 
 from __future__ import annotations
@@ -17,6 +19,9 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+
+from distdoctor.launch import reaper
+from distdoctor.launch.guardian import Guardian
 
 
 @dataclass
@@ -114,34 +119,147 @@ def python_command(cmd: list[str]) -> list[str]:
 
 
 class Job:
-    def __init__(self, procs: list[Proc], grace_s: float = 5.0):
+    """The job's processes: started, watched, and stopped all together.
+
+    Every process of the job is known however it detaches (reaper.py: run is their
+    subreaper, and each carries the job's cookie), and a guardian process stops them
+    should `distdoctor run` die without doing so (guardian.py)."""
+
+    def __init__(self, procs: list[Proc], grace_s: float = 5.0, cookie: str | None = None,
+                 guardian: Guardian | None = None,
+                 on_stop: Callable[[], None] | None = None,
+                 say: Callable[[str], None] | None = None):
         self.procs = procs
         self.grace_s = grace_s
         self.stopped = False
         self.failures: list[Proc] = []  # in the order their exits were seen
+        # processes other than `procs` that distdoctor signalled: {pid, command, rank, signal}
+        self.stopped_processes: list[dict] = []
+        self.cookie = cookie
+        self.guardian = guardian
+        self._on_stop = on_stop
+        self._say = say or (lambda text: print(text, file=sys.stderr, flush=True))
+        self._since = reaper.start_time(os.getpid()) or 0
         self._stop_deadline: float | None = None
+        self._leftover_deadline: float | None = None
 
     @classmethod
     def start(cls, commands: list[tuple[int | None, list[str], dict]], grace_s: float = 5.0,
-              on_line: Callable[[int | None, str], None] | None = None):
+              on_line: Callable[[int | None, str], None] | None = None, run_dir=None,
+              on_stop: Callable[[], None] | None = None,
+              say: Callable[[str], None] | None = None):
         """Start the processes. With `on_line`, their stdout and stderr pass through pipes:
-        every line is forwarded unchanged to ours and handed to `on_line(rank, text)`."""
+        every line is forwarded unchanged to ours and handed to `on_line(rank, text)`.
+        `on_stop` is called when distdoctor is about to stop the job (never raises into
+        the stop); `say` prints a line (stderr by default); `run_dir` is where the
+        guardian writes exits.json should run die."""
+        cookie = reaper.new_cookie()
+        reaper.become_subreaper()
+        guardian = Guardian.start(cookie, grace_s, run_dir)
         procs = []
-        for rank, cmd, env in commands:
-            pipe = subprocess.PIPE if on_line else None
-            if on_line:  # through a pipe Python would block-buffer: keep lines timely
-                env = {"PYTHONUNBUFFERED": "1", **env}
-            popen = subprocess.Popen(cmd, env=env, start_new_session=True,
-                                     stdin=subprocess.DEVNULL, stdout=pipe, stderr=pipe)
-            procs.append(Proc(rank, popen))
-            if on_line:
-                for src, dst in ((popen.stdout, sys.stdout), (popen.stderr, sys.stderr)):
-                    threading.Thread(target=_forward, args=(src, dst, rank, on_line),
-                                     daemon=True, name=f"distdoctor-tee-{rank}").start()
-        return cls(procs, grace_s)
+        try:
+            for rank, cmd, env in commands:
+                pipe = subprocess.PIPE if on_line else None
+                env = reaper.tag_env(env, cookie)
+                if on_line:  # through a pipe Python would block-buffer: keep lines timely
+                    env = {"PYTHONUNBUFFERED": "1", **env}
+                popen = subprocess.Popen(cmd, env=env, start_new_session=True,
+                                         stdin=subprocess.DEVNULL, stdout=pipe, stderr=pipe)
+                procs.append(Proc(rank, popen))
+                if on_line:
+                    for src, dst in ((popen.stdout, sys.stdout), (popen.stderr, sys.stderr)):
+                        threading.Thread(target=_forward, args=(src, dst, rank, on_line),
+                                         daemon=True, name=f"distdoctor-tee-{rank}").start()
+        except OSError:
+            cls(procs, 0.0, cookie, guardian).close()  # the ranks already started go too
+            raise
+        return cls(procs, grace_s, cookie, guardian, on_stop, say)
 
     def poll(self) -> bool:
-        """Collect exits; returns True while any process runs."""
+        """Collect exits; returns True while any process of the job runs.
+
+        When a process fails, the others get `grace_s` before they are stopped. When the
+        command(s) run started have all exited and processes of the job remain (a killed
+        launcher's workers, a daemon), those get `grace_s` too, then are stopped, with one
+        line naming them."""
+        running = self._collect()
+        if self.failures and running and self._stop_deadline is None:
+            self._stop_deadline = time.monotonic() + self.grace_s
+        if self._stop_deadline is not None and running and time.monotonic() > self._stop_deadline:
+            self.stop(notify=False)  # their exit codes say they were stopped
+            return False
+        if running:
+            return True
+        left = self._members()
+        if not left:
+            return False
+        if self._leftover_deadline is None:
+            self._leftover_deadline = time.monotonic() + self.grace_s
+        if time.monotonic() <= self._leftover_deadline:
+            return True
+        names = ", ".join(f"{m.pid} ({m.command})" for m in list(left.values())[:8])
+        more = f" and {len(left) - 8} more" if len(left) > 8 else ""
+        self._say(f"distdoctor: the job's command ended but {len(left)} process(es) of it "
+                  f"remain after {self.grace_s:g} s: {names}{more}; stopping them")
+        self._notify_stop()
+        self._stop_members(signal.SIGTERM)
+        return False
+
+    def stop(self, sig: int = signal.SIGTERM, notify: bool = True) -> None:
+        """Stop every process of the job: `sig` (SIGTERM) to all, SIGKILL to what is left
+        after `grace_s`; exit codes collected. `notify`: call `on_stop` first."""
+        self.stopped = True
+        for p in self.procs:
+            if p.popen.poll() is None:
+                p.stopped = True
+        if notify:
+            self._notify_stop()
+        self._stop_members(sig)
+
+    def close(self) -> None:
+        """At the end of `run` (normal or not): stop whatever of the job is still there,
+        then release the guardian. Never raises."""
+        try:
+            if self._members():
+                self.stop()
+        except Exception:
+            pass  # the guardian, not released, finishes the work
+        else:
+            if self.guardian is not None:
+                self.guardian.release()
+
+    def _notify_stop(self) -> None:
+        if self._on_stop is not None:
+            try:
+                self._on_stop()
+            except Exception:  # the job is stopped whatever the diagnosis does
+                pass
+
+    def _stop_members(self, sig: int) -> None:
+        own = {p.popen.pid for p in self.procs}
+        stopped = reaper.stop_all(self._members, self.grace_s, self._collect, sig)
+        self.stopped_processes += [{"pid": m.pid, "command": m.command, "rank": m.rank,
+                                    "signal": name} for m, name in stopped
+                                   if m.pid not in own]
+        for p in self.procs:
+            if p.exit_code is None:
+                try:
+                    p.exit_code = p.popen.wait(timeout=5)
+                except subprocess.TimeoutExpired:
+                    pass
+
+    def _members(self) -> dict[int, reaper.Member]:
+        """The job's live processes (without /proc: the ones run started)."""
+        alive = [p.popen.pid for p in self.procs if p.exit_code is None]
+        if not reaper.CAN_SCAN:
+            return {pid: reaper.Member(pid, None) for pid in alive}
+        skip = [self.guardian.pid] if self.guardian is not None else []
+        return reaper.find_job(self.cookie or "", self._since, roots=alive, skip=skip,
+                               adopted=True)
+
+    def _collect(self) -> bool:
+        """Exit codes of the processes run started, and orphans reaped; True while any of
+        the former runs."""
         running = False
         for p in self.procs:
             if p.exit_code is None:
@@ -150,39 +268,16 @@ class Job:
                     running = True
                 else:
                     p.exit_code = code
-                    if code != 0:
+                    if code != 0 and not p.stopped:
                         self.failures.append(p)
-        if self.failures and running and self._stop_deadline is None:
-            self._stop_deadline = time.monotonic() + self.grace_s
-        if self._stop_deadline is not None and running and time.monotonic() > self._stop_deadline:
-            self.stop()
+        if self.guardian is not None and self.guardian.proc.poll() is not None:
+            self._say(f"distdoctor: the guardian (pid {self.guardian.pid}) ended early "
+                      f"(exit {self.guardian.proc.returncode}): should run be killed now, "
+                      "its job would not be stopped")
+            self.guardian = None  # reaped: its zombie no longer hides orphans from the reaper
+        reaper.reap_orphans(keep=[p.popen.pid for p in self.procs if p.exit_code is None]
+                            + ([self.guardian.pid] if self.guardian is not None else []))
         return running
-
-    def stop(self, sig: int = signal.SIGTERM, kill_after_s: float = 5.0) -> None:
-        """Signal every process group, then SIGKILL what is left after `kill_after_s`."""
-        self.stopped = True
-        for p in self.procs:
-            if p.popen.poll() is None:
-                p.stopped = True
-        self._signal_all(sig)
-        deadline = time.monotonic() + kill_after_s
-        while time.monotonic() < deadline and any(p.popen.poll() is None for p in self.procs):
-            time.sleep(0.05)
-        self._signal_all(signal.SIGKILL)
-        for p in self.procs:
-            if p.exit_code is None:
-                try:
-                    p.exit_code = p.popen.wait(timeout=5)
-                except subprocess.TimeoutExpired:
-                    pass
-
-    def _signal_all(self, sig: int) -> None:
-        for p in self.procs:
-            if p.popen.poll() is None:
-                try:
-                    os.killpg(p.popen.pid, sig)
-                except (ProcessLookupError, PermissionError):
-                    pass
 
     def exit_code(self) -> int:
         """The job's exit code: the first failure's (128 + signal for a killed process)."""
