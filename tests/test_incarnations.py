@@ -111,12 +111,14 @@ def test_a_log_is_never_rewritten_in_place(tmp_path):
     old.append(1, 1, 0, 0, 0, 0, 0, -1, 0, 1, 1, 5, 0, 0)
     reader = RankLog(path)
     inode = os.stat(path).st_ino
-    RingWriter(path, 0, 16 * 128, 4096)  # smaller, at the same name
+    new = RingWriter(path, 0, 16 * 128, 4096)  # smaller, at the same name
+    new.append(1, 1, 0, 0, 0, 0, 7, -1, 0, 1, 1, 5, 0, 0)
     assert os.stat(path).st_ino != inode
     assert [e.seq for e in reader.read()] == [0]  # still the old file
-    os.truncate(path, 4096)  # someone else's truncation of the new one
+    second = RankLog(path)
+    os.truncate(path, 4096)  # someone else's truncation of the new one, under its reader
     with pytest.raises(ShrunkLog):
-        RankLog(path).read()
+        second.read()
 
 
 def test_logs_of_the_same_rank_are_numbered_and_grouped(tmp_path):

@@ -71,10 +71,15 @@ def run(args) -> int:
         forward_to = parse_address(args.forward, "run --forward")
     cmd = python_command(cmd)
 
-    run_dir = rundir.claim_run_dir(args.run_dir, "run")
-    rundir.write_run_meta(run_dir, launcher="distdoctor run", command=cmd, nproc=args.nproc,
-                          world_size=args.nproc, hang_timeout_s=args.hang_timeout,
-                          on_hang=args.on_hang)
+    try:
+        run_dir = rundir.claim_run_dir(args.run_dir, "run")
+        rundir.write_run_meta(run_dir, launcher="distdoctor run", command=cmd,
+                              nproc=args.nproc, world_size=args.nproc,
+                              hang_timeout_s=args.hang_timeout, on_hang=args.on_hang)
+    except OSError as exc:  # a full or read-only disk: the job still runs, as it would
+        print(f"distdoctor: cannot write the run dir ({exc.strerror or exc}); the job runs "
+              f"untraced", file=sys.stderr)
+        return _run_untraced(cmd, args)
     env = traced_env(run_dir)
     if args.nproc:
         port = free_port()
@@ -120,11 +125,45 @@ def run(args) -> int:
     findings = live.stop()
     if forwarder is not None:
         forwarder.stop(exits)
-    _summary(run_dir, job, findings)
+    try:
+        _summary(run_dir, job, findings)
+    except (OSError, UserError) as exc:  # the run dir went away under the job
+        print(f"distdoctor: no summary: {exc}", file=sys.stderr)
     if terminated is not None:
         return 128 + terminated
     code = job.exit_code()
     return code if code or not stopped_for_hang else 1
+
+
+def _run_untraced(cmd: list[str], args) -> int:
+    """The job as it would run without distdoctor (still stopped whole on a signal)."""
+    import os
+
+    from distdoctor.launch.env import free_port, rank_env
+    from distdoctor.launch.local import Job
+
+    env = dict(os.environ)
+    if args.nproc:
+        port = free_port()
+        commands = [(r, cmd, rank_env(env, r, args.nproc, port)) for r in range(args.nproc)]
+    else:
+        commands = [(None, cmd, env)]
+    try:
+        job = Job.start(commands, grace_s=args.grace)
+    except OSError as exc:
+        raise UserError(f"run: cannot start {cmd[0]!r}: {exc.strerror}") from None
+    in_loop = _forward_signals(job.stop)
+    try:
+        while job.poll():
+            time.sleep(0.1)
+    except KeyboardInterrupt:
+        job.stop()
+    except _Terminated as exc:
+        return 128 + exc.signum
+    finally:
+        in_loop[0] = False
+        job.close()
+    return job.exit_code()
 
 
 def _start_diagnosis(run_dir, args, holder: list):
@@ -192,32 +231,26 @@ def _write_exits(run_dir, job, live) -> list[dict]:
                "stopped_by_distdoctor": True} for r in live.stopped_ranks() if r not in known]
     # every other process distdoctor had to signal (a launcher's workers, a daemon), and
     # the last signal it sent each: {pid, command, rank (its RANK, if any), signal}
-    rundir.write_json_atomic(Path(run_dir) / "exits.json",
-                             {"stopped_by_distdoctor": job.stopped, "processes": exits,
-                              "stopped_processes": job.stopped_processes})
+    try:
+        rundir.write_json_atomic(Path(run_dir) / "exits.json",
+                                 {"stopped_by_distdoctor": job.stopped, "processes": exits,
+                                  "stopped_processes": job.stopped_processes})
+    except OSError as exc:  # a full disk, a deleted run dir: the exit code still tells
+        print(f"distdoctor: cannot write {run_dir}/exits.json ({exc.strerror or exc})",
+              file=sys.stderr)
     return exits
 
 
 def _summary(run_dir, job, findings) -> None:
-    from distdoctor.runlog.reader import RankLog
-    from distdoctor.runlog.rundir import open_run_dir, ring_path
+    from distdoctor.runlog.run import traced_summary
 
-    info = open_run_dir(run_dir)
-    counts = []
-    for rank in info.ring_ranks:
-        try:
-            log = RankLog(ring_path(run_dir, rank))
-            counts.append(f"r{rank}:{log.header().head}")
-            log.close()
-        except UserError:
-            counts.append(f"r{rank}:unreadable")
+    traced = traced_summary(run_dir)
     status = "ok" if not job.failures else ", ".join(
         f"{'rank ' + str(p.rank) if p.rank is not None else 'job'} exited "
         f"{p.signal_name or p.exit_code}" for p in job.failures)
     if job.stopped and not job.failures:
         status = "stopped by distdoctor"
-    print(f"distdoctor: {len(info.ring_ranks)} rank(s) traced "
-          f"({' '.join(counts) or 'no events'}); {status}; run dir {run_dir}", file=sys.stderr)
+    print(f"distdoctor: {traced}; {status}; run dir {run_dir}", file=sys.stderr)
     if findings:
         kinds = Counter(f.kind for f in findings)
         print(f"distdoctor: {len(findings)} finding(s): "

@@ -70,6 +70,7 @@ class LiveDiagnosis:
         self.hang_timeout_s = hang_timeout_s
         self.engines: dict[int, Engine] = {}  # incarnation -> its engine
         self._done: set[int] = set()  # incarnations left as they are
+        self._write_failed = False
         self.on_finding = on_finding
         self.stacks_mode = stacks
         self.exits = exits  # rank -> (exit status, stopped by distdoctor), when known
@@ -239,7 +240,14 @@ class LiveDiagnosis:
                     st.exit is not None for st in e.ranks.values()):
                 self._done.add(i)  # its ranks are gone and a newer launch runs
         if self.owner and (changed or final):
-            write_findings(self.run_dir, self.findings())
+            try:
+                write_findings(self.run_dir, self.findings())
+            except OSError as exc:  # a full disk: the findings are still printed
+                if not self._write_failed:
+                    self._write_failed = True
+                    print(f"distdoctor: cannot write {self.run_dir}/findings.json "
+                          f"({exc.strerror or exc}); findings are printed only",
+                          file=sys.stderr)
         if self.on_finding is not None:
             for f in changed:
                 self.on_finding(f)

@@ -136,6 +136,9 @@ def _diagnose_one(run: Run, hang_timeout_s: float | None,
             notes.append(f"rank(s) {', '.join(map(str, absent))} left no event log (never "
                          f"started, or died before initialising torch.distributed)")
     for rank, h in sorted(run.headers.items()):
+        if h.unrecorded:
+            notes.append(f"rank {rank}: {h.unrecorded} events were not recorded (the disk "
+                         f"under the run dir was full); findings about them are unknown")
         if h.dropped:
             notes.append(f"rank {rank}: its oldest {h.dropped} events were overwritten (ring "
                          f"full); findings about them are unknown")

@@ -74,6 +74,7 @@ class RingHeader:
     heartbeat_wall_ns: int
     closed: bool
     exception: dict | None = None  # the uncaught exception that ended the rank
+    unrecorded: int = 0  # events not recorded: the disk under the log was full
 
     @property
     def dropped(self) -> int:
@@ -163,6 +164,7 @@ class RankLog:
             heartbeat_mono_ns=F.I64.unpack_from(words, F.OFF_HEARTBEAT_MONO)[0],
             heartbeat_wall_ns=F.I64.unpack_from(words, F.OFF_HEARTBEAT_WALL)[0],
             closed=closed in (F.CLOSED_NORMALLY, F.CLOSED_RAISED), exception=exception,
+            unrecorded=F.U64.unpack_from(words, F.OFF_UNRECORDED)[0],
         )
 
     # --- raw bytes, for a forwarder that copies the log as the rank wrote it -----------
@@ -249,12 +251,16 @@ class RankLog:
             # the new t_end beside the old status: still in flight until both are there
             t_end = 0
         string = self.string
+        callsite = string(callsite_id) if callsite_id else None
+        if callsite is not None and not isinstance(callsite, dict):
+            callsite = None  # a corrupt log's id pointing at another kind of string
         # positional, in Event's field order: the cheapest way to build one per event
         return Event(
             self.rank, e, codes[0], codes[1], codes[2], *group, seq,
             None if peer < 0 else peer, *tensors, numel_in, numel_out, codes[3],
-            string(callsite_id) if callsite_id else None, t_enter, t_end or None, span_index,
-            string(name_id) if name_id else None, string(error_id) if error_id else None,
+            callsite, t_enter, t_end or None, span_index,
+            _text(string(name_id)) if name_id else None,
+            _text(string(error_id)) if error_id else None,
             codes[4], codes[5],
         )
 
@@ -277,6 +283,11 @@ class RankLog:
         if value is not None or sid == 0:
             self._tensors[sid] = out
         return out
+
+
+def _text(value) -> str | None:
+    """A name or error string (a corrupt log's id may point at another kind of value)."""
+    return value if isinstance(value, str) or value is None else str(value)
 
 
 def _launch_of(head: bytes) -> dict:

@@ -1,12 +1,20 @@
 """Writer side of a rank's event log: plain stores into a shared memory map.
 
 Everything here runs on the job's hot path or on its threads, so it never raises into
-the caller (the tracer wraps it) and never does file I/O after `create`: the kernel
+the caller (the tracer wraps it) and never does file I/O on the hot path: the kernel
 writes the mapped pages back on its own, and keeps them if the process is killed.
+
+Disk space: the file is sparse (a 60 MiB ring costs what is written), and a store into a
+page the file system cannot back (a full disk) kills the process with SIGBUS. So space is
+reserved (posix_fallocate) ahead of the writers, by `reserve_ahead` on the recorder's
+heartbeat thread, woken when the writers near the end of what is reserved; the hot path
+only compares an offset. On a full disk events are counted as unrecorded instead of
+written, and the job goes on.
 """
 
 from __future__ import annotations
 
+import errno
 import itertools
 import json
 import mmap
@@ -18,6 +26,8 @@ from distdoctor.runlog import format as F
 
 DEFAULT_RING_MIB = 60
 DEFAULT_STRINGS_MIB = 4
+RESERVE_SLOTS_BYTES = 1 << 20  # ring space reserved ahead of the writers, at least
+RESERVE_STRINGS_BYTES = 64 << 10  # string table space reserved ahead, at least
 
 
 class RingWriter:
@@ -75,12 +85,24 @@ class RingWriter:
         self.ring_offset = self.strings_offset + self.strings_size
         size = self.ring_offset + self.capacity * F.SLOT_SIZE
 
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
         try:
             os.ftruncate(fd, size)  # sparse: untouched slots cost no disk
             self._mm = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
-        finally:
+        except BaseException:
             os.close(fd)
+            raise
+        self._fd = fd  # kept open: space is reserved as the log fills (reserve_ahead)
+        self.wake = threading.Event()  # set by a writer that nears the reserved end
+        self.unrecorded = 0
+        self._starved = False
+        self._ring_end = size
+        self._ring_ready = self._strings_ready = 0
+        self._reserved_head = 0
+        if not self._reserve(F.HEADER_SIZE + RESERVE_STRINGS_BYTES,
+                             self.ring_offset + RESERVE_SLOTS_BYTES):
+            self.close()
+            raise OSError(28, "no space left on the device for the event log")
         F.HEADER_STATIC.pack_into(
             self._mm, 0, F.MAGIC, F.VERSION, F.HEADER_SIZE, F.SLOT_SIZE, self.capacity,
             self.strings_offset, self.strings_size, self.ring_offset, rank,
@@ -100,13 +122,53 @@ class RingWriter:
         self._string_lock = threading.Lock()
         self.heartbeat()
 
+    # --- disk space ------------------------------------------------------------------
+    def _reserve(self, strings_to: int, ring_to: int) -> bool:
+        """Back the file with disk up to these offsets; False when the disk is full."""
+        strings_to = min(strings_to, self.ring_offset)
+        ring_to = min(ring_to, self._ring_end)
+        try:
+            if strings_to > self._strings_ready:
+                os.posix_fallocate(self._fd, self._strings_ready, strings_to - self._strings_ready)
+                self._strings_ready = strings_to
+            if ring_to > self._ring_ready:
+                start = max(self._ring_ready, self.ring_offset)
+                os.posix_fallocate(self._fd, start, ring_to - start)
+                self._ring_ready = ring_to
+        except OSError as exc:
+            if exc.errno in (errno.EOPNOTSUPP, errno.EINVAL, errno.ENOSYS):
+                self._strings_ready = self._ring_ready = self._ring_end  # cannot reserve
+                return True
+            return False
+        return True
+
+    def reserve_ahead(self) -> bool:
+        """Keep disk reserved ahead of the writers: at least RESERVE_*_BYTES, and twice
+        what was written since the last call. False when the disk is full."""
+        self.wake.clear()
+        if self._ring_ready >= self._ring_end and self._strings_ready >= self.ring_offset:
+            return True
+        head = F.U64.unpack_from(self._mm, F.OFF_HEAD)[0] + self.unrecorded
+        written = (min(head, self.capacity)) * F.SLOT_SIZE
+        burst = 2 * (head - self._reserved_head) * F.SLOT_SIZE
+        self._reserved_head = head
+        ok = self._reserve(
+            self.strings_offset + self._strings_used + RESERVE_STRINGS_BYTES,
+            self.ring_offset + written + max(RESERVE_SLOTS_BYTES, burst))
+        if ok:
+            self._starved = False
+        return ok
+
     # --- strings -------------------------------------------------------------------
     def add_string(self, value) -> int:
         """Append a JSON value to the string table; returns its id (0 when full)."""
         data = json.dumps(value, separators=(",", ":"), default=str).encode()
         with self._string_lock:
             need = F.STRING_LEN.size + len(data)
-            if self._strings_used + need > self.strings_size:
+            end = self.strings_offset + self._strings_used + need
+            if end + RESERVE_STRINGS_BYTES // 2 > self._strings_ready:
+                self.wake.set()
+            if self._strings_used + need > self.strings_size or end > self._strings_ready:
                 self._strings_dropped += 1
                 F.U64.pack_into(self._mm, F.OFF_STRINGS_DROPPED, self._strings_dropped)
                 return 0
@@ -123,9 +185,17 @@ class RingWriter:
     # --- events --------------------------------------------------------------------
     def append(self, kind, op, redop, flags, group_id, callsite_id, seq, peer, tensors_id,
                numel_in, numel_out, t_enter_ns, span_index, name_id) -> int:
-        """Write one record; returns its event number (pass it to `complete`)."""
+        """Write one record; returns its event number (pass it to `complete`), or -1 when
+        the disk under the log is full."""
+        if self._starved:
+            return self._unrecorded()
         e = next(self._events)
         at = self.ring_offset + (e % self.capacity) * F.SLOT_SIZE
+        if at + (RESERVE_SLOTS_BYTES >> 1) >= self._ring_ready:  # false once all reserved
+            self.wake.set()
+            if at + F.SLOT_SIZE > self._ring_ready:
+                self._starved = True  # `e` stays a hole: readers skip it
+                return self._unrecorded()
         mm = self._mm
         F.U64.pack_into(mm, at, 0)  # invalidate the slot while it is rewritten
         F.SLOT_BODY.pack_into(
@@ -137,8 +207,15 @@ class RingWriter:
         F.U64.pack_into(mm, F.OFF_HEAD, e + 1)
         return e
 
+    def _unrecorded(self) -> int:
+        self.unrecorded += 1
+        F.U64.pack_into(self._mm, F.OFF_UNRECORDED, self.unrecorded)
+        return -1
+
     def complete(self, e: int, status: int, t_end_ns: int, error_id: int = 0) -> None:
         """Mark event `e` finished, unless its slot has since been reused."""
+        if e < 0:
+            return
         at = self.ring_offset + (e % self.capacity) * F.SLOT_SIZE
         mm = self._mm
         if F.U64.unpack_from(mm, at)[0] != e + 1:
@@ -149,12 +226,20 @@ class RingWriter:
         F.I64.pack_into(mm, at + F.OFF_SLOT_END, t_end_ns)  # last: marks completion
 
     # --- replication (a collector's copy of another host's log) ----------------------
+    def _ensure(self, strings_to: int, ring_to: int) -> None:
+        """Reserve space before a collector's copy writes there (OSError: disk full)."""
+        if ((strings_to > self._strings_ready or ring_to > self._ring_ready)
+                and not self._reserve(strings_to + RESERVE_STRINGS_BYTES,
+                                      ring_to + RESERVE_SLOTS_BYTES)):
+            raise OSError(28, "no space left on the device for the copy of a log")
+
     def put_slot(self, e: int, record: bytes) -> None:
         """Event `e`'s 128-byte slot as the rank wrote it, stored as the rank stores it, so
         a reader of this copy never takes a half-copied slot: a new event's number word
         last (as `append`); an update of the event already there (its completion)
         without clearing that word, its end time last (as `complete`)."""
         at = self.ring_offset + (e % self.capacity) * F.SLOT_SIZE
+        self._ensure(0, at + F.SLOT_SIZE)
         mm = self._mm
         if F.U64.unpack_from(mm, at)[0] == e + 1:
             end = F.OFF_SLOT_END
@@ -172,6 +257,7 @@ class RingWriter:
 
     def put_strings(self, offset: int, data: bytes) -> None:
         """Bytes of the rank's string table at `offset` (the counts follow in `put_state`)."""
+        self._ensure(self.strings_offset + offset + len(data), 0)
         self._mm[self.strings_offset + offset:self.strings_offset + offset + len(data)] = data
 
     def put_state(self, head: int, strings_used: int, strings_count: int,
@@ -189,6 +275,9 @@ class RingWriter:
 
     def close(self) -> None:
         self._mm.close()
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
 
     # --- liveness ------------------------------------------------------------------
     def heartbeat(self) -> None:

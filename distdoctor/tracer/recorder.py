@@ -300,9 +300,20 @@ class Recorder:
 
     # --- liveness --------------------------------------------------------------------
     def _heartbeat(self) -> None:
-        while not self._stop.wait(1.0):
+        """Once a second (or when a writer nears the end of the disk space reserved for
+        the log): the heartbeat, and space reserved ahead of the writers."""
+        full = False
+        while not self._stop.is_set():
+            self.ring.wake.wait(1.0)
+            if self._stop.is_set():
+                return
             try:
                 self.ring.heartbeat()
+                if not self.ring.reserve_ahead() and not full:
+                    full = True
+                    print("distdoctor: the disk under the run dir is full: this rank's "
+                          "events are not recorded until there is room (the job goes on)",
+                          file=sys.stderr)
             except Exception:
                 return
 
@@ -320,6 +331,7 @@ class Recorder:
         """This rank made a new default group (a new incarnation, a new log): this log is
         finished. Late completions of its ops may still land in it."""
         self._stop.set()
+        self.ring.wake.set()
         try:
             self.ring.heartbeat()
             self.ring.mark_closed()
