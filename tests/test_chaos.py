@@ -69,7 +69,7 @@ def test_a_run_dir_deleted_while_the_job_runs(tmp_path):
     run_dir = tmp_path / "run"
     proc = subprocess.Popen(
         ["python", "-m", "distdoctor", "run", "--nproc", "2", "--run-dir", str(run_dir),
-         "--", str(CHAOS / "fill_disk.py")], env=dict(os.environ, FILL_OPS="4000"),
+         "--", str(JOBS / "restarts" / "phase.py")], env=dict(os.environ, PHASE_OPS="4000"),
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
         start_new_session=True)
     try:

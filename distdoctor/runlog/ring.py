@@ -93,6 +93,8 @@ class RingWriter:
             os.close(fd)
             raise
         self._fd = fd  # kept open: space is reserved as the log fills (reserve_ahead)
+        st = os.fstat(fd)
+        self._identity = (st.st_dev, st.st_ino)  # a job may close our fd (see _our_fd)
         self.wake = threading.Event()  # set by a writer that nears the reserved end
         self.unrecorded = 0
         self._starved = False
@@ -123,10 +125,35 @@ class RingWriter:
         self.heartbeat()
 
     # --- disk space ------------------------------------------------------------------
+    def _our_fd(self) -> int | None:
+        """The log's file descriptor, checked: a job that closes every descriptor (a
+        daemonising library) and opens a file of its own may get our number back, and
+        space must never be added to the job's file. Opened again by path if needed."""
+        try:
+            st = os.fstat(self._fd)
+            if (st.st_dev, st.st_ino) == self._identity:
+                return self._fd
+        except OSError:
+            pass
+        try:
+            fd = os.open(self.path, os.O_RDWR | os.O_CLOEXEC)
+            st = os.fstat(fd)
+            if (st.st_dev, st.st_ino) == self._identity:
+                self._fd = fd
+                return fd
+            os.close(fd)
+        except (OSError, TypeError):
+            pass
+        return None
+
     def _reserve(self, strings_to: int, ring_to: int) -> bool:
         """Back the file with disk up to these offsets; False when the disk is full."""
         strings_to = min(strings_to, self.ring_offset)
         ring_to = min(ring_to, self._ring_end)
+        if (strings_to > self._strings_ready or ring_to > self._ring_ready) and (
+                self._our_fd() is None):  # the file is gone: write as a sparse file does
+            self._strings_ready = self._ring_ready = self._ring_end
+            return True
         try:
             if strings_to > self._strings_ready:
                 os.posix_fallocate(self._fd, self._strings_ready, strings_to - self._strings_ready)
@@ -275,9 +302,10 @@ class RingWriter:
 
     def close(self) -> None:
         self._mm.close()
-        if self._fd >= 0:
-            os.close(self._fd)
-            self._fd = -1
+        fd = self._our_fd() if self._fd >= 0 else None
+        if fd is not None:
+            os.close(fd)
+        self._fd = -1
 
     # --- liveness ------------------------------------------------------------------
     def heartbeat(self) -> None:

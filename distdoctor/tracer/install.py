@@ -210,6 +210,14 @@ def _open_recorder(run_dir: str, rank: int, world: int, backend: str, launch: di
     state.recorder = Recorder(ring)
     _arm_stack_dump(run_dir, rank)
     _hook_uncaught_exceptions()
+    if not _config.get("fork_hooked") and hasattr(os, "register_at_fork"):
+        # a forked child is not the rank: what it does is not recorded in the rank's log
+        os.register_at_fork(after_in_child=_forget_recorder)
+        _config["fork_hooked"] = True
+
+
+def _forget_recorder() -> None:
+    state.recorder = None
 
 
 def _hook_uncaught_exceptions() -> None:

@@ -18,6 +18,7 @@ watcher's polling resolution (0.2 ms).
 from __future__ import annotations
 
 import atexit
+import os
 import sys
 import threading
 import time
@@ -93,6 +94,9 @@ class Recorder:
         self._spans: list[int] = []  # open spans (event numbers), innermost last
         self._watcher = CompletionWatcher(self)
         self._main_thread = threading.main_thread().ident
+        # the process whose log this is: a forked child (a data-loader worker, a job's
+        # own os.fork) inherits this object, and its exit must not close the rank's log
+        self._pid = os.getpid()
         self._stop = threading.Event()
         self._callbacks_lock = threading.Lock()
         self._callbacks_pending = 0  # async CPU ops whose done-callback has not run yet
@@ -320,6 +324,8 @@ class Recorder:
     def raised(self, exc_type, exc, tb) -> None:
         """The main thread is ending on an uncaught exception (from sys.excepthook): the
         log says so, so a reader tells a rank that failed from one that finished."""
+        if os.getpid() != self._pid:
+            return
         try:
             self.ring.mark_closed(self.ring.add_string({
                 "type": getattr(exc_type, "__name__", str(exc_type)),
@@ -332,6 +338,8 @@ class Recorder:
         finished. Late completions of its ops may still land in it."""
         self._stop.set()
         self.ring.wake.set()
+        if os.getpid() != self._pid:
+            return
         try:
             self.ring.heartbeat()
             self.ring.mark_closed()
@@ -340,6 +348,8 @@ class Recorder:
 
     def close(self) -> None:
         self._stop.set()
+        if os.getpid() != self._pid:
+            return
         try:
             self.ring.heartbeat()
             # first: a launcher that kills this process during the wait below must still

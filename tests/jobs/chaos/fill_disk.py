@@ -1,5 +1,8 @@
 """A job that fills the disk under the run dir while it runs (its own checkpoints, say),
-then goes on with more collectives than the event log had space reserved for."""
+then goes on with more collectives than the event log had space reserved for.
+
+Only for a small file system made for the test (tests/test_chaos.py mounts an 8 MiB
+tmpfs): it writes until the disk is full, and refuses to run on a larger one."""
 
 import os
 
@@ -12,6 +15,8 @@ rank = dist.get_rank()
 t = torch.ones(1)
 for i in range(N):
     if i == 100 and rank == 0:
+        room = os.statvfs(os.environ["DISTDOCTOR_RUN_DIR"])
+        assert room.f_bavail * room.f_frsize < 64 << 20, "not a small test file system"
         with open(os.path.join(os.environ["DISTDOCTOR_RUN_DIR"], "filler"), "wb") as fh:
             try:
                 while True:
