@@ -83,7 +83,9 @@ def test_an_elastic_restart_is_traced_per_round_and_its_cause_named(tmp_path):
     found = json.loads(run_cli(["diagnose", str(run_dir), "--json"]).stdout)["findings"]
     cause = [f for f in found if f["kind"] == "crash" and f["severity"] == "error"]
     assert len(cause) == 1, found
-    assert cause[0]["ranks"] == [1] and cause[0]["details"]["incarnation"] == 0
+    # labelled when the restarted round made logs too (its gloo set-up may have failed)
+    assert cause[0]["ranks"] == [1] and cause[0]["details"].get("incarnation", 0) == 0
+    assert ("incarnation" in cause[0]["details"]) == (len(runs) > 1)
     assert "RuntimeError: injected failure" in cause[0]["summary"]
     assert cause[0]["callsites"][0]["file"].endswith("phase.py")
 
