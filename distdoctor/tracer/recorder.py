@@ -347,16 +347,11 @@ class Recorder:
             pass
 
     def close(self) -> None:
-        self._stop.set()
+        """At exit. The log is marked closed first: a launcher that kills this process
+        during the wait below must still find an exit, not a rank that vanished."""
+        self.retire()
         if os.getpid() != self._pid:
             return
-        try:
-            self.ring.heartbeat()
-            # first: a launcher that kills this process during the wait below must still
-            # find an exit through atexit, not a rank that vanished
-            self.ring.mark_closed()
-        except Exception:
-            pass
         # Let completion callbacks still queued on gloo's threads run now. One that runs
         # (or is freed) on such a thread once the interpreter is finalizing cannot take
         # the GIL and ends the process with std::terminate (SIGABRT).
