@@ -53,9 +53,7 @@ def read_incarnations(path=None, ranks: list[int] | None = None) -> list[Run]:
     info = open_run_dir(path)
     logs: list[tuple[int, int, int, RankLog]] = []  # (made, number, rank, log)
     lost: list[tuple[int, int, str]] = []
-    for rank, numbers in info.logs.items():
-        if ranks is not None and rank not in ranks:
-            continue
+    for rank, numbers in info.logs.items():  # every rank's: they number the incarnations
         for n in numbers:
             try:
                 log = RankLog(ring_path(info.path, rank, n))
@@ -69,6 +67,9 @@ def read_incarnations(path=None, ranks: list[int] | None = None) -> list[Run]:
     runs = [Run(info, i, max(1, numbering.count)) for i in range(max(1, numbering.count))]
     for i, rank, n, log in placed:
         run = runs[i]
+        if ranks is not None and rank not in ranks:
+            log.close()
+            continue
         try:
             run.headers[rank] = log.header()
             run.events[rank] = log.read()
@@ -79,7 +80,8 @@ def read_incarnations(path=None, ranks: list[int] | None = None) -> list[Run]:
         finally:
             log.close()
     for rank, n, why in lost:
-        runs[min(n, len(runs) - 1)].unreadable[rank] = why
+        if ranks is None or rank in ranks:
+            runs[min(n, len(runs) - 1)].unreadable[rank] = why
     return runs
 
 
