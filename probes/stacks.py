@@ -15,7 +15,9 @@ dump never kills a rank.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import faulthandler
+import fcntl
 import json
 import os
 import shutil
@@ -32,7 +34,10 @@ import psutil
 PY_SPY = "py-spy"
 SIGNAL = "signal"
 UNAVAILABLE = "unavailable"
-_handler_file = None  # the open file faulthandler writes to (kept alive)
+_handler_file = None  # the descriptor faulthandler writes to
+_handler: dict = {}  # path, signal and (device, inode) of that file
+HIGH_FD = 900  # where the descriptor is moved (see _register)
+RESIGNAL_S = 1.5  # an in-process dump not begun after this is asked for again
 
 
 @dataclass(frozen=True)
@@ -80,23 +85,60 @@ def install_stack_dump_handler(path: str, signum: int | None = None) -> bool:
         if signal.getsignal(signum) not in (signal.SIG_DFL, signal.SIG_IGN):
             return False  # the job's own handler: leave it alone
         Path(path).parent.mkdir(parents=True, exist_ok=True)
-        f = open(path, "a")  # noqa: SIM115 - kept open for faulthandler
-        # chain=False: chaining to the default action would terminate the rank.
-        faulthandler.register(signum, file=f, all_threads=True, chain=False)
-        _handler_file = f
+        _handler.update(path=path, signum=signum)
+        _handler_file = _register(path, signum)
         reg = registry_dir()
         reg.mkdir(mode=0o700, exist_ok=True)
         entry = reg / f"{os.getpid()}.json"
         entry.write_text(json.dumps({"pid": os.getpid(), "path": os.path.abspath(path),
                                      "signal": int(signum),
                                      "create_time": _create_time(os.getpid())}))
-        atexit.register(_remove, entry)
+        atexit.register(_remove, entry, os.getpid())
         return True
     except Exception:
         return False
 
 
-def _remove(p: Path) -> None:
+def _register(path: str, signum: int) -> int:
+    """faulthandler writes to a descriptor number, which a job may close and reuse for a
+    file of its own (a daemonising library's closerange): ours is moved high, where the
+    lowest-free rule of open() rarely reaches, and checked by keep_stack_dump_handler."""
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    try:
+        high = fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, HIGH_FD)
+    except OSError:
+        high = fd
+    else:
+        os.close(fd)
+    # chain=False: chaining to the default action would terminate the rank.
+    faulthandler.register(signum, file=high, all_threads=True, chain=False)
+    st = os.fstat(high)
+    _handler["identity"] = (st.st_dev, st.st_ino)
+    return high
+
+
+def keep_stack_dump_handler() -> None:
+    """Called now and then in the rank (its heartbeat): if the job closed our descriptor
+    (and may reuse its number), register the dump on a new one. Never raises."""
+    global _handler_file
+    if _handler_file is None:
+        return
+    try:
+        st = os.fstat(_handler_file)
+        if (st.st_dev, st.st_ino) == _handler["identity"]:
+            return
+    except OSError:
+        pass
+    try:
+        _handler_file = _register(_handler["path"], _handler["signum"])
+    except Exception:
+        faulthandler.unregister(_handler["signum"])  # no dump rather than into a job's file
+        _handler_file = None
+
+
+def _remove(p: Path, pid: int) -> None:
+    if os.getpid() != pid:  # a forked child's exit: the entry is its parent's
+        return
     try:
         p.unlink()
     except OSError:
@@ -155,8 +197,18 @@ def _signal_dumps(pids: dict[int, int], why: dict[int, str],
             continue
         waiting[rank] = (entry["path"], start)
     last_sizes: dict[int, tuple[int, float]] = {}
+    # a job that closed the handler's descriptor gets a new one within a heartbeat (1 s):
+    # a dump that has not begun by then is asked for once more
+    again_at = time.monotonic() + RESIGNAL_S
     while waiting and time.monotonic() < deadline:
         time.sleep(0.02)
+        if again_at is not None and time.monotonic() > again_at:
+            again_at = None
+            for rank, (path, start) in waiting.items():
+                entry = _registered(pids[rank])
+                if _size(path) == start and entry:
+                    with contextlib.suppress(OSError):
+                        os.kill(pids[rank], int(entry["signal"]))
         for rank, (path, start) in list(waiting.items()):
             size, now = _size(path), time.monotonic()
             prev = last_sizes.get(rank)

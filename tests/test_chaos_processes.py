@@ -364,9 +364,6 @@ def test_a_collector_sigkilled_mid_job_costs_the_job_nothing(collector_killed):
     assert _op_counts(got.run_dir) == [ops + 2, ops + 2]
 
 
-@pytest.mark.xfail(strict=True, reason="bug: after 'lost the collector ...; reconnecting' the "
-                   "forwarder's first failed reconnection prints a second line, 'cannot reach "
-                   "the collector ... retrying' (different keys of Forwarder._say)")
 @pytest.mark.timeout(200)
 def test_a_collector_sigkilled_mid_job_is_one_line_of_the_nodes_run(collector_killed):
     err = collector_killed.err
@@ -439,9 +436,6 @@ def test_a_node_sigkilled_mid_job_leaves_the_collector_and_its_copy_whole(node_k
     assert sorted(run.events) == [0, 1] and all(len(run.events[r]) > 20 for r in (0, 1))
 
 
-@pytest.mark.xfail(strict=True, reason="bug: a node whose run was SIGKILLed closes its stream "
-                   "at a frame boundary, and the collector says 'node ... finished' (the "
-                   "protocol has no end-of-stream frame to tell a clean end from a lost node)")
 @pytest.mark.timeout(200)
 def test_a_node_sigkilled_mid_job_is_said_lost_by_the_collector(node_killed):
     line = NODE_END.search(node_killed.err).group(0)
@@ -496,10 +490,6 @@ def test_a_rank_that_closes_every_descriptor_runs_as_it_does_bare(tmp_path, proc
     assert _op_counts(run_dir) == [CLOSE_OPS + 1, CLOSE_OPS + 1]
 
 
-@pytest.mark.xfail(strict=True, reason="bug: the in-process stack dump (faulthandler on "
-                   "SIGUSR2, distdoctor's fallback where py-spy cannot attach) writes to the "
-                   "descriptor number it was given at start-up, which the job may have closed "
-                   "and reused for a file of its own")
 @pytest.mark.timeout(200)
 def test_a_stack_dump_after_the_rank_closed_every_descriptor_misses_the_jobs_files(
         tmp_path, procs):
@@ -591,10 +581,6 @@ def test_a_rank_that_forks_is_traced_as_the_parent(forked, how):
     assert run.headers[1].closed and run.headers[1].exception is None
 
 
-@pytest.mark.xfail(strict=True, reason="bug: probes/stacks.py registers atexit(_remove, entry) "
-                   "in the rank; a forked child that exits normally runs it and deletes the "
-                   "parent's stack-dump registry entry (named by the parent's pid), so the "
-                   "in-process stack dump is no longer offered for the rank")
 @pytest.mark.timeout(200)
 def test_a_forked_child_that_exits_leaves_the_ranks_stack_dump_registered(forked):
     got = forked("sys.exit")

@@ -226,6 +226,7 @@ class Forwarder:
         self._back_off()
         self._say("lost", f"lost the collector at {_where(self.address)} "
                   f"({exc.strerror or exc}); the job goes on, reconnecting")
+        self._said.update(("connect", "refused"))  # the retries are that same news
 
     def _send(self, data: bytes) -> None:
         self._sock.sendall(data)

@@ -90,6 +90,14 @@ class Mirror:
                 ring.close()
             self._rings.clear()
 
+    def lost_node(self, node: NodeMirror) -> None:
+        """A node whose stream ended without its exit codes: its ranks are written as gone
+        (no exit code), so a post-mortem of the copy takes their unclosed logs for dead
+        ranks, as the live view did. A node that comes back sends its real ones."""
+        self.add_exits([{"rank": r, "pid": None, "exit_code": None, "signal": None,
+                         "stopped_by_distdoctor": False, "lost_with_node": node.host}
+                        for r in sorted(node.ranks) if r not in self._exits])
+
     def add_exits(self, processes: list) -> None:
         with self._lock:
             for p in processes:
@@ -114,6 +122,8 @@ class NodeMirror:
         # logs whose rank closed them, or let go to make room: their copies are complete
         # (or as complete as they will get); a late frame for one is dropped
         self.finished: dict[tuple[int, int], None] = {}
+        self.ranks: set[int] = set()  # every rank this node sent a log of
+        self.ended = False  # its exit codes came: the job on the node is over
         self.closed = False
         self._probes = None
 
@@ -124,6 +134,7 @@ class NodeMirror:
             processes = wire.json_payload(kind, payload).get("processes")
             if not isinstance(processes, list):
                 raise wire.WireError("EXITS frame has no list of processes")
+            self.ended = True
             return self.mirror.add_exits(processes)
         if kind == wire.FINDINGS:
             return self.mirror.set_findings(self.host, _log_findings(payload))
@@ -172,6 +183,7 @@ class NodeMirror:
             raise wire.WireError(f"OPEN frame of rank {rank} with an impossible layout")
         if (rank, log) not in self.rings and len(self.rings) >= MAX_LOGS_PER_NODE:
             self._finish(next(iter(self.rings)))  # the oldest: long finished, most likely
+        self.ranks.add(rank)
         self.rings[(rank, log)] = self.mirror.ring_for(
             rank, log, self, (capacity, strings_size, pid), launch)
 

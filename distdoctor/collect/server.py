@@ -138,7 +138,12 @@ class Collector:
             reader = conn.makefile("rb")
             while (got := wire.read_frame(reader.read)) is not None:
                 node.apply(*got)
-            self.say(f"{who} finished")
+            if node.ended:
+                self.say(f"{who} finished")
+            else:  # closed between frames, without its exit codes: its `run` died
+                self.say(f"lost {who}: its stream ended before the job's exit codes (its "
+                         f"`distdoctor run` was killed?); its ranks are taken for gone")
+                self.mirror.lost_node(node)
         except wire.WireError as exc:
             if node is None:  # before WELCOME: the node is told why, and backs off
                 self._refuse(conn, who, str(exc))

@@ -241,9 +241,10 @@ def _arm_stack_dump(run_dir, rank: int) -> None:
     """Let `distdoctor run` get this rank's stacks where py-spy cannot attach: faulthandler
     dumps them to RUN_DIR/stacks/ on SIGUSR2 (only if the job has no handler of its own)."""
     try:
-        from distdoctor.probes.stacks import install_stack_dump_handler
+        from distdoctor.probes.stacks import install_stack_dump_handler, keep_stack_dump_handler
 
-        install_stack_dump_handler(str(Path(run_dir) / "stacks" / f"rank-{rank:05d}.txt"))
+        if install_stack_dump_handler(str(Path(run_dir) / "stacks" / f"rank-{rank:05d}.txt")):
+            state.recorder.on_heartbeat.append(keep_stack_dump_handler)
     except Exception:
         pass  # no fallback then; py-spy may still work
 

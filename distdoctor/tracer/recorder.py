@@ -97,6 +97,7 @@ class Recorder:
         # the process whose log this is: a forked child (a data-loader worker, a job's
         # own os.fork) inherits this object, and its exit must not close the rank's log
         self._pid = os.getpid()
+        self.on_heartbeat: list = []  # cheap checks to run once a second (never raising)
         self._stop = threading.Event()
         self._callbacks_lock = threading.Lock()
         self._callbacks_pending = 0  # async CPU ops whose done-callback has not run yet
@@ -313,6 +314,8 @@ class Recorder:
                 return
             try:
                 self.ring.heartbeat()
+                for check in self.on_heartbeat:
+                    check()
                 if not self.ring.reserve_ahead() and not full:
                     full = True
                     print("distdoctor: the disk under the run dir is full: this rank's "
