@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import JOBS
+from conftest import JOBS, run_cli
 
 CLEANUP = JOBS / "cleanup"
 pytestmark = pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="needs /proc")
@@ -180,6 +180,8 @@ def test_run_sigkilled_mid_job_leaves_no_process(run_dir, tmp_path):
     exits = _exits(path)
     assert exits["stopped_by_distdoctor"] is True and exits["run_died"] is True
     assert sorted(p["rank"] for p in exits["processes"]) == [0, 1], exits
+    notes = json.loads(run_cli(["diagnose", str(path), "--json"]).stdout)["notes"]
+    assert any("`distdoctor run` died before the job ended" in n for n in notes), notes
 
 
 @pytest.mark.timeout(60)

@@ -30,13 +30,15 @@ def read_exits(run_dir: Path) -> tuple[dict[int, ExitInfo], list[str]]:
         return {}, []
     try:
         data = json.loads(path.read_text())
+        notes = ([f"`distdoctor run` died before the job ended (killed?); its guardian "
+                  f"stopped the job's processes ({path})"] if data.get("run_died") else [])
         # a rank stopped with its launcher has no exit code of its own (exit_code null)
         return ({int(p["rank"]): ExitInfo(
                     None if p.get("exit_code") is None else int(p["exit_code"]),
                     "stopped" if p.get("stopped_by_distdoctor") else "exit")
                  for p in data.get("processes", [])
                  if p.get("rank") is not None and (p.get("exit_code") is not None
-                                                   or p.get("stopped_by_distdoctor"))}, [])
+                                                   or p.get("stopped_by_distdoctor"))}, notes)
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return {}, [f"{path} is unreadable: process exit codes unknown"]
 
