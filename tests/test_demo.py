@@ -54,6 +54,18 @@ def _read_until(fd: int, needle: bytes, timeout_s: float, seen: bytearray) -> bo
     return False
 
 
+def _wait_draining(pid: int, fd: int, timeout_s: float, seen: bytearray) -> int:
+    """The child's wait status, reading its terminal meanwhile; fails after `timeout_s`."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            return status
+        _read_until(fd, rb"(?!)", 0.5, seen)  # (a pattern that never matches)
+    pytest.fail(f"the demo did not exit within {timeout_s} s:\n"
+                f"{bytes(seen[-3000:]).decode(errors='replace')}")
+
+
 def _events(run_dir, rank: int) -> int:
     try:
         log = RankLog(ring_path(run_dir, rank))
@@ -92,8 +104,7 @@ def test_demo_on_a_terminal_runs_behind_the_dashboard_and_stops_with_it(how, tmp
             assert _read_until(fd, b"the job's output", 90, seen), bytes(seen[-3000:])
         else:
             os.kill(pid, signal.SIGHUP)
-        _read_until(fd, rb"(?!)", 5, seen)  # (a pattern that never matches) the rest
-        _, status = os.waitpid(pid, 0)
+        status = _wait_draining(pid, fd, 120, seen)  # a full pty would block its writes
         pid = 0
     finally:
         if pid:
