@@ -44,9 +44,14 @@ def _is_internal(code) -> bool:
     return hit[1]
 
 
+_TEST_CODE = (f"{os.sep}reference_trainer{os.sep}", f"{os.sep}torch{os.sep}testing{os.sep}")
+
+
 def _is_bundled_user_code(filename: str) -> bool:
-    """The reference trainer ships inside distdoctor but plays the user's part."""
-    return f"{os.sep}reference_trainer{os.sep}" in filename
+    """Code that ships inside torch or distdoctor but plays the user's part: the reference
+    trainer, and torch's own test suites (torch.testing._internal.distributed: a test's
+    line is the one to name, not the harness that ran it)."""
+    return any(part in filename for part in _TEST_CODE)
 
 
 def user_frame(frame):
