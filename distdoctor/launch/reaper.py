@@ -143,7 +143,8 @@ def _environ(pid: int) -> dict[bytes, bytes]:
 
 
 def command_of(pid: int, limit: int = 60) -> str:
-    """A short command line: the program's base name and its arguments."""
+    """A short command line: the program's base name and its arguments, paths shortened
+    to their base names (the script's name is what tells a process apart)."""
     try:
         with open(f"/proc/{pid}/cmdline", "rb") as f:
             argv = f.read().rstrip(b"\0").split(b"\0")
@@ -151,8 +152,10 @@ def command_of(pid: int, limit: int = 60) -> str:
         return "?"
     if not argv or not argv[0]:
         return "?"
-    argv[0] = os.path.basename(argv[0])
-    text = " ".join(a.decode("utf-8", "replace") for a in argv)
+    words = [a.decode("utf-8", "replace") for a in argv]
+    words = [os.path.basename(w) if os.sep in w and not w.startswith("-") else w
+             for w in words]
+    text = " ".join(words)
     return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
