@@ -74,8 +74,6 @@ def test_findings_only_where_a_test_fails_a_rank_on_purpose(runs, traced_runs_by
     assert "comm_error" in {k for _, k in where}
 
 
-@pytest.mark.xfail(strict=True, reason="callsites skip every frame under torch/, torch's "
-                   "test base included: the line named is the harness's (dist_suite.py)")
 def test_callsites_name_the_line_in_torchs_test_base(traced_runs_by_test):
     files = {e.callsite["file"] if e.callsite else None
              for run in traced_runs_by_test.values()
