@@ -43,31 +43,29 @@ def test_same_outcome_test_by_test_under_distdoctor(runs):
     differ = {t: (bare.outcomes[t], traced.outcomes[t], traced.messages.get(t, "")[:500])
               for t in TESTS if bare.outcomes[t] != traced.outcomes[t]}
     assert not differ, traced.stderr[-3000:]
-    # distdoctor run passes the wrapped command's exit code through
+    # distdoctor run passes the wrapped command's exit code through, and leaves nothing
     assert traced.returncode == bare.returncode == 0, traced.stderr[-3000:]
+    assert traced.left_behind == bare.left_behind == []
 
 
 @pytest.fixture(scope="module")
 def traced_runs_by_test(runs):
     _, traced, run_dir = runs
-    try:
-        by_test, stray = traced_runs(run_dir, traced.records)
-    except ImportError as exc:  # before runs were read per incarnation (issue 12)
-        pytest.skip(f"no per-incarnation reader yet: {exc}")
+    by_test, stray = traced_runs(run_dir, traced.records)
     assert not stray, f"incarnations no test claimed: {stray}"
     return by_test
 
 
 def test_traced_op_counts_are_the_ops_each_rank_issued(traced_runs_by_test):
-    counts = {t: op_counts(run) for t, run in traced_runs_by_test.items()}
+    counts = {t: op_counts(runs) for t, runs in traced_runs_by_test.items()}
     assert counts == {t: {0: c[0], 1: c[1]} for t, c in CI_COUNTS.items() if c is not None}
 
 
 def test_findings_only_where_a_test_fails_a_rank_on_purpose(runs, traced_runs_by_test):
     _, _, run_dir = runs
-    test_of = {run.incarnation: t for t, run in traced_runs_by_test.items()}
+    test_of = {run.incarnation: t for t, incs in traced_runs_by_test.items() for run in incs}
     findings = json.loads((run_dir / "findings.json").read_text())["findings"]
-    where = {(test_of.get(f["details"].get("incarnation")), f["kind"]) for f in findings}
+    where = {(test_of.get(f.get("details", {}).get("incarnation", 0)), f["kind"]) for f in findings}
     # rank 1 stays out of rank 0's monitored barrier in that test: a hang it names (rank
     # 1 never joined) and the error rank 0 got; every other test is clean
     assert {t for t, _ in where} == {"test_monitored_barrier_gloo_subgroup"}, findings
@@ -76,6 +74,6 @@ def test_findings_only_where_a_test_fails_a_rank_on_purpose(runs, traced_runs_by
 
 def test_callsites_name_the_line_in_torchs_test_base(traced_runs_by_test):
     files = {e.callsite["file"] if e.callsite else None
-             for run in traced_runs_by_test.values()
+             for runs in traced_runs_by_test.values() for run in runs
              for events in run.events.values() for e in events}
     assert {Path(f).name if f else None for f in files} == {"distributed_test.py"}

@@ -65,6 +65,7 @@ class SuiteRun:
     wall_s: float
     stdout: str
     stderr: str
+    left_behind: list[str]  # processes of the run alive after it returned (then killed)
     records: dict[int, tuple[str, int]] = field(default_factory=dict)  # pid -> (test, rank)
     counts: dict[str, dict[int, dict]] = field(default_factory=dict)  # counted in the ranks
 
@@ -75,20 +76,22 @@ def run_suite(tests: list[str], work: Path, run_dir: Path | None = None, count: 
     given); each rank writes its pid (and, with COUNT, its op counts) into WORK/records."""
     work = work.resolve()  # the records path marks the run's processes (_kill_leftovers)
     work.mkdir(parents=True, exist_ok=True)
-    records, junit = work / "records", work / "junit.xml"
+    records, junit, tmp = work / "records", work / "junit.xml", work / "tmp"
     records.mkdir(exist_ok=True)
+    tmp.mkdir(exist_ok=True)  # torch's test base leaves a temporary file per test
     cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-o", "addopts=",
            f"--junitxml={junit}", *(f"{SUITE}::{CLASS}::{t}" for t in tests)]
     if run_dir is not None:
         cmd = [sys.executable, "-m", "distdoctor", "run", "--run-dir", str(run_dir), "--",
                *cmd]
     env = {k: v for k, v in os.environ.items() if not k.startswith("DISTDOCTOR")}
-    env.update(TEST_ENV, DIST_SUITE_RECORD=str(records), DIST_SUITE_COUNT=str(int(count)))
+    env.update(TEST_ENV, DIST_SUITE_RECORD=str(records), DIST_SUITE_COUNT=str(int(count)),
+               TMPDIR=str(tmp))
     start = time.monotonic()
-    out, err, rc = _run(cmd, env, timeout, work)
+    out, err, rc, left = _run(cmd, env, timeout, work)
     wall = time.monotonic() - start
     outcomes, times, messages = read_junit(junit, tests)
-    run = SuiteRun(outcomes, times, messages, rc, wall, out, err)
+    run = SuiteRun(outcomes, times, messages, rc, wall, out, err, left)
     for path in records.glob("*.json"):
         rec = json.loads(path.read_text())
         run.records[rec["pid"]] = (rec["test"], rec["rank"])
@@ -97,15 +100,17 @@ def run_suite(tests: list[str], work: Path, run_dir: Path | None = None, count: 
     return run
 
 
-def _run(cmd, env, timeout, cwd) -> tuple[str, str, int]:
-    """Run CMD in its own session, no stdin; on timeout stop it (SIGTERM, then SIGKILL to
-    its process group) and every rank it left, then fail loudly."""
+def _run(cmd, env, timeout, cwd) -> tuple[str, str, int, list[str]]:
+    """Run CMD in its own session, no stdin: its output, exit code and the processes it
+    left behind (killed). On timeout stop it (SIGTERM, then SIGKILL to its process group)
+    and every process it left, then fail loudly."""
     proc = subprocess.Popen(cmd, env=env, cwd=cwd, stdin=subprocess.DEVNULL,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             start_new_session=True)
     try:
         out, err = proc.communicate(timeout=timeout)
-        return out.decode(errors="replace"), err.decode(errors="replace"), proc.returncode
+        left = _kill_leftovers(cwd / "records", grace=5)  # none, unless something outlived it
+        return out.decode(errors="replace"), err.decode(errors="replace"), proc.returncode, left
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGTERM)  # distdoctor run stops its job on SIGTERM
         try:
@@ -117,22 +122,36 @@ def _run(cmd, env, timeout, cwd) -> tuple[str, str, int]:
                            f"{out.decode(errors='replace')[-3000:]}\n"
                            f"{err.decode(errors='replace')[-3000:]}") from None
     finally:
-        _kill_leftovers(cwd / "records")
+        _kill_leftovers(cwd / "records")  # also when interrupted
 
 
-def _kill_leftovers(records: Path) -> None:
-    """Every process still alive that was started for this run: they all carry its
-    unique DIST_SUITE_RECORD in their environment (pids alone could have been reused,
-    and distdoctor may have moved a wrapped command's processes to a group of their own)."""
+def _kill_leftovers(records: Path, grace: float = 0) -> list[str]:
+    """Kill every process started for this run still alive after GRACE seconds, and say
+    which: they all carry its unique DIST_SUITE_RECORD in their environment (pids alone
+    could have been reused, and distdoctor may move a wrapped command's processes to
+    another group). The grace: multiprocessing's resource tracker outlives pytest a little."""
     marker = f"DIST_SUITE_RECORD={records}\0".encode()
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit() or int(entry.name) == os.getpid():
-            continue
+    deadline = time.monotonic() + grace
+    while True:
+        alive = {}
+        for entry in Path("/proc").iterdir():
+            if not entry.name.isdigit() or int(entry.name) == os.getpid():
+                continue
+            try:
+                if marker in (entry / "environ").read_bytes():
+                    cmd = (entry / "cmdline").read_bytes().replace(b"\0", b" ")
+                    alive[int(entry.name)] = cmd.decode(errors="replace")[:200]
+            except OSError:
+                pass
+        if not alive or time.monotonic() >= deadline:
+            break
+        time.sleep(0.2)
+    for pid in alive:
         try:
-            if marker in (entry / "environ").read_bytes():
-                os.kill(int(entry.name), signal.SIGKILL)
+            os.kill(pid, signal.SIGKILL)
         except OSError:
             pass
+    return [f"{pid} {cmd}" for pid, cmd in alive.items()]
 
 
 def read_junit(path: Path, tests: list[str]):
@@ -154,21 +173,29 @@ def read_junit(path: Path, tests: list[str]):
 
 
 def traced_runs(run_dir: Path, records: dict[int, tuple[str, int]]):
-    """test -> its incarnation (a runlog Run), found by its ranks' pids; and the
-    incarnations no test claimed, with the tests their pids name and what was unreadable."""
+    """test -> its incarnations (runlog Runs; a test that re-creates the default group
+    has several), found by their ranks' pids; and the incarnations no test claimed, with
+    the tests their pids name and what was unreadable."""
     from distdoctor.runlog.run import read_incarnations
 
-    runs, stray = {}, []
+    runs: dict[str, list] = {}
+    stray = []
     for run in read_incarnations(run_dir):
+        if not run.headers and not run.unreadable:
+            continue  # no rank started: the reader's one empty incarnation
         tests = {records.get(h.pid, (None,))[0] for h in run.headers.values()}
         if len(tests) != 1 or None in tests or run.unreadable:
             stray.append((run.incarnation, sorted(map(str, tests)), dict(run.unreadable)))
         else:
-            runs[tests.pop()] = run
+            runs.setdefault(tests.pop(), []).append(run)
     return runs, stray
 
 
-def op_counts(run) -> dict[int, dict[str, int]]:
-    """rank -> {op: how many} of one incarnation, whatever their group and outcome."""
-    return {rank: dict(collections.Counter(e.op for e in events if e.kind != "span"))
-            for rank, events in run.events.items()}
+def op_counts(runs) -> dict[int, dict[str, int]]:
+    """rank -> {op: how many} over a test's incarnations, whatever the group and outcome."""
+    counts: dict[int, collections.Counter] = {}
+    for run in runs:
+        for rank, events in run.events.items():
+            counts.setdefault(rank, collections.Counter()).update(
+                e.op for e in events if e.kind != "span")
+    return {rank: dict(c) for rank, c in counts.items()}
