@@ -3,7 +3,8 @@ communication errors — which rank, which collective, which line.
 
   distdoctor diagnose                          # newest run under ./distdoctor-runs
   distdoctor diagnose RUN_DIR --json           # findings as JSON (DESIGN.md schema)
-  distdoctor diagnose --log job.err            # comm errors in a bare log, no run dir
+  distdoctor diagnose --log job.err            # a failed job's output, no run dir
+  distdoctor diagnose --log 'slurm-42-*.out'   # one file per rank or node
   distdoctor diagnose --fr-dump /tmp/fr_trace_ # PyTorch Flight Recorder dumps
 
 Exit code: 0 without findings of severity error, 1 with, 2 on bad input.
@@ -24,7 +25,8 @@ def register(sub) -> None:
     common.add_run_dir(p)
     p.add_argument("--json", action="store_true", help="print findings as JSON")
     p.add_argument("--log", metavar="FILE", action="append",
-                   help="scan a job log for NCCL/Gloo/c10d errors (repeatable)")
+                   help="diagnose a job's output with no run dir: a file, a glob in quotes "
+                        "('slurm-123-*.out'), .gz; repeatable")
     p.add_argument("--fr-dump", metavar="PREFIX",
                    help="read PyTorch Flight Recorder dumps PREFIX<rank>")
     common.add_run_hang_timeout(p)
@@ -41,11 +43,16 @@ def run(args) -> int:
     if args.fr_dump:
         findings += _from_fr(args.fr_dump, args.hang_timeout, notes)
         sources.append(f"Flight Recorder dumps {args.fr_dump}*")
-    for log in args.log or ():
-        from distdoctor.diagnosis.logscan import scan_log
+    if args.log:
+        from distdoctor.diagnosis.logs import scan_logs
 
-        findings += scan_log(log)
-        sources.append(f"log {log}")
+        found, read = scan_logs(args.log)
+        findings += found
+        sources.append(f"log {', '.join(args.log)}")
+        if not found:
+            notes.append(f"no known failure in {read}")
+        else:
+            notes.append(f"read {read}")
     if args.run_dir is not None or not (args.fr_dump or args.log):
         from distdoctor.diagnosis.postmortem import diagnose_runs
         from distdoctor.runlog.run import read_incarnations
@@ -65,7 +72,8 @@ def run(args) -> int:
         from distdoctor.diagnosis.report import print_report
 
         console.print(f"[dim]diagnosis of {', '.join(sources)}[/]")
-        print_report(findings, console, notes)
+        print_report(findings, console, notes,
+                     traced=args.run_dir is not None or not (args.fr_dump or args.log))
     return 1 if any(f.severity == "error" for f in findings) else 0
 
 

@@ -120,3 +120,45 @@ _REMEDY = ("Read the rank's own output for its traceback (the first failure is t
            "the others' errors are consequences).")
 _REMEDY_SIGKILL = ("SIGKILL leaves no traceback: check `dmesg` / the container's events for the "
                    "OOM killer, and the host's memory; reduce batch size or activation memory.")
+
+
+def merge_crashes(found: list[Finding], all_ranks: set[int]) -> list[Finding]:
+    """One finding per problem, not one per rank:
+    - a crash the job's output explains (a traceback, an OOM: findings with source "log")
+      replaces the exit-code crash of the same rank;
+    - ranks that all failed the same way before issuing any op (a start-up error, an
+      argparse usage error) are one finding."""
+    from_log = {r for f in found if f.kind == "crash" and f.details.get("source") == "log"
+                for r in f.ranks}
+    out = [f for f in found if not (f.kind == "crash" and f.details.get("source") != "log"
+                                    and f.ranks and set(f.ranks) <= from_log)]
+    same: dict[tuple, list[Finding]] = {}
+    for f in out:
+        d = f.details
+        if f.kind != "crash" or d.get("source") == "log" or d.get("last_op") is not None \
+                or len(f.ranks) != 1:
+            continue
+        exc = d.get("exception") or {}
+        key = (d.get("how"), d.get("exit_code"), exc.get("type"), exc.get("message"))
+        same.setdefault(key, []).append(f)
+    for group in same.values():
+        if len(group) < 2:
+            continue
+        ranks = sorted(r for f in group for r in f.ranks)
+        every = set(ranks) >= all_ranks
+        who = f"every rank ({_ranks(ranks)})" if every else f"ranks {_ranks(ranks)}"
+        first = group[0]
+        what = first.summary.split(f"rank {first.ranks[0]} ", 1)[-1].split("; it issued no op")[0]
+        merged = Finding("crash", "error", f"crash: {who} failed at start-up, before any "
+                         f"collective: {what}", ranks, callsites=first.callsites[:1],
+                         details={**first.details, "family": "startup", "ranks": ranks},
+                         remedy="Every rank failed the same way before training began: fix "
+                                "that one error (the first rank's output shows it).")
+        out = [f for f in out if f not in group] + [merged]
+    return out
+
+
+def _ranks(ranks: list[int]) -> str:
+    if len(ranks) > 4 and ranks == list(range(ranks[0], ranks[-1] + 1)):
+        return f"{ranks[0]}-{ranks[-1]}"
+    return ", ".join(map(str, ranks))

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from itertools import islice
 
-from distdoctor.diagnosis.crash import ExitInfo, crash_findings
+from distdoctor.diagnosis.crash import ExitInfo, crash_findings, merge_crashes
 from distdoctor.diagnosis.findings import Finding, error_text
 from distdoctor.diagnosis.hang import RankView, hang_findings
 from distdoctor.diagnosis.mismatch import habit, mismatch_finding, p2p_signature, signature
@@ -331,10 +331,11 @@ class Engine:
         severity = {"error": 0, "warning": 1, "info": 2}
         # a hang blamed on ranks later found dead is that death, not a second problem
         # (also when the death was itself a consequence: its cause is reported already)
-        crashes = [f for f in self.found.values() if f.kind == "crash"]
-        died = {f.ranks[0] for f in crashes}
-        dead = {f.ranks[0] for f in crashes if f.severity == "error"}
-        kept = [f for f in self.found.values()
+        found = merge_crashes(list(self.found.values()), set(self.ranks))
+        crashes = [f for f in found if f.kind == "crash"]
+        died = {r for f in crashes for r in f.ranks}
+        dead = {r for f in crashes if f.severity == "error" for r in f.ranks}
+        kept = [f for f in found
                 if not (f.kind == "hang" and f.ranks and set(f.ranks) <= died)]
         if dead:  # "lost a peer" in the job's output is that crash seen from the others
             kept = [_as_consequence(f) if f.kind == "comm_error" and not f.ranks

@@ -219,9 +219,11 @@ class LiveDiagnosis:
             # ranks that print nothing are still ranks: one that never reported a timeout
             # the others reported is the one that never arrived
             self._scanner.ranks_seen.update(self.follower.ranks_of(self.follower.newest))
-        while self._lines:
-            rank, text = self._lines.popleft()
-            for f in self._scanner.feed(text, rank=rank):
+        if self._scanner is not None:
+            while self._lines:
+                rank, text = self._lines.popleft()
+                self._scanner.feed(text, rank=rank)
+            for f in self._scanner.changed():
                 engine.add_finding(f)
         self._check_ranks(now_s)
         if self.exits is not None:  # the launcher's ranks: each in its newest incarnation
@@ -364,7 +366,7 @@ def gpu_findings_fn():
 
 def _log_scanner():
     try:
-        from distdoctor.diagnosis.logscan import LogScanner
+        from distdoctor.diagnosis.logs.scanner import LogScanner
     except ImportError:
         return None
     return LogScanner()

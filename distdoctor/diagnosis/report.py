@@ -29,9 +29,12 @@ def live_line(f: Finding) -> Text:
     return text
 
 
-def print_report(findings: list[Finding], console, notes: list[str] = ()) -> None:
+def print_report(findings: list[Finding], console, notes: list[str] = (),
+                 traced: bool = True) -> None:
+    """`traced`: the findings come from a run's event logs (else only from job output)."""
     if not findings:
-        console.print("[green]no findings[/]: every traced collective matched and completed")
+        console.print("[green]no findings[/]: every traced collective matched and completed"
+                      if traced else "[green]no findings[/]")
     for i, f in enumerate(findings, 1):
         style = STYLE.get(f.severity, "bold")
         console.print(f"[{style}]{i}. {f.kind.upper()}[/] [dim]({f.severity})[/] "

@@ -1,0 +1,35 @@
+"""Failures read from a job's output: what `distdoctor diagnose --log` and `distdoctor run`'s
+live scan of the output find.
+
+  lines.py     one line of output: prefixes (rank, launcher, glog, Ray, mpirun, srun), ANSI
+  reader.py    files, globs, .gz; wraps rejoined; only lines holding an anchor parsed (fast)
+  families/    one module per family of messages: what a line means (`Signal`s)
+  reasoning.py across ranks: the first failure is the cause, the rest its consequences
+  scanner.py   lines in, findings out (live and post-mortem)
+  remedies.py  what to try
+"""
+
+from __future__ import annotations
+
+from distdoctor.diagnosis.findings import Finding
+
+
+def scan_logs(specs: list[str]) -> tuple[list[Finding], str]:
+    """`diagnose --log`: the findings of the logs `specs` names (paths, globs, .gz) and one
+    line saying what was read."""
+    from distdoctor.diagnosis.logs.families import ANCHORS
+    from distdoctor.diagnosis.logs.reader import LogReader
+    from distdoctor.diagnosis.logs.scanner import LogScanner
+
+    reader = LogReader(specs)
+    scanner = LogScanner()
+    for line in reader.lines(ANCHORS):
+        scanner.feed_line(line)
+    scanner.activity = reader.activity
+    found = scanner.findings()
+    read = scanner.read_summary(reader.total_lines)
+    if reader.wrapped_width:
+        read += f" (lines wrapped at {reader.wrapped_width} columns rejoined)"
+    if reader.truncated:
+        read += " (the log ends mid-line: it was cut off)"
+    return found, read

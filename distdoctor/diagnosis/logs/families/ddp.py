@@ -1,0 +1,59 @@
+"""DistributedDataParallel's own errors: parameters that got no gradient (with the indices and
+names DDP lists for them), and a model that differs across ranks."""
+
+from __future__ import annotations
+
+import re
+
+from distdoctor.diagnosis.logs.lines import LogLine
+from distdoctor.diagnosis.logs.signals import CAUSE, CONTEXT, Family, Signal
+
+NAME = "ddp"
+
+_UNUSED = re.compile(r"Expected to have finished reduction in the prior iteration")
+_STATIC = re.compile(r"static_graph set to True")
+# torch/csrc/distributed/c10d/reducer.cpp
+_INDICES = re.compile(r"Parameter indices which did not receive grad for rank (?P<rank>\d+): "
+                      r"(?P<indices>[\d ]+)")
+_NAMES = re.compile(r"Parameters which did not receive grad for rank (?P<rank>\d+): "
+                    r"(?P<names>.+)")
+_MODEL = re.compile(r"DDP expects same model across all ranks, but Rank (?P<rank>\d+) has "
+                    r"(?P<n>\d+) params, while rank (?P<other>\d+) has inconsistent "
+                    r"(?P<m>\d+) params")
+_SIZES = re.compile(r"params\[(?P<index>\d+)\] in this process with sizes (?P<sizes>\[[^\]]*\])"
+                    r" appears not to match (?:sizes|strides) of the same param in process 0")
+
+
+class DdpFamily(Family):
+    name = NAME
+    anchors = (b"finished reduction", b"did not receive grad", b"DDP expects",
+               b"appears not to match")
+
+    def feed(self, line: LogLine) -> list[Signal]:
+        text = line.text
+        if _UNUSED.search(text):
+            f = {"static_graph": bool(_STATIC.search(text))}
+            for rx in (_INDICES, _NAMES):  # one long line when not wrapped by the reader
+                if m := rx.search(text):
+                    f.update(m.groupdict())
+            return [Signal("unused_parameters", NAME, CAUSE, line, _clean(f))]
+        for rx in (_INDICES, _NAMES):
+            if m := rx.search(text):
+                return [Signal("unused_detail", NAME, CONTEXT, line, _clean(dict(m.groupdict())))]
+        if m := _MODEL.search(text):
+            return [Signal("model_mismatch", NAME, CAUSE, line,
+                           {k: int(v) for k, v in m.groupdict().items()})]
+        if m := _SIZES.search(text):
+            return [Signal("model_mismatch", NAME, CAUSE, line,
+                           {"index": int(m["index"]), "sizes": m["sizes"]})]
+        return []
+
+
+def _clean(f: dict) -> dict:
+    if "rank" in f:
+        f["rank"] = int(f["rank"])
+    if "indices" in f:
+        f["indices"] = [int(i) for i in f["indices"].split()][:50]
+    if "names" in f:
+        f["names"] = f["names"].strip()[:500]
+    return f

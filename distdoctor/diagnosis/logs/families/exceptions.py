@@ -1,0 +1,89 @@
+"""Python exceptions on a rank: follows each process's traceback to its last line, and
+names the exception with the user's frame it was raised from.
+
+An exception whose message another family already reads (a NCCL error, a gloo timeout, a
+CUDA OOM) is that family's signal: the traceback only adds where it was raised.
+"""
+
+from __future__ import annotations
+
+import re
+
+from distdoctor.diagnosis.logs.lines import LogLine
+from distdoctor.diagnosis.logs.signals import CAUSE, TEARDOWN, Family, Signal, rule
+
+NAME = "exception"
+
+_START = "Traceback (most recent call last):"
+_FRAME = re.compile(r'^\s*File "(?P<file>[^"]+)", line (?P<line>\d+), in (?P<function>.+)$')
+_EXC = re.compile(r"^(?P<type>(?:[A-Za-z_]\w*\.)*[A-Z]\w*)(?::\s?(?P<message>.*))?$")
+_CHAINED = ("During handling of the above exception", "The above exception was the direct")
+# frames that are never the user's line
+_LIBRARY = re.compile(r"/(?:site|dist)-packages/|/lib/python3\.\d+/|^<frozen |/torch/"
+                      r"(?!testing/)")
+_TEARDOWN = re.compile(r"SignalException|KeyboardInterrupt|SystemExit|ChildFailedError|"
+                       r"BrokenPipeError: \[Errno 32\]")
+MAX_OPEN = 10_000  # processes followed at once
+
+
+class Tracebacks:
+    """Not a `Family`: it sees every line its anchors let through and may annotate the
+    signals another family made of the same line instead of adding its own."""
+
+    name = NAME
+    anchors = (b"Traceback", b'File "', b"Error", b"Exception", b"Interrupt", b"Exit",
+               b"rror:", b"above exception")
+
+    def __init__(self):
+        self._open: dict[object, dict] = {}
+
+    def feed(self, line: LogLine, claimed: list[Signal]) -> list[Signal]:
+        text = line.text
+        who = line.who
+        if _START in text:
+            if len(self._open) >= MAX_OPEN:
+                self._open.pop(next(iter(self._open)))
+            self._open[who] = {"frames": [], "line": line}
+            return []
+        tb = self._open.get(who)
+        if tb is None:
+            return []
+        if m := _FRAME.match(text):
+            tb["frames"].append((m["file"], int(m["line"]), m["function"].strip()))
+            del tb["frames"][:-40]
+            return []
+        if text.startswith((" ", "\t")) or not text.strip() or set(text.strip()) <= {"^", "~"}:
+            return []  # the source line under a frame, or its carets
+        if any(c in text for c in _CHAINED):
+            return []
+        m = _EXC.match(text.strip())
+        del self._open[who]
+        if not m or not tb["frames"]:
+            return []
+        where = _where(tb["frames"])
+        for s in claimed:  # another family read the message: add where it was raised
+            s.fields.setdefault("where", where)
+            s.fields.setdefault("exception", m["type"])
+        if claimed:
+            return []
+        f = {"exception": m["type"], "message": (m["message"] or "").strip()[:300],
+             "where": where}
+        role = TEARDOWN if _TEARDOWN.search(text) else CAUSE
+        return [Signal("exception", NAME, role, line, f)]
+
+
+def _where(frames: list[tuple[str, int, str]]) -> dict:
+    """The innermost frame of the user's code (else the innermost frame)."""
+    user = [f for f in frames if not _LIBRARY.search(f[0])]
+    file, lineno, function = (user or frames)[-1]
+    return {"file": file, "line": lineno, "function": function}
+
+
+class UsageErrors(Family):
+    """A script that refused its command line (argparse): exits 2 with no traceback."""
+
+    name = "startup"
+    anchors = (b": error: ",)
+    rules = (rule("usage_error", "startup", CAUSE,
+                  r"^(?!srun|slurmstepd|mpirun|bash|sh:)(?P<prog>[\w./-]+): error: "
+                  r"(?P<message>.+)$"),)

@@ -1,0 +1,141 @@
+"""NCCL: watchdog and heartbeat timeouts (with each rank's last enqueued/completed work, to
+name the rank behind), NCCL errors with their cause taken from the WARN lines before them,
+CUDA errors inside NCCL (217 = peer access), duplicate GPUs, remote and transport errors, and
+the WARN lines that are harmless.
+
+Formats: torch/csrc/distributed/c10d/ProcessGroupNCCL.cpp and NCCLUtils.hpp (2.1-2.13),
+NCCL's src/include/debug.h WARN head and its transport messages (2.18-2.27).
+"""
+
+from __future__ import annotations
+
+import re
+from collections import deque
+
+from distdoctor.diagnosis.logs.lines import LogLine
+from distdoctor.diagnosis.logs.signals import (
+    BENIGN, CAUSE, CONTEXT, TIMEOUT, VICTIM, Family, Signal, rule)
+
+NAME = "nccl"
+_PG = r"(?:\[PG ID (?P<pg_id>\d+) PG GUID (?P<pg>[^\s(\]]+)(?:\((?P<pg_desc>[^)]*)\))? Rank \d+\])?"
+
+RULES = (
+    rule("watchdog_timeout", NAME, TIMEOUT,
+         r"Watchdog caught collective operation timeout: WorkNCCL\(SeqNum=(?P<seq>\d+)"
+         r"(?:, OpType=(?P<op>\w+))?(?:, NumelIn=(?P<numel_in>-?\d+))?"
+         r"(?:, NumelOut=(?P<numel_out>-?\d+))?(?:.*?Timeout\(ms\)=(?P<timeout_ms>\d+))?"
+         r"(?:\) ran for (?P<ran_ms>\d+) milliseconds)?",
+         ints=("seq", "numel_in", "numel_out", "timeout_ms", "ran_ms")),
+    rule("watchdog_timeout", NAME, TIMEOUT,
+         r"Timeout at NCCL work: (?P<seq>\d+), last enqueued NCCL work: (?P<enqueued>-?\d+), "
+         r"last completed NCCL work: (?P<completed>-?\d+)",
+         ints=("seq", "enqueued", "completed")),
+    rule("watchdog_timeout", NAME, TIMEOUT,
+         r"Exception \(either an error or timeout\) detected by watchdog at work: (?P<seq>\d+)"
+         r"(?:, last enqueued NCCL work: (?P<enqueued>-?\d+))?"
+         r"(?:, last completed NCCL work: (?P<completed>-?\d+))?",
+         ints=("seq", "enqueued", "completed")),
+    rule("heartbeat_timeout", NAME, TIMEOUT,
+         r"Heartbeat monitor timed out|watchdog (?:thread )?(?:got stuck|hang) for "
+         r"(?P<secs>\d+) seconds|[Ww]atchdog thread .*?(?:stuck|hang)", ints=("secs",)),
+    rule("progress", NAME, CONTEXT,
+         r"[Ll]ast enqueued (?:NCCL )?work: (?P<enqueued>-?\d+), last completed (?:NCCL )?"
+         r"work: (?P<completed>-?\d+)", ints=("enqueued", "completed")),
+    rule("duplicate_gpu", NAME, CAUSE,
+         r"Duplicate GPU detected\s*:\s*rank (?P<a>\d+) and rank (?P<b>\d+) both on CUDA "
+         r"device (?P<device>\w+)", ints=("a", "b")),
+    rule("p2p", NAME, CAUSE,
+         r"(?:Cuda failure (?P<code>217)|peer access is not supported|cudaErrorPeerAccess"
+         r"Unsupported|peer mapping resources exhausted|cudaIpc\w+ failed)", ints=("code",)),
+    rule("shm", NAME, CAUSE,
+         r"(?:Error while (?:creating|attaching to) shared memory segment (?P<path>\S+)"
+         r"(?: \(size (?P<size>\d+)\))?|failed to extend (?P<path2>/dev/shm/\S+) to "
+         r"(?P<size2>\d+) bytes|shm_open|unable to allocate shared memory)"),
+    rule("ib", NAME, CAUSE,
+         r"NET/IB ?:.*?(?:Got completion from peer (?P<peer>\S+) with (?:error|status=?) ?"
+         r"(?P<status>\d+)|ibv_\w+ failed|failed)|Call to ibv_\w+ failed|"
+         r"[Ii]b(?:v)?_reg_mr failed|IBV_WC_\w+ERR"),
+    rule("socket", NAME, CAUSE,
+         r"(?:NET/Socket|Bootstrap|bootstrap|socket)\s*:?.*?(?:no socket interface found|"
+         r"No usable listening interface|[Cc]onnect(?:ion)? to \S+ failed|"
+         r"Connection refused|Connection timed out|socketStartConnect|unexpected EOF|"
+         r"[Tt]imeout|failed to connect)"),
+    rule("remote_error", NAME, VICTIM,
+         r"ncclRemoteError|remote process exited|[Rr]emote error|"
+         r"NCCL error.*?remote process"),
+    rule("system_error", NAME, CAUSE, r"unhandled system error|ncclSystemError"),
+    rule("cuda_error", NAME, CAUSE, r"unhandled cuda error|ncclUnhandledCudaError|"
+         r"Cuda failure (?P<code>\d+)?\s*'?(?P<msg>[^']*)'?", ints=("code",)),
+    rule("invalid_usage", NAME, CAUSE, r"invalid (?:usage|argument)|ncclInvalidUsage|"
+         r"ncclInvalidArgument"),
+    rule("internal_error", NAME, CAUSE, r"internal (?:check failed|error)|ncclInternalError"),
+)
+
+# WARN lines that do not mean anything is wrong: a plugin that is not installed, a PCI path
+# NCCL could not resolve in a VM or container, its choice of interface or transport.
+BENIGN_WARN = re.compile(
+    r"NET/Plugin|[Nn]o plugin found|libnccl-net|Could not find real path|"
+    r"NCCL_\w+ set by environment|Using network|NVLS|[Mm]ulticast|"
+    r"NET/IB : No device found|Failed to open libibverbs|No IB devices|"
+    r"Missing \"iommu=pt\"|CUDA Driver Version|pci.*?path|topo.*?(?:speed|width)|"
+    r"Could not (?:get|find) .*?(?:sysfs|numa|cpu)|setting .*?affinity|NCCL_P2P_LEVEL")
+_SPECIFIC = ("p2p", "shm", "ib", "socket", "duplicate_gpu")
+_WARN = re.compile(r"NCCL WARN\s*(?P<message>.*)")
+_WORLD = re.compile(r"\bn[Rr]anks (?P<world>\d+)\b")
+_VERSION = re.compile(r"NCCL version (?P<version>\d+\.\d+\.\d+)")
+
+
+class NcclFamily(Family):
+    name = NAME
+    anchors = (b"NCCL", b"nccl", b"atchdog", b"Heartbeat", b"Duplicate GPU", b"Cuda failure",
+               b"peer access", b"shared memory", b"ibv_")
+    rules = RULES
+
+    def __init__(self):
+        # recent WARN causes per process: an "unhandled system error" takes its cause there
+        self._warns: dict[object, deque] = {}
+        self._newest: Signal | None = None
+
+    def feed(self, line: LogLine) -> list[Signal]:
+        text = line.text
+        w = _WARN.search(text)
+        out = super().feed(line)
+        if out and out[0].rule in _SPECIFIC:
+            # a specific cause (often a WARN, or the "Last error:" after an NCCL error):
+            # remembered for the NCCL error that names no cause of its own
+            self._remember(line, out[0])
+            return out
+        if w and not out:
+            benign = BENIGN_WARN.search(w["message"])
+            s = Signal("benign_warn" if benign else "warn", NAME, BENIGN, line,
+                       {"message": w["message"][:200]})
+            if not benign:
+                self._remember(line, s)
+            return [s]
+        if out and out[0].rule in ("system_error", "cuda_error", "internal_error",
+                                   "invalid_usage", "remote_error"):
+            cause = self._cause_of(line)
+            if cause is not None:
+                out[0].fields["cause"] = cause
+        if not out:
+            if m := _WORLD.search(text):
+                return [Signal("world", NAME, CONTEXT, line, {"world": int(m["world"])})]
+            if m := _VERSION.search(text):
+                return [Signal("version", NAME, CONTEXT, line, {"version": m["version"]})]
+        return out
+
+    def _remember(self, line: LogLine, s: Signal) -> None:
+        q = self._warns.setdefault(line.who, deque(maxlen=4))
+        q.append(s)
+        self._newest = s
+        if len(self._warns) > 10_000:  # bounded: a huge job's WARNs cannot grow us
+            self._warns.pop(next(iter(self._warns)))
+
+    def _cause_of(self, line: LogLine) -> dict | None:
+        q = self._warns.get(line.who)
+        # else the WARN came with NCCL's own head (host:pid), not the rank's prefix
+        s = q[-1] if q else self._newest
+        if s is None or (not q and s.line.rank is not None):
+            return None  # another rank's cause is not this one's
+        return {"rule": s.rule, "line": s.line.text[:300], **{
+            k: v for k, v in s.fields.items() if isinstance(v, (int, str))}}

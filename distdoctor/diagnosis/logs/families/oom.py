@@ -1,0 +1,54 @@
+"""Out of memory: CUDA's allocator (which rank, which GPU, requested vs free), and the host's
+OOM killer (a SIGKILL with no traceback; the kernel's and Slurm's own words when present)."""
+
+from __future__ import annotations
+
+import re
+
+from distdoctor.diagnosis.logs.lines import LogLine
+from distdoctor.diagnosis.logs.signals import CAUSE, Family, Signal, rule
+
+NAME = "oom"
+
+_SIZE = r"[\d.]+ ?[KMGTP]i?B"
+# c10/cuda/CUDACachingAllocator.cpp: "Tried to allocate 2.00 GiB. GPU 3 has a total capacity
+# of 79.14 GiB of which 1.06 GiB is free." (2.1+); before: "(GPU 0; 39.59 GiB total capacity;
+# 37.12 GiB already allocated; 1.06 GiB free; ...)"
+_ASK = re.compile(rf"Tried to allocate (?P<requested>{_SIZE})")
+_GPU_NEW = re.compile(rf"GPU (?P<gpu>\d+) has a total capacity of (?P<total>{_SIZE}) of which "
+                      rf"(?P<free>{_SIZE}) is free")
+_GPU_OLD = re.compile(rf"\(GPU (?P<gpu>\d+); (?P<total>{_SIZE}) total capacity;.*?"
+                      rf"(?P<free>{_SIZE}) free")
+_CUDA_OOM = re.compile(r"CUDA out of memory|HIP out of memory|CUDA error: out of memory|"
+                       r"Cuda failure (?:2 )?'out of memory'|cudaErrorMemoryAllocation")
+
+RULES = (
+    rule("host_oom", NAME, CAUSE,
+         r"Out of memory: Kill(?:ed)? process (?P<pid>\d+)|oom[-_]kill(?:er)? event|"
+         r"killed by the cgroup out-of-memory handler|oom-kill:", ints=("pid",)),
+    rule("dataloader_killed", NAME, CAUSE,
+         r"DataLoader worker \(pid (?P<pid>\d+)\) is killed by signal: Killed",
+         ints=("pid",)),
+    rule("host_alloc_failed", NAME, CAUSE,
+         r"DefaultCPUAllocator: (?:can't|not enough memory).*?(?:allocate|alloc) "
+         r"(?P<requested>\d+) bytes", ints=("requested",)),
+)
+
+
+class OomFamily(Family):
+    name = NAME
+    anchors = (b"out of memory", b"Out of memory", b"oom", b"is killed by signal",
+               b"DefaultCPUAllocator", b"cudaErrorMemoryAllocation")
+    rules = RULES
+
+    def feed(self, line: LogLine) -> list[Signal]:
+        text = line.text
+        if _CUDA_OOM.search(text):
+            f = {}
+            for rx in (_ASK, _GPU_NEW, _GPU_OLD):
+                if m := rx.search(text):
+                    f.update({k: v for k, v in m.groupdict().items() if v})
+            if "gpu" in f:
+                f["gpu"] = int(f["gpu"])
+            return [Signal("cuda_oom", NAME, CAUSE, line, f)]
+        return super().feed(line)

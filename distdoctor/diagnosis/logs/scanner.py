@@ -1,0 +1,116 @@
+"""The scanner: lines in, signals kept, findings out. Two users:
+
+- `distdoctor run` feeds every line of the job's output as it is printed (`LogScanner.feed`,
+  then `changed()` once per pass of its live loop);
+- `distdoctor diagnose --log FILE...` reads whole logs (`scan_logs`), where the reader hands
+  over only the lines that hold one of the families' anchors and counts the others.
+"""
+
+from __future__ import annotations
+
+from distdoctor.diagnosis.findings import Finding
+from distdoctor.diagnosis.logs.families import ANCHORS, FAMILIES
+from distdoctor.diagnosis.logs.families.exceptions import Tracebacks
+from distdoctor.diagnosis.logs.lines import LogLine, parse_raw
+from distdoctor.diagnosis.logs.reasoning import Activity, Reasoner
+from distdoctor.diagnosis.logs.signals import CONTEXT, Signal
+
+MAX_SIGNALS = 50_000   # a log of thousands of failing ranks keeps the first ones of each kind
+MAX_PER_KIND = 4       # signals kept per (rule, process, problem)
+MAX_LINE_CHARS = 64 * 1024
+_ANCHOR_TEXT = tuple(a.decode() for a in ANCHORS)
+
+
+class LogScanner:
+    """Scans lines one at a time and keeps what the reasoning needs, bounded."""
+
+    def __init__(self):
+        self.families = [cls() for cls in FAMILIES]
+        self.tracebacks = Tracebacks()
+        self.signals: list[Signal] = []
+        self.activity: dict[tuple, Activity] = {}
+        self.ranks_seen: set[int] = set()  # ranks known to exist (the live launcher's)
+        self.dropped = 0
+        self._kept: dict[tuple, int] = {}
+        self._lineno = 0
+        self._emitted: dict[str, dict] = {}
+        self._dirty = False
+
+    # --- live ------------------------------------------------------------------------------
+    def feed(self, text: str, rank: int | None = None) -> None:
+        """One line of the job's output (`rank`: the launcher's, when it knows)."""
+        self._lineno += 1
+        for line in parse_raw(text[:MAX_LINE_CHARS], lineno=self._lineno, rank=rank):
+            self._count(line)
+            if any(a in line.text for a in _ANCHOR_TEXT):
+                self.feed_line(line)
+
+    def changed(self) -> list[Finding]:
+        """The findings that are new or changed since the last call."""
+        if not self._dirty:
+            return []
+        self._dirty = False
+        out = []
+        for f in self.findings():
+            sig = f.details.get("signature", f.summary)
+            j = f.to_json()
+            if self._emitted.get(sig) != j:
+                self._emitted[sig] = j
+                out.append(f)
+        return out
+
+    def _count(self, line: LogLine) -> None:
+        who = line.who
+        if who is None:
+            return
+        a = self.activity.get(who)
+        if a is None:
+            if len(self.activity) >= 100_000:
+                return
+            a = self.activity[who] = Activity(first_lineno=line.lineno, file=line.file)
+        a.lines += 1
+        a.last_lineno = line.lineno
+        a.last_text = line.text[:300]
+
+    # --- both ------------------------------------------------------------------------------
+    def feed_line(self, line: LogLine) -> None:
+        """A line that holds an anchor: every family reads it, the first that knows it wins."""
+        if line.text.startswith("#") and line.who is None and line.lineno <= 40:
+            return  # a fixture's or a user's comment block heading the file, not output
+        claimed: list[Signal] = []
+        for fam in self.families:
+            claimed = fam.feed(line)
+            if claimed:
+                break
+        causes = [s for s in claimed if s.role != CONTEXT]
+        for s in claimed + self.tracebacks.feed(line, causes):
+            self._keep(s)
+
+    def _keep(self, s: Signal) -> None:
+        f = s.fields
+        key = (s.rule, s.line.who, f.get("seq"), f.get("rank"), f.get("local_rank"),
+               f.get("root_cause"))
+        n = self._kept.get(key, 0)
+        if n >= MAX_PER_KIND or len(self.signals) >= MAX_SIGNALS:
+            self.dropped += 1
+            return
+        self._kept[key] = n + 1
+        s.order = len(self.signals)
+        self.signals.append(s)
+        self._dirty = True
+
+    def findings(self) -> list[Finding]:
+        progress = self.families[0].recent
+        found = Reasoner(self.signals, self.activity, self.ranks_seen, progress).findings()
+        if self.dropped:
+            for f in found:
+                f.details["signals_dropped"] = self.dropped
+        return found
+
+    def read_summary(self, lines: int) -> str:
+        ranks = {w[1] for w in self.activity if w and w[0] == "rank"}
+        procs = len(self.activity)
+        who = (f"{len(ranks)} rank{'s' if len(ranks) != 1 else ''}" if ranks
+               else f"{procs} process{'es' if procs != 1 else ''}" if procs
+               else "no rank-labelled lines")
+        return f"{lines:,} lines from {who}"

@@ -1,0 +1,86 @@
+"""What a family reads in one line: a `Signal`, the unit the cross-rank reasoning works on.
+
+A signal says who printed it, what it means and what part it plays in the failure:
+
+- CAUSE: a failure in its own right (an exception, an OOM, a port in use).
+- TIMEOUT: a rank that waited and gave up; the culprit is a rank that never arrived.
+- VICTIM: a rank that lost a peer (connection reset, remote error): the cause is elsewhere.
+- EXIT: a launcher's report of a rank's exit (code or signal).
+- TEARDOWN: the launcher stopping the survivors (SIGTERM): never a cause.
+- BENIGN: a known-harmless line (NCCL plugin not found): info at most.
+- CONTEXT: evidence for the reasoning (world size, last completed work), never a finding.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+from distdoctor.diagnosis.logs.lines import LogLine
+
+CAUSE, TIMEOUT, VICTIM, EXIT, TEARDOWN, BENIGN, CONTEXT = (
+    "cause", "timeout", "victim", "exit", "teardown", "benign", "context")
+
+
+@dataclass
+class Signal:
+    rule: str             # e.g. "cuda_oom"
+    family: str           # e.g. "oom"
+    role: str             # one of the roles above
+    line: LogLine
+    fields: dict = field(default_factory=dict)  # rule-specific values (op, seq, port, ...)
+    order: int = 0        # position in the log, set by the scanner
+
+    @property
+    def rank(self) -> int | None:
+        r = self.fields.get("rank")
+        return r if isinstance(r, int) else self.line.rank
+
+
+@dataclass(frozen=True)
+class Rule:
+    """A one-line message family kept as data: how to spot it and what it means."""
+
+    name: str
+    family: str
+    role: str
+    pattern: re.Pattern
+    ints: tuple[str, ...] = ()  # named groups converted to int
+
+
+def rule(name: str, family: str, role: str, regex: str, ints: tuple[str, ...] = (),
+         flags: int = 0) -> Rule:
+    return Rule(name, family, role, re.compile(regex, flags), ints)
+
+
+def fields_of(r: Rule, m: re.Match) -> dict:
+    out = {}
+    for k, v in m.groupdict().items():
+        if v is None:
+            continue
+        if k in r.ints:
+            try:
+                out[k] = int(v)
+            except ValueError:
+                continue
+        else:
+            out[k] = v
+    return out
+
+
+class Family:
+    """A family of messages. Subclasses list `anchors` (byte strings one of which every line
+    they read contains: the reader hands over only such lines) and implement `feed`."""
+
+    name = ""
+    anchors: tuple[bytes, ...] = ()
+    rules: tuple[Rule, ...] = ()
+
+    def feed(self, line: LogLine) -> list[Signal]:
+        """Signals of one line; the default tries `rules`, first match wins."""
+        text = line.text
+        for r in self.rules:
+            m = r.pattern.search(text)
+            if m:
+                return [Signal(r.name, r.family, r.role, line, fields_of(r, m))]
+        return []
