@@ -14,6 +14,7 @@ wait4):
 MB = 1e6 bytes. Best of --repeats runs (on a shared machine noise only slows).
 
   python benchmarks/log_throughput.py [--size 2GiB] [--ranks 8192] [--repeats 1] [--dir /tmp]
+                                      [--reader-only]
 """
 
 from __future__ import annotations
@@ -133,6 +134,7 @@ def main() -> None:
     ap.add_argument("--ranks", type=int, default=8192)
     ap.add_argument("--repeats", type=int, default=1)
     ap.add_argument("--dir", default=None, help="where to write the temporary log")
+    ap.add_argument("--reader-only", action="store_true", help="skip (b), the whole diagnose")
     args = ap.parse_args()
     size = parse_size(args.size)
     where = args.dir or tempfile.gettempdir()
@@ -149,7 +151,9 @@ def main() -> None:
               f"{time.perf_counter() - t:.1f} s")
         reader = [sys.executable, "-c", _READER.format(anchors=ANCHORS), log]
         diagnose = [sys.executable, "-m", "distdoctor", "diagnose", "--log", log]
-        for name, cmd in (("reader alone", reader), ("diagnose --log", diagnose)):
+        runs = [("reader alone", reader)] + ([] if args.reader_only
+                                             else [("diagnose --log", diagnose)])
+        for name, cmd in runs:
             best = None
             for _ in range(args.repeats):
                 wall, rss, out = run_child(cmd)

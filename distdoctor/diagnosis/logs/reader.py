@@ -65,7 +65,7 @@ _SNIFF_RE = re.compile(rb"\n(" + _STAMP + rb")" + b"".join(p for _, p in _LAYERS
 # (not tied to a line start: a rank's piece interleaved mid-line counts as its line)
 _RANK_ONLY = rb"\[rank(\d+)\]:"
 RARE = 0.002  # an anchor byte rarer than this in a chunk's sample filters the anchors
-SAMPLE = 64 << 10
+SAMPLE = 16 << 10
 
 
 @dataclass(slots=True)
@@ -293,7 +293,7 @@ class _AnchorPlan:
     An anchor holding a byte that is rare in the chunk (an upper-case letter amid progress
     lines) cannot occur there if that byte does not; `bytes.translate` keeps only the rare
     bytes, and what is absent from that rest rules anchors out before any search. Rarity is
-    judged on a 64 KiB sample of each chunk; the ruling itself is exact.
+    judged on a 16 KiB sample of each chunk; the ruling itself is exact.
     """
 
     def __init__(self, anchors: tuple[bytes, ...]):
