@@ -14,16 +14,18 @@ from __future__ import annotations
 from distdoctor.diagnosis.findings import Finding
 
 
-def scan_logs(specs: list[str]) -> tuple[list[Finding], str]:
+def scan_logs(specs: list[str], anchors: tuple[bytes, ...] | None = None
+              ) -> tuple[list[Finding], str]:
     """`diagnose --log`: the findings of the logs `specs` names (paths, globs, .gz) and one
-    line saying what was read."""
+    line saying what was read. `anchors`: what the reader hands over (the default: the
+    families' short cover)."""
     from distdoctor.diagnosis.logs.families import ANCHORS
     from distdoctor.diagnosis.logs.reader import LogReader
     from distdoctor.diagnosis.logs.scanner import LogScanner
 
     reader = LogReader(specs)
     scanner = LogScanner()
-    for line in reader.lines(ANCHORS):
+    for line in reader.lines(anchors or ANCHORS):
         scanner.feed_line(line)
     scanner.activity = reader.activity
     found = scanner.findings()

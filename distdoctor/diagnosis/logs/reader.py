@@ -127,7 +127,7 @@ class LogReader:
     # --- identity from the file name -------------------------------------------------------
     def _identity_from_name(self, path: str, sniff: _Sniff) -> tuple[int | None, str | None]:
         kind, n = self._names.get(path, (None, None))
-        if kind == "rank":
+        if kind == "rank" and not sniff.has_rank:  # lines that say their rank win
             return n, None
         if kind == "node":
             return None, f"node{n}"
@@ -502,8 +502,13 @@ def detect_width(lines: list[str]) -> int | None:
     lengths = Counter(len(s) for s in lines)
     if not lengths:
         return None
-    w = max(lengths)
-    if w < 60 or lengths[w] < 3:
+    # the width most lines stop at; a few longer lines (pasted unwrapped) do not hide it
+    long = {n: c for n, c in lengths.items() if n >= 60}
+    if not long:
+        return None
+    w = next((n for n in sorted(long, reverse=True) if long[n] >= 3 and sum(
+        c for m, c in long.items() if m > n) <= max(2, long[n] // 4)), None)
+    if w is None:
         return None
     near = sum(c for n, c in lengths.items() if 0.8 * w <= n < w)
     distinct = {re.sub(r"\d+", "", s) for s in lines if len(s) == w and len(set(s)) > 1}

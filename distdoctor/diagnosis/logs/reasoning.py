@@ -96,8 +96,8 @@ def problem_key(s: Signal) -> tuple:
                 w.get("file"), w.get("line"))
     if s.rule in ("warn", "benign_warn"):
         return s.rule, _NUM.sub("N", f.get("message", ""))[:160]
-    if s.rule == "gloo_timeout":
-        return s.rule, f.get("op"), f.get("timeout_ms")
+    if s.rule == "gloo_timeout":  # the sender and the receiver of one wait: one problem
+        return s.rule, f.get("timeout_ms")
     if s.rule == "duplicate_gpu":
         return s.rule, f.get("device")
     if s.rule == "port_in_use":
@@ -106,7 +106,9 @@ def problem_key(s: Signal) -> tuple:
 
 
 def _pg(s: Signal) -> str:
-    m = re.search(r"PG GUID ([^\s(\]]+)", s.line.text)
+    """The process group a c10d message names: its GUID (2.5+), else its number."""
+    m = re.search(r"PG GUID ([^\s(\]]+)", s.line.text) or re.search(r"\[PG (?:ID )?(\d+)",
+                                                                      s.line.text)
     return m.group(1) if m else "0"
 
 
@@ -173,25 +175,42 @@ class Reasoner:
             connect.signals[0].fields.setdefault("exception", "RendezvousConnectionError")
         exits = self._exits()
         out: list[tuple[int, Finding]] = []
+        aside: list[tuple[int, Finding]] = []
         cause_ranks: set[int] = set()
         for p in causes:
             f = self._cause_finding(p, exits)
+            if self._went_on(p):  # not a cause: reported beside, explaining nothing
+                f.severity = "info" if p.rule == "connect_failed" else "warning"
+                f.summary += " (the process went on afterwards)"
+                f.ranks = sorted(p.ranks) if p.rule == "exception" else []
+                aside.append((p.first.order, f))
+                continue
             cause_ranks |= set(f.ranks) | p.ranks
             out.append((p.first.order, f))
-        for e in exits.values():  # exits no cause explains
-            if e["rank"] in cause_ranks or e.get("explained"):
+        same: dict[tuple, tuple[int, Finding]] = {}
+        for e in sorted(exits.values(), key=lambda e: e["order"]):  # exits no cause explains
+            if e["rank"] in cause_ranks:
                 continue
             f = self._exit_finding(e)
-            if f is not None:
-                cause_ranks.add(e["rank"])
-                out.append((e["order"], f))
+            if f is None:
+                continue
+            cause_ranks.add(e["rank"])
+            key = (e.get("signum"), e.get("exit_code"))
+            if key in same and f.ranks:  # ranks that died the same way: one finding
+                g = same[key][1]
+                g.ranks = sorted(set(g.ranks) | set(f.ranks))
+                g.summary = re.sub(r"^ranks? [\d, -]+?(?= \D)", f"ranks {_ranks_text(g.ranks)}",
+                                   g.summary).replace(" was killed", " were killed")
+                continue
+            same[key] = (e["order"], f)
+            out.append(same[key])
         self._orphans_to_root_cause(out, exits)
         first = min(out, key=lambda t: t[0]) if out else (None, None)
         first_cause = first[1]
         for p in self.problems.values():
             if p.role == TIMEOUT:
                 earlier = first[0] is not None and first[0] < p.first.order
-                f = self._timeout_finding(p, cause_ranks, first_cause, earlier)
+                f = self._timeout_finding(p, cause_ranks, first_cause, earlier, exits)
             elif p.role == VICTIM:
                 f = self._victim_finding(p, first_cause, exits)
             elif p.role == "warning":
@@ -206,6 +225,7 @@ class Reasoner:
                 continue
             if f is not None:
                 out.append((p.first.order, f))
+        out += aside
         severity = {"error": 0, "warning": 1, "info": 2}
         out.sort(key=lambda t: (severity[t[1].severity], t[0]))
         return [f for _, f in out]
@@ -249,6 +269,10 @@ class Reasoner:
             free = f" with {f['free']} free of {f['total']}" if "free" in f else ""
             return self._finding(p, "crash", "error",
                                  f"CUDA out of memory{on}{gpu}{ask}{free}", ranks, R.CUDA_OOM)
+        if r == "shm_bus_error":
+            return self._finding(p, "crash", "error",
+                                 f"a DataLoader worker hit a bus error: /dev/shm is too small{on}",
+                                 ranks, R.SHM_DATALOADER)
         if r in ("host_oom", "dataloader_killed", "host_alloc_failed"):
             what = {"host_oom": "the host's OOM killer killed a process",
                     "dataloader_killed": "a DataLoader worker was killed (SIGKILL): host out "
@@ -257,6 +281,10 @@ class Reasoner:
             return self._finding(p, "crash", "error", f"{what}{on}", ranks, R.HOST_OOM)
         if r == "port_in_use":
             port = f.get("port", "?")
+            # only the store's server listens: with no launcher in the log (env://), rank 0
+            if not ranks and not self.exits and not p.field("in_launcher") and not any(
+                    q.family == "launcher" for q in self.problems.values()):
+                ranks, on = [0], " on rank 0, which hosts the store under env://"
             return self._finding(p, "comm_error", "error",
                                  f"c10d store port {port} is already in use (EADDRINUSE){on}",
                                  ranks, R.PORT_IN_USE)
@@ -265,7 +293,8 @@ class Reasoner:
             after = f" (timed out after {f['after']})" if "after" in f else ""
             # under env:// rank 0 hosts the store: clients that are all other ranks say it
             # was not listening
-            host = [0] if ranks and 0 not in ranks and r != "rdzv_connection" else []
+            host = [0] if ranks and 0 not in ranks and r != "rdzv_connection" \
+                and not self._went_on(p) else []
             who = "; rank 0, which hosts the store, was not listening" if host else ""
             return self._finding(p, "comm_error", "error",
                                  f"{_exc(p)}could not reach the c10d store{where}{after}{on}"
@@ -308,6 +337,21 @@ class Reasoner:
         summary, remedy = nccl.get(r, (f"{r.replace('_', ' ')}{on}", None))
         culprits = sorted({f.get("a"), f.get("b")} - {None}) if r == "duplicate_gpu" else ranks
         return self._finding(p, "comm_error", "error", summary, culprits, remedy)
+
+    def _went_on(self, p: Problem) -> bool:
+        """A cause its process lived well past: a retried connection (torch prints one while
+        rank 0's store is not up yet), an exception a framework caught and logged."""
+        if p.rule == "connect_failed":
+            return all(s.line.level in ("W", "WARNING", "I", "INFO") for s in p.signals)
+        if p.rule != "exception" or not p.ranks:
+            return False
+        for r in p.ranks:
+            a = self.ev.of_rank(r)
+            if a is None or a.file != p.first.line.file or \
+                    a.last_lineno <= p.first.line.lineno + 20:
+                return False
+        return not any(q.role in (TIMEOUT, VICTIM) for q in self.problems.values()) and \
+            not self.exits
 
     def _exception_finding(self, p: Problem, exits: dict) -> Finding:
         f = dict(p.first.fields)
@@ -406,9 +450,11 @@ class Reasoner:
         """Each failed rank's exit, as its launcher reported it; the earliest per rank."""
         hosts = {s.fields.get("host") for s in self.exits if s.fields.get("host")}
         out: dict[int, dict] = {}
-        for s in self.exits:
+        for i, s in enumerate(self.exits):
             f = dict(s.fields)
             rank = f.get("rank")
+            if rank is None and s.rule == "process_failed":
+                rank = -1 - i  # the launcher did not say which rank
             if rank is None and s.rule == "task_failed":
                 rank = f.get("task")
             if rank is None and len(hosts) <= 1:
@@ -443,24 +489,32 @@ class Reasoner:
                 return None
             if p.role == TIMEOUT and e.get("signum") == 6:
                 return None  # NCCL's watchdog aborts the process after a timeout
+            if p.role == TIMEOUT and not e.get("signum") and self.ev.of_rank(rank) is None:
+                return None  # its output is not in this log: it may have timed out too
         host = f" on {e['host']}" if e.get("host") else ""
+        who = f"rank {rank}" if rank >= 0 else "a rank (the launcher does not say which)"
         if e.get("signum") == 9:
-            summary = (f"rank {rank}{host} was killed by SIGKILL with no traceback: most "
+            summary = (f"{who}{host} was killed by SIGKILL with no traceback: most "
                        f"likely the host's OOM killer")
             fam, remedy = "oom", R.HOST_OOM
+        elif e.get("signum") == 7:
+            summary = (f"{who}{host} was killed by SIGBUS: most often /dev/shm is full "
+                       f"(DataLoader workers, NCCL)")
+            fam, remedy = "oom", R.SHM_DATALOADER
         else:
-            summary = f"rank {rank}{host} {_how(e)} first, with no traceback in this log"
+            summary = f"{who}{host} {_how(e)} first, with no traceback in this log"
             fam, remedy = "launcher", R.PEER_GONE.replace(
                 "A peer process went away mid-collective: the", "The")
         details = {"signature": f"log/{fam}/exit/{rank}", "source": "log", "family": fam,
                    "rule": "rank_exit", "exit": {k: v for k, v in e.items()
                                                  if isinstance(v, (int, str, bool))},
                    "lines": [e["line"].text[:300]] if e.get("line") else []}
-        return Finding("crash", "error", summary, ranks=[rank], details=details, remedy=remedy)
+        return Finding("crash", "error", summary, ranks=[rank] if rank >= 0 else [],
+                       details=details, remedy=remedy)
 
     # --- timeouts ----------------------------------------------------------------------
     def _timeout_finding(self, p: Problem, cause_ranks: set[int],
-                         first_cause: Finding | None, earlier: bool) -> Finding:
+                         first_cause: Finding | None, earlier: bool, exits: dict) -> Finding:
         reporters = sorted(p.ranks)
         what = self._timeout_text(p)
         reported = f" on rank{_s(reporters)} {_ranks_text(reporters)}" if reporters else ""
@@ -497,6 +551,13 @@ class Reasoner:
             fnd.details["family"] = "serial_work"
             fnd.details["last_output"] = last
             return fnd
+        stopped = self._stopped_silent(p, exits)
+        if stopped:
+            return self._finding(p, p_kind(p), "error",
+                                 f"{what}{reported}; rank{_s(stopped)} {_ranks_text(stopped)} "
+                                 f"never reported it and {'was' if len(stopped) == 1 else 'were'}"
+                                 f" still running when the launcher stopped the job (SIGTERM): "
+                                 f"never arrived", stopped, self._timeout_remedy(p))
         absent = self._absent(reporters)
         if absent:
             return self._finding(p, p_kind(p), "error",
@@ -521,13 +582,20 @@ class Reasoner:
         if p.rule == "heartbeat_timeout":
             return "the NCCL watchdog/heartbeat monitor timed out"
         if p.rule == "gloo_timeout":
+            ops = sorted({s.fields["op"] for s in p.signals if "op" in s.fields})
             return (f"Gloo timed out after {_secs(f.get('timeout_ms', 0))} waiting for a "
-                    f"{f.get('op', '?')}")
+                    f"{'/'.join(ops) or '?'}")
         if p.rule == "join_timeout":
             return (f"{_exc(p)}rendezvous incomplete: {f.get('joined')}/{f.get('world')} clients "
                     f"joined the c10d store in {f.get('secs')} s")
         if p.rule == "rdzv_timeout":
             return f"{_exc(p)}the rendezvous timed out: not every node joined"
+        if p.rule == "barrier_timeout":
+            return (f"the store-based barrier of init_process_group/new_group timed out: "
+                    f"{f.get('joined')} of {f.get('world')} ranks arrived (key {f.get('keys')})")
+        if p.rule == "unique_id_timeout":
+            return (f"ranks waited for rank {f.get('owner')}'s NCCL unique id in the c10d store "
+                    f"({_clip(f.get('error', ''), 60)})")
         if p.rule == "key_timeout":
             keys = f" for key {f['keys']}" if f.get("keys") else ""
             return f"{_exc(p)}c10d store wait timeout{keys}: a rank never wrote it"
@@ -535,12 +603,16 @@ class Reasoner:
 
     def _timeout_remedy(self, p: Problem) -> str:
         return {"gloo_timeout": R.GLOO_TIMEOUT, "join_timeout": R.STORE_JOIN,
+                "barrier_timeout": R.STORE_JOIN, "unique_id_timeout": R.STORE_KEY,
                 "rdzv_timeout": R.RDZV_TIMEOUT, "key_timeout": R.STORE_KEY,
                 "heartbeat_timeout": R.WATCHDOG_STUCK}.get(p.rule, R.FIND_LATE_RANK)
 
     def _key_owners(self, p: Problem) -> list[int]:
         """A store key that names its writer: c10d's group keys end in the rank
-        (".../cpu//0/3"), users' keys often say "rank1/..."."""
+        (".../cpu//0/3"), users' keys often say "rank1/..."; NCCL's unique id is rank 0's."""
+        if p.rule == "unique_id_timeout":
+            owner = p.field("owner")
+            return [owner] if owner is not None and owner not in p.ranks else []
         if p.rule != "key_timeout" or not p.field("keys"):
             return []
         key = str(p.field("keys")).strip("[]'\" ")
@@ -619,6 +691,18 @@ class Reasoner:
             out[:] = [(o, g) for o, g in out if not (g.details.get("rule") == "rank_exit"
                                                      and g.ranks == [rank])]
 
+    def _stopped_silent(self, p: Problem, exits: dict) -> list[int]:
+        """Ranks the launcher had to stop (SIGTERM) that never reported the timeout: alive,
+        and not in the collective. Only when every other rank that failed reported it (a
+        failed rank whose output is not here could be the culprit as well)."""
+        silent = [r for r, e in exits.items() if r >= 0 and r not in p.ranks]
+        stopped = sorted(r for r in silent if exits[r].get("torn_down"))
+        if not p.ranks or len(stopped) != len(silent):
+            return []
+        # the log must show the others' output (torchrun --local-ranks-filter hides ranks)
+        shown = all(self.ev.of_rank(r) is not None for r in exits if r >= 0 and r not in stopped)
+        return stopped if shown and len(stopped) <= len(p.ranks) else []
+
     def _world_complete(self, reporters: list[int]) -> bool:
         return self.ev.world is not None and len(reporters) >= self.ev.world - 1
 
@@ -665,15 +749,19 @@ class Reasoner:
 
     def _left(self, p: Problem, exits: dict) -> tuple[int, str] | None:
         """The one known rank that neither lost the peer nor failed: the one that left."""
-        known = self.ev.ranks | set(exits)
-        if self.ev.world:
-            known |= set(range(self.ev.world))
-        others = sorted(known - p.ranks - {r for r, e in exits.items() if not e.get("torn_down")
-                                           and e.get("signum") != 15})
-        if len(others) != 1 or len(p.ranks) < 1:
+        known = self.ev.ranks | {r for r in exits if r >= 0} | p.ranks
+        # ranks are 0..N-1: a gap in the ones seen is a rank too
+        known |= set(range(self.ev.world or (max(known) + 1 if known else 0)))
+        # not a rank that failed; first a rank the launcher does not list (it exited 0), else
+        # the one it stopped (SIGTERM) while that rank was still on its way out
+        failed = {r for r, e in exits.items() if not e.get("torn_down")}
+        others = known - p.ranks - failed
+        unlisted = sorted(others - set(exits))
+        pick = unlisted if unlisted else sorted(others)
+        if len(pick) != 1 or len(p.ranks) < 1:
             return None
-        a = self.ev.of_rank(others[0])
-        return others[0], (a.last_text if a else "")
+        a = self.ev.of_rank(pick[0])
+        return pick[0], (a.last_text if a else "")
 
     def _add_consequence(self, cause: Finding, p: Problem, text: str) -> None:
         cons = cause.details.setdefault("consequences", [])
@@ -710,7 +798,8 @@ class Reasoner:
 def p_kind(p: Problem) -> str:
     """A collective or a store key that timed out is a hang (a rank never arrived); a
     rendezvous that did is a failure to start."""
-    return "comm_error" if p.rule in ("join_timeout", "rdzv_timeout") else "hang"
+    return "comm_error" if p.rule in ("join_timeout", "rdzv_timeout",
+                                      "barrier_timeout") else "hang"
 
 
 def _exc(p: Problem) -> str:

@@ -41,6 +41,9 @@ NCCL_INTERNAL = (
     "with NCCL_DEBUG=INFO.")
 SHM = ("NCCL could not allocate shared memory: check `df -h /dev/shm`, give the container more "
        "(docker --shm-size=1g or --ipc=host), or set NCCL_SHM_DISABLE=1.")
+SHM_DATALOADER = ("/dev/shm is too small for the DataLoader's shared tensors (Docker's default "
+                  "is 64 MB): check `df -h /dev/shm`, run the container with --shm-size=8g or "
+                  "--ipc=host, or lower num_workers.")
 SOCKET = ("A socket between ranks failed: check the address NCCL/Gloo picked is reachable from "
           "every node (NCCL_SOCKET_IFNAME / GLOO_SOCKET_IFNAME=eth0, firewall, MTU), and "
           "NCCL_DEBUG=INFO for the interface in use.")

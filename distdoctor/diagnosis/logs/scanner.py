@@ -9,7 +9,7 @@
 from __future__ import annotations
 
 from distdoctor.diagnosis.findings import Finding
-from distdoctor.diagnosis.logs.families import ANCHORS, FAMILIES
+from distdoctor.diagnosis.logs.families import FAMILIES, ROUTES
 from distdoctor.diagnosis.logs.families.exceptions import Tracebacks
 from distdoctor.diagnosis.logs.lines import LogLine, parse_raw
 from distdoctor.diagnosis.logs.reasoning import Activity, Reasoner
@@ -18,7 +18,7 @@ from distdoctor.diagnosis.logs.signals import CONTEXT, Signal
 MAX_SIGNALS = 50_000   # a log of thousands of failing ranks keeps the first ones of each kind
 MAX_PER_KIND = 4       # signals kept per (rule, process, problem)
 MAX_LINE_CHARS = 64 * 1024
-_ANCHOR_TEXT = tuple(a.decode() for a in ANCHORS)
+_ANCHOR_TEXT = tuple(a.decode() for a in ROUTES)
 
 
 class LogScanner:
@@ -27,6 +27,7 @@ class LogScanner:
     def __init__(self):
         self.families = [cls() for cls in FAMILIES]
         self.tracebacks = Tracebacks()
+        self._routes = [(f, tuple(a.decode() for a in f.anchors)) for f in self.families]
         self.signals: list[Signal] = []
         self.activity: dict[tuple, Activity] = {}
         self.ranks_seen: set[int] = set()  # ranks known to exist (the live launcher's)
@@ -78,10 +79,13 @@ class LogScanner:
         if line.text.startswith("#") and line.who is None and line.lineno <= 40:
             return  # a fixture's or a user's comment block heading the file, not output
         claimed: list[Signal] = []
-        for fam in self.families:
-            claimed = fam.feed(line)
-            if claimed:
-                break
+        text = line.text
+        for fam, anchors in self._routes:
+            # a family reads only the lines that hold one of its own anchors
+            if any(a in text for a in anchors):
+                claimed = fam.feed(line)
+                if claimed:
+                    break
         causes = [s for s in claimed if s.role != CONTEXT]
         for s in claimed + self.tracebacks.feed(line, causes):
             self._keep(s)
@@ -101,7 +105,12 @@ class LogScanner:
 
     def findings(self) -> list[Finding]:
         progress = self.families[0].recent
-        found = Reasoner(self.signals, self.activity, self.ranks_seen, progress).findings()
+        signals = list(self.signals)
+        for fam in self.families:  # a report the log ends in the middle of
+            for s in fam.pending():
+                s.order = len(signals)
+                signals.append(s)
+        found = Reasoner(signals, self.activity, self.ranks_seen, progress).findings()
         if self.dropped:
             for f in found:
                 f.details["signals_dropped"] = self.dropped

@@ -76,6 +76,10 @@ class Family:
     anchors: tuple[bytes, ...] = ()
     rules: tuple[Rule, ...] = ()
 
+    def pending(self) -> list[Signal]:
+        """Signals of a report still open where the log ends (read, not consumed)."""
+        return []
+
     def feed(self, line: LogLine) -> list[Signal]:
         """Signals of one line; the default tries `rules`, first match wins."""
         text = line.text

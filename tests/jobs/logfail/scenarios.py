@@ -206,7 +206,7 @@ SCENARIOS = [
         "gloo_timeout_rank3",
         torchrun(4, "gloo_skip --victim 3"),
         "Rank 3 skipped an all_reduce (then slept); ranks 0, 1, 2 time out in Gloo after 3 s.",
-        crash("gloo", [3], ["timed out"], kind="comm_error"),
+        crash("gloo", [3], ["timed out"], kind="hang"),
         must=("Timed out waiting",),
     ),
     Scenario(
@@ -214,7 +214,7 @@ SCENARIOS = [
         torchrun(4, "gloo_skip --victim 3", launcher="--local-ranks-filter 0"),
         "As gloo_timeout_rank3 shown through `--local-ranks-filter 0`: only rank 0's output "
         "is on the terminal, so the log cannot tell which rank never arrived.",
-        crash("gloo", [], ["timed out"], kind="comm_error"),
+        crash("gloo", [], ["timed out"], kind="hang"),
         must=("[rank0]: RuntimeError",),
         must_not=("[rank1]",),
     ),
@@ -223,7 +223,7 @@ SCENARIOS = [
         torchrun(4, "gloo_skip --victim 3", launcher="--redirects 3 --log-dir {log_dir}"),
         "As gloo_timeout_rank3 with `--redirects 3 --log-dir`: the terminal has only "
         "torchrun's lines; each rank's stderr is its own file (rank 3's is empty and absent).",
-        crash("gloo", [3], ["timed out"], kind="comm_error"),
+        crash("gloo", [3], ["timed out"], kind="hang"),
         must=("FAILED",),
     ),
     Scenario(

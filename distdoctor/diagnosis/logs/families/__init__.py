@@ -19,6 +19,34 @@ from distdoctor.diagnosis.logs.families.store import StoreFamily
 FAMILIES = (ProgressFamily, LauncherFamily, OomFamily, MismatchFamily, DdpFamily, StoreFamily, NcclFamily,
             GlooFamily, UsageErrors, ContextFamily)
 
-# every byte string some family needs to see a line: the reader skips lines with none
-ANCHORS: tuple[bytes, ...] = tuple(sorted({a for f in FAMILIES + (Tracebacks,)
-                                           for a in f.anchors}))
+# every byte string some family routes on (a family reads only lines holding one of its own)
+ROUTES: tuple[bytes, ...] = tuple(sorted({a for f in FAMILIES + (Tracebacks,)
+                                          for a in f.anchors}))
+
+# What the reader searches big logs for: a short cover of ROUTES, so that every line a family
+# reads holds one of these too (tests/test_log_diagnosis.py checks it on the whole corpus).
+# Few and rare is fast: a search costs a pass over the log, except for strings with a byte
+# that is rare in it (capitals, '_', '"', digits), which the reader rules out almost free.
+ANCHORS: tuple[bytes, ...] = (
+    # exceptions and tracebacks; DDP's and the store's errors are exceptions too
+    b"Traceback", b'File "', b"Error", b"Exception", b"Expected to have", b"Parameter",
+    # launchers
+    b"SIG", b"FAILED", b"Failures:", b"Root Cause", b"exitcode", b"host      :",
+    b"local_rank", b"error_file", b"with PID", b"srun: error", b"death signal",
+    # NCCL, CUDA, OOM
+    b"NCCL", b"nccl", b"Watchdog", b"Heartbeat", b"Duplicate GPU", b"Cuda failure",
+    b"peer access", b"shared memory", b"ibv_", b"IBV_", b"cudaIpc", b"out of memory",
+    b"Out of memory", b"oom-kill", b"oom_kill", b"out-of-memory", b"is killed by signal",
+    b"DefaultCPUAllocator",
+    # c10d store, rendezvous, Gloo
+    b"socket has", b"already in use", b"EADDRINUSE", b"endezvous", b"C10d store",
+    b"clients joined", b"wait timeout", b"Socket Timeout", b"imeout waiting for key",
+    b"store based barrier", b"ncclUniqueId", b"by peer", b"Broken pipe", b"Timed out waiting",
+    b"Connection refused", b"Connect timeout", b"getaddrinfo", b"No route to host",
+    b"resolve hostname", b"connectFullMesh",
+    # DETAIL mode, monitored barrier, DDP, argparse
+    b"Detected mismatch", b"monitoredBarrier", b"DDP expects", b": error: ",
+    # evidence: the world, the ranks, progress bars
+    b"WORLD_SIZE", b"orld_size", b"orld size", b"MEMBER:", b"Num processes", b"nRanks",
+    b"Rank ", b"GLOBAL_RANK", b"Process rank", b"[rank: ", b"%|",
+)

@@ -16,13 +16,15 @@ NAME = "exception"
 
 _START = "Traceback (most recent call last):"
 _FRAME = re.compile(r'^\s*File "(?P<file>[^"]+)", line (?P<line>\d+), in (?P<function>.+)$')
-_EXC = re.compile(r"^(?P<type>(?:[A-Za-z_]\w*\.)*[A-Z]\w*)(?::\s?(?P<message>.*))?$")
+_EXC = re.compile(r"^(?P<type>(?:[A-Za-z_]\w*\.)*[A-Z]\w*(?:Error|Exception|Interrupt|Exit|"
+                  r"Iteration|Failure|Timeout|Warning|Fault))(?::\s?(?P<message>.*))?$")
 _CHAINED = ("During handling of the above exception", "The above exception was the direct")
 # frames that are never the user's line
 _LIBRARY = re.compile(r"/(?:site|dist)-packages/|/lib/python3\.\d+/|^<frozen |/torch/"
                       r"(?!testing/)")
 _TEARDOWN = re.compile(r"SignalException|KeyboardInterrupt|SystemExit|ChildFailedError|"
                        r"BrokenPipeError: \[Errno 32\]")
+_LAUNCHER = re.compile(r"torch/distributed/(?:run\.py|elastic/|launcher/)|/torchrun$")
 MAX_OPEN = 10_000  # processes followed at once
 
 
@@ -43,11 +45,14 @@ class Tracebacks:
         if _START in text:
             if len(self._open) >= MAX_OPEN:
                 self._open.pop(next(iter(self._open)))
-            self._open[who] = {"frames": [], "line": line}
+            # a prefix may leave its own indent: the traceback's lines are read relative to it
+            indent = len(text) - len(text.lstrip())
+            self._open[who] = {"frames": [], "line": line, "indent": indent}
             return []
         tb = self._open.get(who)
         if tb is None:
             return []
+        text = text[min(tb["indent"], len(text) - len(text.lstrip())):]
         if m := _FRAME.match(text):
             tb["frames"].append((m["file"], int(m["line"]), m["function"].strip()))
             del tb["frames"][:-40]
@@ -57,13 +62,18 @@ class Tracebacks:
         if any(c in text for c in _CHAINED):
             return []
         m = _EXC.match(text.strip())
+        if not m:
+            return []  # another line of this process (a progress bar) inside its traceback
         del self._open[who]
-        if not m or not tb["frames"]:
+        if not tb["frames"]:
             return []
         where = _where(tb["frames"])
+        # raised in the launcher's own process (torchrun's agent), not in a rank
+        launcher = any(_LAUNCHER.search(f[0]) for f in tb["frames"])
         for s in claimed:  # another family read the message: add where it was raised
             s.fields.setdefault("where", where)
             s.fields.setdefault("exception", m["type"])
+            s.fields.setdefault("in_launcher", launcher)
         if claimed:
             return []
         f = {"exception": m["type"], "message": (m["message"] or "").strip()[:300],

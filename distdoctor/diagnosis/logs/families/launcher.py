@@ -30,6 +30,10 @@ RULES = (
     rule("rank_failed", NAME, EXIT,
          r"--local_rank=(?P<local_rank>\d+).*?exits with return code = (?P<exit_code>-?\d+)",
          ints=("local_rank", "exit_code")),
+    # Accelerate / subprocess launchers: which rank is not said
+    rule("process_failed", NAME, EXIT,
+         r"died with <Signals\.(?P<sig>SIG\w+): (?P<signum>\d+)>|"
+         r"returned non-zero exit status (?P<exit_code>-?\d+)", ints=("signum", "exit_code")),
     # Open MPI
     rule("rank_failed", NAME, EXIT,
          r"process rank (?P<rank>\d+) with PID (?P<pid>\d+) on node (?P<host>\S+) exited on "
@@ -41,7 +45,8 @@ RULES = (
          ints=("task", "exit_code")),
 )
 
-_TABLE = re.compile(r"^\s*(?P<key>time|host|rank|exitcode|error_file|traceback)\s*:\s?(?P<v>.*)$")
+# an entry's fields (its "time" is left out: the reader need not hand it over)
+_TABLE = re.compile(r"^\s*(?P<key>host|rank|exitcode|error_file|traceback)\s*:\s?(?P<v>.*)$")
 _TABLE_RANK = re.compile(r"(?P<rank>\d+) \(local_rank: (?P<local>\d+)\)")
 _TABLE_EXIT = re.compile(r"(?P<code>-?\d+) \(pid: (?P<pid>\d+)\)")
 _TABLE_SIGNAL = re.compile(r"Signal (?P<signum>\d+) \((?P<name>SIG\w+)\)")
@@ -57,8 +62,9 @@ def signal_name(signum: int) -> str:
 class LauncherFamily(Family):
     name = NAME
     anchors = (b"exitcode", b"closing signal", b"got signal", b"death signal",
-               b"attempts left", b"return code", b"exited on signal", b"srun: error",
-               b"Root Cause", b"Failures:", b"local_rank:", b"time      :",
+               b"attempts left", b"return code", b"died with <Signals",
+               b"non-zero exit status", b"exited on signal", b"srun: error",
+               b"Root Cause", b"Failures:", b"local_rank:",
                b"host      :", b"error_file", b"traceback :")
     rules = RULES
 
@@ -84,7 +90,7 @@ class LauncherFamily(Family):
 
     def _table_field(self, line: LogLine, key: str, v: str) -> list[Signal]:
         out = []
-        if key == "time" or key in self._entry:  # a new entry begins
+        if key in self._entry:  # a new entry begins
             out = self._close()
         e = self._entry
         if self._entry_line is None:
@@ -105,10 +111,13 @@ class LauncherFamily(Family):
         return out
 
     def _close(self) -> list[Signal]:
-        e, line = self._entry, self._entry_line
+        out = self.pending()
         self._entry, self._entry_line = {}, None
+        return out
+
+    def pending(self) -> list[Signal]:
+        e, line = self._entry, self._entry_line
         if line is None or "exit_code" not in e:
             return []
-        e["root_cause"] = self._root
-        e["table"] = True
-        return [Signal("rank_failed", NAME, EXIT, line, e)]
+        return [Signal("rank_failed", NAME, EXIT, line, {**e, "root_cause": self._root,
+                                                         "table": True})]

@@ -88,7 +88,7 @@ _VERSION = re.compile(r"NCCL version (?P<version>\d+\.\d+\.\d+)")
 class NcclFamily(Family):
     name = NAME
     anchors = (b"NCCL", b"nccl", b"atchdog", b"Heartbeat", b"Duplicate GPU", b"Cuda failure",
-               b"peer access", b"shared memory", b"ibv_")
+               b"peer access", b"shared memory", b"ibv_", b"cudaIpc", b"IBV_")
     rules = RULES
 
     def __init__(self):
@@ -98,6 +98,11 @@ class NcclFamily(Family):
 
     def feed(self, line: LogLine) -> list[Signal]:
         text = line.text
+        if " NCCL INFO " in text or text.startswith("NCCL INFO"):
+            # INFO lines say what NCCL chose, not what failed: evidence only
+            if m := _WORLD.search(text):
+                return [Signal("world", NAME, CONTEXT, line, {"world": int(m["world"])})]
+            return []
         w = _WARN.search(text)
         out = super().feed(line)
         if out and out[0].rule in _SPECIFIC:

@@ -29,6 +29,9 @@ RULES = (
     rule("dataloader_killed", NAME, CAUSE,
          r"DataLoader worker \(pid (?P<pid>\d+)\) is killed by signal: Killed",
          ints=("pid",)),
+    # a DataLoader worker's SIGBUS: /dev/shm (Docker's default 64 MB) is full
+    rule("shm_bus_error", NAME, CAUSE,
+         r"[Bb]us error.*?insufficient shared memory|insufficient shared memory \(shm\)"),
     rule("host_alloc_failed", NAME, CAUSE,
          r"DefaultCPUAllocator: (?:can't|not enough memory).*?(?:allocate|alloc) "
          r"(?P<requested>\d+) bytes", ints=("requested",)),
@@ -38,7 +41,7 @@ RULES = (
 class OomFamily(Family):
     name = NAME
     anchors = (b"out of memory", b"Out of memory", b"oom", b"is killed by signal",
-               b"DefaultCPUAllocator", b"cudaErrorMemoryAllocation")
+               b"DefaultCPUAllocator", b"cudaErrorMemoryAllocation", b"shared memory")
     rules = RULES
 
     def feed(self, line: LogLine) -> list[Signal]:

@@ -29,10 +29,21 @@ RULES = (
     rule("join_timeout", NAME, TIMEOUT,
          r"Timed out after (?P<secs>\d+) seconds waiting for clients\. "
          r"(?P<joined>\d+)/(?P<world>\d+) clients joined", ints=("secs", "joined", "world")),
+    # c10d's store-based barrier (init_process_group before 2.0, new_group)
+    rule("barrier_timeout", NAME, TIMEOUT,
+         r"Timed out initializing process group in store based barrier on rank:? "
+         r"(?P<rank>\d+), for key: (?P<keys>\S+) \(world_size=(?P<world>\d+), "
+         r"(?:worker_count|num_workers_joined)=(?P<joined>\d+)",
+         ints=("rank", "world", "joined")),
     rule("rdzv_timeout", NAME, TIMEOUT,
          r"RendezvousTimeoutError|rendezvous (?:timed out|has timed out)|"
          r"[Tt]imed out (?:while )?waiting for (?:the )?rendezvous"),
     rule("rdzv_closed", NAME, VICTIM, r"RendezvousClosedError"),
+    # ProcessGroupNCCL: "[1] is setting up NCCL communicator and retrieving ncclUniqueId from
+    # [0] via c10d key-value store by key '0', but store->get('0') got error: Socket Timeout"
+    rule("unique_id_timeout", NAME, TIMEOUT,
+         r"retrieving ncclUniqueId from \[(?P<owner>\d+)\].*?got error: (?P<error>.*)",
+         ints=("owner",)),
     rule("key_timeout", NAME, TIMEOUT,
          r"wait timeout after (?P<ms>\d+)ms(?:, keys: (?P<keys>.*))?", ints=("ms",)),
     rule("key_timeout", NAME, TIMEOUT,
@@ -47,7 +58,8 @@ class StoreFamily(Family):
     name = NAME
     anchors = (b"socket has", b"failed to bind", b"EADDRINUSE", b"already in use",
                b"Rendezvous", b"endezvous", b"clients joined", b"wait timeout",
-               b"Socket Timeout", b"imeout waiting for key", b"failed to recv", b"C10d store")
+               b"Socket Timeout", b"imeout waiting for key", b"failed to recv", b"C10d store",
+               b"store based barrier", b"ncclUniqueId", b"by peer", b"Broken pipe")
     rules = RULES
 
     def feed(self, line: LogLine) -> list[Signal]:
