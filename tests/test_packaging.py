@@ -3,8 +3,12 @@ a forgotten one anyway, a real `pip install` would not."""
 
 from __future__ import annotations
 
-import tomllib
 from pathlib import Path
+
+import pytest
+
+tomllib = pytest.importorskip("tomllib")  # 3.11+
+
 
 ROOT = Path(__file__).parent.parent
 

@@ -494,10 +494,9 @@ def _sniff(path: str) -> _Sniff:
 def detect_width(lines: list[str]) -> int | None:
     """The width a terminal or an editor hard-wrapped these lines at, or None.
 
-    Wrapped: no line is longer than some width W >= 60, at least 3 lines are exactly W long,
-    and either they say different things (not one message printed by many ranks) and outnumber
-    the lines just short of W (natural lengths rarely pile up at one value), or the lines after
-    them do not start the way the log's lines start (they continue the line before).
+    Wrapped: at most a few lines are longer than some width W >= 60 (pasted unwrapped), at
+    least 3 different lines are exactly W long, and the line after each mostly does not start
+    the way that line did (it continues it; a new line of the same kind starts alike).
     """
     lengths = Counter(len(s) for s in lines)
     if not lengths:
@@ -510,19 +509,17 @@ def detect_width(lines: list[str]) -> int | None:
         c for m, c in long.items() if m > n) <= max(2, long[n] // 4)), None)
     if w is None:
         return None
-    near = sum(c for n, c in lengths.items() if 0.8 * w <= n < w)
-    distinct = {re.sub(r"\d+", "", s) for s in lines if len(s) == w and len(set(s)) > 1}
-    if len(distinct) >= 3 and lengths[w] >= near:
-        return w
-    # few distinct texts: still a wrap if what follows the full lines is no new line
-    # (the log's lines start with a prefix, the pieces after a full line do not)
-    prefixed = cont = 0
-    for s, nxt in zip(lines, lines[1:], strict=False):
-        if len(s) == w and (m := _PREFIX_KIND.match(s)) is not None:
-            prefixed += 1
-            n = _PREFIX_KIND.match(nxt)
-            cont += n is None or n.group(1) != m.group(1)
-    return w if prefixed >= 3 and cont >= 0.8 * prefixed else None
+    # what follows a full line must be its continuation, not a new line of the same kind:
+    # lines that merely happen to share a length (one message printed by every rank) start
+    # alike, a wrapped line's next piece does not start the way the line itself did
+    full = [(t, nxt) for t, nxt in zip(lines, lines[1:], strict=False) if len(t) == w]
+    cont = sum(_head(nxt) != _head(t) for t, nxt in full)
+    distinct = len({t for t, _ in full})  # one line repeated is not a wrap
+    return w if len(full) >= 3 and cont >= 0.8 * len(full) and distinct >= 3 else None
+
+
+def _head(line: str) -> str:
+    return re.sub(r"\d", "0", line[:6])
 
 
 _PREFIX_KIND = re.compile(r"(?:\d{1,6}: )?(\[[A-Za-z_]+|\[\d+,|\(\w*)")

@@ -12,7 +12,8 @@ from distdoctor.diagnosis.findings import Finding
 from distdoctor.diagnosis.logs.families import FAMILIES, ROUTES
 from distdoctor.diagnosis.logs.families.exceptions import Tracebacks
 from distdoctor.diagnosis.logs.lines import LogLine, parse_raw
-from distdoctor.diagnosis.logs.reasoning import Activity, Reasoner
+from distdoctor.diagnosis.logs.problems import Activity
+from distdoctor.diagnosis.logs.reasoning import Reasoner
 from distdoctor.diagnosis.logs.signals import CONTEXT, Signal
 
 MAX_SIGNALS = 50_000   # a log of thousands of failing ranks keeps the first ones of each kind

@@ -2,9 +2,27 @@
 it means as `Signal`s; the first family (in this order) that knows a line wins it, so the
 more specific families come first. Tracebacks are followed beside them (exceptions.py).
 
-Adding a family: a module with a `Family` subclass (its anchors and its rules), listed here.
+A family module also says what its problems mean, for the reasoning (reasoning.py):
+- `describe(problem, ctx) -> Finding` for its causes;
+- `TIMEOUTS = {rule: (text(problem), remedy)}` for what its waiting ranks reported, and
+  `owners(problem, ctx)` when the message itself names the rank waited for;
+- `VICTIMS = {rule: text}` for what ranks that lost a peer reported;
+- `prepare(causes)` to merge its causes before they are judged (optional).
+
+Adding a family: a module with a `Family` subclass (its anchors and its rules) and those
+meanings, listed in FAMILIES and MEANINGS here, with a cover string in ANCHORS.
 """
 
+from distdoctor.diagnosis.logs.families import (
+    ddp,
+    exceptions,
+    gloo,
+    launcher,
+    mismatch,
+    nccl,
+    oom,
+    store,
+)
 from distdoctor.diagnosis.logs.families.context import ContextFamily
 from distdoctor.diagnosis.logs.families.ddp import DdpFamily
 from distdoctor.diagnosis.logs.families.exceptions import Tracebacks, UsageErrors
@@ -18,6 +36,11 @@ from distdoctor.diagnosis.logs.families.store import StoreFamily
 
 FAMILIES = (ProgressFamily, LauncherFamily, OomFamily, MismatchFamily, DdpFamily, StoreFamily, NcclFamily,
             GlooFamily, UsageErrors, ContextFamily)
+
+# what each family's problems mean, by the family name its signals carry
+MEANINGS = {"launcher": launcher, "oom": oom, "mismatch": mismatch, "ddp": ddp,
+            "store": store, "nccl": nccl, "gloo": gloo, "exception": exceptions,
+            "startup": exceptions}
 
 # every byte string some family routes on (a family reads only lines holding one of its own)
 ROUTES: tuple[bytes, ...] = tuple(sorted({a for f in FAMILIES + (Tracebacks,)
@@ -37,7 +60,7 @@ ANCHORS: tuple[bytes, ...] = (
     b"NCCL", b"nccl", b"Watchdog", b"Heartbeat", b"Duplicate GPU", b"Cuda failure",
     b"peer access", b"shared memory", b"ibv_", b"IBV_", b"cudaIpc", b"out of memory",
     b"Out of memory", b"oom-kill", b"oom_kill", b"out-of-memory", b"is killed by signal",
-    b"DefaultCPUAllocator",
+    b"DefaultCPUAllocator", b"Killed",
     # c10d store, rendezvous, Gloo
     b"socket has", b"already in use", b"EADDRINUSE", b"endezvous", b"C10d store",
     b"clients joined", b"wait timeout", b"Socket Timeout", b"imeout waiting for key",

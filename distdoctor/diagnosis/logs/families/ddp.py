@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import re
 
+from distdoctor.diagnosis.findings import Finding
+from distdoctor.diagnosis.logs import remedies as R
 from distdoctor.diagnosis.logs.lines import LogLine
+from distdoctor.diagnosis.logs.problems import Problem, clip, on
 from distdoctor.diagnosis.logs.signals import CAUSE, CONTEXT, Family, Signal
 
 NAME = "ddp"
@@ -57,3 +60,29 @@ def _clean(f: dict) -> dict:
     if "names" in f:
         f["names"] = f["names"].strip()[:500]
     return f
+
+
+# --- what its problems mean ---------------------------------------------------------------
+def describe(p: Problem, ctx) -> Finding:
+    ranks = sorted(p.ranks)
+    if p.rule == "model_mismatch":
+        return ctx.finding(p, "mismatch", "error", f"DDP model differs across ranks{on(ranks)}: "
+                           f"{clip(p.first.line.text, 160)}", ranks, R.DDP_MODEL_MISMATCH)
+    # which parameters: in the error itself, or in the INFO/DETAIL lines that follow it
+    detail: dict = {}
+    for fields in [s.fields for s in p.signals] + [ctx.context_of("unused_detail", r)
+                                                  for r in ranks]:
+        for k in ("indices", "names"):
+            if k in fields:
+                detail.setdefault(k, fields[k])
+    which = ""
+    if detail.get("names"):
+        which = f": {clip(detail['names'], 160)}"
+    elif detail.get("indices"):
+        which = f": parameter indices {' '.join(map(str, detail['indices'][:20]))}"
+    fnd = ctx.finding(p, "crash", "error", f"DDP: parameters did not receive gradients"
+                      f"{on(ranks)} (Expected to have finished reduction in the prior "
+                      f"iteration){which}; find_unused_parameters=True or use every parameter",
+                      ranks, R.DDP_UNUSED)
+    fnd.details.update(detail)
+    return fnd

@@ -9,8 +9,21 @@ from __future__ import annotations
 
 import re
 
+from distdoctor.diagnosis.findings import Finding
+from distdoctor.diagnosis.logs import remedies as R
+from distdoctor.diagnosis.logs.families.launcher import how_it_ended
 from distdoctor.diagnosis.logs.lines import LogLine
-from distdoctor.diagnosis.logs.signals import CAUSE, TEARDOWN, Family, Signal, rule
+from distdoctor.diagnosis.logs.problems import Problem, clip, plural, ranks_text, short_path
+from distdoctor.diagnosis.logs.signals import (
+    BENIGN,
+    CAUSE,
+    TEARDOWN,
+    TIMEOUT,
+    VICTIM,
+    Family,
+    Signal,
+    rule,
+)
 
 NAME = "exception"
 
@@ -97,3 +110,60 @@ class UsageErrors(Family):
     rules = (rule("usage_error", "startup", CAUSE,
                   r"^(?!srun|slurmstepd|mpirun|bash|sh:)(?P<prog>[\w./-]+): error: "
                   r"(?P<message>.+)$"),)
+
+
+# --- what its problems mean ---------------------------------------------------------------
+def describe(p: Problem, ctx) -> Finding:
+    """An exception on some ranks; every rank failing the same way (before any collective: a
+    start-up failure) is one finding."""
+    f = dict(p.first.fields)
+    if p.rule == "usage_error":
+        f["exception"] = f"{f.get('prog', 'the script')}: error"
+    ranks = sorted(p.ranks)
+    where = f.get("where") or {}
+    at = (f" at {short_path(where['file'])}:{where['line']} in {where['function']}"
+          if where.get("file") else "")
+    msg = f": {clip(f['message'], 160)}" if f.get("message") else ""
+    every = len(ranks) >= 2 and ctx.ev.ranks and set(ranks) >= ctx.ev.ranks
+    if not ranks and p.count >= 2 and len(ctx.exits) == p.count:
+        # the same traceback once per process, unlabelled: one per rank the launcher had
+        ranks, every = sorted(ctx.exits), True
+    if p.rule == "usage_error" and not every:  # the launcher's exits say who else failed
+        failed = {e["rank"] for e in ctx.exits.values()
+                  if e.get("exit_code") == 2 and not e.get("torn_down")}
+        every = len(failed) >= 2 and failed >= set(ranks)
+        ranks = sorted(failed | set(ranks)) if every else ranks
+    if every:
+        early = not any(q.role == TIMEOUT or q.family in ("nccl", "gloo")
+                        for q in ctx.problems.values()
+                        if q.first.order < p.first.order and q.role != BENIGN)
+        lead = (f"every rank ({ranks_text(ranks)}) failed at start-up with " if early
+                else f"every rank ({ranks_text(ranks)}) raised ")
+        fnd = ctx.finding(p, "crash", "error", f"{lead}{f['exception']}{msg}{at}", ranks,
+                          R.STARTUP if early else R.EXCEPTION)
+        fnd.details["family"] = "startup" if early else NAME
+        return fnd
+    how = ""
+    ended = [ctx.exits[r] for r in ranks if r in ctx.exits]
+    if ended:
+        how = f" and {how_it_ended(ended[0])}"
+    elif ranks and ctx.alive_after(ranks[0], p.first):
+        how = " (it had not exited when the log ends: the others wait for it)"
+    summary = (f"rank{plural(ranks)} {ranks_text(ranks)} raised {f['exception']}{msg}{at}{how}"
+               if ranks else f"{f['exception']}{msg}{at}")
+    fnd = ctx.finding(p, "crash", "error", summary, ranks, R.EXCEPTION)
+    if where.get("file"):
+        fnd.callsites = [{"rank": r, **where} for r in ranks[:8]]
+    return fnd
+
+
+def went_on(p: Problem, ctx) -> bool:
+    """An exception its rank lived well past (a framework caught and logged it), in a log
+    with no other failure."""
+    if p.rule != "exception" or not p.ranks:
+        return False
+    for r in p.ranks:
+        a = ctx.ev.of_rank(r)
+        if a is None or a.file != p.first.line.file or a.last_lineno <= p.first.line.lineno + 20:
+            return False
+    return not ctx.exits and not any(q.role in (TIMEOUT, VICTIM) for q in ctx.problems.values())

@@ -7,9 +7,11 @@ from __future__ import annotations
 import re
 import signal as _signal
 
+from distdoctor.diagnosis.findings import Finding
+from distdoctor.diagnosis.logs import remedies as R
 from distdoctor.diagnosis.logs.lines import LogLine
-from distdoctor.diagnosis.logs.signals import (
-    CAUSE, CONTEXT, EXIT, TEARDOWN, Family, Signal, rule)
+from distdoctor.diagnosis.logs.problems import Problem
+from distdoctor.diagnosis.logs.signals import CAUSE, CONTEXT, EXIT, TEARDOWN, Family, Signal, rule
 
 NAME = "launcher"
 
@@ -121,3 +123,70 @@ class LauncherFamily(Family):
             return []
         return [Signal("rank_failed", NAME, EXIT, line, {**e, "root_cause": self._root,
                                                          "table": True})]
+
+
+# --- what its problems mean ---------------------------------------------------------------
+def describe(p: Problem, ctx) -> Finding:
+    """The launcher itself stopped (the only CAUSE of this family)."""
+    f = p.first.fields
+    sig = f.get("signame") or (signal_name(f["signum"]) if "signum" in f else "a signal")
+    return ctx.finding(p, "crash", "error", f"the launcher itself received {sig} and stopped "
+                       f"the ranks", [], R.LAUNCHER_SIGNALED)
+
+
+def collect_exits(signals: list[Signal], teardown_pids: set[int]) -> dict[int, dict]:
+    """Each failed rank's exit as its launcher reported it, by rank (the earliest report, a
+    root-cause entry over others). A launcher that does not say which rank gets a negative
+    key; one node's local rank stands for the rank."""
+    hosts = {s.fields.get("host") for s in signals if s.fields.get("host")}
+    out: dict[int, dict] = {}
+    for i, s in enumerate(signals):
+        f = dict(s.fields)
+        rank = f.get("rank")
+        if rank is None and s.rule == "process_failed":
+            rank = -1 - i
+        if rank is None and s.rule == "task_failed":
+            rank = f.get("task")
+        if rank is None and len(hosts) <= 1:
+            rank = f.get("local_rank")
+        if rank is None:
+            continue
+        if f.get("killed"):
+            f["signum"] = 9
+        if f.get("aborted"):
+            f["signum"] = 6
+        code = f.get("exit_code")
+        if code is not None and code < 0:
+            f["signum"] = -code
+        f["rank"], f["order"] = rank, s.order
+        f["torn_down"] = f.get("pid") in teardown_pids or f.get("signum") == 15
+        prev = out.get(rank)
+        if prev is None or (f.get("root_cause") and not prev.get("root_cause")):
+            if prev:
+                f["order"] = min(prev["order"], f["order"])
+            out[rank] = {**(prev or {}), **f}
+        out[rank].setdefault("line", s.line)
+    return out
+
+
+def describe_exit(e: dict) -> tuple[str, str, str]:
+    """(summary, family, remedy) of an exit nothing else in the log explains."""
+    rank = e["rank"]
+    host = f" on {e['host']}" if e.get("host") else ""
+    who = f"rank {rank}" if rank >= 0 else "a rank (the launcher does not say which)"
+    if e.get("signum") == 9:
+        return (f"{who}{host} was killed by SIGKILL with no traceback: most likely the host's "
+                f"OOM killer", "oom", R.HOST_OOM)
+    if e.get("signum") == 7:
+        return (f"{who}{host} was killed by SIGBUS: most often /dev/shm is full (DataLoader "
+                f"workers, NCCL)", "oom", R.SHM_DATALOADER)
+    return (f"{who}{host} {how_it_ended(e)} first, with no traceback in this log", NAME,
+            R.PEER_GONE.replace("A peer process went away mid-collective: the", "The"))
+
+
+def how_it_ended(e: dict) -> str:
+    if e.get("signum") == 6:  # C++ terminate() or abort() in the process itself
+        return "exited by abort (SIGABRT)"
+    if e.get("signum"):
+        return f"was killed by {signal_name(e['signum'])}"
+    return f"exited with code {e.get('exit_code')}"

@@ -6,7 +6,10 @@ from __future__ import annotations
 
 import re
 
+from distdoctor.diagnosis.findings import Finding
+from distdoctor.diagnosis.logs import remedies as R
 from distdoctor.diagnosis.logs.lines import LogLine
+from distdoctor.diagnosis.logs.problems import Problem, plural, ranks_text
 from distdoctor.diagnosis.logs.signals import CAUSE, VICTIM, Family, Signal
 
 NAME = "mismatch"
@@ -57,3 +60,42 @@ class MismatchFamily(Family):
                 f["ms"] = int(m["ms"])
             return [Signal("monitored_barrier", NAME, CAUSE, line, f)]
         return []
+
+
+# --- what its problems mean ---------------------------------------------------------------
+def describe(p: Problem, ctx) -> Finding:
+    ranks = sorted(p.ranks)
+    if p.rule == "monitored_barrier":
+        missing = sorted({x for s in p.signals for x in s.fields.get("missing", [])})
+        return ctx.finding(p, "hang", "error", f"rank{plural(missing)} {ranks_text(missing)} "
+                           f"failed to pass monitoredBarrier (reported by rank{plural(ranks)} "
+                           f"{ranks_text(ranks)})", missing, R.MONITORED_BARRIER)
+    # DETAIL: each reporting rank compares its fingerprint with rank 0's; the odd ones out
+    # are the ranks in the smaller camp
+    ops: dict[int, str] = {}
+    seq = None
+    for s in p.signals:
+        f = s.fields
+        ops[f["rank"]] = _op_text(f.get("mine", {}))
+        if "other" in f:
+            ops.setdefault(f["other"], _op_text(f.get("theirs", {})))
+        seq = seq or f.get("mine", {}).get("seq")
+    by_op: dict[str, list[int]] = {}
+    for r, op in sorted(ops.items()):
+        by_op.setdefault(op, []).append(r)
+    camps = sorted(by_op.values(), key=len)
+    culprits = camps[0] if len(camps) > 1 and len(camps[0]) < len(camps[-1]) else sorted(ops)
+    text = "; ".join(f"rank{plural(rs)} {ranks_text(rs)}: {op}" for op, rs in by_op.items())
+    fnd = ctx.finding(p, "mismatch", "error", f"collective mismatch (TORCH_DISTRIBUTED_DEBUG="
+                      f"DETAIL) at sequence number {seq}: {text}", culprits, R.MISMATCH)
+    fnd.seq = seq
+    fnd.details["ops"] = {str(r): op for r, op in ops.items()}
+    return fnd
+
+
+def _op_text(fp: dict) -> str:
+    op = fp.get("op", "?")
+    return f"{op} of shape {fp['shape']}" if fp.get("shape") else op
+
+
+VICTIMS = {"monitored_barrier_peer": "ranks waiting in monitored_barrier got errors"}

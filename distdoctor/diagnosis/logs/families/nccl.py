@@ -12,9 +12,20 @@ from __future__ import annotations
 import re
 from collections import deque
 
+from distdoctor.diagnosis.findings import Finding
+from distdoctor.diagnosis.logs import remedies as R
 from distdoctor.diagnosis.logs.lines import LogLine
+from distdoctor.diagnosis.logs.problems import Problem, clip, on, secs
 from distdoctor.diagnosis.logs.signals import (
-    BENIGN, CAUSE, CONTEXT, TIMEOUT, VICTIM, Family, Signal, rule)
+    BENIGN,
+    CAUSE,
+    CONTEXT,
+    TIMEOUT,
+    VICTIM,
+    Family,
+    Signal,
+    rule,
+)
 
 NAME = "nccl"
 _PG = r"(?:\[PG ID (?P<pg_id>\d+) PG GUID (?P<pg>[^\s(\]]+)(?:\((?P<pg_desc>[^)]*)\))? Rank \d+\])?"
@@ -60,6 +71,7 @@ RULES = (
          r"No usable listening interface|[Cc]onnect(?:ion)? to \S+ failed|"
          r"Connection refused|Connection timed out|socketStartConnect|unexpected EOF|"
          r"[Tt]imeout|failed to connect)"),
+    rule("socket", NAME, CAUSE, r"Call to connect returned (?P<error>[^,]+)"),
     rule("remote_error", NAME, VICTIM,
          r"ncclRemoteError|remote process exited|[Rr]emote error|"
          r"NCCL error.*?remote process"),
@@ -99,9 +111,13 @@ class NcclFamily(Family):
     def feed(self, line: LogLine) -> list[Signal]:
         text = line.text
         if " NCCL INFO " in text or text.startswith("NCCL INFO"):
-            # INFO lines say what NCCL chose, not what failed: evidence only
+            # INFO lines are evidence, never a finding of their own: the world size, and the
+            # cause an NCCL error that follows may name ("Call to connect returned ...")
             if m := _WORLD.search(text):
                 return [Signal("world", NAME, CONTEXT, line, {"world": int(m["world"])})]
+            for s in super().feed(line):
+                if s.rule in _SPECIFIC:
+                    self._remember(line, s)
             return []
         w = _WARN.search(text)
         out = super().feed(line)
@@ -144,3 +160,94 @@ class NcclFamily(Family):
             return None  # another rank's cause is not this one's
         return {"rule": s.rule, "line": s.line.text[:300], **{
             k: v for k, v in s.fields.items() if isinstance(v, (int, str))}}
+
+
+# --- what its problems mean ---------------------------------------------------------------
+_GENERIC = ("system_error", "cuda_error", "internal_error", "invalid_usage")
+# which specific causes NCCL reports under each generic error code
+_EXPLAINS = {"system_error": ("shm", "socket", "ib"), "cuda_error": ("p2p",),
+             "internal_error": ("socket", "ib", "p2p"), "invalid_usage": ("duplicate_gpu",)}
+_CAUSE_TEXT = {"shm": ("shared memory (/dev/shm)", R.SHM), "socket": ("a socket", R.SOCKET),
+               "ib": ("InfiniBand", R.IB), "p2p": ("GPU peer-to-peer access", R.P2P),
+               "duplicate_gpu": ("two ranks on one GPU", R.NCCL_USAGE)}
+
+
+def prepare(causes: list[Problem]) -> list[Problem]:
+    """A generic NCCL error ("unhandled system error") with a specific cause in the log (a
+    WARN about /dev/shm, a socket, P2P) is that cause's consequence. A socket WARN with no
+    NCCL error at all is a warning: NCCL retried and went on."""
+    specific = [p for p in causes if p.rule in _SPECIFIC]
+    if not any(p.rule in _GENERIC for p in causes):
+        for p in specific:
+            if p.rule == "socket" and all("NCCL WARN" in s.line.text for s in p.signals):
+                p.role = "warning"
+        return [p for p in causes if p.role == CAUSE]
+    if not specific:
+        return causes
+    kept = []
+    for p in causes:
+        if p.rule not in _GENERIC:
+            kept.append(p)
+            continue
+        named = (p.field("cause") or {}).get("rule")
+        fits = [q for q in specific if q.rule in _EXPLAINS[p.rule]] or specific
+        target = next((q for q in fits if q.rule == named), None) or min(
+            fits, key=lambda q: abs(q.first.order - p.first.order))
+        target.ranks |= p.ranks
+        target.signals.append(p.first)
+    return kept
+
+
+def describe(p: Problem, ctx) -> Finding:
+    f, r, ranks = p.first.fields, p.rule, sorted(p.ranks)
+    where = on(ranks)
+    summary, remedy = {
+        "duplicate_gpu": (f"ranks {f.get('a')} and {f.get('b')} share CUDA device "
+                          f"{f.get('device')} (Duplicate GPU detected)", R.NCCL_USAGE),
+        "p2p": ("GPU peer-to-peer access failed (CUDA error 217 'peer access is not supported "
+                f"between these two devices'){where}", R.P2P),
+        "shm": (f"NCCL could not create its shared memory segment in /dev/shm{where}", R.SHM),
+        "ib": (f"InfiniBand transport error{where}: {clip(_after_warn(p), 140)}", R.IB),
+        "socket": (f"NCCL socket/bootstrap failure{where}: {clip(_after_warn(p), 140)}",
+                   R.SOCKET),
+        "system_error": (f"NCCL unhandled system error{where}", R.NCCL_SYSTEM),
+        "cuda_error": (f"CUDA error in NCCL{where}", R.NCCL_CUDA),
+        "invalid_usage": (f"NCCL invalid usage{where}", R.NCCL_USAGE),
+        "internal_error": (f"NCCL internal error{where}", R.NCCL_INTERNAL),
+    }.get(r, (f"{r.replace('_', ' ')}{where}", None))
+    cause = p.field("cause") or {}
+    if r in _GENERIC and cause.get("rule") in _CAUSE_TEXT:
+        # the WARN/INFO line before the error says which: name it, and take its remedy
+        what, remedy = _CAUSE_TEXT[cause["rule"]]
+        summary = f"{summary}, caused by {what}: {clip(cause['line'], 140)}"
+    elif r in _GENERIC and cause.get("line"):
+        summary = f"{summary}: {clip(cause['line'], 140)}"
+    culprits = sorted({f.get("a"), f.get("b")} - {None}) if r == "duplicate_gpu" else ranks
+    return ctx.finding(p, "comm_error", "error", summary, culprits, remedy)
+
+
+def _after_warn(p: Problem) -> str:
+    t = p.first.line.text
+    i = t.find("NCCL WARN")
+    return t[i + 9:].strip() if i >= 0 else t.strip()
+
+
+def _watchdog(p: Problem) -> str:
+    f = p.fields()
+    op = f" in {f['op']}" if "op" in f else ""
+    after = f" after {secs(f['timeout_ms'])}" if "timeout_ms" in f else ""
+    return f"NCCL watchdog timeout{op} (SeqNum {f.get('seq')}){after}"
+
+
+def owners(p: Problem, ctx) -> tuple[list[int], str] | None:
+    """A heartbeat monitor that fired names its own rank: its watchdog is stuck there."""
+    if p.rule != "heartbeat_timeout" or not p.ranks:
+        return None
+    return sorted(p.ranks), (f": a CUDA or NCCL call hung on "
+                             f"{'that rank' if len(p.ranks) == 1 else 'those ranks'}")
+
+
+TIMEOUTS = {"watchdog_timeout": (_watchdog, R.FIND_LATE_RANK),
+            "heartbeat_timeout": (lambda p: "the NCCL watchdog/heartbeat monitor timed out",
+                                  R.WATCHDOG_STUCK)}
+VICTIMS = {"remote_error": "NCCL remote error: a peer exited or the network failed"}

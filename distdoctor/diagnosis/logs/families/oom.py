@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import re
 
+from distdoctor.diagnosis.findings import Finding
+from distdoctor.diagnosis.logs import remedies as R
 from distdoctor.diagnosis.logs.lines import LogLine
+from distdoctor.diagnosis.logs.problems import Problem, on
 from distdoctor.diagnosis.logs.signals import CAUSE, Family, Signal, rule
 
 NAME = "oom"
@@ -26,6 +29,8 @@ RULES = (
     rule("host_oom", NAME, CAUSE,
          r"Out of memory: Kill(?:ed)? process (?P<pid>\d+)|oom[-_]kill(?:er)? event|"
          r"killed by the cgroup out-of-memory handler|oom-kill:", ints=("pid",)),
+    # a shell's word for its child's SIGKILL
+    rule("host_oom", NAME, CAUSE, r"^(?:\S+: line \d+: +\d+ )?Killed(?:\s+\S.*)?$"),
     rule("dataloader_killed", NAME, CAUSE,
          r"DataLoader worker \(pid (?P<pid>\d+)\) is killed by signal: Killed",
          ints=("pid",)),
@@ -41,7 +46,7 @@ RULES = (
 class OomFamily(Family):
     name = NAME
     anchors = (b"out of memory", b"Out of memory", b"oom", b"is killed by signal",
-               b"DefaultCPUAllocator", b"cudaErrorMemoryAllocation", b"shared memory")
+               b"DefaultCPUAllocator", b"cudaErrorMemoryAllocation", b"shared memory", b"Killed")
     rules = RULES
 
     def feed(self, line: LogLine) -> list[Signal]:
@@ -55,3 +60,23 @@ class OomFamily(Family):
                 f["gpu"] = int(f["gpu"])
             return [Signal("cuda_oom", NAME, CAUSE, line, f)]
         return super().feed(line)
+
+
+# --- what its problems mean ---------------------------------------------------------------
+_HOST = {"host_oom": "the host's OOM killer killed a process",
+         "dataloader_killed": "a DataLoader worker was killed (SIGKILL): host out of memory",
+         "host_alloc_failed": "host memory exhausted (CPU allocation failed)"}
+
+
+def describe(p: Problem, ctx) -> Finding:
+    f, ranks = p.first.fields, sorted(p.ranks)
+    if p.rule == "cuda_oom":
+        gpu = f" on GPU {f['gpu']}" if "gpu" in f else ""
+        ask = f": tried to allocate {f['requested']}" if "requested" in f else ""
+        free = f" with {f['free']} free of {f['total']}" if "free" in f else ""
+        return ctx.finding(p, "crash", "error", f"CUDA out of memory{on(ranks)}{gpu}{ask}{free}",
+                           ranks, R.CUDA_OOM)
+    if p.rule == "shm_bus_error":
+        return ctx.finding(p, "crash", "error", f"a DataLoader worker hit a bus error: /dev/shm "
+                           f"is too small{on(ranks)}", ranks, R.SHM_DATALOADER)
+    return ctx.finding(p, "crash", "error", f"{_HOST[p.rule]}{on(ranks)}", ranks, R.HOST_OOM)

@@ -3,7 +3,19 @@ never joined, a key nobody wrote, a store that went away."""
 
 from __future__ import annotations
 
+import re
+
+from distdoctor.diagnosis.findings import Finding
+from distdoctor.diagnosis.logs import remedies as R
 from distdoctor.diagnosis.logs.lines import LogLine
+from distdoctor.diagnosis.logs.problems import (
+    Problem,
+    clip,
+    exception_prefix,
+    on,
+    plural,
+    ranks_text,
+)
 from distdoctor.diagnosis.logs.signals import CAUSE, TIMEOUT, VICTIM, Family, Signal, rule
 
 NAME = "store"
@@ -47,7 +59,7 @@ RULES = (
     rule("key_timeout", NAME, TIMEOUT,
          r"wait timeout after (?P<ms>\d+)ms(?:, keys: (?P<keys>.*))?", ints=("ms",)),
     rule("key_timeout", NAME, TIMEOUT,
-         r"(?:DistStoreError|TCPStore|store).*?(?:Socket Timeout|[Tt]imeout waiting for key|"
+         r"(?:(?:DistStoreError|TCPStore|store).*?)?(?:Socket Timeout|[Tt]imeout waiting for key|"
          r"timed out waiting for key)(?:.*?key[s]?[: ]+(?P<keys>\S+))?"),
     rule("store_gone", NAME, VICTIM,
          r"(?:TCPStore|DistStoreError|DistNetworkError|c10d).*?(?:failed to recv, got 0 bytes|"
@@ -72,3 +84,102 @@ class StoreFamily(Family):
             if keys:
                 f["keys"] = keys.strip()[:200]
         return out
+
+
+# --- what its problems mean ---------------------------------------------------------------
+def prepare(causes: list[Problem]) -> list[Problem]:
+    """A rendezvous that could not reach its store is one problem with that connection
+    failure (its inner error), named after the rendezvous' exception."""
+    rdzv = next((p for p in causes if p.rule == "rdzv_connection"), None)
+    connect = next((p for p in causes if p.rule in ("connect_timeout", "connect_failed")), None)
+    if rdzv and connect:
+        connect.signals[0].fields.setdefault("exception", "RendezvousConnectionError")
+        return [p for p in causes if p is not rdzv]
+    return causes
+
+
+def describe(p: Problem, ctx) -> Finding:
+    f, ranks = p.first.fields, sorted(p.ranks)
+    where_on = on(ranks)
+    if p.rule == "port_in_use":
+        # only the store's server listens: with no launcher in the log (env://), rank 0
+        if not ranks and not ctx.exits and not p.field("in_launcher") and not ctx.launcher_seen:
+            ranks, where_on = [0], " on rank 0, which hosts the store under env://"
+        return ctx.finding(p, "comm_error", "error", f"c10d store port {f.get('port', '?')} is "
+                           f"already in use (EADDRINUSE){where_on}", ranks, R.PORT_IN_USE)
+    at = f" at {f['host']}:{f['port']}" if "host" in f else ""
+    after = f" (timed out after {f['after']})" if "after" in f else ""
+    # under env:// rank 0 hosts the store: when every client is another rank, it was down
+    host = [0] if ranks and 0 not in ranks and p.rule != "rdzv_connection" \
+        and not ctx.went_on(p) else []
+    who = "; rank 0, which hosts the store, was not listening" if host else ""
+    return ctx.finding(p, "comm_error", "error", f"{exception_prefix(p)}could not reach the c10d "
+                       f"store{at}{after}{where_on}{who}", host, R.STORE_CONNECT)
+
+
+def owners(p: Problem, ctx) -> tuple[list[int], str] | None:
+    """The ranks a store timeout names, and how: the writer of the key (c10d's group keys end
+    in the rank, ".../cpu//0/3"; users' keys often say "rank1/..."), NCCL's unique id (rank
+    0's), and with only the store's own client joined (1/N) under env://, ranks 1..N-1."""
+    ranks = _owners(p, ctx)
+    if not ranks:
+        return None
+    verb = "joined" if p.rule == "join_timeout" else "wrote it"
+    return ranks, f"; rank{plural(ranks)} {ranks_text(ranks)} never {verb}"
+
+
+def _owners(p: Problem, ctx) -> list[int]:
+    if p.rule == "unique_id_timeout":
+        owner = p.field("owner")
+        return [owner] if owner is not None and owner not in p.ranks else []
+    if p.rule == "join_timeout":
+        where = str((p.field("where") or {}).get("file", ""))
+        world = p.field("world") or 0
+        if p.field("joined") != 1 or p.field("in_launcher") or "torchrun" in where:
+            return []  # torchrun's agents are the store's clients: nodes, not ranks
+        return list(range(1, world)) if 1 < world <= 16 else []
+    if p.rule != "key_timeout" or not p.field("keys"):
+        return []
+    key = str(p.field("keys")).strip("[]'\" ")
+    m = re.search(r"rank[_-]?(\d+)", key, re.I) or re.search(r"/(\d+)$", key)
+    if not m:
+        return []
+    rank = int(m.group(1))
+    limit = ctx.ev.world or (max(ctx.ev.ranks) + 2 if ctx.ev.ranks else 2)
+    return [rank] if rank < limit and rank not in p.ranks else []
+
+
+def _join(p: Problem) -> str:
+    f = p.fields()
+    return (f"{exception_prefix(p)}rendezvous incomplete: {f.get('joined')}/{f.get('world')} "
+            f"clients joined the c10d store in {f.get('secs')} s")
+
+
+def _barrier(p: Problem) -> str:
+    f = p.fields()
+    return (f"the store-based barrier of init_process_group/new_group timed out: "
+            f"{f.get('joined')} of {f.get('world')} ranks arrived (key {f.get('keys')})")
+
+
+def _unique_id(p: Problem) -> str:
+    return (f"ranks waited for rank {p.field('owner')}'s NCCL unique id in the c10d store "
+            f"({clip(p.field('error', ''), 60)})")
+
+
+def _key(p: Problem) -> str:
+    keys = f" for key {p.field('keys')}" if p.field("keys") else ""
+    return f"{exception_prefix(p)}c10d store wait timeout{keys}: a rank never wrote it"
+
+
+TIMEOUTS = {
+    "join_timeout": (_join, R.STORE_JOIN),
+    "rdzv_timeout": (lambda p: f"{exception_prefix(p)}the rendezvous timed out: not every "
+                               f"node joined", R.RDZV_TIMEOUT),
+    "barrier_timeout": (_barrier, R.STORE_JOIN),
+    "unique_id_timeout": (_unique_id, R.STORE_KEY),
+    "key_timeout": (_key, R.STORE_KEY),
+}
+# a store timeout is about starting up, except a key a rank never wrote: that rank hangs
+NOT_A_HANG = ("join_timeout", "rdzv_timeout", "barrier_timeout")
+VICTIMS = {"store_gone": "lost the connection to the c10d store",
+           "rdzv_closed": "the rendezvous was closed"}
