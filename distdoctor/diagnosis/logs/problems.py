@@ -84,7 +84,9 @@ def problem_key(s: Signal) -> tuple:
     """What makes two lines one problem (on different ranks, or printed twice)."""
     f = s.fields
     if s.rule == "watchdog_timeout":
-        return s.rule, pg_of(s), f.get("seq")
+        # by sequence number alone: one rank's "[Rank 0] Watchdog caught ..." names no group
+        # while its "[PG 1 Rank 0] Exception ... at work: N" does, and both are one problem
+        return s.rule, f.get("seq")
     if s.rule == "exception":
         w = f.get("where") or {}
         return (s.rule, f.get("exception"), _NUM.sub("N", f.get("message", ""))[:120],

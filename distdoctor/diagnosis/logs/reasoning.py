@@ -87,7 +87,7 @@ class Reasoner:
     def went_on(self, p: Problem) -> bool:
         """A cause its process lived well past: a retried connection (torch warns while rank
         0's store is not up yet), an exception a framework caught and logged."""
-        if p.rule == "connect_failed":
+        if p.rule in ("connect_failed", "port_in_use"):  # torch retries, then errs (E)
             return all(s.line.level in ("W", "WARNING", "I", "INFO") for s in p.signals)
         meaning = MEANINGS.get(p.family)
         return bool(getattr(meaning, "went_on", None) and meaning.went_on(p, self))
@@ -108,7 +108,7 @@ class Reasoner:
         for p in causes:
             f = self._describe(p)
             if self.went_on(p):  # not a cause: reported beside it, explaining nothing
-                f.severity = "info" if p.rule == "connect_failed" else "warning"
+                f.severity = "info" if p.rule in ("connect_failed", "port_in_use") else "warning"
                 f.summary += " (the process went on afterwards)"
                 f.ranks = sorted(p.ranks) if p.rule == "exception" else []
                 aside.append((p.first.order, f))
@@ -134,7 +134,7 @@ class Reasoner:
                                  [], "Rerun with NCCL_DEBUG=INFO for this warning's context.")
             if f is not None:
                 out.append((p.first.order, f))
-        out += aside
+        out = _one_unexplained_watchdog(out) + aside
         out.sort(key=lambda t: (_SEVERITY[t[1].severity], t[0]))
         return [f for _, f in out]
 
@@ -219,7 +219,7 @@ class Reasoner:
             return self.finding(p, kind, "error", f"{what}{reported}{clause}", ranks, remedy)
         behind = self._behind(p)
         if behind:
-            last = self.ev.enqueued[(pg_of(p.first), behind[0])]
+            last = min(n for (g, r), n in self.ev.enqueued.items() if r == behind[0])
             return self.finding(p, kind, "error", f"{what}{reported}; rank{plural(behind)} "
                                 f"{ranks_text(behind)} never enqueued it (last enqueued work "
                                 f"{last})", behind, remedy)
@@ -253,9 +253,9 @@ class Reasoner:
         seq = p.field("seq")
         if seq is None:
             return []
-        pg = pg_of(p.first)
-        return sorted(r for (g, r), n in self.ev.enqueued.items()
-                      if g == pg and n < seq and r not in p.ranks)
+        pgs = {pg_of(s) for s in p.signals}
+        return sorted({r for (g, r), n in self.ev.enqueued.items()
+                       if g in pgs and n < seq and r not in p.ranks})
 
     def _busy(self, p: Problem, reporters: list[int]) -> tuple[int, str] | None:
         """A rank that kept printing after the others timed out and never reported it."""
@@ -266,7 +266,8 @@ class Reasoner:
             a = self.ev.of_rank(rank)
             if a is None or a.file not in files or a.last_lineno <= p.first.line.lineno:
                 continue
-            if a.last_text and not _TEARDOWN_TEXT.search(a.last_text):
+            # its own output, not a failure it printed (a timeout of another group)
+            if a.last_text and not _FAILURE_TEXT.search(a.last_text):
                 busy.append((a.last_lineno - last_report, rank, a.last_text))
         complete = self.ev.world is not None and len(reporters) >= self.ev.world - 1
         if len(busy) == 1 or (busy and not complete):
@@ -349,7 +350,28 @@ class Reasoner:
             cause.summary += f"; then {text}"
 
 
-_TEARDOWN_TEXT = re.compile(r"SIGTERM|SignalException|Traceback|Error|Killed|exitcode")
+_FAILURE_TEXT = re.compile(r"SIG[A-Z]+|Exception|Traceback|Error|Killed|exitcode|[Ww]atchdog|"
+                           r"[Tt]imed? ?out|NCCL|failed|Failed|ncclUniqueId|terminate")
+
+
+def _one_unexplained_watchdog(out: list) -> list:
+    """Watchdog timeouts of several sequence numbers that name no culprit (ranks stuck in
+    different groups, or a log without group names) are one finding: the earliest, with the
+    others listed, rather than one "not in this log" per number."""
+    loose = [(o, f) for o, f in out if f.details.get("rule") == "watchdog_timeout"
+             and not f.ranks]
+    if len(loose) < 2:
+        return out
+    (o, first), rest = loose[0], loose[1:]
+    seqs = sorted({f.seq for _, f in rest if f.seq is not None} - {first.seq})
+    reporting = sorted({r for _, f in loose for r in f.details.get("reporting_ranks", [])})
+    first.details["other_seqs"] = seqs
+    first.details["reporting_ranks"] = reporting
+    first.summary = first.summary.replace(
+        "; which rank", f" (and SeqNum {', '.join(map(str, seqs[:8]))} on ranks "
+                        f"{ranks_text(reporting)}); which rank", 1)
+    dropped = {id(f) for _, f in rest}
+    return [(oo, f) for oo, f in out if id(f) not in dropped]
 
 
 def _moved_after(lines, first, files):

@@ -61,7 +61,8 @@ RULES = (
     rule("shm", NAME, CAUSE,
          r"(?:Error while (?:creating|attaching to) shared memory segment (?P<path>\S+)"
          r"(?: \(size (?P<size>\d+)\))?|failed to extend (?P<path2>/dev/shm/\S+) to "
-         r"(?P<size2>\d+) bytes|shm_open|unable to allocate shared memory)"),
+         r"(?P<size2>\d+) bytes|shm_open|unable to allocate shared memory|"
+         r"posix_fallocate failed)"),
     rule("ib", NAME, CAUSE,
          r"NET/IB ?:.*?(?:Got completion from peer (?P<peer>\S+) with (?:error|status=?) ?"
          r"(?P<status>\d+)|ibv_\w+ failed|failed)|Call to ibv_\w+ failed|"
@@ -90,7 +91,8 @@ BENIGN_WARN = re.compile(
     r"NCCL_\w+ set by environment|Using network|NVLS|[Mm]ulticast|"
     r"NET/IB : No device found|Failed to open libibverbs|No IB devices|"
     r"Missing \"iommu=pt\"|CUDA Driver Version|pci.*?path|topo.*?(?:speed|width)|"
-    r"Could not (?:get|find) .*?(?:sysfs|numa|cpu)|setting .*?affinity|NCCL_P2P_LEVEL")
+    r"Could not (?:get|find) .*?(?:sysfs|numa|cpu)|setting .*?affinity|NCCL_P2P_LEVEL|"
+    r"\[Service thread\] Accept failed|GID table change|Ignoring unknown")
 _SPECIFIC = ("p2p", "shm", "ib", "socket", "duplicate_gpu")
 _WARN = re.compile(r"NCCL WARN\s*(?P<message>.*)")
 _WORLD = re.compile(r"\bn[Rr]anks (?P<world>\d+)\b")

@@ -103,7 +103,8 @@ def describe(p: Problem, ctx) -> Finding:
     where_on = on(ranks)
     if p.rule == "port_in_use":
         # only the store's server listens: with no launcher in the log (env://), rank 0
-        if not ranks and not ctx.exits and not p.field("in_launcher") and not ctx.launcher_seen:
+        if not ranks and not ctx.exits and not p.field("in_launcher") \
+                and not ctx.launcher_seen and not ctx.went_on(p):
             ranks, where_on = [0], " on rank 0, which hosts the store under env://"
         return ctx.finding(p, "comm_error", "error", f"c10d store port {f.get('port', '?')} is "
                            f"already in use (EADDRINUSE){where_on}", ranks, R.PORT_IN_USE)
