@@ -283,3 +283,8 @@ def test_empty_and_gzip_cut_short(tmp_path):
     blob = gzip.compress(fixture_log().encode())
     r, hits = read([write(tmp_path, "cut.log.gz", blob[: len(blob) // 2])])
     assert r.truncated
+
+
+def test_a_runner_relaying_stderr_is_peeled():
+    (line,) = parse_raw("stderr: [rank3]: Traceback (most recent call last):")
+    assert (line.rank, line.text) == (3, "Traceback (most recent call last):")

@@ -38,6 +38,8 @@ _GLOG_BRACKET = re.compile(
     r"\[([EWIF])(?:\d{3,4} \d\d:\d\d:\d\d(?:\.\d+)?)?(?: +(\d+))? ?[^\s\]]+:\d+\] ?")
 # bare glog: "E0330 21:37:34.807000 140012 torch/distributed/elastic/.../api.py:869] "
 _GLOG = re.compile(r"([EWIF])\d{3,4} \d\d:\d\d:\d\d(?:\.\d+)? +(\d+) [^\s\]]+:\d+\] ?")
+# a runner relaying a child's streams: "stderr: ", "stdout: "
+_STREAM = re.compile(r"std(?:err|out): ")
 # Python logging's default format "ERROR:torch.distributed.elastic.multiprocessing.api:"
 _PYLOG = re.compile(r"(CRITICAL|ERROR|WARNING|INFO|DEBUG):[\w.<>-]*:")
 # vLLM-style "ERROR 10-27 07:48:16 worker_base.py:464] "
@@ -227,6 +229,8 @@ def _parse(s: str, file: str, lineno: int, rank: int | None, host: str | None) -
                 m = _PYLOG.match(s) or _VLLM.match(s)
                 if m is not None:
                     level = _LEVEL_NAMES.get(m.group(1), m.group(1))
+            if m is None and c == "s":
+                m = _STREAM.match(s)  # a runner's "stderr: " before each line it relays
             if m is None and ":" in s[:80]:
                 m = _NCCL.match(s)
                 if m is not None:
