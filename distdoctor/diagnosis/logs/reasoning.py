@@ -54,6 +54,9 @@ class Reasoner:
     def __init__(self, signals: list[Signal], activity: dict, known_ranks: set[int] = frozenset(),
                  progress: dict | None = None):
         self.ev = Evidence(signals, activity, known_ranks)
+        # live under `run`: the launcher's own ranks are known, and their exits are seen by the
+        # engine itself (not printed in the output this scanner reads)
+        self.live = bool(known_ranks)
         self.progress = progress or {}
         self.problems: dict[tuple, Problem] = {}
         self._context: dict[tuple, dict] = {}
@@ -315,7 +318,7 @@ class Reasoner:
         if first_cause is not None:
             self._add_consequence(first_cause, p, f"{what}{seen}")
             return None
-        left = self._left(p)
+        left = None if self.live else self._left(p)
         if left is not None:
             rank, last = left
             return self.finding(p, "comm_error", "error", f"rank {rank} left the job while the "
@@ -339,6 +342,8 @@ class Reasoner:
         if len(pick) != 1 or not p.ranks:
             return None
         a = self.ev.of_rank(pick[0])
+        if a is not None and _FAILURE_TEXT.search(a.last_text):
+            return None  # its last words were an error of its own: it failed, not left
         return pick[0], (a.last_text if a else "")
 
     def _add_consequence(self, cause: Finding, p: Problem, text: str) -> None:
@@ -351,7 +356,8 @@ class Reasoner:
 
 
 _FAILURE_TEXT = re.compile(r"SIG[A-Z]+|Exception|Traceback|Error|Killed|exitcode|[Ww]atchdog|"
-                           r"[Tt]imed? ?out|NCCL|failed|Failed|ncclUniqueId|terminate")
+                           r"[Tt]imed? ?out|NCCL|failed|Failed|ncclUniqueId|terminate|what\(\)|"
+                           r"enforce fail")
 
 
 def _one_unexplained_watchdog(out: list) -> list:
