@@ -69,7 +69,8 @@ def test_an_elastic_restart_is_traced_per_round_and_its_cause_named(tmp_path):
     asks that distdoctor passes torchrun's outcome through, not for a given outcome."""
     run_dir = tmp_path / "run"
     res = run_cli(["run", "--run-dir", str(run_dir), "--", *TORCHRUN, "--max-restarts", "1",
-                   str(RESTARTS / "phase.py")], env={"PHASE_OPS": "40", "PHASE_FAIL_RANK": "1"},
+                   str(RESTARTS / "phase.py")],
+                  env={"PHASE_OPS": "40", "PHASE_FAIL_RANK": "1", "PHASE_TIMEOUT": "20"},
                   run_dir=run_dir, timeout=200)
     assert "Traceback" not in "".join(
         line for line in res.stderr.splitlines(True) if line.startswith("distdoctor"))

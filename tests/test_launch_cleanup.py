@@ -209,6 +209,22 @@ def test_a_daemon_that_ignores_sigterm_is_killed_after_grace_when_the_command_en
     assert elapsed >= 2, elapsed  # --grace before the SIGTERM, --grace before the SIGKILL
 
 
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("delay_s", [0.3, 0.6, 1.0])
+def test_ctrl_c_while_the_job_starts_leaves_no_process(run_dir, tmp_path, delay_s):
+    """Ctrl-C can come while run is still starting the ranks: it is kept and acted on once
+    they run (as a KeyboardInterrupt it once left them running, holding run's output)."""
+    path = run_dir[0]
+    run = _start(run_dir, ["--nproc", "2", "--grace", "1", "--",
+                           str(CLEANUP / "stubborn_daemon.py"), str(tmp_path), "wait"])
+    time.sleep(delay_s)
+    os.kill(run.proc.pid, signal.SIGINT)
+    code = run.finish(60)
+    left = _job_processes(path)
+    assert not left, f"alive after run returned:\n{_describe(left)}\n{run.err}"
+    assert code != 0 and "Traceback" not in run.err, run.err
+
+
 @pytest.mark.timeout(90)
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
 def test_a_signal_to_run_stops_ranks_and_their_detached_children(run_dir, tmp_path, sig):

@@ -90,11 +90,13 @@ def run(args) -> int:
     print(f"distdoctor: tracing into {run_dir}", file=sys.stderr)
     holder: list = []
     live = _start_diagnosis(run_dir, args, holder)
+    gate = _SignalGate()  # before the job starts: a signal while it starts is not lost
     try:
         job = Job.start(commands, grace_s=args.grace,
                         on_line=live.feed_line if live.scans_output else None,
                         run_dir=run_dir, on_stop=live.stopping)  # alive now: stopped, not crashed
     except OSError as exc:
+        gate.close()
         live.stop()
         raise UserError(f"run: cannot start {cmd[0]!r}: {exc.strerror}") from None
     holder.append(job)
@@ -102,23 +104,20 @@ def run(args) -> int:
     terminated = None
     forwarder = None
     try:
-        forwarder = _start_forwarder(run_dir, forward_to, args) if forward_to else None
-        in_loop = _forward_signals(job.stop)
         try:
+            gate.arm(job.stop)
+            forwarder = _start_forwarder(run_dir, forward_to, args) if forward_to else None
             while job.poll():
                 if args.on_hang == "kill" and _hang_found(live):
                     err_console.print("distdoctor: stopping the job (--on-hang kill)")
-                    in_loop[0] = False  # a SIGTERM now must not stop the job a second time
+                    gate.close()  # a signal now must not stop the job a second time
                     job.stop()
                     stopped_for_hang = True
                     break
                 time.sleep(0.1)
-        except KeyboardInterrupt:
-            in_loop[0] = False
-            job.stop()
         except _Terminated as exc:
             terminated = exc.signum
-        in_loop[0] = False
+        gate.close()
     finally:
         job.close()  # whatever happened above, nothing of the job outlives run
     exits = _write_exits(run_dir, job, live)
@@ -129,7 +128,7 @@ def run(args) -> int:
         _summary(run_dir, job, findings)
     except (OSError, UserError) as exc:  # the run dir went away under the job
         print(f"distdoctor: no summary: {exc}", file=sys.stderr)
-    if terminated is not None:
+    if terminated is not None and terminated != signal.SIGINT:
         return 128 + terminated
     code = job.exit_code()
     return code if code or not stopped_for_hang else 1
@@ -152,16 +151,16 @@ def _run_untraced(cmd: list[str], args) -> int:
         job = Job.start(commands, grace_s=args.grace)
     except OSError as exc:
         raise UserError(f"run: cannot start {cmd[0]!r}: {exc.strerror}") from None
-    in_loop = _forward_signals(job.stop)
+    gate = _SignalGate()
     try:
+        gate.arm(job.stop)
         while job.poll():
             time.sleep(0.1)
-    except KeyboardInterrupt:
-        job.stop()
     except _Terminated as exc:
-        return 128 + exc.signum
+        if exc.signum != signal.SIGINT:
+            return 128 + exc.signum
     finally:
-        in_loop[0] = False
+        gate.close()
         job.close()
     return job.exit_code()
 
@@ -192,21 +191,44 @@ class _Terminated(Exception):
         self.signum = signum
 
 
-def _forward_signals(stop_job) -> list[bool]:
-    """SIGTERM (a scheduler's cancel, a user's kill) stops the ranks, then winds down as at
-    the job's end: exit codes, the last diagnosis pass and the summary are still written.
-    Returns the switch that says whether the job loop runs: only there is the signal
-    raised; one that comes during the wind-down is let pass (the ranks are stopping)."""
-    in_loop = [True]
+class _SignalGate:
+    """SIGTERM (a scheduler's cancel, a user's kill) and SIGINT (Ctrl-C) stop the ranks, then
+    run winds down as at the job's end: exit codes, the last diagnosis pass and the summary
+    are still written. Installed before the job starts: a signal that comes while it starts
+    is kept and acted on as soon as it has (a KeyboardInterrupt there would leave the ranks
+    running). One that comes during the wind-down is let pass: the ranks are stopping."""
 
-    def handler(signum, frame):
-        if in_loop[0]:
-            in_loop[0] = False
-            stop_job(signum)
+    def __init__(self):
+        self._stop = None
+        self._pending: int | None = None
+        self._armed = False
+        self._closed = False
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, self._handler)
+
+    def _handler(self, signum, frame):
+        if self._armed:
+            self._armed = False
+            self._stop_for(signum)
             raise _Terminated(signum)
+        if self._stop is None and not self._closed and self._pending is None:
+            self._pending = signum
 
-    signal.signal(signal.SIGTERM, handler)
-    return in_loop
+    def _stop_for(self, signum: int) -> None:
+        # SIGTERM passes on to the ranks as it came; Ctrl-C stops them with SIGTERM too
+        self._stop(signal.SIGTERM if signum == signal.SIGINT else signum)
+
+    def arm(self, stop_job) -> None:
+        """The job runs: a signal now stops it (raising `_Terminated` in the main loop)."""
+        self._stop = stop_job
+        if self._pending is not None:
+            self._stop_for(self._pending)
+            raise _Terminated(self._pending)
+        self._armed = True
+
+    def close(self) -> None:
+        self._armed = False
+        self._closed = True
 
 
 def _start_forwarder(run_dir, address, args):
