@@ -220,3 +220,18 @@ def test_findings_json_round_trips(tmp_path):
     assert Finding.from_json(data["findings"][0]) == f
     with pytest.raises(ValueError):
         Finding("nonsense", "error", "x")
+
+
+def test_a_rank_guessed_dead_that_the_launcher_says_it_stopped_is_no_crash():
+    # run stops the other ranks after one fails; the live engine may see a stopped rank's
+    # pid gone before the launcher's exit code arrives: that guess gives way to the exit
+    r0, r1 = Stream(0), Stream(1)
+    evs = [r0.op(ranks=(0, 1), done=False), r1.op(ranks=(0, 1))]
+    e = Engine(5.0)
+    e.ingest(evs, 0.0)
+    e.exited(1, ExitInfo(None, "vanished"))
+    e.tick(None, final=True)
+    assert any(f.kind == "crash" and f.ranks == [1] for f in e.findings())
+    e.exited(1, ExitInfo(-15, "stopped"))
+    e.tick(None, final=True)
+    assert not any(f.kind == "crash" and f.ranks == [1] for f in e.findings())

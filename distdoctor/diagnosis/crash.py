@@ -125,13 +125,21 @@ _REMEDY_SIGKILL = ("SIGKILL leaves no traceback: check `dmesg` / the container's
 def merge_crashes(found: list[Finding], all_ranks: set[int]) -> list[Finding]:
     """One finding per problem, not one per rank:
     - a crash the job's output explains (a traceback, an OOM: findings with source "log")
-      replaces the exit-code crash of the same rank;
+      replaces the exit-code crash of the same rank (of the same incarnation), unless the
+      tracer saw that rank's exception itself: then that one stays and the log's goes;
     - ranks that all failed the same way before issuing any op (a start-up error, an
       argparse usage error) are one finding."""
-    from_log = {r for f in found if f.kind == "crash" and f.details.get("source") == "log"
-                for r in f.ranks}
-    out = [f for f in found if not (f.kind == "crash" and f.details.get("source") != "log"
-                                    and f.ranks and set(f.ranks) <= from_log)]
+    def at(f: Finding) -> set:
+        return {(r, f.details.get("incarnation")) for r in f.ranks}
+
+    crashes = [f for f in found if f.kind == "crash" and f.severity == "error" and f.ranks]
+    # the tracer saw the exception itself (its excepthook): that finding is the richer one
+    raised = {x for f in crashes if f.details.get("source") != "log"
+              and f.details.get("exception") for x in at(f)}
+    from_log = {x for f in crashes if f.details.get("source") == "log" for x in at(f)}
+    out = [f for f in found if not (
+        f in crashes and (at(f) <= raised if f.details.get("source") == "log"
+                          else not f.details.get("exception") and at(f) <= from_log))]
     same: dict[tuple, list[Finding]] = {}
     for f in out:
         d = f.details

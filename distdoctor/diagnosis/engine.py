@@ -155,7 +155,12 @@ class Engine:
         return None if st.hb_seen_s is None else now_s - st.hb_seen_s
 
     def exited(self, rank: int, info: ExitInfo) -> None:
-        self._rank(rank).exit = info
+        st = self._rank(rank)
+        if st.exit is not None and st.exit.how == "vanished" and not info.failed:
+            # "vanished" was a guess (pid gone, heartbeat stale); the launcher's word on the
+            # exit (stopped by distdoctor, exit 0) replaces it, and its crash finding goes
+            self.found.pop(("crash", rank), None)
+        st.exit = info
 
     def revive(self, rank: int) -> None:
         """A rank taken for dead was not: its exit and the crash finding go."""

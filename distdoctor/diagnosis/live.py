@@ -224,7 +224,11 @@ class LiveDiagnosis:
                 rank, text = self._lines.popleft()
                 self._scanner.feed(text, rank=rank)
             for f in self._scanner.changed():
-                engine.add_finding(f)
+                # an update goes where its first version went (the incarnation that printed
+                # it), not to a newer incarnation started meanwhile
+                sig = ("external", f.kind, f.details.get("signature") or f.summary)
+                held = next((e for e in self.engines.values() if sig in e.found), engine)
+                held.add_finding(f)
         self._check_ranks(now_s)
         if self.exits is not None:  # the launcher's ranks: each in its newest incarnation
             for rank, (code, stopped) in self.exits().items():

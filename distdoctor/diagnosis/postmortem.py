@@ -7,6 +7,7 @@ from pathlib import Path
 
 from distdoctor.diagnosis.crash import ExitInfo
 from distdoctor.diagnosis.engine import Engine
+from distdoctor.diagnosis.crash import merge_crashes
 from distdoctor.diagnosis.findings import FINDINGS_FILE, Finding, merge_findings, read_findings
 from distdoctor.runlog.run import Run
 
@@ -97,7 +98,9 @@ def diagnose_runs(runs: list[Run], hang_timeout_s: float | None = None
             run_notes = [f"{run.label}: {n}" for n in run_notes]
         findings += found
         notes += [n for n in run_notes if n not in notes]
-    return merge_findings(findings, _live_findings(runs[0].path, notes)), notes
+    ranks = {r for run in runs for r in run.events}
+    return merge_crashes(merge_findings(findings, _live_findings(runs[0].path, notes)),
+                         ranks), notes
 
 
 def diagnose_run(run: Run, hang_timeout_s: float | None = None) -> tuple[list[Finding], list[str]]:
@@ -110,7 +113,7 @@ def diagnose_run(run: Run, hang_timeout_s: float | None = None) -> tuple[list[Fi
     if run.incarnations > 1:
         found = [label_incarnation(f, run.incarnation) for f in found]
         written = [f for f in written if f.details.get("incarnation") == run.incarnation]
-    return merge_findings(found, written), notes
+    return merge_crashes(merge_findings(found, written), set(run.events)), notes
 
 
 def _diagnose_one(run: Run, hang_timeout_s: float | None,
