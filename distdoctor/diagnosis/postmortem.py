@@ -5,9 +5,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from distdoctor.diagnosis.crash import ExitInfo
+from distdoctor.diagnosis.crash import ExitInfo, merge_crashes
 from distdoctor.diagnosis.engine import Engine
-from distdoctor.diagnosis.crash import merge_crashes
 from distdoctor.diagnosis.findings import FINDINGS_FILE, Finding, merge_findings, read_findings
 from distdoctor.runlog.run import Run
 

@@ -368,7 +368,7 @@ def _one_unexplained_watchdog(out: list) -> list:
              and not f.ranks]
     if len(loose) < 2:
         return out
-    (o, first), rest = loose[0], loose[1:]
+    (_, first), rest = loose[0], loose[1:]
     seqs = sorted({f.seq for _, f in rest if f.seq is not None} - {first.seq})
     reporting = sorted({r for _, f in loose for r in f.details.get("reporting_ranks", [])})
     first.details["other_seqs"] = seqs
@@ -377,7 +377,7 @@ def _one_unexplained_watchdog(out: list) -> list:
         "; which rank", f" (and SeqNum {', '.join(map(str, seqs[:8]))} on ranks "
                         f"{ranks_text(reporting)}); which rank", 1)
     dropped = {id(f) for _, f in rest}
-    return [(oo, f) for oo, f in out if id(f) not in dropped]
+    return [(o, f) for o, f in out if id(f) not in dropped]
 
 
 def _moved_after(lines, first, files):
