@@ -8,6 +8,8 @@
 
 from __future__ import annotations
 
+import re
+
 from distdoctor.diagnosis.findings import Finding
 from distdoctor.diagnosis.logs.families import FAMILIES, ROUTES
 from distdoctor.diagnosis.logs.families.exceptions import Tracebacks
@@ -19,7 +21,9 @@ from distdoctor.diagnosis.logs.signals import CONTEXT, Signal
 MAX_SIGNALS = 50_000   # a log of thousands of failing ranks keeps the first ones of each kind
 MAX_PER_KIND = 4       # signals kept per (rule, process, problem)
 MAX_LINE_CHARS = 64 * 1024
-_ANCHOR_TEXT = tuple(a.decode() for a in ROUTES)
+# one alternation of every family's anchors: the live path's filter (faster than `in` each)
+_ANCHOR_RE = re.compile("|".join(re.escape(a.decode())
+                                 for a in sorted(ROUTES, key=len, reverse=True)))
 
 
 class LogScanner:
@@ -44,7 +48,7 @@ class LogScanner:
         self._lineno += 1
         for line in parse_raw(text[:MAX_LINE_CHARS], lineno=self._lineno, rank=rank):
             self._count(line)
-            if any(a in line.text for a in _ANCHOR_TEXT):
+            if _ANCHOR_RE.search(line.text):
                 self.feed_line(line)
 
     def changed(self) -> list[Finding]:
