@@ -201,6 +201,14 @@ SCENARIOS = [
         env={"TORCH_DISTRIBUTED_DEBUG": "INFO"},
         must=("Expected to have finished reduction", "aux_head.weight"),
     ),
+    Scenario(
+        "ddp_model_mismatch",
+        torchrun(2, "ddp_model_mismatch --victim 1"),
+        "Rank 1 built its model with an extra layer: DistributedDataParallel's start-up check "
+        "across ranks fails on every rank.",
+        crash("ddp", None, ["DDP model differs"], kind="mismatch"),
+        must=("DDP expects same model across all ranks",),
+    ),
     # 8. gloo timeouts and lost peers
     Scenario(
         "gloo_timeout_rank3",

@@ -117,6 +117,14 @@ def ddp_unused(args) -> None:
     train(Net(with_unused=True), 3)
 
 
+def ddp_model_mismatch(args) -> None:
+    """Rank `victim` builds its model with one more layer: DDP's start-up check fails."""
+    rank = init()
+    torch.manual_seed(0)
+    model = Net(with_unused=rank == args.victim)
+    torch.nn.parallel.DistributedDataParallel(model)
+
+
 def healthy(args) -> None:
     rank = init()
     torch.manual_seed(rank)
@@ -245,6 +253,7 @@ SCENARIOS = {
         oom_kill,
         ddp_raise,
         ddp_unused,
+        ddp_model_mismatch,
         healthy,
         mismatch_op,
         mismatch_shape,
