@@ -288,3 +288,11 @@ def test_empty_and_gzip_cut_short(tmp_path):
 def test_a_runner_relaying_stderr_is_peeled():
     (line,) = parse_raw("stderr: [rank3]: Traceback (most recent call last):")
     assert (line.rank, line.text) == (3, "Traceback (most recent call last):")
+
+
+def test_a_wrap_whose_trailing_spaces_a_copy_dropped_is_still_rejoined(tmp_path):
+    text = logshapes.wrap(fixture_log(), 80)
+    stripped = "\n".join(line.rstrip(" ") for line in text.split("\n"))
+    r, hits = read([write(tmp_path, "w.log", stripped)])
+    assert r.wrapped_width == 80
+    check_watchdogs(r, hits)
