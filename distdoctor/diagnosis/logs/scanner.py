@@ -13,6 +13,7 @@ import re
 from distdoctor.diagnosis.findings import Finding
 from distdoctor.diagnosis.logs.families import FAMILIES, ROUTES
 from distdoctor.diagnosis.logs.families.exceptions import Tracebacks
+from distdoctor.diagnosis.logs.families.progress import ProgressFamily
 from distdoctor.diagnosis.logs.lines import LogLine, parse_raw
 from distdoctor.diagnosis.logs.problems import Activity
 from distdoctor.diagnosis.logs.reasoning import Reasoner
@@ -109,7 +110,7 @@ class LogScanner:
         self._dirty = True
 
     def findings(self) -> list[Finding]:
-        progress = self.families[0].recent
+        progress = next(f.recent for f in self.families if isinstance(f, ProgressFamily))
         signals = list(self.signals)
         for fam in self.families:  # a report the log ends in the middle of
             for s in fam.pending():

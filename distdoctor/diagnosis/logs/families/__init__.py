@@ -34,8 +34,8 @@ from distdoctor.diagnosis.logs.families.oom import OomFamily
 from distdoctor.diagnosis.logs.families.progress import ProgressFamily
 from distdoctor.diagnosis.logs.families.store import StoreFamily
 
-FAMILIES = (ProgressFamily, LauncherFamily, OomFamily, MismatchFamily, DdpFamily, StoreFamily, NcclFamily,
-            GlooFamily, UsageErrors, ContextFamily)
+FAMILIES = (ProgressFamily, LauncherFamily, OomFamily, MismatchFamily, DdpFamily, StoreFamily,
+            NcclFamily, GlooFamily, UsageErrors, ContextFamily)
 
 # what each family's problems mean, by the family name its signals carry
 MEANINGS = {"launcher": launcher, "oom": oom, "mismatch": mismatch, "ddp": ddp,
