@@ -188,12 +188,10 @@ def _parse(s: str, file: str, lineno: int, rank: int | None, host: str | None) -
                     else:
                         m = _STAMP.match(s)
                         if m is not None:
-                            s = s[m.end():]
-                            m = _STAMP_LEVEL.match(s)
-                            if m is not None:
-                                level = _LEVEL_NAMES.get(m.group(1), m.group(1))
-                            else:
+                            s, level = _after_stamp(s, m)
+                            if level is None:
                                 continue  # a time stamp is no layer: srun may follow
+                            m = _EMPTY  # the level head was peeled with it
         elif c == "(":
             m = _RAY.match(s)
             if m is not None and (m.group(2) or m.group(3) or m.group(1) == "raylet"):
@@ -206,12 +204,10 @@ def _parse(s: str, file: str, lineno: int, rank: int | None, host: str | None) -
         elif c.isdigit() or c == " ":
             m = _STAMP.match(s) if c != " " else None
             if m is not None:
-                s = s[m.end():]
-                m = _STAMP_LEVEL.match(s)
-                if m is not None:
-                    level = _LEVEL_NAMES.get(m.group(1), m.group(1))
-                else:
+                s, level = _after_stamp(s, m)
+                if level is None:
                     continue
+                m = _EMPTY
             elif outer_ok:
                 m = _SRUN.match(s)
                 if m is not None:
@@ -261,6 +257,19 @@ def _parse(s: str, file: str, lineno: int, rank: int | None, host: str | None) -
             p_rank = int(m.group(2))
     return LogLine(s, p_rank if p_rank is not None else rank,
                    local, p_host if p_host is not None else host, pid, level, file, lineno)
+
+
+_EMPTY = re.compile("").match("")  # a match that peels nothing more
+
+
+def _after_stamp(s: str, stamp: re.Match) -> tuple[str, str | None]:
+    """The line after a time stamp, with the level head that often follows it peeled too,
+    and that level (None when no head follows)."""
+    s = s[stamp.end():]
+    m = _STAMP_LEVEL.match(s)
+    if m is None:
+        return s, None
+    return s[m.end():], _LEVEL_NAMES.get(m.group(1), m.group(1))
 
 
 def parse_raw(raw: str, *, file: str = "", lineno: int = 0, rank: int | None = None,
