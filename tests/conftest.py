@@ -27,6 +27,25 @@ def _kill_ranks(run_dir: Path) -> None:
             pass
 
 
+def live_processes():
+    """(pid, environment bytes, command line bytes) of every live process but this one
+    (zombies left out): what the clean-up tests search for their job's leftovers."""
+    for name in os.listdir("/proc"):
+        if not name.isdigit() or int(name) == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{name}/stat", "rb") as f:
+                if f.read().rsplit(b")", 1)[1].split()[0] == b"Z":
+                    continue
+            with open(f"/proc/{name}/environ", "rb") as f:
+                env = f.read()
+            with open(f"/proc/{name}/cmdline", "rb") as f:
+                argv = f.read()
+        except (OSError, IndexError):
+            continue
+        yield int(name), env, argv
+
+
 def run_cli(args: list[str], timeout: float = 120, env: dict | None = None,
             run_dir: Path | None = None, cwd: Path | None = None) -> subprocess.CompletedProcess:
     """`python -m distdoctor ARGS` with a hard timeout and full clean-up."""

@@ -28,7 +28,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-from conftest import JOBS
+from conftest import JOBS, live_processes
 from distdoctor.probes import stacks
 
 from distdoctor.launch.env import free_port
@@ -134,23 +134,9 @@ class Procs:
     def tagged(self) -> list[int]:
         """Live processes (not zombies) with our tag in their environment or our folder on
         their command line."""
-        tag, folder, found = f"{TAG}={self.tag}".encode(), str(self.base).encode(), []
-        for name in os.listdir("/proc"):
-            if not name.isdigit() or int(name) == os.getpid():
-                continue
-            try:
-                with open(f"/proc/{name}/stat", "rb") as f:
-                    if f.read().rsplit(b")", 1)[1].split()[0] == b"Z":
-                        continue
-                with open(f"/proc/{name}/environ", "rb") as f:
-                    env = f.read().split(b"\0")
-                with open(f"/proc/{name}/cmdline", "rb") as f:
-                    argv = f.read()
-            except (OSError, IndexError):
-                continue
-            if tag in env or folder in argv:
-                found.append(int(name))
-        return found
+        tag, folder = f"{TAG}={self.tag}".encode(), str(self.base).encode()
+        return [pid for pid, env, argv in live_processes()
+                if tag in env.split(b"\0") or folder in argv]
 
     def cleanup(self) -> None:
         for proc in self.started:

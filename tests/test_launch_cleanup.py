@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import JOBS, run_cli
+from conftest import JOBS, live_processes, run_cli
 
 CLEANUP = JOBS / "cleanup"
 pytestmark = pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="needs /proc")
@@ -28,23 +28,9 @@ pytestmark = pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="needs /
 def _job_processes(run_dir: Path) -> list[int]:
     """Live processes (zombies do not count) tagged with this run dir: in their environment
     (the job's) or on their command line (distdoctor's helpers)."""
-    tag, out = str(run_dir.resolve()).encode(), []
-    for name in os.listdir("/proc"):
-        if not name.isdigit() or int(name) == os.getpid():
-            continue
-        try:
-            with open(f"/proc/{name}/stat", "rb") as f:
-                if f.read().rsplit(b")", 1)[1].split()[0] == b"Z":
-                    continue
-            with open(f"/proc/{name}/environ", "rb") as f:
-                env = f.read()
-            with open(f"/proc/{name}/cmdline", "rb") as f:
-                argv = f.read()
-        except (OSError, IndexError):
-            continue
-        if b"DISTDOCTOR_RUN_DIR=" + tag + b"\0" in env + b"\0" or tag in argv:
-            out.append(int(name))
-    return out
+    tag = str(run_dir.resolve()).encode()
+    return [pid for pid, env, argv in live_processes()
+            if b"DISTDOCTOR_RUN_DIR=" + tag + b"\0" in env + b"\0" or tag in argv]
 
 
 def _describe(pids: list[int]) -> str:
