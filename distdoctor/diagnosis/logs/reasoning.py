@@ -87,13 +87,12 @@ class Reasoner:
     def context_of(self, rule: str, rank: int | None) -> dict:
         return self._context.get((rule, rank), {})
 
-    def went_on(self, p: Problem) -> bool:
-        """A cause its process lived well past: a retried connection (torch warns while rank
-        0's store is not up yet), an exception a framework caught and logged."""
-        if p.rule in ("connect_failed", "port_in_use"):  # torch retries, then errs (E)
-            return all(s.line.level in ("W", "WARNING", "I", "INFO") for s in p.signals)
+    def went_on(self, p: Problem) -> str | None:
+        """For a cause its process lived well past (its family says which: a retried store
+        connection, an exception a framework caught), the severity it is reported at,
+        beside the causes; None for a cause."""
         meaning = MEANINGS.get(p.family)
-        return bool(getattr(meaning, "went_on", None) and meaning.went_on(p, self))
+        return meaning.went_on(p, self) if hasattr(meaning, "went_on") else None
 
     def alive_after(self, rank: int, s: Signal) -> bool:
         a = self.ev.of_rank(rank)
@@ -110,10 +109,10 @@ class Reasoner:
         cause_ranks: set[int] = set()
         for p in causes:
             f = self._describe(p)
-            if self.went_on(p):  # not a cause: reported beside it, explaining nothing
-                f.severity = "info" if p.rule in ("connect_failed", "port_in_use") else "warning"
+            severity = self.went_on(p)
+            if severity:  # not a cause: reported beside them, explaining nothing
+                f.severity = severity
                 f.summary += " (the process went on afterwards)"
-                f.ranks = sorted(p.ranks) if p.rule == "exception" else []
                 aside.append((p.first.order, f))
                 continue
             cause_ranks |= set(f.ranks) | p.ranks

@@ -157,13 +157,15 @@ def describe(p: Problem, ctx) -> Finding:
     return fnd
 
 
-def went_on(p: Problem, ctx) -> bool:
+def went_on(p: Problem, ctx) -> str | None:
     """An exception its rank lived well past (a framework caught and logged it), in a log
-    with no other failure."""
+    with no other failure: a warning."""
     if p.rule != "exception" or not p.ranks:
-        return False
+        return None
     for r in p.ranks:
         a = ctx.ev.of_rank(r)
         if a is None or a.file != p.first.line.file or a.last_lineno <= p.first.line.lineno + 20:
-            return False
-    return not ctx.exits and not any(q.role in (TIMEOUT, VICTIM) for q in ctx.problems.values())
+            return None
+    if ctx.exits or any(q.role in (TIMEOUT, VICTIM) for q in ctx.problems.values()):
+        return None
+    return "warning"

@@ -98,21 +98,32 @@ def prepare(causes: list[Problem]) -> list[Problem]:
     return causes
 
 
+def went_on(p: Problem, ctx) -> str | None:
+    """torch warns (W) while it retries a bind or a connect, and errs (E) when it gives up:
+    warnings alone are a start-up that went on, info at most."""
+    if p.rule in ("connect_failed", "port_in_use") and all(
+            s.line.level in ("W", "WARNING", "I", "INFO") for s in p.signals):
+        return "info"
+    return None
+
+
 def describe(p: Problem, ctx) -> Finding:
     f, ranks = p.first.fields, sorted(p.ranks)
+    retried = went_on(p, ctx) is not None  # then it blames nobody
     where_on = on(ranks)
     if p.rule == "port_in_use":
         # only the store's server listens: with no launcher in the log (env://), rank 0
         if not ranks and not ctx.exits and not p.field("in_launcher") \
-                and not ctx.launcher_seen and not ctx.went_on(p):
+                and not ctx.launcher_seen and not retried:
             ranks, where_on = [0], " on rank 0, which hosts the store under env://"
         return ctx.finding(p, "comm_error", "error", f"c10d store port {f.get('port', '?')} is "
-                           f"already in use (EADDRINUSE){where_on}", ranks, R.PORT_IN_USE)
+                           f"already in use (EADDRINUSE){where_on}", [] if retried else ranks,
+                           R.PORT_IN_USE)
     at = f" at {f['host']}:{f['port']}" if "host" in f else ""
     after = f" (timed out after {f['after']})" if "after" in f else ""
     # under env:// rank 0 hosts the store: when every client is another rank, it was down
     host = [0] if ranks and 0 not in ranks and p.rule != "rdzv_connection" \
-        and not ctx.went_on(p) else []
+        and not retried else []
     who = "; rank 0, which hosts the store, was not listening" if host else ""
     return ctx.finding(p, "comm_error", "error", f"{exception_prefix(p)}could not reach the c10d "
                        f"store{at}{after}{where_on}{who}", host, R.STORE_CONNECT)
