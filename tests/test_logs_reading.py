@@ -19,7 +19,8 @@ from distdoctor.diagnosis.logs.lines import (
     split_interleaved,
     split_segments,
 )
-from distdoctor.diagnosis.logs.reader import LogReader, detect_width
+from distdoctor.diagnosis.logs.reader import LogReader
+from distdoctor.diagnosis.logs.wraps import detect_width
 from distdoctor.errors import UserError
 from tests import logshapes
 

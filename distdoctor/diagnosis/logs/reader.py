@@ -17,31 +17,24 @@ ANSI colour codes in its first MiB take the slow path: physical lines rejoined, 
 parsed. `exact=True` forces that path; it is the
 reference the fast path is tested against.
 
-Ranks from file names (`--log 'slurm-123-*.out'`): a name saying `rank3` / `rank-3` gives the
-rank; `node2` gives the host "node2". Otherwise, when the files of a set differ by exactly
-one number (slurm-4242-0.out, slurm-4242-1.out, ...), that number is the rank if the file's
-lines carry no rank and no local rank, the node ("node N") if they carry local ranks only
-(torchrun under srun), and nothing if they carry ranks. A line's own prefix always wins.
+Files, globs and names: files.py; hard wraps: wraps.py.
 """
 
 from __future__ import annotations
 
-import gzip
-import os
 import re
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
-from pathlib import Path
 
+from distdoctor.diagnosis.logs.files import expand, numbers_in_names, open_log
 from distdoctor.diagnosis.logs.lines import LogLine, parse_raw, strip_ansi
+from distdoctor.diagnosis.logs.wraps import MAX_CARRY, detect_width, logical_lines
 from distdoctor.errors import UserError
 
 CHUNK = 8 << 20
 SNIFF_BYTES = 1 << 20
 SNIFF_LINES = 20_000
-MAX_LOGICAL = 64 << 10  # a rejoined line stops growing here
-MAX_CARRY = 4 << 20  # a "line" with no newline this long is cut (a binary file given by mistake)
 LAST_TEXT = 300
 WINDOW = 1 << 20  # where each chunk's last lines are looked for first
 FEW = 64  # processes missing from the window searched one by one below this many
@@ -87,7 +80,7 @@ class LogReader:
     """Lines of the files `specs` name (paths, globs, .gz), in file order then line order."""
 
     def __init__(self, specs: list[str], *, chunk_size: int = CHUNK, exact: bool = False):
-        self.files = _expand(specs)
+        self.files = expand(specs)
         self.chunk_size = max(1, chunk_size)
         self.exact = exact
         self.activity: dict[tuple, RankActivity] = {}
@@ -96,7 +89,7 @@ class LogReader:
         self.truncated = False  # the last file ended mid-line
         self.truncated_files: list[str] = []
         self.wrapped_width: int | None = None
-        self._names = _numbers_in_names(self.files)
+        self._names = numbers_in_names(self.files)
         self._last_raw: dict[tuple, bytes] = {}
         self._ended_mid_line = False
 
@@ -159,8 +152,8 @@ class LogReader:
     def _slow(self, path: str, texts: tuple[str, ...], rank: int | None, host: str | None,
               width: int | None) -> Iterator[LogLine]:
         self._ended_mid_line = False
-        with _open(path) as fh:
-            for lineno, raw in _logical_lines(fh, width, self):
+        with open_log(path) as fh:
+            for lineno, raw in logical_lines(fh, width, self):
                 seen: set = set()
                 for ll in parse_raw(raw, file=path, lineno=lineno, rank=rank, host=host):
                     who = ll.who
@@ -182,7 +175,7 @@ class LogReader:
         file_who = file_line.who
         base = 0  # lines before the current chunk
         carry = b"\n"  # every buffer starts with the newline that ended the line before it
-        with _open(path) as fh:
+        with open_log(path) as fh:
             while True:
                 data = fh.read(self.chunk_size)
                 if not data:
@@ -454,7 +447,7 @@ class _Sniff:
 
 
 def _sniff(path: str) -> _Sniff:
-    with _open(path) as fh:
+    with open_log(path) as fh:
         head = fh.read(SNIFF_BYTES)
     physical = head.split(b"\n")
     if len(physical) > 1:
@@ -491,147 +484,5 @@ def _sniff(path: str) -> _Sniff:
     return _Sniff(layers, detect_width(text), has_rank, has_local, b"\x1b" in head)
 
 
-def detect_width(lines: list[str]) -> int | None:
-    """The width a terminal or an editor hard-wrapped these lines at, or None.
-
-    Wrapped: at most a few lines are longer than some width W >= 60 (pasted unwrapped), at
-    least 3 different lines are exactly W long, and the line after each mostly does not start
-    the way that line did (it continues it; a new line of the same kind starts alike).
-    """
-    lengths = Counter(len(s) for s in lines)
-    if not lengths:
-        return None
-    # the width most lines stop at; a few longer lines (pasted unwrapped) do not hide it
-    long = {n: c for n, c in lengths.items() if n >= 60}
-    if not long:
-        return None
-    w = next((n for n in sorted(long, reverse=True) if long[n] >= 3 and sum(
-        c for m, c in long.items() if m > n) <= max(2, long[n] // 4)), None)
-    if w is None:
-        return None
-    # what follows a full line must be its continuation, not a new line of the same kind:
-    # lines that merely happen to share a length (one message printed by every rank) start
-    # alike, a wrapped line's next piece does not start the way the line itself did
-    full = [(t, nxt) for t, nxt in zip(lines, lines[1:], strict=False) if len(t) == w]
-    cont = sum(_head(nxt) != _head(t) for t, nxt in full)
-    distinct = len({t for t, _ in full})  # one line repeated is not a wrap
-    return w if len(full) >= 3 and cont >= 0.8 * len(full) and distinct >= 3 else None
-
-
-def _head(line: str) -> str:
-    return re.sub(r"\d", "0", line[:6])
-
-
-_PREFIX_KIND = re.compile(r"(?:\d{1,6}: )?(\[[A-Za-z_]+|\[\d+,|\(\w*)")
-
-
-def _logical_lines(fh, width: int | None, reader: LogReader) -> Iterator[tuple[int, str]]:
-    """(line number of the first piece, text) with hard-wrapped pieces rejoined.
-
-    A piece exactly `width` long continues on the next one (joined with no space: a token may
-    be cut mid-word), unless the next starts with the prefix the line itself started with.
-    """
-    pending: list[str] = []
-    pending_len = 0
-    start_no = 0
-    lineno = 0
-    kind = None
-    while True:
-        raw = fh.readline(MAX_CARRY)
-        if not raw:
-            break
-        reader.total_bytes += len(raw)
-        lineno += 1
-        reader._ended_mid_line = not raw.endswith(b"\n")
-        text = raw.decode("utf-8", "replace").rstrip("\n").rstrip("\r")
-        visible = len(strip_ansi(text))
-        if pending:
-            m = _PREFIX_KIND.match(text)
-            if (m is not None and m.group(1) == kind) or pending_len >= MAX_LOGICAL:
-                reader.total_lines += 1
-                yield start_no, "".join(pending)
-                pending, pending_len = [], 0
-        if not pending:
-            start_no = lineno
-            m = _PREFIX_KIND.match(text)
-            kind = m.group(1) if m else None
-        pending.append(text)
-        pending_len += len(text)
-        if width is None or visible != width or len(set(text)) <= 1:
-            reader.total_lines += 1
-            yield start_no, "".join(pending)
-            pending, pending_len = [], 0
-    if pending:
-        reader.total_lines += 1
-        yield start_no, "".join(pending)
-
-
 def _message(segment: str) -> str:
     return parse_raw(segment)[0].text if segment.strip() else ""
-
-
-# --- files ----------------------------------------------------------------------------------
-def _open(path: str):
-    with open(path, "rb") as fh:
-        magic = fh.read(2)
-    return gzip.open(path, "rb") if magic == b"\x1f\x8b" else open(path, "rb")
-
-
-def _natural(path: str) -> list:
-    return [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", path)]
-
-
-def _expand(specs: list[str]) -> list[str]:
-    """Paths and globs to readable files; anything wrong is one line for the user."""
-    if not specs:
-        raise UserError("diagnose: no log given", 2)
-    out: list[str] = []
-    for spec in specs:
-        pattern = os.path.expanduser(spec)
-        if any(c in pattern for c in "*?["):
-            import glob
-            matches = sorted((p for p in glob.glob(pattern) if os.path.isfile(p)), key=_natural)
-            if not matches:
-                raise UserError(f"diagnose: no log file matches {spec!r}", 2)
-        else:
-            p = Path(pattern)
-            if not p.exists():
-                raise UserError(f"diagnose: log {spec} not found", 2)
-            if p.is_dir():
-                raise UserError(f"diagnose: log {spec} is a directory: give its files, "
-                                f"e.g. --log '{spec.rstrip('/')}/*.log'", 2)
-            matches = [pattern]
-        for m in matches:
-            try:
-                with open(m, "rb") as fh:
-                    fh.read(1)
-            except OSError as exc:
-                raise UserError(f"diagnose: cannot read log {m}: {exc.strerror or exc}",
-                                2) from None
-            if m not in out:
-                out.append(m)
-    return out
-
-
-_NAMED = re.compile(r"(?<![a-z])(rank|node)[-_ .]?(\d+)", re.IGNORECASE)
-
-
-def _numbers_in_names(files: list[str]) -> dict[str, tuple[str, int]]:
-    """What each file's name says: ("rank", n), ("node", n), or ("index", n) when the set's
-    names differ by exactly one number (to be read as rank or node by what the lines carry)."""
-    out: dict[str, tuple[str, int]] = {}
-    for f in files:
-        m = _NAMED.findall(os.path.basename(f))
-        if m:
-            word, n = m[-1]
-            out[f] = (word.lower(), int(n))
-    if len(files) < 2 or len(out) == len(files):
-        return out
-    parts = [re.split(r"(\d+)", os.path.basename(f).removesuffix(".gz")) for f in files]
-    if len({len(p) for p in parts}) != 1 or len({tuple(p[0::2]) for p in parts}) != 1:
-        return out
-    varying = [i for i in range(1, len(parts[0]), 2) if len({p[i] for p in parts}) > 1]
-    if len(varying) == 1:
-        for f, p in zip(files, parts, strict=True):
-            out.setdefault(f, ("index", int(p[varying[0]])))
-    return out
