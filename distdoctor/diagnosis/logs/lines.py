@@ -91,6 +91,21 @@ class LogLine:
         return None
 
 
+@dataclass(slots=True)
+class RankActivity:
+    """What one process printed: how many lines, where, and the last thing it showed."""
+
+    rank: int | None = None
+    local_rank: int | None = None
+    host: str | None = None
+    lines: int = 0
+    first_lineno: int = 0
+    last_lineno: int = 0
+    first_file: str = ""
+    file: str = ""  # the file of last_lineno
+    last_text: str = ""  # the last segment's message ('\r' redraws: the last one)
+
+
 def split_segments(raw: str) -> list[str]:
     """A raw line into what a terminal shows as separate lines: '\\r' redraws split apart.
 

@@ -8,6 +8,7 @@ import re
 from dataclasses import dataclass, field
 
 from distdoctor.diagnosis.findings import Finding
+from distdoctor.diagnosis.logs.lines import RankActivity
 from distdoctor.diagnosis.logs.signals import Signal
 
 MAX_SAMPLE_LINES = 3
@@ -15,17 +16,6 @@ MAX_SIGNALS_KEPT = 64  # per problem: enough to read it, bounded whatever the ra
 _NUM = re.compile(r"0x[0-9a-f]+|\d+")
 _PG_GUID = re.compile(r"PG GUID ([^\s(\]]+)(?:\(([^)]*)\))?")
 _PG_NUM = re.compile(r"\[PG (?:ID )?(\d+)")
-
-
-@dataclass
-class Activity:
-    """What the log shows of one process (the reader's RankActivity has the same fields)."""
-
-    lines: int = 0
-    first_lineno: int = 0
-    last_lineno: int = 0
-    file: str = ""
-    last_text: str = ""
 
 
 @dataclass
@@ -129,7 +119,7 @@ class Evidence:
             if s.line.rank is not None and s.line.host:
                 self.hosts_of.setdefault(s.line.rank, s.line.host)
 
-    def of_rank(self, rank: int) -> Activity | None:
+    def of_rank(self, rank: int) -> RankActivity | None:
         return self.activity.get(("rank", rank))
 
 

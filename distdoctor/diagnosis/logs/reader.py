@@ -28,7 +28,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from distdoctor.diagnosis.logs.files import expand, numbers_in_names, open_log
-from distdoctor.diagnosis.logs.lines import LogLine, parse_raw, strip_ansi
+from distdoctor.diagnosis.logs.lines import LogLine, RankActivity, parse_raw, strip_ansi
 from distdoctor.diagnosis.logs.wraps import MAX_CARRY, detect_width, logical_lines
 from distdoctor.errors import UserError
 
@@ -59,21 +59,6 @@ _SNIFF_RE = re.compile(rb"\n(" + _STAMP + rb")" + b"".join(p for _, p in _LAYERS
 _RANK_ONLY = rb"\[rank(\d+)\]:"
 RARE = 0.002  # an anchor byte rarer than this in a chunk's sample filters the anchors
 SAMPLE = 16 << 10
-
-
-@dataclass(slots=True)
-class RankActivity:
-    """What one process printed: how many lines, where, and the last thing it showed."""
-
-    rank: int | None = None
-    local_rank: int | None = None
-    host: str | None = None
-    lines: int = 0
-    first_lineno: int = 0
-    last_lineno: int = 0
-    first_file: str = ""
-    file: str = ""  # the file of last_lineno
-    last_text: str = ""  # the last segment's message ('\r' redraws: the last one)
 
 
 class LogReader:

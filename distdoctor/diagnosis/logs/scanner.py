@@ -14,8 +14,7 @@ from distdoctor.diagnosis.findings import Finding
 from distdoctor.diagnosis.logs.families import FAMILIES, ROUTES
 from distdoctor.diagnosis.logs.families.exceptions import Tracebacks
 from distdoctor.diagnosis.logs.families.progress import ProgressFamily
-from distdoctor.diagnosis.logs.lines import LogLine, parse_raw
-from distdoctor.diagnosis.logs.problems import Activity
+from distdoctor.diagnosis.logs.lines import LogLine, RankActivity, parse_raw
 from distdoctor.diagnosis.logs.reasoning import Reasoner
 from distdoctor.diagnosis.logs.signals import CONTEXT, Signal
 
@@ -35,7 +34,7 @@ class LogScanner:
         self.tracebacks = Tracebacks()
         self._routes = [(f, tuple(a.decode() for a in f.anchors)) for f in self.families]
         self.signals: list[Signal] = []
-        self.activity: dict[tuple, Activity] = {}
+        self.activity: dict[tuple, RankActivity] = {}
         self.ranks_seen: set[int] = set()  # ranks known to exist (the live launcher's)
         self.dropped = 0
         self._kept: dict[tuple, int] = {}
@@ -74,7 +73,8 @@ class LogScanner:
         if a is None:
             if len(self.activity) >= 100_000:
                 return
-            a = self.activity[who] = Activity(first_lineno=line.lineno, file=line.file)
+            a = self.activity[who] = RankActivity(first_lineno=line.lineno, first_file=line.file,
+                                                   file=line.file)
         a.lines += 1
         a.last_lineno = line.lineno
         a.last_text = line.text[:300]
