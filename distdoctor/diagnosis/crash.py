@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 from distdoctor.diagnosis.findings import Finding, callsite_of, error_text
 from distdoctor.diagnosis.hang import RankView, _fmt_op
+from distdoctor.launch.reaper import signal_name
 
 
 @dataclass(frozen=True)
@@ -41,10 +42,7 @@ class ExitInfo:
         if self.code is None:
             return "exited"
         if self.code < 0:
-            try:
-                name = signal.Signals(-self.code).name
-            except ValueError:
-                name = f"signal {-self.code}"
+            name = signal_name(-self.code)
             hint = " (the OOM killer, a user, or the launcher)" if name == "SIGKILL" else ""
             return f"was killed by {name}{hint}"
         return f"exited with code {self.code}"

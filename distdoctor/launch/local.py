@@ -34,10 +34,7 @@ class Proc:
     @property
     def signal_name(self) -> str | None:
         if self.exit_code is not None and self.exit_code < 0:
-            try:
-                return signal.Signals(-self.exit_code).name
-            except ValueError:
-                return f"signal {-self.exit_code}"
+            return reaper.signal_name(-self.exit_code)
         return None
 
 

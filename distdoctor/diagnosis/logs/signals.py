@@ -31,11 +31,6 @@ class Signal:
     fields: dict = field(default_factory=dict)  # rule-specific values (op, seq, port, ...)
     order: int = 0        # position in the log, set by the scanner
 
-    @property
-    def rank(self) -> int | None:
-        r = self.fields.get("rank")
-        return r if isinstance(r, int) else self.line.rank
-
 
 @dataclass(frozen=True)
 class Rule:

@@ -5,13 +5,13 @@ stopped, and the survivors it tears down (never a cause)."""
 from __future__ import annotations
 
 import re
-import signal as _signal
 
 from distdoctor.diagnosis.findings import Finding
 from distdoctor.diagnosis.logs import remedies as R
 from distdoctor.diagnosis.logs.lines import LogLine
 from distdoctor.diagnosis.logs.problems import Problem
 from distdoctor.diagnosis.logs.signals import CAUSE, CONTEXT, EXIT, TEARDOWN, Family, Signal, rule
+from distdoctor.launch.reaper import signal_name
 
 NAME = "launcher"
 
@@ -52,13 +52,6 @@ _TABLE = re.compile(r"^\s*(?P<key>host|rank|exitcode|error_file|traceback)\s*:\s
 _TABLE_RANK = re.compile(r"(?P<rank>\d+) \(local_rank: (?P<local>\d+)\)")
 _TABLE_EXIT = re.compile(r"(?P<code>-?\d+) \(pid: (?P<pid>\d+)\)")
 _TABLE_SIGNAL = re.compile(r"Signal (?P<signum>\d+) \((?P<name>SIG\w+)\)")
-
-
-def signal_name(signum: int) -> str:
-    try:
-        return _signal.Signals(signum).name
-    except ValueError:
-        return f"signal {signum}"
 
 
 class LauncherFamily(Family):
