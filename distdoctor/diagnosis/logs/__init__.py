@@ -2,8 +2,12 @@
 live scan of the output find.
 
   lines.py     one line of output: prefixes (rank, launcher, glog, Ray, mpirun, srun), ANSI
-  reader.py    files, globs, .gz; wraps rejoined; only lines holding an anchor parsed (fast)
-  families/    one module per family of messages: what a line means (`Signal`s)
+  files.py     which files a spec names (paths, globs, .gz) and what their names say
+  wraps.py     hard-wrapped lines found and rejoined
+  reader.py    only lines holding an anchor parsed (fast); every line counted per process
+  families/    one module per family of messages: what a line means (`Signal`s), and what
+               its problems mean (findings)
+  problems.py  problems, the evidence beyond them, the words findings are made of
   reasoning.py across ranks: the first failure is the cause, the rest its consequences
   scanner.py   lines in, findings out (live and post-mortem)
   remedies.py  what to try
