@@ -30,6 +30,7 @@ from distdoctor.probes.nvml import NvmlProbe
 from distdoctor.probes.nvml_values import GpuSnapshot
 
 from distdoctor.errors import UserError
+from distdoctor.priority import lower_this_thread
 
 log = logging.getLogger("distdoctor.probes.sampler")
 
@@ -147,6 +148,7 @@ class Sampler:
         return self._latest
 
     def _loop(self) -> None:
+        lower_this_thread()  # the ranks' cores are theirs
         next_t = time.monotonic()
         while not self._stop.is_set():
             try:

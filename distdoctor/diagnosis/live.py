@@ -25,10 +25,17 @@ from pathlib import Path
 from distdoctor.diagnosis.crash import ExitInfo
 from distdoctor.diagnosis.engine import Engine
 from distdoctor.diagnosis.findings import Finding, write_findings
+from distdoctor.priority import lower_this_thread
 from distdoctor.runlog.follow import RunFollower
 from distdoctor.runlog.reader import Event
 
 POLL_S = 0.25
+# The loop's CPU budget: after a pass that took `c` seconds of CPU it waits at least c /
+# CPU_SHARE (at most MAX_WAIT_S) before the next. Passes have a fixed cost (liveness
+# checks, findings.json), so a heavier job gets fewer, larger passes: the diagnosis may
+# lag by a second, the job's cores stay the job's.
+CPU_SHARE = 0.05
+MAX_WAIT_S = 2.0
 # The follower and engine make an object per event (up to hundreds of thousands a second
 # on a large job) and almost no cycles; at CPython's default (a collection every 700 new
 # objects) the collector took a third of the live path's time (diagnosis_ingest.py).
@@ -175,10 +182,14 @@ class LiveDiagnosis:
         self.follower.close()
 
     def _loop(self) -> None:
-        while not self._stop.wait(POLL_S):
+        lower_this_thread()
+        wait = POLL_S
+        while not self._stop.wait(wait):
             try:
+                cpu = time.thread_time()
                 with self._lock:
                     self._step(time.monotonic())
+                wait = min(MAX_WAIT_S, max(POLL_S, (time.thread_time() - cpu) / CPU_SHARE))
             except Exception as exc:  # never take the launcher (and the job) down
                 self.error = f"live diagnosis stopped: {exc!r}"
                 import traceback

@@ -14,7 +14,7 @@ group dispatches to; the tracing group calls it directly (see process_group.py f
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from distdoctor.runlog import format as F
 
@@ -27,6 +27,10 @@ class OpSpec:
     describe: Callable  # (args, kwargs) -> (inputs, outputs, opts, peer)
     params: tuple = ()  # the method's parameter names, in order
     backend_method: str | None = None  # the same op on a c10d Backend, if bound there
+    code: int = field(init=False)  # the op's number in the event log
+
+    def __post_init__(self):
+        object.__setattr__(self, "code", F.OP_CODE[self.op])
 
     def positional(self, args, kwargs):
         """All arguments as a tuple, or None when a keyword cannot be placed."""

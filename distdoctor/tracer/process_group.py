@@ -49,7 +49,7 @@ class TracingProcessGroup(RealProcessGroup):
         self._dd_seq = 0
         self._dd_p2p_seq: dict = {}
         self._dd_backends: list = []  # (device, backend type, backend)
-        self._dd_by_device: dict = {}  # device type -> backend (ops look it up per call)
+        self._dd_bound: dict = {}  # (method, device type) -> the backend's bound method
 
     def _dd_describe(self, recorder) -> int:
         """Intern this group's identity (name, description, global ranks) once."""
@@ -68,19 +68,20 @@ class TracingProcessGroup(RealProcessGroup):
         """The backend's bound method for this op and its positional arguments, or None."""
         if spec.backend_method is None:
             return None
-        call_args = spec.positional(args, kwargs)
+        call_args = spec.positional(args, kwargs) if kwargs else args
         if call_args is None:
             return None
-        device_type = _device_type_of(spec, desc, self)
-        backend = self._dd_by_device.get(device_type)
-        if backend is None:
-            backend = self._get_backend(_torch_device(device_type))
-            self._dd_by_device[device_type] = backend
-        return getattr(backend, spec.backend_method), call_args
+        key = (spec.method, _device_type_of(spec, desc, self))
+        bound = self._dd_bound.get(key)
+        if bound is None:
+            backend = self._get_backend(_torch_device(key[1]))
+            bound = self._dd_bound[key] = getattr(backend, spec.backend_method)
+        return bound, call_args
 
     # --- pieces of ProcessGroup that need the store this object cannot hold ----------
     def _register_backend(self, device, backend_type, backend):
         self._dd_backends.append((device, backend_type, backend))
+        self._dd_bound.clear()
         return super()._register_backend(device, backend_type, backend)
 
     def get_group_store(self):

@@ -7,12 +7,10 @@ call costs a few dictionary look-ups and three `struct.pack_into`s.
 
 Completion: a synchronous CPU op (torch.distributed's `async_op=False`, which waits on the
 work itself right after the call) is waited on here, in the caller's thread, and completes
-when that wait returns. Other CPU work (async ops; C++ callers such as DDP's reducer, which use
-the future) completes through its future's done-callback, on gloo's own thread, at the
-moment the work finishes. CUDA work's future completes when the op is
-*enqueued*, so CUDA work is polled with `Work.is_completed()` (which queries the op's CUDA
-end event) by a watcher thread: completion time then comes from the GPU, at the
-watcher's polling resolution (0.2 ms).
+when that wait returns. Works without a future (gloo's send/recv and reduce-scatter,
+coalesced ops joined) complete when the caller waits on them (work.py). Every other op (async CPU ops, C++ callers such as DDP's reducer, all CUDA
+ops) is looked at when the next op enters and by a coarse sweeper, never through a
+callback on gloo's thread or a tight poll (completion.py).
 """
 
 from __future__ import annotations
@@ -27,9 +25,9 @@ from functools import partial
 from distdoctor.runlog import format as F
 from distdoctor.runlog.ring import RingWriter
 from distdoctor.tracer import callsite
+from distdoctor.tracer.completion import PendingCompletions, _status_of
 from distdoctor.tracer.work import RecordingWork
 
-EXIT_CALLBACK_WAIT_S = 0.5  # at exit, how long to let pending completion callbacks run
 _warned: set = set()
 
 
@@ -81,26 +79,20 @@ def _numel(tensors) -> int:
     return tensors[0].numel() if len(tensors) == 1 else sum(t.numel() for t in tensors)
 
 
-def _status_of(exc: BaseException) -> int:
-    text = str(exc).lower()
-    return F.STATUS_TIMEOUT if ("timed out" in text or "timeout" in text) else F.STATUS_ERROR
-
-
 class Recorder:
     def __init__(self, ring: RingWriter):
         self.ring = ring
         self._interned: dict = {}  # (namespace, key) -> string id
         self._callsites: dict = {}  # (id(code), f_lasti, from_main) -> (string id, code)
+        self._one_tensor: dict = {}  # (shape, dtype, device) -> string id
         self._spans: list[int] = []  # open spans (event numbers), innermost last
-        self._watcher = CompletionWatcher(self)
+        self._pending = PendingCompletions(ring, self._finish)
         self._main_thread = threading.main_thread().ident
         # the process whose log this is: a forked child (a data-loader worker, a job's
         # own os.fork) inherits this object, and its exit must not close the rank's log
         self._pid = os.getpid()
         self.on_heartbeat: list = []  # cheap checks to run once a second (never raising)
         self._stop = threading.Event()
-        self._callbacks_lock = threading.Lock()
-        self._callbacks_pending = 0  # async CPU ops whose done-callback has not run yet
         threading.Thread(target=self._heartbeat, name="distdoctor-heartbeat",
                          daemon=True).start()
         atexit.register(self.close)
@@ -140,13 +132,24 @@ class Recorder:
         # torch.Size hashes as a tuple; one tensor (the common case) skips the generator
         if len(tensors) == 1:
             t = tensors[0]
-            key = ((t.shape, t.dtype, t.device),)
-        else:
-            key = tuple((t.shape, t.dtype, t.device) for t in tensors)
+            key = (t.shape, t.dtype, t.device)
+            sid = self._one_tensor.get(key)
+            if sid is None:
+                sid = self._describe_tensors((key,))
+                if sid:
+                    self._one_tensor[key] = sid
+            return sid
+        key = tuple((t.shape, t.dtype, t.device) for t in tensors)
         sid = self._interned.get(("tensors", key))
         if sid is not None:
             return sid
-        return self.intern("tensors", key, lambda: {
+        sid = self._describe_tensors(key)
+        if sid:
+            self._interned[("tensors", key)] = sid
+        return sid
+
+    def _describe_tensors(self, key) -> int:
+        return self.ring.add_string({
             "shapes": [list(s) for s, _, _ in key],
             "dtypes": [str(d).replace("torch.", "") for _, d, _ in key],
             "device": str(key[0][2]),
@@ -159,6 +162,8 @@ class Recorder:
         `desc` is `spec.describe(...)` of the call: (inputs, outputs, options, peer).
         """
         try:
+            if self._pending._pending:  # earlier ops' completions, seen on the way in
+                self._pending.check()
             ins, outs, opts, peer = desc
             t_enter = time.monotonic_ns()
             group_id = pg._dd_group_id or pg._dd_describe(self)
@@ -171,7 +176,8 @@ class Recorder:
                 pg._dd_seq = seq + 1
             redop, flags = F.REDOP_NONE, 0
             if opts is not None:
-                has_redop, has_root, has_async = _fields_of(type(opts))
+                fields = _FIELDS.get(type(opts)) or _fields_of(type(opts))
+                has_redop, has_root, has_async = fields
                 if has_redop:
                     redop = _reduce_op_number(opts.reduceOp)
                 if has_root:
@@ -185,10 +191,10 @@ class Recorder:
             callsite_id, from_main = self._callsite_id()
             if from_main or threading.get_ident() != self._main_thread:
                 flags |= F.FLAG_OTHER_THREAD
-            numel_in = _numel(ins)
+            numel_in = ins[0].numel() if len(ins) == 1 else _numel(ins)
             numel_out = numel_in if outs is ins else _numel(outs)
             e = self.ring.append(
-                spec.kind, F.OP_CODE[spec.op], redop, flags, group_id, callsite_id, seq,
+                spec.kind, spec.code, redop, flags, group_id, callsite_id, seq,
                 -1 if peer is None else int(peer), tensors_id, numel_in, numel_out, t_enter,
                 self._spans[-1] + 1 if self._spans else 0, 0,
             )
@@ -214,20 +220,15 @@ class Recorder:
             if work is None:  # synchronous ops (monitored_barrier) return nothing
                 self.ring.complete(e, F.STATUS_OK, time.monotonic_ns())
             elif on_cuda:
-                self._watcher.add(e, work)
+                self._pending.add_work(e, work)
             else:
                 try:
                     fut = work.get_future()
-                except RuntimeError:  # "getFuture not implemented": gloo p2p
+                except RuntimeError:  # "getFuture not implemented": gloo's p2p and
+                    # _reduce_scatter_base works, coalesced ops joined: is_completed() of
+                    # these stays False even once waited on, so the wait is the completion
                     return RecordingWork(work, partial(self._finish_wait, e))
-                with self._callbacks_lock:
-                    self._callbacks_pending += 1
-                try:
-                    fut.add_done_callback(partial(self._future_done, e))
-                except BaseException:
-                    with self._callbacks_lock:
-                        self._callbacks_pending -= 1
-                    raise
+                self._pending.add_future(e, fut)
         except Exception as exc:
             warn_once("end", f"could not follow an op's completion: {exc!r}")
         return work
@@ -262,16 +263,6 @@ class Recorder:
         """The op's call raised (bad arguments, a dead peer): record why."""
         if token is not None:
             self._finish(token[0], _status_of(exc), exc)
-
-    def _future_done(self, e: int, fut) -> None:
-        try:
-            fut.value()
-            self.ring.complete(e, F.STATUS_OK, time.monotonic_ns())
-        except Exception as exc:
-            self._finish(e, _status_of(exc), exc)
-        finally:
-            with self._callbacks_lock:  # gloo runs callbacks on more than one thread
-                self._callbacks_pending -= 1
 
     def _finish(self, e: int, status: int, exc: BaseException | None) -> None:
         try:
@@ -351,57 +342,8 @@ class Recorder:
 
     def close(self) -> None:
         """At exit. The log is marked closed first: a launcher that kills this process
-        during the wait below must still find an exit, not a rank that vanished."""
+        while it finishes must still find an exit, not a rank that vanished."""
         self.retire()
         if os.getpid() != self._pid:
             return
-        # Let completion callbacks still queued on gloo's threads run now. One that runs
-        # (or is freed) on such a thread once the interpreter is finalizing cannot take
-        # the GIL and ends the process with std::terminate (SIGABRT).
-        deadline = time.monotonic() + EXIT_CALLBACK_WAIT_S
-        while self._callbacks_pending > 0 and time.monotonic() < deadline:
-            time.sleep(0.002)  # releases the GIL to them
-
-
-class CompletionWatcher:
-    """Polls CUDA works (`is_completed()` queries their end event) on one daemon thread."""
-
-    POLL_S = 0.0002
-
-    def __init__(self, recorder: Recorder):
-        self._recorder = recorder
-        self._pending: list = []
-        self._cv = threading.Condition()
-        self._thread = None
-
-    def add(self, e: int, work) -> None:
-        with self._cv:
-            self._pending.append((e, work))
-            if self._thread is None:
-                self._thread = threading.Thread(target=self._run, name="distdoctor-completion",
-                                                daemon=True)
-                self._thread.start()
-            self._cv.notify()
-
-    def _run(self) -> None:
-        while True:
-            with self._cv:
-                while not self._pending:
-                    self._cv.wait()
-                pending, self._pending = self._pending, []
-            still = []
-            for item in pending:
-                e, work = item
-                try:
-                    # Never work.wait() here: it would make this thread's stream wait.
-                    if not work.is_completed():
-                        still.append(item)
-                        continue
-                except Exception as exc:
-                    self._recorder._finish(e, _status_of(exc), exc)
-                    continue
-                self._recorder.ring.complete(e, F.STATUS_OK, time.monotonic_ns())
-            if still:
-                with self._cv:
-                    self._pending[:0] = still
-                time.sleep(self.POLL_S)
+        self._pending.close()  # the ops that are done by now are recorded as done

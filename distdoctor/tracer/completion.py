@@ -1,0 +1,150 @@
+"""When an op the caller does not wait on inside the traced call finishes: seen by looking.
+
+Async CPU ops (`async_op=True`, DTensor's functional collectives, DDP's reducer) finish on
+gloo's worker threads, CUDA ops on the GPU. There are two obvious ways to learn when, and
+both make the thread that feeds the device fight the tracer for the GIL:
+- a done-callback: for gloo it runs Python on gloo's worker thread, which then takes the
+  GIL from the training loop once per op, and stalls gloo's worker until it gets it;
+- a thread polling `is_completed()` every fraction of a millisecond: on a GPU job some op
+  is nearly always in flight, so it takes the GIL thousands of times a second.
+
+Here a pending op is looked at instead:
+- when the next op enters, on the thread that issues it, which holds the GIL anyway (the
+  oldest ENTRY_CHECKS pending ops: a pybind call of ~0.2 us each, no lock);
+- by one sweeper thread every SWEEP_S while anything is pending, for ops that nothing
+  follows soon (the last op before a long stretch of compute, a hang).
+
+An op's completion time is when it was seen done: late by at most the gap to the next op
+issued, or SWEEP_S. For a CPU op this replaces gloo's exact callback time; for a CUDA op,
+whose future completes at enqueue, it replaces a poll every 0.2 ms. A hang (seconds) and
+an op's place in the order are unaffected.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+
+from distdoctor.runlog import format as F
+
+SWEEP_S = 0.01
+ENTRY_CHECKS = 2
+
+
+def _status_of(exc: BaseException) -> int:
+    text = str(exc).lower()
+    return F.STATUS_TIMEOUT if ("timed out" in text or "timeout" in text) else F.STATUS_ERROR
+
+
+def _done_future(fut) -> BaseException | None | bool:
+    """False while pending; then None (success) or the op's error."""
+    if not fut.done():
+        return False
+    try:
+        fut.value()
+    except Exception as exc:
+        return exc
+    return None
+
+
+def _done_work(work) -> BaseException | None | bool:
+    """As _done_future, for a Work whose future does not say when it finished (CUDA work,
+    whose future completes when the op is enqueued; ops joined into one Work). Never
+    `work.wait()`: on CUDA it would make this thread's stream wait."""
+    try:
+        if not work.is_completed():
+            return False
+        exc = work.exception()
+    except Exception as err:  # a failed op may raise from is_completed (NCCL)
+        return err
+    return exc if isinstance(exc, BaseException) else None
+
+
+class PendingCompletions:
+    """Ops in flight whose completion is found by looking (see the module docstring)."""
+
+    def __init__(self, ring, finish):
+        self._ring = ring
+        self._finish = finish  # (event, status, exception) for a failed op
+        self._pending: list = []  # (event, object, done-reader), oldest first
+        self._cv = threading.Condition()
+        self._stop = False
+        self._thread: threading.Thread | None = None
+        # a forked child (a data-loader worker) has no sweeper, and the lock may have been
+        # held by it at the fork: the child starts empty
+        os.register_at_fork(after_in_child=self._forget)
+
+    def _forget(self) -> None:
+        self._pending, self._cv, self._thread = [], threading.Condition(), None
+
+    def __len__(self) -> int:
+        return len(self._pending)
+
+    def add_future(self, e: int, fut) -> None:
+        self._add((e, fut, _done_future))
+
+    def add_work(self, e: int, work) -> None:
+        self._add((e, work, _done_work))
+
+    def _add(self, item) -> None:
+        with self._cv:
+            self._pending.append(item)
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._sweep_loop,
+                                                 name="distdoctor-completions", daemon=True)
+                self._thread.start()
+            elif len(self._pending) == 1:
+                self._cv.notify()
+
+    def check(self, limit: int | None = ENTRY_CHECKS) -> None:
+        """Record the ops among the oldest `limit` pending ones (all: None) that are done.
+        Looking takes no lock; only taking done ops off the list does."""
+        pending = self._pending
+        if not pending:
+            return
+        head = pending[:limit] if limit is not None else list(pending)
+        finished = []
+        for item in head:
+            try:
+                outcome = item[2](item[1])
+            except Exception as exc:
+                outcome = exc
+            if outcome is not False:
+                finished.append((item, outcome))
+        if not finished:
+            return
+        now = time.monotonic_ns()
+        with self._cv:  # the sweeper and the next op may both have seen it: one records it
+            present = {id(item) for item in self._pending}
+            finished = [(item, outcome) for item, outcome in finished if id(item) in present]
+            gone = {id(item) for item, _ in finished}
+            self._pending = [item for item in self._pending if id(item) not in gone]
+        for (e, _, _), outcome in finished:
+            if outcome is None:
+                self._ring.complete(e, F.STATUS_OK, now)
+            else:
+                self._finish(e, _status_of(outcome), outcome)
+
+    def _sweep_loop(self) -> None:
+        while True:
+            with self._cv:
+                while not self._pending and not self._stop:
+                    self._cv.wait()
+                if self._stop:
+                    return
+            time.sleep(SWEEP_S)
+            try:
+                self.check(None)
+            except Exception:
+                pass
+
+    def close(self) -> None:
+        """Record what is done by now, and let the sweeper go."""
+        try:
+            self.check(None)
+        except Exception:
+            pass
+        with self._cv:
+            self._stop = True
+            self._cv.notify()
