@@ -200,7 +200,7 @@ def main() -> int:
     ap.add_argument("--mode", action="append", choices=sorted(MODES),
                     help="only this mode (repeatable; default: all)")
     ap.add_argument("--block", type=int, help="steps per state in a cycle (default: by mode)")
-    ap.add_argument("--cycles", type=int, default=16)
+    ap.add_argument("--cycles", type=int, default=24)
     ap.add_argument("--rounds", type=int, default=3,
                     help="launched comparison: rounds of bare + run (0: skip)")
     ap.add_argument("--launched-steps", type=int, default=40)

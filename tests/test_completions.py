@@ -175,3 +175,23 @@ def test_close_records_what_is_done_and_leaves_a_hung_op_in_flight(tmp_path):
     rec.close()  # returns at once: nothing waits for the hung op
     assert time.monotonic() - started < 1.0
     assert _slot(ring, done_e)[1] > 0 and _slot(ring, hung_e)[1] == 0
+
+
+@pytest.mark.timeout(20)
+def test_an_idle_sweeper_parks_and_an_add_wakes_it(recorder, monkeypatch):
+    monkeypatch.setattr(completion, "SWEEP_S", 0.01)
+    monkeypatch.setattr(completion, "PARK_AFTER", 3)
+    first = _StandInCudaWork()
+    first.finished = True
+    recorder.end((_op(recorder.ring), True, True), first)  # starts the sweeper
+    deadline = time.monotonic() + 5
+    while not recorder._pending._parked and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert recorder._pending._parked  # no op pending: it no longer wakes on its clock
+    e, work = _op(recorder.ring), _StandInCudaWork()
+    recorder.end((e, True, True), work)
+    assert not recorder._pending._parked
+    work.finished = True
+    while _slot(recorder.ring, e)[1] == 0 and time.monotonic() < deadline:
+        time.sleep(0.005)
+    assert _slot(recorder.ring, e)[0] == F.STATUS_OK

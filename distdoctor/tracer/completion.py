@@ -11,8 +11,12 @@ both make the thread that feeds the device fight the tracer for the GIL:
 Here a pending op is looked at instead:
 - when the next op enters, on the thread that issues it, which holds the GIL anyway (the
   oldest ENTRY_CHECKS pending ops: a pybind call of ~0.2 us each, no lock);
-- by one sweeper thread every SWEEP_S while anything is pending, for ops that nothing
-  follows soon (the last op before a long stretch of compute, a hang).
+- by one sweeper thread every SWEEP_S, for ops that nothing follows soon (the last op
+  before a long stretch of compute, a hang). Every wake of a Python thread takes the GIL,
+  and on a machine whose cores the ranks fill, each such hand-off can cost the training
+  thread a scheduling delay of its own; so the sweeper wakes on a fixed clock (at most
+  1/SWEEP_S times a second, never per op), and sleeps until the next add once it has
+  found nothing pending for PARK_AFTER sweeps.
 
 An op's completion time is when it was seen done: late by at most the gap to the next op
 issued, or SWEEP_S. For a CPU op this replaces gloo's exact callback time; for a CUDA op,
@@ -28,7 +32,8 @@ import time
 
 from distdoctor.runlog import format as F
 
-SWEEP_S = 0.01
+SWEEP_S = 0.05
+PARK_AFTER = 20  # sweeps that found nothing pending before the sweeper sleeps until an add
 ENTRY_CHECKS = 2
 
 
@@ -70,6 +75,7 @@ class PendingCompletions:
         self._pending: list = []  # (event, object, done-reader), oldest first
         self._cv = threading.Condition()
         self._stop = False
+        self._parked = False  # the sweeper waits for an add
         self._thread: threading.Thread | None = None
         # a forked child (a data-loader worker) has no sweeper, and the lock may have been
         # held by it at the fork: the child starts empty
@@ -94,7 +100,8 @@ class PendingCompletions:
                 self._thread = threading.Thread(target=self._sweep_loop,
                                                  name="distdoctor-completions", daemon=True)
                 self._thread.start()
-            elif len(self._pending) == 1:
+            elif self._parked:
+                self._parked = False
                 self._cv.notify()
 
     def check(self, limit: int | None = ENTRY_CHECKS) -> None:
@@ -127,10 +134,14 @@ class PendingCompletions:
                 self._finish(e, _status_of(outcome), outcome)
 
     def _sweep_loop(self) -> None:
+        idle = 0
         while True:
             with self._cv:
-                while not self._pending and not self._stop:
-                    self._cv.wait()
+                idle = 0 if self._pending else idle + 1
+                if idle >= PARK_AFTER:
+                    self._parked, idle = True, 0
+                    while self._parked and not self._stop:
+                        self._cv.wait()
                 if self._stop:
                     return
             time.sleep(SWEEP_S)
@@ -146,5 +157,5 @@ class PendingCompletions:
         except Exception:
             pass
         with self._cv:
-            self._stop = True
+            self._stop, self._parked = True, False
             self._cv.notify()
