@@ -39,7 +39,9 @@ class _AsyncCpuWork:
 
 class _StandInCudaWork:
     """A CUDA op's work as the recorder sees it: done when `is_completed()` says so (its
-    future would complete at enqueue); `exception()` says how it ended."""
+    future would complete at enqueue); an error there is raised from `is_completed()`.
+    `exception()` and `is_success()` fail the test: torch prints a deprecation warning
+    into the job's stderr when they are called."""
 
     def __init__(self):
         self.finished = False
@@ -48,10 +50,15 @@ class _StandInCudaWork:
 
     def is_completed(self):
         self.polls += 1
+        if self.error is not None:
+            raise self.error
         return self.finished
 
     def exception(self):
-        return self.error
+        raise AssertionError("Work.exception() prints a deprecation warning")
+
+    def is_success(self):
+        raise AssertionError("Work.is_success() prints a deprecation warning")
 
     def get_future(self):
         raise AssertionError("a CUDA work's future says nothing about its end")

@@ -54,16 +54,16 @@ def _done_future(fut) -> BaseException | None | bool:
 
 
 def _done_work(work) -> BaseException | None | bool:
-    """As _done_future, for a Work whose future does not say when it finished (CUDA work,
-    whose future completes when the op is enqueued; ops joined into one Work). Never
-    `work.wait()`: on CUDA it would make this thread's stream wait."""
+    """As _done_future, for a CUDA Work (its future completes when the op is enqueued).
+    Never `work.wait()`: it would make this thread's stream wait. Nor `work.exception()` or
+    `is_success()`: torch prints a deprecation warning into the job's stderr on the first
+    call. An error that `is_completed()` raises is the op's; a failed NCCL op that it
+    reports as completed is recorded as done, and its error reaches the findings from
+    the watchdog's own report (the job's output, the Flight Recorder)."""
     try:
-        if not work.is_completed():
-            return False
-        exc = work.exception()
-    except Exception as err:  # a failed op may raise from is_completed (NCCL)
+        return False if not work.is_completed() else None
+    except Exception as err:
         return err
-    return exc if isinstance(exc, BaseException) else None
 
 
 class PendingCompletions:
