@@ -1,27 +1,24 @@
-"""When an op the caller does not wait on inside the traced call finishes: seen by looking.
+"""When a CUDA op finishes: seen by looking, never in a tight poll.
 
-Async CPU ops (`async_op=True`, DTensor's functional collectives, DDP's reducer) finish on
-gloo's worker threads, CUDA ops on the GPU. There are two obvious ways to learn when, and
-both make the thread that feeds the device fight the tracer for the GIL:
-- a done-callback: for gloo it runs Python on gloo's worker thread, which then takes the
-  GIL from the training loop once per op, and stalls gloo's worker until it gets it;
-- a thread polling `is_completed()` every fraction of a millisecond: on a GPU job some op
-  is nearly always in flight, so it takes the GIL thousands of times a second.
+A CUDA op's future completes when the op is *enqueued*; its end is its CUDA end event,
+which `Work.is_completed()` queries. Polling that every fraction of a millisecond from a
+thread (as the tracer once did) takes the GIL thousands of times a second, because on a
+GPU job some op is nearly always in flight: the Python thread that feeds the GPU then
+fights the tracer for the GIL.
 
 Here a pending op is looked at instead:
 - when the next op enters, on the thread that issues it, which holds the GIL anyway (the
   oldest ENTRY_CHECKS pending ops: a pybind call of ~0.2 us each, no lock);
 - by one sweeper thread every SWEEP_S, for ops that nothing follows soon (the last op
-  before a long stretch of compute, a hang). Every wake of a Python thread takes the GIL,
+  before the step's host sync, a hang). Every wake of a Python thread takes the GIL,
   and on a machine whose cores the ranks fill, each such hand-off can cost the training
   thread a scheduling delay of its own; so the sweeper wakes on a fixed clock (at most
   1/SWEEP_S times a second, never per op), and sleeps until the next add once it has
   found nothing pending for PARK_AFTER sweeps.
 
 An op's completion time is when it was seen done: late by at most the gap to the next op
-issued, or SWEEP_S. For a CPU op this replaces gloo's exact callback time; for a CUDA op,
-whose future completes at enqueue, it replaces a poll every 0.2 ms. A hang (seconds) and
-an op's place in the order are unaffected.
+issued, or SWEEP_S. (CPU work completes exactly, in the caller's wait or its future's
+callback: recorder.py.) A hang (seconds) and an op's place in the order are unaffected.
 """
 
 from __future__ import annotations
@@ -42,20 +39,8 @@ def _status_of(exc: BaseException) -> int:
     return F.STATUS_TIMEOUT if ("timed out" in text or "timeout" in text) else F.STATUS_ERROR
 
 
-def _done_future(fut) -> BaseException | None | bool:
-    """False while pending; then None (success) or the op's error."""
-    if not fut.done():
-        return False
-    try:
-        fut.value()
-    except Exception as exc:
-        return exc
-    return None
-
-
 def _done_work(work) -> BaseException | None | bool:
-    """As _done_future, for a CUDA Work (its future completes when the op is enqueued).
-    Never `work.wait()`: it would make this thread's stream wait. Nor `work.exception()` or
+    """False while the op is in flight; then None (done) or its error. Never `work.wait()`: it would make this thread's stream wait. Nor `work.exception()` or
     `is_success()`: torch prints a deprecation warning into the job's stderr on the first
     call. An error that `is_completed()` raises is the op's; a failed NCCL op that it
     reports as completed is recorded as done, and its error reaches the findings from
@@ -67,7 +52,7 @@ def _done_work(work) -> BaseException | None | bool:
 
 
 class PendingCompletions:
-    """Ops in flight whose completion is found by looking (see the module docstring)."""
+    """CUDA ops in flight, whose completion is found by looking (see the module docstring)."""
 
     def __init__(self, ring, finish):
         self._ring = ring
@@ -87,13 +72,8 @@ class PendingCompletions:
     def __len__(self) -> int:
         return len(self._pending)
 
-    def add_future(self, e: int, fut) -> None:
-        self._add((e, fut, _done_future))
-
     def add_work(self, e: int, work) -> None:
-        self._add((e, work, _done_work))
-
-    def _add(self, item) -> None:
+        item = (e, work, _done_work)
         with self._cv:
             self._pending.append(item)
             if self._thread is None:

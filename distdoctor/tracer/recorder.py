@@ -8,9 +8,13 @@ call costs a few dictionary look-ups and three `struct.pack_into`s.
 Completion: a synchronous CPU op (torch.distributed's `async_op=False`, which waits on the
 work itself right after the call) is waited on here, in the caller's thread, and completes
 when that wait returns. Works without a future (gloo's send/recv and reduce-scatter,
-coalesced ops joined) complete when the caller waits on them (work.py). Every other op (async CPU ops, C++ callers such as DDP's reducer, all CUDA
-ops) is looked at when the next op enters and by a coarse sweeper, never through a
-callback on gloo's thread or a tight poll (completion.py).
+coalesced ops joined) complete when the caller waits on them (work.py). Other CPU work
+(async ops; C++ callers such as DDP's reducer) completes through its future's
+done-callback, on gloo's thread, at the moment it finishes: the straggler detector reads
+each rank's wait (end - enter) to the millisecond, and switching these callbacks off
+measured no step-time gain (benchmarks/step_overhead.py). CUDA work, whose future
+completes at enqueue, is looked at when the next op enters and by a coarse sweeper,
+never in a tight poll (completion.py).
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ from distdoctor.tracer import callsite
 from distdoctor.tracer.completion import PendingCompletions, _status_of
 from distdoctor.tracer.work import RecordingWork
 
+EXIT_CALLBACK_WAIT_S = 0.5  # at exit, how long to let pending completion callbacks run
 _warned: set = set()
 
 
@@ -85,6 +90,7 @@ class Recorder:
         self._interned: dict = {}  # (namespace, key) -> string id
         self._callsites: dict = {}  # (id(code), f_lasti, from_main) -> (string id, code)
         self._one_tensor: dict = {}  # (shape, dtype, device) -> string id
+        self._futureless: set = set()  # op methods whose CPU works have no future
         self._spans: list[int] = []  # open spans (event numbers), innermost last
         self._pending = PendingCompletions(ring, self._finish)
         self._main_thread = threading.main_thread().ident
@@ -93,6 +99,8 @@ class Recorder:
         self._pid = os.getpid()
         self.on_heartbeat: list = []  # cheap checks to run once a second (never raising)
         self._stop = threading.Event()
+        self._callbacks_lock = threading.Lock()
+        self._callbacks_pending = 0  # async CPU ops whose done-callback has not run yet
         threading.Thread(target=self._heartbeat, name="distdoctor-heartbeat",
                          daemon=True).start()
         atexit.register(self.close)
@@ -199,7 +207,7 @@ class Recorder:
                 self._spans[-1] + 1 if self._spans else 0, 0,
             )
             return (e, bool(tensors) and tensors[0].is_cuda, bool(flags & F.FLAG_ASYNC)
-                    or opts is None)
+                    or opts is None, spec.method)
         except Exception as exc:  # never into user code
             warn_once("begin", f"could not record a {spec.op}: {exc!r}")
             return None
@@ -213,7 +221,7 @@ class Recorder:
         """
         if token is None:
             return work
-        e, on_cuda, async_op = token
+        e, on_cuda, async_op, method = token
         if work is not None and not on_cuda and not async_op:
             return self._wait_sync(e, work)
         try:
@@ -221,14 +229,25 @@ class Recorder:
                 self.ring.complete(e, F.STATUS_OK, time.monotonic_ns())
             elif on_cuda:
                 self._pending.add_work(e, work)
+            elif method in self._futureless:
+                return RecordingWork(work, partial(self._finish_wait, e))
             else:
                 try:
                     fut = work.get_future()
                 except RuntimeError:  # "getFuture not implemented": gloo's p2p and
-                    # _reduce_scatter_base works, coalesced ops joined: is_completed() of
-                    # these stays False even once waited on, so the wait is the completion
+                    # _reduce_scatter_base works, coalesced ops joined. is_completed() of
+                    # these stays False even once waited on, so the wait is the
+                    # completion. Asked once per method: the C++ exception costs ~8 us.
+                    self._futureless.add(method)
                     return RecordingWork(work, partial(self._finish_wait, e))
-                self._pending.add_future(e, fut)
+                with self._callbacks_lock:
+                    self._callbacks_pending += 1
+                try:
+                    fut.add_done_callback(partial(self._future_done, e))
+                except BaseException:
+                    with self._callbacks_lock:
+                        self._callbacks_pending -= 1
+                    raise
         except Exception as exc:
             warn_once("end", f"could not follow an op's completion: {exc!r}")
         return work
@@ -263,6 +282,16 @@ class Recorder:
         """The op's call raised (bad arguments, a dead peer): record why."""
         if token is not None:
             self._finish(token[0], _status_of(exc), exc)
+
+    def _future_done(self, e: int, fut) -> None:
+        try:
+            fut.value()
+            self.ring.complete(e, F.STATUS_OK, time.monotonic_ns())
+        except Exception as exc:
+            self._finish(e, _status_of(exc), exc)
+        finally:
+            with self._callbacks_lock:  # gloo runs callbacks on more than one thread
+                self._callbacks_pending -= 1
 
     def _finish(self, e: int, status: int, exc: BaseException | None) -> None:
         try:
@@ -346,4 +375,10 @@ class Recorder:
         self.retire()
         if os.getpid() != self._pid:
             return
-        self._pending.close()  # the ops that are done by now are recorded as done
+        self._pending.close()  # the CUDA ops that are done by now are recorded as done
+        # Let completion callbacks still queued on gloo's threads run now. One that runs
+        # (or is freed) on such a thread once the interpreter is finalizing cannot take
+        # the GIL and ends the process with std::terminate (SIGABRT).
+        deadline = time.monotonic() + EXIT_CALLBACK_WAIT_S
+        while self._callbacks_pending > 0 and time.monotonic() < deadline:
+            time.sleep(0.002)  # releases the GIL to them
