@@ -34,13 +34,9 @@ PARK_AFTER = 20  # sweeps that found nothing pending before the sweeper sleeps u
 ENTRY_CHECKS = 2
 
 
-def _status_of(exc: BaseException) -> int:
-    text = str(exc).lower()
-    return F.STATUS_TIMEOUT if ("timed out" in text or "timeout" in text) else F.STATUS_ERROR
-
-
 def _done_work(work) -> BaseException | None | bool:
-    """False while the op is in flight; then None (done) or its error. Never `work.wait()`: it would make this thread's stream wait. Nor `work.exception()` or
+    """False while the op is in flight; then None (done) or its error. Never
+    `work.wait()`: it would make this thread's stream wait. Nor `work.exception()` or
     `is_success()`: torch prints a deprecation warning into the job's stderr on the first
     call. An error that `is_completed()` raises is the op's; a failed NCCL op that it
     reports as completed is recorded as done, and its error reaches the findings from
@@ -54,10 +50,10 @@ def _done_work(work) -> BaseException | None | bool:
 class PendingCompletions:
     """CUDA ops in flight, whose completion is found by looking (see the module docstring)."""
 
-    def __init__(self, ring, finish):
+    def __init__(self, ring, fail):
         self._ring = ring
-        self._finish = finish  # (event, status, exception) for a failed op
-        self._pending: list = []  # (event, object, done-reader), oldest first
+        self._fail = fail  # (event, exception): records a failed op
+        self._pending: list = []  # (event, work), oldest first
         self._cv = threading.Condition()
         self._stop = False
         self._parked = False  # the sweeper waits for an add
@@ -73,9 +69,8 @@ class PendingCompletions:
         return len(self._pending)
 
     def add_work(self, e: int, work) -> None:
-        item = (e, work, _done_work)
         with self._cv:
-            self._pending.append(item)
+            self._pending.append((e, work))
             if self._thread is None:
                 self._thread = threading.Thread(target=self._sweep_loop,
                                                  name="distdoctor-completions", daemon=True)
@@ -93,10 +88,7 @@ class PendingCompletions:
         head = pending[:limit] if limit is not None else list(pending)
         finished = []
         for item in head:
-            try:
-                outcome = item[2](item[1])
-            except Exception as exc:
-                outcome = exc
+            outcome = _done_work(item[1])
             if outcome is not False:
                 finished.append((item, outcome))
         if not finished:
@@ -107,11 +99,11 @@ class PendingCompletions:
             finished = [(item, outcome) for item, outcome in finished if id(item) in present]
             gone = {id(item) for item, _ in finished}
             self._pending = [item for item in self._pending if id(item) not in gone]
-        for (e, _, _), outcome in finished:
+        for (e, _), outcome in finished:
             if outcome is None:
                 self._ring.complete(e, F.STATUS_OK, now)
             else:
-                self._finish(e, _status_of(outcome), outcome)
+                self._fail(e, outcome)
 
     def _sweep_loop(self) -> None:
         idle = 0

@@ -68,7 +68,7 @@ class TracingProcessGroup(RealProcessGroup):
         """The backend's bound method for this op and its positional arguments, or None."""
         if spec.backend_method is None:
             return None
-        call_args = spec.positional(args, kwargs) if kwargs else args
+        call_args = spec.positional(args, kwargs)
         if call_args is None:
             return None
         key = (spec.method, _device_type_of(spec, desc, self))

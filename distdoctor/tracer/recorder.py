@@ -29,7 +29,7 @@ from functools import partial
 from distdoctor.runlog import format as F
 from distdoctor.runlog.ring import RingWriter
 from distdoctor.tracer import callsite
-from distdoctor.tracer.completion import PendingCompletions, _status_of
+from distdoctor.tracer.completion import PendingCompletions
 from distdoctor.tracer.work import RecordingWork
 
 EXIT_CALLBACK_WAIT_S = 0.5  # at exit, how long to let pending completion callbacks run
@@ -84,12 +84,18 @@ def _numel(tensors) -> int:
     return tensors[0].numel() if len(tensors) == 1 else sum(t.numel() for t in tensors)
 
 
+def _status_of(exc: BaseException) -> int:
+    text = str(exc).lower()
+    return F.STATUS_TIMEOUT if ("timed out" in text or "timeout" in text) else F.STATUS_ERROR
+
+
 class Recorder:
     def __init__(self, ring: RingWriter):
         self.ring = ring
         self._interned: dict = {}  # (namespace, key) -> string id
         self._callsites: dict = {}  # (id(code), f_lasti, from_main) -> (string id, code)
-        self._one_tensor: dict = {}  # (shape, dtype, device) -> string id
+        # (shape, dtype, device) of one tensor, or a tuple of them -> string id
+        self._tensor_ids: dict = {}
         self._futureless: set = set()  # op methods whose CPU works have no future
         self._spans: list[int] = []  # open spans (event numbers), innermost last
         self._pending = PendingCompletions(ring, self._finish)
@@ -141,27 +147,19 @@ class Recorder:
         if len(tensors) == 1:
             t = tensors[0]
             key = (t.shape, t.dtype, t.device)
-            sid = self._one_tensor.get(key)
-            if sid is None:
-                sid = self._describe_tensors((key,))
-                if sid:
-                    self._one_tensor[key] = sid
-            return sid
-        key = tuple((t.shape, t.dtype, t.device) for t in tensors)
-        sid = self._interned.get(("tensors", key))
-        if sid is not None:
-            return sid
-        sid = self._describe_tensors(key)
-        if sid:
-            self._interned[("tensors", key)] = sid
+            each = (key,)
+        else:
+            key = each = tuple((t.shape, t.dtype, t.device) for t in tensors)
+        sid = self._tensor_ids.get(key)
+        if sid is None:
+            sid = self.ring.add_string({
+                "shapes": [list(s) for s, _, _ in each],
+                "dtypes": [str(d).replace("torch.", "") for _, d, _ in each],
+                "device": str(each[0][2]),
+            })
+            if sid:
+                self._tensor_ids[key] = sid
         return sid
-
-    def _describe_tensors(self, key) -> int:
-        return self.ring.add_string({
-            "shapes": [list(s) for s, _, _ in key],
-            "dtypes": [str(d).replace("torch.", "") for _, d, _ in key],
-            "device": str(key[0][2]),
-        })
 
     # --- ops -------------------------------------------------------------------------
     def begin(self, pg, spec, desc):
@@ -184,8 +182,7 @@ class Recorder:
                 pg._dd_seq = seq + 1
             redop, flags = F.REDOP_NONE, 0
             if opts is not None:
-                fields = _FIELDS.get(type(opts)) or _fields_of(type(opts))
-                has_redop, has_root, has_async = fields
+                has_redop, has_root, has_async = _fields_of(type(opts))
                 if has_redop:
                     redop = _reduce_op_number(opts.reduceOp)
                 if has_root:
@@ -199,7 +196,7 @@ class Recorder:
             callsite_id, from_main = self._callsite_id()
             if from_main or threading.get_ident() != self._main_thread:
                 flags |= F.FLAG_OTHER_THREAD
-            numel_in = ins[0].numel() if len(ins) == 1 else _numel(ins)
+            numel_in = _numel(ins)
             numel_out = numel_in if outs is ins else _numel(outs)
             e = self.ring.append(
                 spec.kind, spec.code, redop, flags, group_id, callsite_id, seq,
@@ -262,7 +259,7 @@ class Recorder:
         try:
             work.wait()
         except BaseException as exc:
-            self._finish(e, _status_of(exc), exc)
+            self._finish(e, exc)
             raise
         try:
             self.ring.complete(e, F.STATUS_OK, time.monotonic_ns())
@@ -276,27 +273,28 @@ class Recorder:
         if exc is None:
             self.ring.complete(e, F.STATUS_OK, time.monotonic_ns())
         else:
-            self._finish(e, _status_of(exc), exc)
+            self._finish(e, exc)
 
     def fail(self, token, exc: BaseException) -> None:
         """The op's call raised (bad arguments, a dead peer): record why."""
         if token is not None:
-            self._finish(token[0], _status_of(exc), exc)
+            self._finish(token[0], exc)
 
     def _future_done(self, e: int, fut) -> None:
         try:
             fut.value()
             self.ring.complete(e, F.STATUS_OK, time.monotonic_ns())
         except Exception as exc:
-            self._finish(e, _status_of(exc), exc)
+            self._finish(e, exc)
         finally:
             with self._callbacks_lock:  # gloo runs callbacks on more than one thread
                 self._callbacks_pending -= 1
 
-    def _finish(self, e: int, status: int, exc: BaseException | None) -> None:
+    def _finish(self, e: int, exc: BaseException) -> None:
+        """Event e ended with `exc`: an error, or a timeout when the message says so."""
         try:
-            error_id = self.ring.add_string(str(exc)[:2000]) if exc is not None else 0
-            self.ring.complete(e, status, time.monotonic_ns(), error_id)
+            error_id = self.ring.add_string(str(exc)[:2000])
+            self.ring.complete(e, _status_of(exc), time.monotonic_ns(), error_id)
         except Exception as err:
             warn_once("finish", f"could not record a completion: {err!r}")
 
