@@ -15,7 +15,6 @@ written, and the job goes on.
 from __future__ import annotations
 
 import errno
-import itertools
 import json
 import mmap
 import os
@@ -23,6 +22,7 @@ import threading
 import time
 
 from distdoctor.runlog import format as F
+from distdoctor.runlog.slots import make_slot_writer
 
 DEFAULT_RING_MIB = 60
 DEFAULT_STRINGS_MIB = 4
@@ -97,7 +97,11 @@ class RingWriter:
         self._identity = (st.st_dev, st.st_ino)  # a job may close our fd (see _our_fd)
         self.wake = threading.Event()  # set by a writer that nears the reserved end
         self.unrecorded = 0
-        self._starved = False
+        self._slots = make_slot_writer(self._mm, self.ring_offset, self.capacity,
+                                       RESERVE_SLOTS_BYTES >> 1, self._near_end,
+                                       self._unrecorded)
+        # the hot path goes straight to the slot writer (C when built: runlog/slots.py)
+        self.append, self.complete = self._slots.append, self._slots.complete
         self._ring_end = size
         self._ring_ready = self._strings_ready = 0
         self._reserved_head = 0
@@ -117,7 +121,6 @@ class RingWriter:
             if len(data) <= F.MAX_LAUNCH_BYTES:
                 F.U32.pack_into(self._mm, F.OFF_LAUNCH, len(data))
                 self._mm[F.OFF_LAUNCH + 4:F.OFF_LAUNCH + 4 + len(data)] = data
-        self._events = itertools.count()  # next() is atomic under the GIL
         self._strings_used = 0
         self._strings_count = 0
         self._strings_dropped = 0
@@ -210,47 +213,30 @@ class RingWriter:
             return self._strings_count
 
     # --- events --------------------------------------------------------------------
-    def append(self, kind, op, redop, flags, group_id, callsite_id, seq, peer, tensors_id,
-               numel_in, numel_out, t_enter_ns, span_index, name_id) -> int:
-        """Write one record; returns its event number (pass it to `complete`), or -1 when
-        the disk under the log is full."""
-        if self._starved:
-            return self._unrecorded()
-        e = next(self._events)
-        at = self.ring_offset + (e % self.capacity) * F.SLOT_SIZE
-        if at + (RESERVE_SLOTS_BYTES >> 1) >= self._ring_ready:  # false once all reserved
-            self.wake.set()
-            if at + F.SLOT_SIZE > self._ring_ready:
-                self._starved = True  # `e` stays a hole: readers skip it
-                return self._unrecorded()
-        mm = self._mm
-        F.U64.pack_into(mm, at, 0)  # invalidate the slot while it is rewritten
-        F.SLOT_BODY.pack_into(
-            mm, at + 8, kind, F.STATUS_IN_FLIGHT, op, redop, flags, 0, 0, group_id,
-            callsite_id, seq, peer, tensors_id, numel_in, numel_out, t_enter_ns, 0,
-            span_index, name_id, 0,
-        )
-        F.U64.pack_into(mm, at, e + 1)
-        F.U64.pack_into(mm, F.OFF_HEAD, e + 1)
-        return e
+    # append(kind, op, redop, flags, group_id, callsite_id, seq, peer, tensors_id,
+    #        numel_in, numel_out, t_enter_ns, span_index, name_id) -> event number, or -1
+    #        when the disk under the log is full; and complete(e, status, t_end_ns,
+    #        error_id=0): the slot writer's own methods, bound in _make.
+
+    # the ring's reserved end and the disk-full flag live in the slot writer
+    _ring_ready = property(lambda self: self._slots.ready,
+                           lambda self, v: setattr(self._slots, "ready", v))
+    _starved = property(lambda self: self._slots.starved,
+                        lambda self, v: setattr(self._slots, "starved", v))
+
+    def _near_end(self, at: int) -> bool:
+        """A writer at offset `at` nears the end of the reserved space: wake the reserver.
+        False when the slot itself is not backed (the disk is full)."""
+        self.wake.set()
+        if at + F.SLOT_SIZE > self._ring_ready:
+            self._starved = True
+            return False
+        return True
 
     def _unrecorded(self) -> int:
         self.unrecorded += 1
         F.U64.pack_into(self._mm, F.OFF_UNRECORDED, self.unrecorded)
         return -1
-
-    def complete(self, e: int, status: int, t_end_ns: int, error_id: int = 0) -> None:
-        """Mark event `e` finished, unless its slot has since been reused."""
-        if e < 0:
-            return
-        at = self.ring_offset + (e % self.capacity) * F.SLOT_SIZE
-        mm = self._mm
-        if F.U64.unpack_from(mm, at)[0] != e + 1:
-            return
-        if error_id:
-            F.U32.pack_into(mm, at + F.OFF_SLOT_ERROR, error_id)
-        mm[at + F.OFF_SLOT_STATUS] = status
-        F.I64.pack_into(mm, at + F.OFF_SLOT_END, t_end_ns)  # last: marks completion
 
     # --- replication (a collector's copy of another host's log) ----------------------
     def _ensure(self, strings_to: int, ring_to: int) -> None:
@@ -301,6 +287,9 @@ class RingWriter:
         F.U64.pack_into(mm, F.OFF_CLOSED, 1 if closed else 0)
 
     def close(self) -> None:
+        slots = getattr(self, "_slots", None)
+        if slots is not None:
+            slots.release()  # the C writer holds the map's buffer
         self._mm.close()
         fd = self._our_fd() if self._fd >= 0 else None
         if fd is not None:

@@ -74,11 +74,16 @@ def find_user_frame():
     if frame is not None:
         return frame, False
     if threading.get_ident() != _MAIN_THREAD_ID:
-        main = sys._current_frames().get(_MAIN_THREAD_ID)
-        frame = user_frame(main)
+        frame = main_thread_user_frame()
         if frame is not None:
             return frame, True
     return None, False
+
+
+def main_thread_user_frame():
+    """The main thread's innermost user frame (the line that called `backward()` while
+    an autograd thread issues DDP's or FSDP's ops), or None."""
+    return user_frame(sys._current_frames().get(_MAIN_THREAD_ID))
 
 
 def raise_site(tb) -> dict:
