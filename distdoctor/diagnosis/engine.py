@@ -22,6 +22,7 @@ from distdoctor.diagnosis.rendezvous import Rendezvous, key_of
 from distdoctor.diagnosis.stackframes import user_frame
 from distdoctor.diagnosis.straggler import StragglerTracker
 from distdoctor.runlog.reader import Event
+from distdoctor.runlog.run import span_name
 
 MAX_OPEN = 200_000  # open rendezvous kept; the oldest go first past this
 MAX_SPANS = 4096  # span names remembered per rank
@@ -91,10 +92,15 @@ class Engine:
         if t > st.max_t_ns:
             st.max_t_ns = t
         if kind == "span":
+            name = span_name(ev)
             if len(st.spans) < MAX_SPANS:
-                st.spans[ev.index + 1] = ev.name or "span"
+                st.spans[ev.index + 1] = name
             if st.latest is None or ev.index > st.latest.index:
-                st.newest_span = ev.name or "span"
+                st.newest_span = name
+            self.straggler.span(ev)
+            return
+        if kind == "sample":  # where the main thread was between ops: for stragglers
+            self.straggler.span(ev)
             return
         if st.latest is None or ev.index >= st.latest.index:
             st.latest = ev

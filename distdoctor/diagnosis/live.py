@@ -273,7 +273,7 @@ class LiveDiagnosis:
         """Each rank's newest ops by event number, for a viewer's rank detail; a
         completion replaces the in-flight record of the same op."""
         for ev in events:
-            if ev.kind == "span":
+            if ev.kind in ("span", "sample"):
                 continue
             ops = self.recent.setdefault(ev.rank, {})
             ops[ev.index] = ev

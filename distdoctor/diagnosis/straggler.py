@@ -7,13 +7,20 @@ The last to arrive kept everyone waiting for as long as the next-to-last waited 
 that gap is its lateness in this collective; every other rank's is minus how much longer
 it waited than the last one. Measuring against the next-to-last, not the typical rank,
 keeps a cohort that is late together by design (the first pipeline stage at a step's
-loss all-reduce) from looking like stragglers. A rank's lateness is summed per step (its span, e.g. the trainer's
-"step 12"; without spans, per 64 collectives): a rank slow once per step and one slow a
-little at every collective both show as a steady per-step sum, where per-collective values
-are dominated by scheduling noise. A rank is a straggler when its mean per-step lateness is
-above a floor and clearly not noise (a t-statistic: mean / standard error over its recent
-steps). Groups of two are symmetric (one's lateness is the other's negative), so the
-verdict comes from all the groups a rank is in together.
+loss all-reduce) from looking like stragglers. A rank's lateness is summed per step (steptime.py: a span, the tracer's implicit optimizer
+or batch steps, else one turn of the rank's repeating pattern of collectives): a rank slow
+once per step and one slow a little at every collective both show as a steady per-step
+sum, where per-collective values are dominated by scheduling noise.
+
+Two verdicts, each a t-statistic over the rank's recent steps:
+- against zero: its mean per-step lateness is above a floor and clearly not noise;
+- against its own past (onset): the steps since some step are later than the ones before
+  by more than the floor (Welch's t over the split that gives the largest). This finds a
+  rank that slows mid-run within a few steps, and is blind to fixed arrival offsets (gloo's
+  ring order on one host, topology), which both halves share.
+Groups of two are symmetric (one's lateness is the other's negative), so the verdict
+comes from all the groups a rank is in together. The finding then says why the rank is
+late (cause.py): its batches, its compute and where in the code, or one group's link.
 """
 
 from __future__ import annotations
@@ -22,14 +29,17 @@ import math
 from collections import Counter, deque
 from dataclasses import dataclass
 
+from distdoctor.diagnosis import cause
 from distdoctor.diagnosis.findings import Finding, callsite_of
 from distdoctor.diagnosis.rendezvous import Rendezvous
+from distdoctor.diagnosis.steptime import RankSteps
 
 WINDOW = 400  # recent collectives per rank kept for the report
-STEPS = 40  # recent steps per rank that the verdict looks at
+STEPS = 60  # recent steps per rank that the verdicts look at
 MIN_STEPS = 8  # no verdict on fewer
-CHUNK = 64  # collectives per "step" for ranks that mark no spans
 MIN_T = 4.0  # how many standard errors the mean per-step lateness must stand above zero
+MIN_ONSET_T = 5.0  # ... and above the rank's own earlier steps (more splits are tried)
+MIN_SIDE = 5  # steps on each side of an onset
 MIN_LATENESS_MS = 2.0  # per step; below this, lateness is noise (scheduling, logging)
 
 
@@ -39,29 +49,22 @@ def _first(item):
 
 @dataclass(slots=True)
 class _Steps:
-    """Per-step sums of one rank's lateness: the closed ones and the one being filled."""
+    """Per-step sums of one rank's lateness: the closed ones (key, sum) and the open one."""
 
     sums: deque
-    key: int = -1  # the open step: its span index, or a chunk number without spans
+    key: int = 0  # the open step's key (steptime.py)
     total: float = 0.0
     count: int = 0
-    chunk: int = 0
     warm: bool = False  # the first step has closed (it is not kept: see add)
 
-    def add(self, span_index: int, lateness: float) -> None:
-        if span_index:
-            key = span_index
-        else:  # no spans: fixed-size chunks
-            if self.count >= CHUNK and self.key < 0:
-                self.chunk += 1
-            key = -1 - self.chunk
+    def add(self, key: int, lateness: float) -> None:
         if key != self.key and self.count:
             # The first step is warm-up: gloo and NCCL connect lazily at a group's first
             # collectives, so who waits there says who connected first. One such sum
             # (-1.3 s beside +0.2..0.6 s for a rank 150 ms late every step) swamped the
             # t-statistic of a 20-step run.
             if self.warm:
-                self.sums.append(self.total)
+                self.sums.append((self.key, self.total))
             self.warm = True
             self.total, self.count = 0.0, 0
         self.key = key
@@ -84,6 +87,20 @@ class StragglerTracker:
         self.min_t = min_t
         self.obs: dict[int, deque[tuple]] = {}
         self.steps: dict[int, _Steps] = {}
+        self.time: dict[int, RankSteps] = {}  # where each rank's steps go
+
+    def _time(self, rank: int) -> RankSteps:
+        t = self.time.get(rank)
+        if t is None:
+            t = self.time[rank] = RankSteps()
+        return t
+
+    def span(self, ev) -> None:
+        """A span or sample event of a rank (spans count once finished)."""
+        if ev.kind == "sample":
+            self._time(ev.rank).sample(ev)
+        elif ev.t_end_ns is not None:
+            self._time(ev.rank).span(ev)
 
     def observe(self, rv: Rendezvous) -> None:
         """Feed one completed collective (every member arrived and finished)."""
@@ -102,36 +119,54 @@ class StragglerTracker:
                 steps[rank] = _Steps(deque(maxlen=STEPS))
             lateness = gap if rank == last else (w_last - w) / 1e6
             q.append((lateness, rank == last, group, ev.callsite))
-            steps[rank].add(ev.span_index, lateness)
+            t = self.time.get(rank) or self._time(rank)
+            key = ev.span_index or t.pattern.key(
+                (group, ev.op, ev.callsite.get("line") if ev.callsite else None))
+            steps[rank].add(key, lateness)
+            t.collective(key, ev)
 
     def score(self, rank: int) -> dict | None:
         q, steps = self.obs.get(rank), self.steps.get(rank)
         if not q or steps is None or len(steps.sums) < MIN_STEPS:
             return None
-        xs = list(steps.sums)
+        keys = [k for k, _ in steps.sums]
+        xs = [x for _, x in steps.sums]
         n = len(xs)
         mean = sum(xs) / n
-        var = sum((x - mean) ** 2 for x in xs) / (n - 1)
-        t = mean / math.sqrt(var / n) if var > 0 else (math.inf if mean > 0 else 0.0)
+        t = _t(xs)
         per = [o[_LATENESS] for o in q]
         half = n // 2
-        return {"step_lateness_ms": mean, "t": t, "steps": n,
-                "lateness_ms": sum(per) / len(per), "collectives": len(per),
-                "last_fraction": sum(o[_LAST] for o in q) / len(q),
-                "early_mean_ms": sum(xs[:half]) / max(half, 1),
-                "late_mean_ms": sum(xs[half:]) / max(n - half, 1)}
+        out = {"step_lateness_ms": mean, "t": t, "steps": n,
+               "lateness_ms": sum(per) / len(per), "collectives": len(per),
+               "last_fraction": sum(o[_LAST] for o in q) / len(q),
+               "early_mean_ms": sum(xs[:half]) / max(half, 1),
+               "late_mean_ms": sum(xs[half:]) / max(n - half, 1),
+               "onset": 0, "keys": keys, "series": xs}
+        onset = _onset(xs)
+        if onset is not None:
+            split, rise, t_rise = onset
+            out.update(onset_split=split, rise_ms=rise, onset_t=t_rise)
+        return out
+
+    def is_straggler(self, s: dict) -> bool:
+        steady = s["step_lateness_ms"] >= self.min_lateness_ms and s["t"] >= self.min_t
+        split = s.get("onset_split", 0)
+        risen = s.get("rise_ms", 0) >= self.min_lateness_ms and s.get(
+            "onset_t", 0) >= MIN_ONSET_T and sum(s["series"][split:]) > 0
+        if risen:
+            s["onset"] = split  # late since then; else since the first step kept
+        return steady or risen
 
     def findings(self) -> list[Finding]:
         out = []
-        for rank in sorted(self.obs):
-            s = self.score(rank)
-            if (s is None or s["step_lateness_ms"] < self.min_lateness_ms
-                    or s["t"] < self.min_t):
+        scores = {r: self.score(r) for r in sorted(self.obs)}
+        for rank, s in scores.items():
+            if s is None or not self.is_straggler(s):
                 continue
-            out.append(self._finding(rank, s))
+            out.append(self._finding(rank, s, scores))
         return out
 
-    def _finding(self, rank: int, s: dict) -> Finding:
+    def _finding(self, rank: int, s: dict, scores: dict) -> Finding:
         late = [o for o in self.obs[rank] if o[_LATENESS] > 0]
         groups = Counter(o[_GROUP] for o in late)
         group = groups.most_common(1)[0][0] if groups else None
@@ -142,19 +177,70 @@ class StragglerTracker:
             file, line = sites.most_common(1)[0][0]
             callsite = next(o[_CALLSITE] for o in late if o[_CALLSITE] and
                             (o[_CALLSITE].get("file"), o[_CALLSITE].get("line")) == (file, line))
+        onset = s["onset"]
+        since = s["keys"][onset:]
+        recent = s["series"][onset:]
+        per_step = sum(recent) / len(recent)
+        time = self._time(rank)
+        since_label = time.label(since[0])
         early, later = s["early_mean_ms"], s["late_mean_ms"]
         trend = ("rising" if later > 1.25 * early + 0.1 else
                  "falling" if early > 1.25 * later + 0.1 else "steady")
-        summary = (f"straggler: rank {rank} keeps the others waiting "
-                   f"{s['step_lateness_ms']:.1f} ms per step ({s['lateness_ms']:.2f} ms per "
-                   f"collective) over its last {s['steps']} steps; last to arrive in "
-                   f"{s['last_fraction']:.0%} of its collectives; {trend}")
+        why = cause.explain(rank, per_step, since, self.time,
+                            {r: sc["keys"][-len(since):] for r, sc in scores.items()
+                             if sc is not None and r != rank},
+                            {g: n / max(len(late), 1) for g, n in groups.items()},
+                            self._groups_of(rank))
+        when = (f"since {since_label}" if onset else f"over its last {len(recent)} steps")
+        summary = (f"straggler: rank {rank} keeps the others waiting {per_step:.1f} ms per "
+                   f"step {when}" + (f": {why['text']}" if why["text"] else "")
+                   + f" (last to arrive in {s['last_fraction']:.0%} of its collectives; "
+                   f"{s['lateness_ms']:.2f} ms per collective; {trend})")
         details = {"lateness_ms": round(s["lateness_ms"], 3),
-                   "step_lateness_ms": round(s["step_lateness_ms"], 3), "steps": s["steps"],
+                   "step_lateness_ms": round(per_step, 3), "steps": len(recent),
+                   "onset_step": since_label, "onset_index": onset,
+                   "lateness_ms_per_step": [round(x, 2) for x in s["series"]],
                    "t_statistic": round(s["t"], 1), "last_fraction": round(s["last_fraction"], 3),
-                   "collectives": s["collectives"], "trend": trend, "groups": dict(groups)}
+                   "collectives": s["collectives"], "trend": trend, "groups": dict(groups),
+                   "cause": why["cause"], "breakdown": why["breakdown"],
+                   "top_frames": why["frames"]}
+        if "onset_t" in s:
+            details["onset_t_statistic"] = round(s["onset_t"], 1)
         return Finding("straggler", "warning", summary, [rank], group, None,
-                       [callsite_of(rank, callsite)], details=details,
-                       remedy="Look at what the rank does before these collectives: uneven "
-                       "data or work, a slow or throttled GPU (see throttle findings), a busy "
-                       "host (CPU, I/O), or rank-0-only work such as logging or checkpointing.")
+                       [callsite_of(rank, callsite)] + why["callsites"], details=details,
+                       remedy=cause.REMEDY.get(why["cause"], cause.REMEDY["unknown"]))
+
+    def _groups_of(self, rank: int) -> set:
+        return {o[_GROUP] for o in self.obs.get(rank, ())}
+
+
+def _t(xs: list) -> float:
+    n = len(xs)
+    mean = sum(xs) / n
+    var = sum((x - mean) ** 2 for x in xs) / (n - 1) if n > 1 else 0.0
+    return mean / math.sqrt(var / n) if var > 0 else (math.inf if mean > 0 else 0.0)
+
+
+def _onset(xs: list) -> tuple | None:
+    """(split, rise in ms per step, Welch t) of the split of xs where the later steps
+    stand highest above the earlier ones; None with too few steps."""
+    n = len(xs)
+    if n < 2 * MIN_SIDE:
+        return None
+    # prefix sums: every split in O(1)
+    s1, s2 = [0.0], [0.0]
+    for x in xs:
+        s1.append(s1[-1] + x)
+        s2.append(s2[-1] + x * x)
+    best = None
+    for k in range(MIN_SIDE, n - MIN_SIDE + 1):
+        a_n, b_n = k, n - k
+        a_mean, b_mean = s1[k] / a_n, (s1[n] - s1[k]) / b_n
+        a_var = max(0.0, (s2[k] - a_n * a_mean ** 2) / (a_n - 1))
+        b_var = max(0.0, (s2[n] - s2[k] - b_n * b_mean ** 2) / (b_n - 1))
+        se = math.sqrt(a_var / a_n + b_var / b_n)
+        rise = b_mean - a_mean
+        t = rise / se if se > 0 else (math.inf if rise > 0 else 0.0)
+        if best is None or t > best[2]:
+            best = (k, rise, t)
+    return best

@@ -29,6 +29,7 @@ from pathlib import Path
 
 from distdoctor.errors import UserError
 from distdoctor.export.clock import Clock
+from distdoctor.runlog.run import span_name
 
 OP_KINDS = ("collective", "p2p")
 _NAME_MAX = 160  # characters of a finding's summary used as the instant's name
@@ -147,7 +148,8 @@ def trace_events(run, findings, stats: ExportStats) -> Iterator[dict]:
 
 
 def _rank_events(run, rank: int, clock: Clock, tids, stats: ExportStats) -> Iterator[dict]:
-    events = sorted(run.events.get(rank, ()), key=lambda e: (e.t_enter_ns, e.index))
+    events = sorted((e for e in run.events.get(rank, ()) if e.kind != "sample"),
+                    key=lambda e: (e.t_enter_ns, e.index))
     if not events:
         return
     end_ns = clock.rank_end_ns(rank)
@@ -178,7 +180,7 @@ def _rank_events(run, rank: int, clock: Clock, tids, stats: ExportStats) -> Iter
 def _slice(ev, clock: Clock, tid: int, stop: int, spans: dict, stats: ExportStats) -> dict:
     is_span = ev.kind == "span"
     in_flight = ev.t_end_ns is None
-    name = (ev.name or "span") if is_span else ev.op
+    name = span_name(ev) if is_span else ev.op
     if in_flight:
         name += " (open)" if is_span else " (in flight)"
     elif ev.status != "ok":

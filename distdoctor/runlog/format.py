@@ -74,7 +74,9 @@ OFF_SLOT_ERROR = 84
 KIND_COLLECTIVE = 1
 KIND_P2P = 2
 KIND_SPAN = 3
-KINDS = {KIND_COLLECTIVE: "collective", KIND_P2P: "p2p", KIND_SPAN: "span"}
+KIND_SAMPLE = 4  # where the main thread was, outside ops (tracer/steps.py): t_end = t_enter
+KINDS = {KIND_COLLECTIVE: "collective", KIND_P2P: "p2p", KIND_SPAN: "span",
+         KIND_SAMPLE: "sample"}
 
 # status
 STATUS_IN_FLIGHT = 0
@@ -91,6 +93,7 @@ CLOSED_RAISED = 2
 FLAG_ASYNC = 1  # the caller asked for async_op=True (or a C++ caller: DDP, funcol)
 FLAG_OTHER_THREAD = 2  # issued off the main thread (autograd, pipelining)
 FLAG_ASYNC_UNKNOWN = 4  # issued from C++ or by a library: async flag not visible
+FLAG_IMPLICIT = 8  # a span the tracer opened itself (a training step, a batch wait)
 
 # op codes: position in this list. Append only: the code is part of the format.
 OPS = [
@@ -116,6 +119,7 @@ OPS = [
     "recv",
     "recv_anysource",
     "span",
+    "sample",
 ]
 OP_CODE = {name: i for i, name in enumerate(OPS)}
 

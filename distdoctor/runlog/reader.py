@@ -28,7 +28,7 @@ class Event:
 
     rank: int
     index: int  # event number on this rank (0-based, never reused)
-    kind: str  # collective | p2p | span
+    kind: str  # collective | p2p | span | sample
     op: str
     status: str  # in_flight | ok | error | timeout
     group: str  # process group name ("0" is the default group)
@@ -50,6 +50,7 @@ class Event:
     error: str | None
     is_async: bool | None  # None when the caller's async flag was not visible
     other_thread: bool
+    implicit: bool = False  # a span the tracer opened itself: "step" (seq: its number), "data"
 
     @property
     def duration_ms(self) -> float | None:
@@ -261,7 +262,7 @@ class RankLog:
             callsite, t_enter, t_end or None, span_index,
             _text(string(name_id)) if name_id else None,
             _text(string(error_id)) if error_id else None,
-            codes[4], codes[5],
+            codes[4], codes[5], codes[6],
         )
 
     def _group(self, sid: int) -> tuple:
@@ -310,13 +311,13 @@ _IN_FLIGHT = F.STATUS_IN_FLIGHT
 
 
 def _decode_codes(kind, op, status, redop, flags) -> tuple:
-    """(kind, op, status, reduce op, is_async, other_thread) of a slot's small codes;
+    """(kind, op, status, reduce op, is_async, other_thread, implicit) of a slot's codes;
     few distinct combinations occur, so each is decoded once."""
     out = (F.KINDS.get(kind, "unknown"), F.OPS[op] if op < len(F.OPS) else "unknown",
            F.STATUSES.get(status, "unknown"),
            F.REDUCE_OPS[redop] if redop < len(F.REDUCE_OPS) else None,
            None if flags & F.FLAG_ASYNC_UNKNOWN else bool(flags & F.FLAG_ASYNC),
-           bool(flags & F.FLAG_OTHER_THREAD))
+           bool(flags & F.FLAG_OTHER_THREAD), bool(flags & F.FLAG_IMPLICIT))
     if len(_decoded_codes) < 4096:  # bounded even for a corrupt log's random codes
         _decoded_codes[(kind, op, status, redop, flags)] = out
     return out

@@ -43,7 +43,7 @@ class Run:
 
     def span_names(self, rank: int) -> dict[int, str]:
         """span_index (event number + 1) -> span name, for this rank."""
-        return {e.index + 1: e.name or "span" for e in self.events.get(rank, ())
+        return {e.index + 1: span_name(e) for e in self.events.get(rank, ())
                 if e.kind == "span"}
 
 
@@ -122,3 +122,10 @@ def traced_summary(path) -> str:
     times = f" in {numbering.count} incarnations" if numbering.count > 1 else ""
     return (f"{len(info.logs)} rank(s) traced{times} "
             f"({' '.join(counts) or 'no events'})")
+
+
+def span_name(ev) -> str:
+    """A span's name as shown: the tracer's implicit steps carry their number in `seq`."""
+    if ev.implicit and ev.name == "step":
+        return f"step {ev.seq}"
+    return ev.name or "span"

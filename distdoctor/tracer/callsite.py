@@ -9,6 +9,7 @@ take the main thread's innermost user frame: the line that called `backward()`.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import sys
 import sysconfig
@@ -18,9 +19,22 @@ import torch
 
 import distdoctor
 
+
+def _package_dir(name: str) -> str | None:
+    """Where a subpackage lives without importing it: an editable install maps
+    distdoctor.probes and distdoctor.tui to the repo's top-level probes/ and tui/."""
+    try:
+        spec = importlib.util.find_spec(name)
+    except (ImportError, ValueError):
+        return None
+    return os.path.dirname(spec.origin) if spec is not None and spec.origin else None
+
+
 _INTERNAL_DIRS = tuple(
     os.path.dirname(p) + os.sep
     for p in (torch.__file__, distdoctor.__file__)
+) + tuple(
+    d + os.sep for d in map(_package_dir, ("distdoctor.probes", "distdoctor.tui")) if d
 ) + tuple(
     os.path.realpath(d) + os.sep
     for d in {sysconfig.get_paths().get("stdlib"), sysconfig.get_paths().get("platstdlib")}

@@ -29,7 +29,7 @@ from functools import partial
 from distdoctor.runlog import format as F
 from distdoctor.runlog.ring import RingWriter
 from distdoctor.runlog.slots import native_module
-from distdoctor.tracer import callsite
+from distdoctor.tracer import callsite, steps
 from distdoctor.tracer.completion import PendingCompletions
 from distdoctor.tracer.work import RecordingWork
 
@@ -115,6 +115,10 @@ class Recorder:
         self._use_native()
         threading.Thread(target=self._heartbeat, name="distdoctor-heartbeat",
                          daemon=True).start()
+        self.steps = steps.StepMarker(self)
+        steps.install_step_hooks()
+        if steps.sample_hz() > 0:
+            steps.Sampler(self, steps.sample_hz())
         atexit.register(self.close)
 
     def _use_native(self) -> None:
@@ -343,18 +347,26 @@ class Recorder:
             warn_once("finish", f"could not record a completion: {err!r}")
 
     # --- spans -----------------------------------------------------------------------
-    def span_begin(self, name: str):
+    def span_begin(self, name: str, seq: int = 0, flags: int = 0):
         try:
             name_id = self.intern("span", name, name)
             callsite_id, _ = self._callsite_id()
-            e = self.ring.append(F.KIND_SPAN, F.OP_CODE["span"], F.REDOP_NONE, 0, 0,
-                                 callsite_id, 0, -1, 0, 0, 0, time.monotonic_ns(),
+            e = self.ring.append(F.KIND_SPAN, F.OP_CODE["span"], F.REDOP_NONE, flags, 0,
+                                 callsite_id, seq, -1, 0, 0, 0, time.monotonic_ns(),
                                  self._spans[-1] + 1 if self._spans else 0, name_id)
             self._spans.append(e)
             return e
         except Exception as exc:
             warn_once("span", f"could not record span {name!r}: {exc!r}")
             return None
+
+    def sample(self, frame, t_ns: int) -> None:
+        """The main thread was at `frame` (a user frame, outside ops) at `t_ns`."""
+        site = self._callsite_of(frame, False)
+        spans = self._spans
+        e = self.ring.append(F.KIND_SAMPLE, F.OP_CODE["sample"], F.REDOP_NONE, 0, 0, site,
+                             0, -1, 0, 0, 0, t_ns, spans[-1] + 1 if spans else 0, 0)
+        self.ring.complete(e, F.STATUS_OK, t_ns)
 
     def span_end(self, e: int, failed: bool = False) -> None:
         try:

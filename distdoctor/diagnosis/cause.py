@@ -1,0 +1,121 @@
+"""Why a straggler is late: its steps against the other ranks' (steptime.py).
+
+All ranks leave a collective together, so every rank's step lasts as long; what differs is
+how it is spent. The late rank spends the extra somewhere outside collectives (the others
+spend it waiting inside them):
+- input: it waits longer for its batches (the implicit "data" spans);
+- compute: the rest of its step (forward, backward, its own work) is longer; the sampled
+  user lines it spends the extra at name the function;
+- link: its lateness sits in one of its groups only, and neither of the above explains
+  it: that group's link (or the peers it waits for there);
+- unknown: none of these (a busy host, a throttled GPU: see the throttle join).
+"""
+
+from __future__ import annotations
+
+import statistics
+
+SHARE = 0.5  # a category explains the lateness when it holds at least this share of it
+GROUP_SHARE = 0.8  # lateness "in one group only"
+TOP_FRAMES = 3
+
+REMEDY = {
+    "input": "The rank waits for its data: look at its DataLoader (num_workers, pin_memory, "
+             "prefetch_factor), its dataset's __getitem__ (decoding, a slow file system, "
+             "uneven shard sizes).",
+    "compute": "The rank does more work per step than the others, at the lines named: "
+               "rank-specific work (logging, metrics, checkpointing on one rank), uneven "
+               "batches or sequence lengths, a slower or throttled device.",
+    "link": "The rank is late in one group only: check the link to that group's peers "
+            "(NCCL_DEBUG=INFO transport lines, `distdoctor nccl-test --pairwise`).",
+    "unknown": "Look at what the rank does before these collectives: uneven data or work, "
+               "a slow or throttled GPU (see throttle findings), a busy host (CPU, I/O), or "
+               "rank-0-only work such as logging or checkpointing.",
+}
+
+
+def _where(site) -> str:
+    function, file, line = site
+    short = file.rsplit("/", 1)[-1] if file else "?"
+    return f"{function} ({short}:{line})"
+
+
+def explain(rank: int, lateness_ms: float, keys, time: dict, other_keys: dict,
+            group_shares: dict, groups: set) -> dict:
+    """{cause, text, breakdown (per rank), frames, callsites} for rank `rank`, late by
+    `lateness_ms` per step over its steps `keys`; the others over their own latest as many
+    steps (`other_keys`)."""
+    mine = time[rank].breakdown(keys) if rank in time else None
+    others = {r: time[r].breakdown(k) for r, k in other_keys.items() if r in time}
+    others = {r: b for r, b in others.items() if b is not None}
+    out = {"cause": "unknown", "text": "", "breakdown": {}, "frames": [], "callsites": []}
+    if mine is not None:
+        out["breakdown"][str(rank)] = _rounded(mine)
+    for r, b in sorted(others.items()):
+        out["breakdown"][str(r)] = _rounded(b)
+    if mine is None or not others:
+        return _by_group(out, group_shares, groups)
+
+    def typical(name):
+        return statistics.median(b[name] for b in others.values())
+
+    data_extra = mine["data_ms"] - typical("data_ms")
+    compute_extra = mine["compute_ms"] - typical("compute_ms")
+    frames = _frames(time[rank], mine, others)
+    out["frames"] = frames
+    out["callsites"] = [{"rank": rank, "file": f["file"], "line": f["line"],
+                         "function": f["function"], "source": "sample"} for f in frames[:1]]
+    at = f", in {frames[0]['where']}" if frames else ""
+    if data_extra >= SHARE * lateness_ms and data_extra >= compute_extra:
+        batches = max(mine["batches"], 1.0)
+        others_batches = max(typical("batches"), 1.0)
+        out["cause"] = "input"
+        out["text"] = (f"its DataLoader takes {mine['data_ms'] / batches:.1f} ms per batch "
+                       f"(the others {typical('data_ms') / others_batches:.1f} ms){at}")
+    elif compute_extra >= SHARE * lateness_ms:
+        out["cause"] = "compute"
+        out["text"] = (f"its own work between collectives takes {compute_extra:.1f} ms more "
+                       f"per step than the others' ({mine['compute_ms']:.1f} against "
+                       f"{typical('compute_ms'):.1f} ms){at}")
+    else:
+        _by_group(out, group_shares, groups)
+        if out["cause"] == "unknown" and frames:
+            out["text"] = f"its extra time between collectives goes to {frames[0]['where']}"
+    return out
+
+
+def _by_group(out: dict, group_shares: dict, groups: set) -> dict:
+    if len(groups) >= 2 and group_shares:
+        group, share = max(group_shares.items(), key=lambda kv: kv[1])
+        if share >= GROUP_SHARE:
+            out["cause"] = "link"
+            out["text"] = (f"late in group {group} only ({share:.0%} of its late "
+                           f"collectives): that group's link")
+    return out
+
+
+def _frames(steps, mine: dict, others: dict) -> list[dict]:
+    """The user lines where the rank spends more samples per step than the others."""
+    if not mine["samples"]:
+        return []
+    period = steps.sample_period_ms or 20.0
+    per_step = {site: n / mine["steps"] for site, n in mine["samples"].items()}
+    typical = {}
+    for site in per_step:
+        typical[site] = statistics.median(
+            b["samples"].get(site, 0) / b["steps"] for b in others.values())
+    extra = sorted(((per_step[s] - typical[s], s) for s in per_step), reverse=True)
+    total = sum(per_step.values())
+    out = []
+    for gain, site in extra[:TOP_FRAMES]:
+        if gain <= 0.5:  # under half a sample per step: noise
+            break
+        function, file, line = site
+        out.append({"function": function, "file": file, "line": line,
+                    "where": _where(site), "extra_ms_per_step": round(gain * period, 1),
+                    "share": round(per_step[site] / total, 3) if total else 0.0})
+    return out
+
+
+def _rounded(b: dict) -> dict:
+    return {k: round(v, 2) for k, v in b.items() if k != "samples"}

@@ -1,0 +1,192 @@
+"""Per-rank, per-step accounting: which step an op belongs to, and where the step went.
+
+A step is, in order of preference:
+- a span: the job's own (`distdoctor.trace("step")`, the reference trainer's "step 12") or
+  the tracer's implicit ones (tracer/steps.py: optimizer step to optimizer step, else
+  batch to batch). An op's `span_index` names it;
+- in a job with no spans at all, one turn of the repeating pattern of the rank's
+  collectives: the shortest period p of their (group, op, line) sequence that holds over
+  the last max(3p, MIN_PATTERN) of them (a loop with one all-reduce per iteration: p=1).
+  Until a period is found, CHUNK collectives make a step.
+
+Per step and rank: the wall time (the span's duration, or from one turn's first op to the
+next's), the time in collectives (the rank's own waits), the time waiting for batches
+(implicit "data" spans), compute as the rest, and where the main thread was between ops
+(sample events: the innermost user line). Bounded: KEEP steps per rank.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_right
+from collections import Counter, OrderedDict, deque
+from dataclasses import dataclass, field
+
+CHUNK = 64  # collectives per step before a rank's pattern is known
+MAX_PATTERN = 256  # collectives kept to find a rank's pattern
+MIN_PATTERN = 24  # a period must hold over at least this many
+KEEP = 160  # steps (and batch waits) per rank whose breakdown is kept
+LOOSE_SAMPLES = 4096  # samples kept per rank outside any span (placed by time)
+
+
+def find_period(sigs: list) -> int | None:
+    """The shortest p such that the tail of `sigs` repeats with period p, checked over the
+    last max(3p, MIN_PATTERN) entries; None if none does yet."""
+    n = len(sigs)
+    for p in range(1, n // 3 + 1):
+        span = max(3 * p, MIN_PATTERN)
+        if span > n:
+            return None
+        if all(sigs[n - i] == sigs[n - i - p] for i in range(1, span - p + 1)):
+            return p
+    return None
+
+
+def _enclosing(function):
+    """A generator expression, comprehension or lambda counts as the function around it
+    (`f.<locals>.<genexpr>` -> `f`): the user wrote one function there."""
+    if isinstance(function, str) and function.endswith(">") and ".<locals>.<" in function:
+        return function.rsplit(".<locals>.", 1)[0]
+    return function
+
+
+class Pattern:
+    """Step keys for a rank without spans (negative numbers: span keys are positive)."""
+
+    def __init__(self):
+        self.sigs: list = []
+        self.period: int | None = None
+        self.count = 0  # collectives seen
+        self.start = 0  # the count at which the period was found
+
+    def key(self, sig) -> int:
+        self.count += 1
+        if self.period is None:
+            self.sigs.append(sig)
+            if len(self.sigs) > MAX_PATTERN:
+                del self.sigs[0]
+            if self.count % 4 == 0:
+                self.period = find_period(self.sigs)
+                self.start = self.count
+            if self.period is None:
+                return -1 - (self.count - 1) // CHUNK
+        return -1_000_000 - (self.count - self.start) // self.period
+
+    def label(self, key: int) -> str:
+        """Which turn of the loop a key is, counted from the rank's first collective."""
+        if key > -1_000_000:
+            return f"collectives {(-1 - key) * CHUNK + 1}-{(-key) * CHUNK}"
+        turn = (-1_000_000 - key) + (self.start // self.period if self.period else 0)
+        return f"iteration {turn + 1}"
+
+
+@dataclass(slots=True)
+class StepTime:
+    wall_ms: float | None = None
+    coll_ms: float = 0.0
+    data_ms: float = 0.0
+    batches: int = 0
+    first_enter_ns: int = 0
+    label: str | None = None
+    samples: Counter = field(default_factory=Counter)
+    children: list = field(default_factory=list)  # its batch waits' keys (their samples)
+
+    @property
+    def compute_ms(self) -> float | None:
+        if self.wall_ms is None:
+            return None
+        return max(0.0, self.wall_ms - self.coll_ms - self.data_ms)
+
+
+class RankSteps:
+    """One rank's recent steps (key -> StepTime), oldest first."""
+
+    def __init__(self):
+        self.steps: OrderedDict[int, StepTime] = OrderedDict()
+        self.pattern = Pattern()
+        self.sample_period_ms: float | None = None
+        self._last_sample_ns = 0
+        self.loose: deque = deque(maxlen=LOOSE_SAMPLES)  # (t_ns, site) outside any span
+
+    def get(self, key: int) -> StepTime:
+        st = self.steps.get(key)
+        if st is None:
+            st = self.steps[key] = StepTime()
+            if len(self.steps) > KEEP:
+                self.steps.popitem(last=False)
+        return st
+
+    def collective(self, key: int, ev) -> None:
+        st = self.get(key)
+        st.coll_ms += (ev.t_end_ns - ev.t_enter_ns) / 1e6
+        if key < 0:  # a turn of the pattern: its wall time runs from its first op
+            if not st.first_enter_ns:
+                st.first_enter_ns = ev.t_enter_ns
+                prev = self.steps.get(key + 1)
+                if prev is not None and prev.first_enter_ns and prev.wall_ms is None:
+                    prev.wall_ms = (ev.t_enter_ns - prev.first_enter_ns) / 1e6
+
+    def span(self, ev) -> None:
+        """A finished span: a step's wall time (any span that ops name), or a batch wait."""
+        ms = (ev.t_end_ns - ev.t_enter_ns) / 1e6
+        if ev.implicit and ev.name == "data":
+            if ev.span_index:
+                st = self.get(ev.span_index)
+                st.data_ms += ms
+                st.batches += 1
+                st.children.append(ev.index + 1)
+            return
+        st = self.get(ev.index + 1)
+        st.wall_ms = ms
+        st.label = (f"step {ev.seq}" if ev.implicit and ev.name == "step"
+                    else ev.name or "span")
+
+    def sample(self, ev) -> None:
+        if ev.callsite:
+            site = (_enclosing(ev.callsite.get("function")), ev.callsite.get("file"),
+                    ev.callsite.get("line"))
+            if ev.span_index:
+                self.get(ev.span_index).samples[site] += 1
+            else:
+                self.loose.append((ev.t_enter_ns, site))
+        if self._last_sample_ns:
+            # the sampler's period: the shortest gap (a timer oversleeps, never under;
+            # longer gaps are looks skipped inside collectives)
+            gap = (ev.t_enter_ns - self._last_sample_ns) / 1e6
+            if 0 < gap < (self.sample_period_ms or 1000):
+                self.sample_period_ms = gap
+        self._last_sample_ns = ev.t_enter_ns
+
+    def label(self, key: int) -> str:
+        st = self.steps.get(key)
+        if st is not None and st.label:
+            return st.label
+        return self.pattern.label(key) if key < 0 else f"span {key}"
+
+    def breakdown(self, keys) -> dict | None:
+        """Mean wall / collective / data / compute ms per step over `keys` (those with a
+        known wall time), and the samples there."""
+        rows = [self.steps[k] for k in keys if k in self.steps
+                and self.steps[k].wall_ms is not None]
+        if not rows:
+            return None
+        n = len(rows)
+        samples = Counter()
+        for r in rows:
+            samples.update(r.samples)
+            for child in r.children:  # sampled while waiting for a batch
+                if child in self.steps:
+                    samples.update(self.steps[child].samples)
+        if self.loose:  # no spans: a sample belongs to the turn of the loop it fell in
+            times = [t for t, _ in self.loose]
+            for r in rows:
+                if r.first_enter_ns:
+                    lo = bisect_right(times, r.first_enter_ns)
+                    hi = bisect_right(times, r.first_enter_ns + r.wall_ms * 1e6)
+                    samples.update(site for _, site in list(self.loose)[lo:hi])
+        return {"steps": n,
+                "wall_ms": sum(r.wall_ms for r in rows) / n,
+                "collective_ms": sum(r.coll_ms for r in rows) / n,
+                "data_ms": sum(r.data_ms for r in rows) / n,
+                "batches": sum(r.batches for r in rows) / n,
+                "compute_ms": sum(r.compute_ms for r in rows) / n,
+                "samples": samples, "samples_per_step": sum(samples.values()) / n}

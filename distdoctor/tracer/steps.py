@@ -1,0 +1,161 @@
+"""Training steps and where a rank's time goes, with no change to the job's code.
+
+A training loop marks its steps already: the optimizer steps once per step (torch's
+global optimizer-step hooks see every optimizer), and a DataLoader hands out a batch per
+step. Each becomes an implicit span in the rank's log (flagged FLAG_IMPLICIT):
+
+- "step": from one optimizer step to the next; in a loop with no optimizer, from one
+  batch to the next. Its `seq` is the step's number. The collectives issued inside it
+  carry it as their span, so the straggler detector sums lateness per real step.
+- "data": each wait for the next batch (`DataLoader.__next__`).
+
+The job's own spans win: once a boundary finds a span of the job's open, no implicit step
+is opened again (the reference trainer's "step N" spans, `distdoctor.trace`).
+
+A sampler thread looks at the main thread SAMPLE_HZ times a second and, when it is
+outside a traced op, records its innermost user line (a "sample" event): where a slow
+rank's extra time goes between collectives. One look is a `sys._current_frames()` and a
+walk of the stack (~20 us with the GIL); DISTDOCTOR_SAMPLE_HZ=0 turns it off.
+
+Everything here runs in the job's threads: it never raises, and costs a few dictionary
+operations per step.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+import time
+
+from distdoctor.runlog import format as F
+from distdoctor.tracer import callsite, state
+
+SAMPLE_HZ = 50.0
+_installed = False
+
+
+class StepMarker:
+    """Opens and closes the implicit "step" spans of one recorder."""
+
+    def __init__(self, recorder):
+        self.rec = recorder
+        self.open = None  # the implicit step span's token
+        self.step = 0
+        self.by_optimizer = False  # an optimizer step was seen: batches no longer mark steps
+        self.job_spans = False  # the job marks its own spans: nothing implicit any more
+
+    def boundary(self, source: str) -> None:
+        rec = self.rec
+        if self.job_spans or (source == "data" and self.by_optimizer):
+            return
+        if source == "optimizer":
+            self.by_optimizer = True
+        if any(token != self.open for token in rec._spans):
+            self.job_spans = True  # a span of the job's own is open
+            self._close()
+            return
+        self._close()
+        self.step += 1
+        self.open = rec.span_begin("step", seq=self.step, flags=F.FLAG_IMPLICIT)
+
+    def _close(self) -> None:
+        if self.open is not None:
+            self.rec.span_end(self.open)
+            self.open = None
+
+
+def _marker():
+    rec = state.recorder
+    return None if rec is None else rec.steps
+
+
+def _after_optimizer_step(optimizer, args, kwargs) -> None:
+    try:
+        marker = _marker()
+        if marker is not None:
+            marker.boundary("optimizer")
+    except Exception:
+        pass
+
+
+def _wrap_next(next_batch):
+    def __next__(self):
+        rec = state.recorder
+        if rec is None:
+            return next_batch(self)
+        token = None
+        try:
+            rec.steps.boundary("data")
+            token = rec.span_begin("data", flags=F.FLAG_IMPLICIT)
+        except Exception:
+            pass
+        try:
+            return next_batch(self)
+        finally:
+            if token is not None:
+                rec.span_end(token)
+
+    __next__.__wrapped__ = next_batch
+    return __next__
+
+
+def install_step_hooks() -> None:
+    """Process-wide, once: they find the current recorder (state.recorder) at each call."""
+    global _installed
+    if _installed:
+        return
+    _installed = True
+    try:
+        from torch.optim.optimizer import register_optimizer_step_post_hook
+
+        register_optimizer_step_post_hook(_after_optimizer_step)
+    except Exception:
+        pass
+    try:
+        from torch.utils.data.dataloader import _BaseDataLoaderIter
+
+        _BaseDataLoaderIter.__next__ = _wrap_next(_BaseDataLoaderIter.__next__)
+    except Exception:
+        pass
+
+
+class Sampler:
+    """Where the main thread is, SAMPLE_HZ times a second, while it is not inside a traced
+    op (its wait is measured exactly by the op's own event)."""
+
+    def __init__(self, recorder, hz: float):
+        from distdoctor.tracer.ops import SPECS
+        from distdoctor.tracer.process_group import TracingProcessGroup
+
+        self.rec = recorder
+        self.period = 1.0 / hz
+        self._op_codes = {getattr(TracingProcessGroup, s.method).__code__ for s in SPECS}
+        self._main = threading.main_thread().ident
+        threading.Thread(target=self._loop, name="distdoctor-sampler", daemon=True).start()
+
+    def _loop(self) -> None:
+        stop = self.rec._stop
+        while not stop.wait(self.period):
+            try:
+                self.sample()
+            except Exception:
+                return
+
+    def sample(self) -> None:
+        frame = sys._current_frames().get(self._main)
+        f = frame
+        while f is not None:
+            if f.f_code in self._op_codes:
+                return  # inside a collective
+            f = f.f_back
+        user = callsite.user_frame(frame)
+        if user is not None:
+            self.rec.sample(user, time.monotonic_ns())
+
+
+def sample_hz() -> float:
+    try:
+        return max(0.0, float(os.environ.get("DISTDOCTOR_SAMPLE_HZ", SAMPLE_HZ)))
+    except ValueError:
+        return SAMPLE_HZ

@@ -1,0 +1,61 @@
+"""Stragglers in unmodified programs with no spans: found, with why, where and since when.
+
+Each program in tests/jobs/stragglers/ runs on 4 gloo ranks under `distdoctor run` and
+marks the line its slow rank spends its extra time at (`# expect: slow_line`). The steps
+are the optimizer's, the DataLoader's, or one turn of a loop's collectives.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+from conftest import marker_lines, run_job
+
+pytestmark = pytest.mark.timeout(200)
+
+# program -> (slow rank, cause, function it spends the time in, onset step or None)
+CASES = {
+    "logs_before_allreduce.py": (2, "compute", "log_metrics", None),
+    "slow_dataloader.py": (1, "input", "Shard.__getitem__", None),
+    "onset_extra_compute.py": (3, "compute", "extra_diagnostics", 41),
+}
+
+
+def _findings(tmp_path, job):
+    run_dir = tmp_path / "run"
+    res = run_job(f"stragglers/{job}", 4, run_dir, timeout=180)
+    assert res.returncode == 0, res.stderr[-3000:]
+    return res, json.loads((run_dir / "findings.json").read_text())["findings"]
+
+
+@pytest.mark.parametrize("job", sorted(CASES))
+def test_straggler_without_spans_is_found_with_its_cause(job, tmp_path):
+    rank, cause, function, onset = CASES[job]
+    res, findings = _findings(tmp_path, job)
+    stragglers = [f for f in findings if f["kind"] == "straggler"]
+    assert [f["ranks"] for f in stragglers] == [[rank]], findings
+    f = stragglers[0]
+    d = f["details"]
+    assert d["cause"] == cause, f["summary"]
+    top = d["top_frames"][0]
+    assert (top["function"], top["line"]) == (
+        function, marker_lines(f"stragglers/{job}")["slow_line"]), d["top_frames"]
+    assert f"in {function} ({job}:{top['line']})" in f["summary"]
+    assert str(rank) in d["breakdown"] and len(d["breakdown"]) == 4
+    if onset is not None:
+        step = int(re.fullmatch(r"step (\d+)", d["onset_step"]).group(1))
+        assert abs(step - onset) <= 2, d["onset_step"]
+        assert f"since step {step}" in f["summary"]
+        # found while the job ran, within 20 steps of the onset: the live finding was
+        # printed, and the steps it judged after the onset are few
+        assert "STRAGGLER" in res.stderr
+    if cause == "input":
+        assert "DataLoader takes" in f["summary"]
+    assert not [x for x in findings if x["kind"] != "straggler"], findings
+
+
+def test_healthy_programs_have_no_straggler(tmp_path):
+    _, findings = _findings(tmp_path, "healthy_loop.py")
+    assert findings == [], findings
