@@ -102,3 +102,23 @@ def test_the_default_backlog_shrinks_per_rank_on_large_jobs():
     assert default_backlog(256) == 1_562  # 400,000 events in all
     assert default_backlog(100_000) == 1_000
     assert default_backlog(None) == 20_000
+
+
+def test_the_line_column_keeps_the_line_number_of_a_long_file_name():
+    cells_of = cells.rank_cells(_row(1, callsite="pipeline_parallel_schedules.py:127"), set())
+    text = cells_of[cells.RANK_COLUMNS.index("line")].plain
+    assert text.endswith(".py:127") and text.startswith("\u2026")
+    assert len(text) == cells.RANK_WIDTHS["line"]
+    short = cells.rank_cells(_row(1, callsite="train.py:9"), set())
+    assert short[cells.RANK_COLUMNS.index("line")].plain == "train.py:9"
+
+
+def test_rank_detail_shows_where_its_steps_go_and_why_it_is_late():
+    row = _row(2, step_split="40.5 ms a step (last 10): collectives 4.4, data 34.2, "
+                             "compute 1.9",
+               straggler="straggler: rank 2 keeps the others waiting 32.0 ms per step "
+                         "over its last 40 steps: its DataLoader takes 34.2 ms per batch")
+    plain = cells.rank_detail(row, []).plain
+    assert "collectives 4.4, data 34.2, compute 1.9" in plain
+    assert "why late: rank 2 keeps the others waiting 32.0 ms" in plain
+    assert "why late" not in cells.rank_detail(_row(0), []).plain

@@ -45,6 +45,11 @@ def _bytes(n: int | None) -> Text:
     raise AssertionError("unreachable")
 
 
+def elide_head(text: str, width: int) -> str:
+    """`…_parallel.py:127`: a long file:line loses its head, never its line number."""
+    return text if len(text) <= width else "\u2026" + text[len(text) - width + 1:]
+
+
 def rank_cells(row: RankRow, culprits: set[int]) -> tuple:
     """One ranks-table row; a rank some finding blames gets its number in red."""
     late = row.lateness_ms
@@ -55,7 +60,8 @@ def rank_cells(row: RankRow, culprits: set[int]) -> tuple:
         Text(row.host or "?"),
         Text(row.state, style=STATE_STYLE.get(row.state, "")),
         Text(row.where),
-        Text(row.callsite or "-", style="dim" if row.callsite is None else ""),
+        Text(elide_head(row.callsite, RANK_WIDTHS["line"]) if row.callsite else "-",
+             style="dim" if row.callsite is None else ""),
         Text(row.last_done or "-"),
         _num(row.rate, ".0f"),
         Text(row.span or "-"),
@@ -116,6 +122,11 @@ def rank_detail(row: RankRow, ops: list[OpRow]) -> Text:
     out.append(f"  {row.host or '?'}  pid {row.pid if row.pid is not None else '?'}  ")
     out.append(row.state, style=STATE_STYLE.get(row.state, ""))
     out.append(f"\n{row.where}\n")
+    if row.step_split:
+        out.append(f"{row.step_split}\n", style="dim")
+    if row.straggler:
+        out.append("why late: ", style="bold yellow")
+        out.append(row.straggler.split(": ", 1)[-1] + "\n")
     if not ops:
         out.append("no ops seen since this view started\n", style="dim")
     for op in ops:

@@ -128,7 +128,9 @@ def _diagnose_one(run: Run, hang_timeout_s: float | None,
             if rank not in exits and not header.closed:
                 exits[rank] = ExitInfo(None, "vanished")
     last = run.incarnation == max(newest.values(), default=0)
-    engine = diagnose_events(run.events, run.headers, exits, hang_timeout_s,
+    engine = diagnose_events({r: evs + run.stack_samples.get(r, [])
+                              for r, evs in run.events.items()}, run.headers, exits,
+                             hang_timeout_s,
                              samples=_samples(run.path, notes) if last else ())
     findings = engine.findings()
     for rank, why in sorted(run.unreadable.items()):

@@ -162,21 +162,21 @@ class RankSteps:
             return st.label
         return self.pattern.label(key) if key < 0 else f"span {key}"
 
-    def breakdown(self, keys) -> dict | None:
+    def breakdown(self, keys, with_samples: bool = True) -> dict | None:
         """Mean wall / collective / data / compute ms per step over `keys` (those with a
-        known wall time), and the samples there."""
+        known wall time), and (with_samples) the samples there."""
         rows = [self.steps[k] for k in keys if k in self.steps
                 and self.steps[k].wall_ms is not None]
         if not rows:
             return None
         n = len(rows)
         samples = Counter()
-        for r in rows:
+        for r in rows if with_samples else ():
             samples.update(r.samples)
             for child in r.children:  # sampled while waiting for a batch
                 if child in self.steps:
                     samples.update(self.steps[child].samples)
-        if self.loose:  # no spans: a sample belongs to the turn of the loop it fell in
+        if self.loose and with_samples:  # no spans: a sample belongs to the turn of the loop it fell in
             times = [t for t, _ in self.loose]
             for r in rows:
                 if r.first_enter_ns:

@@ -151,8 +151,13 @@ class StragglerTracker:
     def is_straggler(self, s: dict) -> bool:
         steady = s["step_lateness_ms"] >= self.min_lateness_ms and s["t"] >= self.min_t
         split = s.get("onset_split", 0)
-        risen = s.get("rise_ms", 0) >= self.min_lateness_ms and s.get(
-            "onset_t", 0) >= MIN_ONSET_T and sum(s["series"][split:]) > 0
+        recent = s["series"][split:]
+        # a rise, and the steps since it a straggler's by themselves (a rank that only
+        # waits less than it did, as the others slow, has risen but is not late)
+        risen = (s.get("rise_ms", 0) >= self.min_lateness_ms
+                 and s.get("onset_t", 0) >= MIN_ONSET_T
+                 and sum(recent) / len(recent) >= self.min_lateness_ms
+                 and _t(recent) >= self.min_t)
         if risen:
             s["onset"] = split  # late since then; else since the first step kept
         return steady or risen

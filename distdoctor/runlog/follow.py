@@ -172,7 +172,7 @@ class RunFollower:
                 self._let_go(key, feed, str(exc))
                 continue
             for ev in new:
-                if ev.t_end_ns is None and ev.kind != "span":
+                if ev.t_end_ns is None:  # spans too: a step's end gives its wall time
                     feed.pending[ev.index] = None
             while len(feed.pending) > MAX_PENDING:
                 del feed.pending[next(iter(feed.pending))]

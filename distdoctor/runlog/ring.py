@@ -296,6 +296,15 @@ class RingWriter:
             os.close(fd)
         self._fd = -1
 
+    def intact(self) -> bool:
+        """The log file is still whole at its path. A job may truncate or delete it under
+        us; a store past the end of a shrunk file is SIGBUS, so writers that nothing
+        forces to write (the sampler) look first (a stat: ~2 us)."""
+        try:
+            return os.stat(self.path).st_size >= self._ring_end
+        except OSError:
+            return False
+
     # --- liveness ------------------------------------------------------------------
     def heartbeat(self) -> None:
         F.I64.pack_into(self._mm, F.OFF_HEARTBEAT_MONO, time.monotonic_ns())

@@ -18,7 +18,9 @@ class Run:
     info: RunInfo
     incarnation: int = 0
     incarnations: int = 1  # how many the run dir holds
-    events: dict[int, list[Event]] = field(default_factory=dict)
+    events: dict[int, list[Event]] = field(default_factory=dict)  # ops and spans
+    # where each rank's main thread was between ops (tracer/steps.py's sampler)
+    stack_samples: dict[int, list[Event]] = field(default_factory=dict)
     headers: dict[int, RingHeader] = field(default_factory=dict)
     unreadable: dict[int, str] = field(default_factory=dict)  # rank -> why
     meta: dict[int, dict] = field(default_factory=dict)  # rank -> its log's metadata
@@ -72,7 +74,9 @@ def read_incarnations(path=None, ranks: list[int] | None = None) -> list[Run]:
             continue
         try:
             run.headers[rank] = log.header()
-            run.events[rank] = log.read()
+            events = log.read()
+            run.events[rank] = [e for e in events if e.kind != "sample"]
+            run.stack_samples[rank] = [e for e in events if e.kind == "sample"]
             run.meta[rank] = read_rank_meta(info.path, rank, n)
             run.log_numbers[rank] = n
         except UserError as exc:

@@ -137,7 +137,11 @@ class Sampler:
     def _loop(self) -> None:
         stop = self.rec._stop
         while not stop.wait(self.period):
+            if state.recorder is not self.rec:
+                continue  # switched off (benchmarks do): look at nothing
             try:
+                if not self.rec.ring.intact():
+                    return  # the job truncated or removed its log: write nothing more
                 self.sample()
             except Exception:
                 return
