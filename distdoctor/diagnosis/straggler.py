@@ -88,6 +88,9 @@ class StragglerTracker:
         self.obs: dict[int, deque[tuple]] = {}
         self.steps: dict[int, _Steps] = {}
         self.time: dict[int, RankSteps] = {}  # where each rank's steps go
+        # rank -> the onset found while it is a straggler (the window of recent steps
+        # slides past it; the finding keeps saying since when)
+        self.onsets: dict[int, str] = {}
 
     def _time(self, rank: int) -> RankSteps:
         t = self.time.get(rank)
@@ -167,6 +170,7 @@ class StragglerTracker:
         scores = {r: self.score(r) for r in sorted(self.obs)}
         for rank, s in scores.items():
             if s is None or not self.is_straggler(s):
+                self.onsets.pop(rank, None)
                 continue
             out.append(self._finding(rank, s, scores))
         return out
@@ -188,6 +192,9 @@ class StragglerTracker:
         per_step = sum(recent) / len(recent)
         time = self._time(rank)
         since_label = time.label(since[0])
+        if onset:
+            self.onsets.setdefault(rank, since_label)
+        since_label = self.onsets.get(rank, since_label)
         early, later = s["early_mean_ms"], s["late_mean_ms"]
         trend = ("rising" if later > 1.25 * early + 0.1 else
                  "falling" if early > 1.25 * later + 0.1 else "steady")
@@ -196,7 +203,8 @@ class StragglerTracker:
                              if sc is not None and r != rank},
                             {g: n / max(len(late), 1) for g, n in groups.items()},
                             self._groups_of(rank))
-        when = (f"since {since_label}" if onset else f"over its last {len(recent)} steps")
+        when = (f"since {since_label}" if rank in self.onsets
+                else f"over its last {len(recent)} steps")
         summary = (f"straggler: rank {rank} keeps the others waiting {per_step:.1f} ms per "
                    f"step {when}" + (f": {why['text']}" if why["text"] else "")
                    + f" (last to arrive in {s['last_fraction']:.0%} of its collectives; "
