@@ -56,6 +56,44 @@ def test_straggler_without_spans_is_found_with_its_cause(job, tmp_path):
     assert not [x for x in findings if x["kind"] != "straggler"], findings
 
 
+def test_a_slow_link_in_one_tp_pair_is_named_as_that_groups_link(tmp_path):
+    """Both members of the slow pair are late at their DP all-reduces; the cause is the
+    TP group whose collectives take far longer than the other TP pair's."""
+    res, findings = _findings(tmp_path, "slow_tp_pair.py")
+    tp_group = dict(line.split()[1:] for line in res.stdout.splitlines()
+                    if line.startswith("TP_GROUP"))
+    stragglers = [f for f in findings if f["kind"] == "straggler"]
+    assert sorted(r for f in stragglers for r in f["ranks"]) == [2, 3], findings
+    for f in stragglers:
+        assert f["details"]["cause"] == "link", f["summary"]
+        assert f["group"] == f["details"]["slow_group"] == tp_group["2"] == tp_group["3"]
+        assert "(mesh_tp)" in f["summary"] and "that group's link" in f["summary"]
+    assert not [x for x in findings if x["kind"] != "straggler"], findings
+
+
 def test_healthy_programs_have_no_straggler(tmp_path):
     _, findings = _findings(tmp_path, "healthy_loop.py")
     assert findings == [], findings
+
+
+def test_a_lightning_rank_that_augments_slowly_is_found_in_its_function(tmp_path):
+    """A framework's loop: Lightning runs training_step inside optimizer.step()."""
+    pytest.importorskip("lightning")
+    import sys
+
+    from conftest import JOBS, run_cli
+
+    run_dir = tmp_path / "run"
+    job = JOBS / "stragglers" / "lightning_slow_rank.py"
+    res = run_cli(["run", "--run-dir", str(run_dir), "--grace", "2", "--", sys.executable,
+                   "-m", "torch.distributed.run", "--nproc-per-node", "2", str(job)],
+                  timeout=180, run_dir=run_dir)
+    assert res.returncode == 0, res.stderr[-3000:]
+    findings = json.loads((run_dir / "findings.json").read_text())["findings"]
+    stragglers = [f for f in findings if f["kind"] == "straggler"]
+    assert [f["ranks"] for f in stragglers] == [[1]], findings
+    d = stragglers[0]["details"]
+    assert d["cause"] == "compute", stragglers[0]["summary"]
+    top = d["top_frames"][0]
+    line = marker_lines("stragglers/lightning_slow_rank.py")["slow_line"]
+    assert (top["function"], top["line"]) == ("augment", line), d["top_frames"]

@@ -6,8 +6,10 @@ spend it waiting inside them):
 - input: it waits longer for its batches (the implicit "data" spans);
 - compute: the rest of its step (forward, backward, its own work) is longer; the sampled
   user lines it spends the extra at name the function;
-- link: its lateness sits in one of its groups only, and neither of the above explains
-  it: that group's link (or the peers it waits for there);
+- link: the rank's collectives in one group take far longer than the same kind of group's
+  elsewhere (its TP pair against the other TP pairs: a slow link is waited on inside the
+  collective, by all its members, who then arrive late everywhere else); or, failing
+  that comparison, its lateness sits in one of its groups only;
 - unknown: none of these (a busy host, a throttled GPU: see the throttle join).
 """
 
@@ -77,11 +79,37 @@ def explain(rank: int, lateness_ms: float, keys, time: dict, other_keys: dict,
         out["text"] = (f"its own work between collectives takes {compute_extra:.1f} ms more "
                        f"per step than the others' ({mine['compute_ms']:.1f} against "
                        f"{typical('compute_ms'):.1f} ms){at}")
-    else:
+    elif not _slow_sibling_group(out, rank, lateness_ms, mine, others, time):
         _by_group(out, group_shares, groups)
         if out["cause"] == "unknown" and frames:
             out["text"] = f"its extra time between collectives goes to {frames[0]['where']}"
     return out
+
+
+SLOW_GROUP_RATIO = 2.0  # a group's collectives this much slower than its siblings'
+
+
+def _slow_sibling_group(out, rank, lateness_ms, mine, others, time) -> bool:
+    """Its time inside one group's collectives against the other ranks' time inside
+    groups of the same description (DeviceMesh dimension) that are not that group."""
+    descs = time[rank].group_desc
+    for group, ms in sorted(mine["group_ms"].items(), key=lambda kv: -kv[1]):
+        desc = descs.get(group)
+        if not desc:
+            continue
+        sibling = [b["group_ms"][g] for r, b in others.items() for g in b["group_ms"]
+                   if g != group and time[r].group_desc.get(g) == desc]
+        if not sibling:
+            continue
+        typical = statistics.median(sibling)
+        if ms - typical >= SHARE * lateness_ms and ms >= SLOW_GROUP_RATIO * typical:
+            out["cause"] = "link"
+            out["text"] = (f"its collectives in group {group} ({desc}) take {ms:.1f} ms per "
+                           f"step against {typical:.1f} ms in the other {desc} groups: that "
+                           f"group's link")
+            out["slow_group"] = group
+            return True
+    return False
 
 
 def _by_group(out: dict, group_shares: dict, groups: set) -> dict:
@@ -118,4 +146,4 @@ def _frames(steps, mine: dict, others: dict) -> list[dict]:
 
 
 def _rounded(b: dict) -> dict:
-    return {k: round(v, 2) for k, v in b.items() if k != "samples"}
+    return {k: round(v, 2) for k, v in b.items() if k not in ("samples", "group_ms")}

@@ -112,6 +112,8 @@ class Engine:
                 text = re.sub(r"\d+", "N", ev.error or ev.status)
                 self._errors.setdefault(text, []).append(ev)
         if kind == "collective":
+            if not ev.span_index:  # a step from the rank's own order of collectives
+                self.straggler.assign(ev)
             group, seq = ev.group, ev.seq
             if st.issued.get(group, 0) <= seq:
                 st.issued[group] = seq + 1

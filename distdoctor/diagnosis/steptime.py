@@ -88,6 +88,7 @@ class StepTime:
     first_enter_ns: int = 0
     label: str | None = None
     samples: Counter = field(default_factory=Counter)
+    by_group: Counter = field(default_factory=Counter)  # group -> ms inside its collectives
     children: list = field(default_factory=list)  # its batch waits' keys (their samples)
 
     @property
@@ -106,6 +107,7 @@ class RankSteps:
         self.sample_period_ms: float | None = None
         self._last_sample_ns = 0
         self.loose: deque = deque(maxlen=LOOSE_SAMPLES)  # (t_ns, site) outside any span
+        self.group_desc: dict[str, str] = {}  # its groups' descriptions ("mesh_tp")
 
     def get(self, key: int) -> StepTime:
         st = self.steps.get(key)
@@ -117,13 +119,14 @@ class RankSteps:
 
     def collective(self, key: int, ev) -> None:
         st = self.get(key)
-        st.coll_ms += (ev.t_end_ns - ev.t_enter_ns) / 1e6
-        if key < 0:  # a turn of the pattern: its wall time runs from its first op
-            if not st.first_enter_ns:
+        ms = (ev.t_end_ns - ev.t_enter_ns) / 1e6
+        st.coll_ms += ms
+        st.by_group[ev.group] += ms
+        if ev.group not in self.group_desc:
+            self.group_desc[ev.group] = ev.group_desc
+        if key < 0:  # a turn of the pattern: it runs from its first op to the next turn's
+            if not st.first_enter_ns or ev.t_enter_ns < st.first_enter_ns:
                 st.first_enter_ns = ev.t_enter_ns
-                prev = self.steps.get(key + 1)
-                if prev is not None and prev.first_enter_ns and prev.wall_ms is None:
-                    prev.wall_ms = (ev.t_enter_ns - prev.first_enter_ns) / 1e6
 
     def span(self, ev) -> None:
         """A finished span: a step's wall time (any span that ops name), or a batch wait."""
@@ -165,11 +168,20 @@ class RankSteps:
     def breakdown(self, keys, with_samples: bool = True) -> dict | None:
         """Mean wall / collective / data / compute ms per step over `keys` (those with a
         known wall time), and (with_samples) the samples there."""
+        for k in keys:
+            st = self.steps.get(k)
+            if st is not None and k < 0 and st.wall_ms is None and st.first_enter_ns:
+                nxt = self.steps.get(k - 1)
+                if nxt is not None and nxt.first_enter_ns:
+                    st.wall_ms = (nxt.first_enter_ns - st.first_enter_ns) / 1e6
         rows = [self.steps[k] for k in keys if k in self.steps
                 and self.steps[k].wall_ms is not None]
         if not rows:
             return None
         n = len(rows)
+        by_group = Counter()
+        for r in rows:
+            by_group.update(r.by_group)
         samples = Counter()
         for r in rows if with_samples else ():
             samples.update(r.samples)
@@ -189,4 +201,5 @@ class RankSteps:
                 "data_ms": sum(r.data_ms for r in rows) / n,
                 "batches": sum(r.batches for r in rows) / n,
                 "compute_ms": sum(r.compute_ms for r in rows) / n,
+                "group_ms": {g: ms / n for g, ms in by_group.items()},
                 "samples": samples, "samples_per_step": sum(samples.values()) / n}

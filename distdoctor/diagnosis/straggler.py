@@ -26,8 +26,8 @@ late (cause.py): its batches, its compute and where in the code, or one group's 
 from __future__ import annotations
 
 import math
-from collections import Counter, deque
-from dataclasses import dataclass
+from collections import Counter, OrderedDict, deque
+from dataclasses import dataclass, field
 
 from distdoctor.diagnosis import cause
 from distdoctor.diagnosis.findings import Finding, callsite_of
@@ -40,6 +40,7 @@ MIN_STEPS = 8  # no verdict on fewer
 MIN_T = 4.0  # how many standard errors the mean per-step lateness must stand above zero
 MIN_ONSET_T = 5.0  # ... and above the rank's own earlier steps (more splits are tried)
 MIN_SIDE = 5  # steps on each side of an onset
+MAX_KEYS = 200_000  # span-less collectives given a step key, awaiting their rendezvous
 MIN_LATENESS_MS = 2.0  # per step; below this, lateness is noise (scheduling, logging)
 
 
@@ -49,27 +50,35 @@ def _first(item):
 
 @dataclass(slots=True)
 class _Steps:
-    """Per-step sums of one rank's lateness: the closed ones (key, sum) and the open one."""
+    """Per-step sums of one rank's lateness, by step key, in the order steps were first
+    seen. Collectives reach the tracker when their rendezvous completes, which need not
+    be the rank's own order (one group's ops complete in a burst when a lagging member's
+    events are read), so a step's sum stays open to late additions; the newest step is
+    not scored yet."""
 
-    sums: deque
-    key: int = 0  # the open step's key (steptime.py)
-    total: float = 0.0
-    count: int = 0
-    warm: bool = False  # the first step has closed (it is not kept: see add)
+    totals: OrderedDict = field(default_factory=OrderedDict)  # key -> lateness sum
+    first: int | None = None  # the warm-up step's key: not scored
 
     def add(self, key: int, lateness: float) -> None:
-        if key != self.key and self.count:
-            # The first step is warm-up: gloo and NCCL connect lazily at a group's first
-            # collectives, so who waits there says who connected first. One such sum
-            # (-1.3 s beside +0.2..0.6 s for a rank 150 ms late every step) swamped the
-            # t-statistic of a 20-step run.
-            if self.warm:
-                self.sums.append((self.key, self.total))
-            self.warm = True
-            self.total, self.count = 0.0, 0
-        self.key = key
-        self.total += lateness
-        self.count += 1
+        # The first step is warm-up: gloo and NCCL connect lazily at a group's first
+        # collectives, so who waits there says who connected first. One such sum
+        # (-1.3 s beside +0.2..0.6 s for a rank 150 ms late every step) swamped the
+        # t-statistic of a 20-step run.
+        if self.first is None:
+            self.first = key
+        if key == self.first:
+            return
+        totals = self.totals
+        if key in totals:
+            totals[key] += lateness
+        else:
+            totals[key] = lateness
+            if len(totals) > STEPS + 1:
+                totals.popitem(last=False)
+
+    @property
+    def sums(self) -> list[tuple[int, float]]:
+        return list(self.totals.items())[:-1]
 
 
 # One rank's part in one collective, kept as a plain tuple: one is made per member of
@@ -91,6 +100,22 @@ class StragglerTracker:
         # rank -> the onset found while it is a straggler (the window of recent steps
         # slides past it; the finding keeps saying since when)
         self.onsets: dict[int, str] = {}
+        # step keys of span-less collectives, given in each rank's own order (assign)
+        self._keys: OrderedDict = OrderedDict()  # (rank, event index) -> key
+        self._assigned: dict[int, int] = {}  # rank -> the last event index given a key
+
+    def assign(self, ev) -> None:
+        """A collective with no span, seen in its rank's own order (the engine's ingest):
+        its turn of the rank's repeating pattern. Looked up when its rendezvous completes."""
+        if ev.index <= self._assigned.get(ev.rank, -1):
+            return  # seen before (this is its completion)
+        self._assigned[ev.rank] = ev.index
+        t = self.time.get(ev.rank) or self._time(ev.rank)
+        keys = self._keys
+        keys[(ev.rank, ev.index)] = t.pattern.key(
+            (ev.group, ev.op, ev.callsite.get("line") if ev.callsite else None))
+        if len(keys) > MAX_KEYS:
+            keys.popitem(last=False)
 
     def _time(self, rank: int) -> RankSteps:
         t = self.time.get(rank)
@@ -119,12 +144,14 @@ class StragglerTracker:
             q = obs.get(rank)
             if q is None:
                 q = obs[rank] = deque(maxlen=self.window)
-                steps[rank] = _Steps(deque(maxlen=STEPS))
+                steps[rank] = _Steps()
             lateness = gap if rank == last else (w_last - w) / 1e6
             q.append((lateness, rank == last, group, ev.callsite))
             t = self.time.get(rank) or self._time(rank)
-            key = ev.span_index or t.pattern.key(
-                (group, ev.op, ev.callsite.get("line") if ev.callsite else None))
+            key = ev.span_index or self._keys.pop((rank, ev.index), None)
+            if key is None:  # not seen through assign (a tracker fed rendezvous directly)
+                key = t.pattern.key(
+                    (group, ev.op, ev.callsite.get("line") if ev.callsite else None))
             steps[rank].add(key, lateness)
             t.collective(key, ev)
 
@@ -219,6 +246,8 @@ class StragglerTracker:
                    "top_frames": why["frames"]}
         if "onset_t" in s:
             details["onset_t_statistic"] = round(s["onset_t"], 1)
+        if why.get("slow_group"):  # the group whose collectives are slow: the finding's
+            group = details["slow_group"] = why["slow_group"]
         return Finding("straggler", "warning", summary, [rank], group, None,
                        [callsite_of(rank, callsite)] + why["callsites"], details=details,
                        remedy=cause.REMEDY.get(why["cause"], cause.REMEDY["unknown"]))
