@@ -97,3 +97,36 @@ def test_a_lightning_rank_that_augments_slowly_is_found_in_its_function(tmp_path
     top = d["top_frames"][0]
     line = marker_lines("stragglers/lightning_slow_rank.py")["slow_line"]
     assert (top["function"], top["line"]) == ("augment", line), d["top_frames"]
+
+
+# every parallel mode of the reference trainer, healthy, long enough to be judged (the
+# verdicts need 8 steps after warm-up): no straggler may be found
+HEALTHY_MODES = {
+    "DDP": (2, ["--dp", "2"]),
+    "FSDP2": (2, ["--fsdp", "2"]),
+    "HSDP": (4, ["--dp", "2", "--fsdp", "2"]),
+    "TP+SP": (2, ["--tp", "2"]),
+    "PP gpipe": (2, ["--pp", "2", "--schedule", "gpipe"]),
+    "PP 1f1b": (2, ["--pp", "2", "--schedule", "1f1b"]),
+    "PP interleaved": (2, ["--pp", "2", "--schedule", "interleaved1f1b"]),
+    "DDP+EP": (2, ["--dp", "2", "--experts", "4", "--ep", "2"]),
+    "8-rank demo": (8, ["--dp", "2", "--tp", "2", "--pp", "2", "--experts", "4", "--ep", "2"]),
+}
+SMALL = ["--layers", "4", "--dim", "32", "--heads", "2", "--seq-len", "16", "--vocab", "64",
+         "--batch-size", "4", "--log-every", "1000"]
+
+
+@pytest.mark.parametrize("mode", sorted(HEALTHY_MODES))
+def test_healthy_trainer_modes_have_no_straggler(mode, tmp_path):
+    import sys
+
+    from conftest import run_cli
+
+    nproc, flags = HEALTHY_MODES[mode]
+    run_dir = tmp_path / "run"
+    res = run_cli(["run", "--nproc", str(nproc), "--run-dir", str(run_dir), "--grace", "2",
+                   "--", sys.executable, "-m", "distdoctor.reference_trainer", *flags, *SMALL,
+                   "--steps", "24", "--timeout-s", "60"], timeout=180, run_dir=run_dir)
+    assert res.returncode == 0, res.stderr[-3000:]
+    findings = json.loads((run_dir / "findings.json").read_text())["findings"]
+    assert findings == [], findings

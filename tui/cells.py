@@ -28,7 +28,7 @@ RANK_WIDTHS = {"rank": 5, "host": 10, "state": 13, "where": 52, "line": 22, "las
 
 # A rank whose mean per-step lateness is above this is worth the reader's eye (the
 # straggler detector itself also asks for a t-statistic; this is only a colour)
-LATE_MS = 2.0
+LATE_MS = 5.0
 
 
 def _num(value, fmt: str, style: str = "") -> Text:

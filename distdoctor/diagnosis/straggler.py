@@ -41,7 +41,8 @@ MIN_T = 4.0  # how many standard errors the mean per-step lateness must stand ab
 MIN_ONSET_T = 5.0  # ... and above the rank's own earlier steps (more splits are tried)
 MIN_SIDE = 5  # steps on each side of an onset
 MAX_KEYS = 200_000  # span-less collectives given a step key, awaiting their rendezvous
-MIN_LATENESS_MS = 2.0  # per step; below this, lateness is noise (scheduling, logging)
+MIN_LATENESS_MS = 5.0  # per step; below this, lateness is noise (scheduling, logging) or
+# a fixed offset by design (a pipeline stage that always ends its step 2 ms after the other)
 
 
 def _first(item):
