@@ -51,6 +51,14 @@ def test_straggler_without_spans_is_found_with_its_cause(job, tmp_path):
         # found while the job ran, within 20 steps of the onset: the live finding was
         # printed, and the steps it judged after the onset are few
         assert "STRAGGLER" in res.stderr
+        # post-mortem too, though the run went on past the window of steps judged
+        from conftest import run_cli
+
+        again = run_cli(["diagnose", str(tmp_path / "run"), "--json"], timeout=120)
+        post = [x for x in json.loads(again.stdout)["findings"] if x["kind"] == "straggler"]
+        assert [x["ranks"] for x in post] == [[rank]]
+        found = re.fullmatch(r"step (\d+)", post[0]["details"]["onset_step"])
+        assert found and abs(int(found.group(1)) - onset) <= 2, post[0]["summary"]
     if cause == "input":
         assert "DataLoader takes" in f["summary"]
     assert not [x for x in findings if x["kind"] != "straggler"], findings

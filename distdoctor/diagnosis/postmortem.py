@@ -55,6 +55,9 @@ def _samples(run_dir: Path, notes: list[str]) -> list:
         return []
 
 
+ONSET_CHECKS = 50  # straggler verdicts taken while the events go in (see diagnose_events)
+
+
 def diagnose_events(events: dict[int, list], headers: dict, exits: dict[int, ExitInfo],
                     hang_timeout_s: float, samples: list = ()) -> Engine:
     """Run every detector over complete event streams (clocks stop at the last heartbeat).
@@ -67,8 +70,13 @@ def diagnose_events(events: dict[int, list], headers: dict, exits: dict[int, Exi
     engine = Engine(max(0.0, hang_timeout_s - HEARTBEAT_SLACK_S))
     engine.samples.extend(samples)
     engine.gpu_findings = gpu_findings_fn()
+    every = max(100, sum(map(len, events.values())) // ONSET_CHECKS)
     for evs in events.values():
-        engine.ingest(evs, 0.0)
+        for at in range(0, len(evs), every):
+            engine.ingest(evs[at:at + every], 0.0)
+            # the straggler verdict looks at a window of recent steps; judged now and
+            # then (as live), a straggler's onset is found before the window slides past
+            engine.straggler.findings()
     for rank, header in headers.items():
         engine.heartbeat(rank, header.heartbeat_mono_ns, 0.0)
         if header.closed and rank not in exits:
