@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import json
 import re
+import sys
 
 import pytest
-from conftest import marker_lines, run_job
+from conftest import JOBS, marker_lines, run_cli, run_job
 
 pytestmark = pytest.mark.timeout(200)
 
@@ -52,8 +53,6 @@ def test_straggler_without_spans_is_found_with_its_cause(job, tmp_path):
         # printed, and the steps it judged after the onset are few
         assert "STRAGGLER" in res.stderr
         # post-mortem too, though the run went on past the window of steps judged
-        from conftest import run_cli
-
         again = run_cli(["diagnose", str(tmp_path / "run"), "--json"], timeout=120)
         post = [x for x in json.loads(again.stdout)["findings"] if x["kind"] == "straggler"]
         assert [x["ranks"] for x in post] == [[rank]]
@@ -87,10 +86,6 @@ def test_healthy_programs_have_no_straggler(tmp_path):
 def test_a_lightning_rank_that_augments_slowly_is_found_in_its_function(tmp_path):
     """A framework's loop: Lightning runs training_step inside optimizer.step()."""
     pytest.importorskip("lightning")
-    import sys
-
-    from conftest import JOBS, run_cli
-
     run_dir = tmp_path / "run"
     job = JOBS / "stragglers" / "lightning_slow_rank.py"
     res = run_cli(["run", "--run-dir", str(run_dir), "--grace", "2", "--", sys.executable,
@@ -126,10 +121,6 @@ SMALL = ["--layers", "4", "--dim", "32", "--heads", "2", "--seq-len", "16", "--v
 
 @pytest.mark.parametrize("mode", sorted(HEALTHY_MODES))
 def test_healthy_trainer_modes_have_no_straggler(mode, tmp_path):
-    import sys
-
-    from conftest import run_cli
-
     nproc, flags = HEALTHY_MODES[mode]
     run_dir = tmp_path / "run"
     res = run_cli(["run", "--nproc", str(nproc), "--run-dir", str(run_dir), "--grace", "2",

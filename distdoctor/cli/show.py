@@ -130,8 +130,6 @@ def rank_table(run_, rank: int, last: int | None):
     for col in ("group", "seq", "op", "tensors", "peer", "time", "span", "call site"):
         t.add_column(col, overflow="fold", no_wrap=col in ("seq", "op", "time"))
     for ev in events:
-        if ev.kind == "sample":  # where the main thread was: read by the diagnosis
-            continue
         if ev.kind == "span":
             t.add_row("", "", f"[cyan]span {ev.name}[/]", "", "", fmt_duration(ev),
                       spans.get(ev.span_index, ""), fmt_callsite(ev))

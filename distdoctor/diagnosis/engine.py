@@ -97,10 +97,10 @@ class Engine:
                 st.spans[ev.index + 1] = name
             if st.latest is None or ev.index > st.latest.index:
                 st.newest_span = name
-            self.straggler.span(ev)
+            self.straggler.time_event(ev)
             return
         if kind == "sample":  # where the main thread was between ops: for stragglers
-            self.straggler.span(ev)
+            self.straggler.time_event(ev)
             return
         if st.latest is None or ev.index >= st.latest.index:
             st.latest = ev

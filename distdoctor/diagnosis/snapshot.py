@@ -176,6 +176,8 @@ class SnapshotTaker:
         self._prev = (now, counts)
         meta = self.live.follower.meta_of(self.live.follower.newest)
         rows = []
+        late_why = {r: f.summary for f in engine.found.values() if f.kind == "straggler"
+                    for r in f.ranks}  # rank -> the straggler finding that blames it
         for r in sorted(engine.ranks):
             st, view = engine.ranks[r], views[r]
             m = meta.get(r) or {}
@@ -185,8 +187,6 @@ class SnapshotTaker:
             state, where, site = _where(st, view, engine.heartbeat_age_s(r, now),
                                         engine.hang_timeout_s)
             score = engine.straggler.score(r)
-            blamed = [f.summary for f in engine.found.values()
-                      if f.kind == "straggler" and r in f.ranks]
             rows.append(RankRow(
                 rank=r, host=m.get("host"), pid=m.get("pid") if isinstance(m.get("pid"), int)
                 else None, state=state, where=where, callsite=site,
@@ -195,7 +195,7 @@ class SnapshotTaker:
                 collectives=counts[r], rate=rates.get(r), span=st.newest_span,
                 lateness_ms=score["step_lateness_ms"] if score else None,
                 step_split=_step_split(engine.straggler.time.get(r)),
-                straggler=blamed[0] if blamed else None))
+                straggler=late_why.get(r)))
         return rows
 
     def _group_rows(self, engine) -> list[GroupRow]:

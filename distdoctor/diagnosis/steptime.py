@@ -21,6 +21,8 @@ from bisect import bisect_right
 from collections import Counter, OrderedDict, deque
 from dataclasses import dataclass, field
 
+from distdoctor.runlog.run import span_name
+
 CHUNK = 64  # collectives per step before a rank's pattern is known
 MAX_PATTERN = 256  # collectives kept to find a rank's pattern
 MIN_PATTERN = 24  # a period must hold over at least this many
@@ -140,8 +142,7 @@ class RankSteps:
             return
         st = self.get(ev.index + 1)
         st.wall_ms = ms
-        st.label = (f"step {ev.seq}" if ev.implicit and ev.name == "step"
-                    else ev.name or "span")
+        st.label = span_name(ev)
 
     def sample(self, ev) -> None:
         if ev.callsite:
@@ -188,13 +189,14 @@ class RankSteps:
             for child in r.children:  # sampled while waiting for a batch
                 if child in self.steps:
                     samples.update(self.steps[child].samples)
-        if self.loose and with_samples:  # no spans: a sample belongs to the turn of the loop it fell in
-            times = [t for t, _ in self.loose]
+        if self.loose and with_samples:  # no spans: a sample counts in the turn it fell in
+            loose = list(self.loose)
+            times = [t for t, _ in loose]
             for r in rows:
                 if r.first_enter_ns:
                     lo = bisect_right(times, r.first_enter_ns)
                     hi = bisect_right(times, r.first_enter_ns + r.wall_ms * 1e6)
-                    samples.update(site for _, site in list(self.loose)[lo:hi])
+                    samples.update(site for _, site in loose[lo:hi])
         return {"steps": n,
                 "wall_ms": sum(r.wall_ms for r in rows) / n,
                 "collective_ms": sum(r.coll_ms for r in rows) / n,

@@ -113,8 +113,7 @@ class StragglerTracker:
         self._assigned[ev.rank] = ev.index
         t = self.time.get(ev.rank) or self._time(ev.rank)
         keys = self._keys
-        keys[(ev.rank, ev.index)] = t.pattern.key(
-            (ev.group, ev.op, ev.callsite.get("line") if ev.callsite else None))
+        keys[(ev.rank, ev.index)] = t.pattern.key(_pattern_sig(ev))
         if len(keys) > MAX_KEYS:
             keys.popitem(last=False)
 
@@ -124,8 +123,9 @@ class StragglerTracker:
             t = self.time[rank] = RankSteps()
         return t
 
-    def span(self, ev) -> None:
-        """A span or sample event of a rank (spans count once finished)."""
+    def time_event(self, ev) -> None:
+        """A span or sample event of a rank, for where its steps go (steptime.py); spans
+        count once finished."""
         if ev.kind == "sample":
             self._time(ev.rank).sample(ev)
         elif ev.t_end_ns is not None:
@@ -151,8 +151,7 @@ class StragglerTracker:
             t = self.time.get(rank) or self._time(rank)
             key = ev.span_index or self._keys.pop((rank, ev.index), None)
             if key is None:  # not seen through assign (a tracker fed rendezvous directly)
-                key = t.pattern.key(
-                    (group, ev.op, ev.callsite.get("line") if ev.callsite else None))
+                key = t.pattern.key(_pattern_sig(ev))
             steps[rank].add(key, lateness)
             t.collective(key, ev)
 
@@ -255,6 +254,11 @@ class StragglerTracker:
 
     def _groups_of(self, rank: int) -> set:
         return {o[_GROUP] for o in self.obs.get(rank, ())}
+
+
+def _pattern_sig(ev) -> tuple:
+    """What a collective is in its rank's repeating pattern: (group, op, line)."""
+    return ev.group, ev.op, ev.callsite.get("line") if ev.callsite else None
 
 
 def _t(xs: list) -> float:

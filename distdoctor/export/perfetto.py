@@ -148,8 +148,7 @@ def trace_events(run, findings, stats: ExportStats) -> Iterator[dict]:
 
 
 def _rank_events(run, rank: int, clock: Clock, tids, stats: ExportStats) -> Iterator[dict]:
-    events = sorted((e for e in run.events.get(rank, ()) if e.kind != "sample"),
-                    key=lambda e: (e.t_enter_ns, e.index))
+    events = sorted(run.events.get(rank, ()), key=lambda e: (e.t_enter_ns, e.index))
     if not events:
         return
     end_ns = clock.rank_end_ns(rank)
