@@ -31,6 +31,7 @@ from distdoctor.runlog.ring import RingWriter
 from distdoctor.runlog.slots import native_module
 from distdoctor.tracer import callsite, steps
 from distdoctor.tracer.completion import PendingCompletions
+from distdoctor.tracer.opfields import FIELDS, fields_of, numel, reduce_op_number
 from distdoctor.tracer.work import RecordingWork
 
 EXIT_CALLBACK_WAIT_S = 0.5  # at exit, how long to let pending completion callbacks run
@@ -46,43 +47,6 @@ def warn_once(key: str, message: str) -> None:
         print(f"distdoctor: {message} (tracing continues without it)", file=sys.stderr)
     except Exception:
         pass
-
-
-_FIELDS: dict[type, tuple[bool, bool, bool]] = {}
-
-
-def _fields_of(opts_type) -> tuple[bool, bool, bool]:
-    """Which of reduceOp, rootRank, asyncOp an options class has (a failed getattr on a
-    pybind object costs an exception; this asks once per class)."""
-    fields = _FIELDS.get(opts_type)
-    if fields is None:
-        fields = _FIELDS[opts_type] = tuple(hasattr(opts_type, name) for name in
-                                            ("reduceOp", "rootRank", "asyncOp"))
-    return fields
-
-
-def _reduce_op_reader():
-    """int(opts.reduceOp.op) costs ~1.4 us (two pybind objects); hash(opts.reduceOp) is
-    the op's number in the torch versions that define ReduceOp.__hash__ so (~0.5 us).
-    Checked once against every op type; the slow read otherwise."""
-    try:
-        from torch.distributed import ReduceOp
-
-        # PREMUL_SUM is built only by _make_nccl_premul_sum; the others by ReduceOp(op)
-        ops = [v for k, v in vars(ReduceOp.RedOpType).items()
-               if k.isupper() and k != "PREMUL_SUM"]
-        if ops and all(hash(ReduceOp(op)) == int(op) for op in ops):
-            return hash
-    except Exception:
-        pass
-    return lambda reduce_op: int(reduce_op.op)
-
-
-_reduce_op_number = _reduce_op_reader()
-
-
-def _numel(tensors) -> int:
-    return tensors[0].numel() if len(tensors) == 1 else sum(t.numel() for t in tensors)
 
 
 def _begin_failed(spec, exc: BaseException) -> None:
@@ -133,9 +97,9 @@ class Recorder:
             core = native.Core(
                 slots=self.ring._slots, recorder=self, pending=self._pending,
                 spans=self._spans, callsites={}, tensor_ids=self._tensor_ids,
-                internal=callsite._internal, fields=_FIELDS,
-                is_internal=callsite._is_internal, fields_of=_fields_of,
-                redop_reader=None if _reduce_op_number is hash else _reduce_op_number,
+                internal=callsite._internal, fields=FIELDS,
+                is_internal=callsite._is_internal, fields_of=fields_of,
+                redop_reader=None if reduce_op_number is hash else reduce_op_number,
                 tensors_miss=self._tensors_id, callsite_miss=self._callsite_at,
                 off_main=self._callsite_off_main, on_error=_begin_failed,
                 end_other=partial(Recorder.end, self), finish=self._finish,
@@ -230,9 +194,9 @@ class Recorder:
                 pg._dd_seq = seq + 1
             redop, flags = F.REDOP_NONE, 0
             if opts is not None:
-                has_redop, has_root, has_async = _fields_of(type(opts))
+                has_redop, has_root, has_async = fields_of(type(opts))
                 if has_redop:
-                    redop = _reduce_op_number(opts.reduceOp)
+                    redop = reduce_op_number(opts.reduceOp)
                 if has_root:
                     peer = opts.rootRank
                 if not has_async or opts.asyncOp:
@@ -244,8 +208,8 @@ class Recorder:
             callsite_id, from_main = self._callsite_id()
             if from_main or threading.get_ident() != self._main_thread:
                 flags |= F.FLAG_OTHER_THREAD
-            numel_in = _numel(ins)
-            numel_out = numel_in if outs is ins else _numel(outs)
+            numel_in = numel(ins)
+            numel_out = numel_in if outs is ins else numel(outs)
             e = self.ring.append(
                 spec.kind, spec.code, redop, flags, group_id, callsite_id, seq,
                 -1 if peer is None else int(peer), tensors_id, numel_in, numel_out, t_enter,
