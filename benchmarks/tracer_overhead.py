@@ -13,7 +13,12 @@
    this: its worker-thread hand-off makes any few microseconds of Python on the calling
    thread cost several times that.
 
+   The ratio itself differs between launches by up to +-0.1 on this 2-core VM (where the
+   ranks land, what else runs), so the median of --launches launches is the number, with
+   its quartiles as the spread.
+
     python benchmarks/tracer_overhead.py [--iters 3000] [--repeats 5] [--rounds 150]
+                                         [--launches 15]
 """
 
 from __future__ import annotations
@@ -133,6 +138,7 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--worker", type=int, help=argparse.SUPPRESS)
     ap.add_argument("--rounds", type=int, default=150)
+    ap.add_argument("--launches", type=int, default=15)
     ap.add_argument("--fake", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--paired", type=int, help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -142,14 +148,16 @@ def main() -> None:
         return paired_worker(args.paired)
 
     print(f"paired: 2 gloo ranks, all_reduce(1 element), {args.rounds} x 2 alternating blocks "
-          f"of 100 ops per launch, 3 launches")
+          f"of 100 ops per launch, {args.launches} launches")
     ratios = []
-    for _ in range(3):
+    for _ in range(args.launches):
         plain, traced = paired(args.rounds)
         ratios.append(traced / plain)
         print(f"  plain twin {plain:7.1f} us/op   traced {traced:7.1f} us/op   "
               f"ratio {traced / plain:5.3f}")
-    print(f"  median ratio {statistics.median(ratios):5.3f}\n")
+    q1, med, q3 = statistics.quantiles(ratios, n=4) if len(ratios) > 1 else ratios * 3
+    print(f"  median ratio {statistics.median(ratios):5.3f} (quartiles {q1:5.3f}-{q3:5.3f}, "
+          f"range {min(ratios):5.3f}-{max(ratios):5.3f})\n")
 
     print(f"launched: 2 gloo ranks, {args.iters} x all_reduce(1 element), median of "
           f"{args.repeats} launches each")

@@ -12,6 +12,8 @@ import os
 import signal
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -92,3 +94,45 @@ def marker_lines(job: str) -> dict[str, int]:
         if "# expect:" in text:
             lines[text.split("# expect:")[1].strip()] = no
     return lines
+
+
+def start_cli(args: list[str], env: dict | None = None) -> subprocess.Popen:
+    """`python -m distdoctor ARGS` in the background, in its own session (stop_process)."""
+    return subprocess.Popen([sys.executable, "-m", "distdoctor", *args],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            stdin=subprocess.DEVNULL, start_new_session=True,
+                            env=dict(os.environ, PYTHONUNBUFFERED="1", **(env or {})))
+
+
+class Lines:
+    """A process's stderr, line by line, read in a thread (never blocks the test)."""
+
+    def __init__(self, proc: subprocess.Popen):
+        self.lines: list[str] = []
+        self._thread = threading.Thread(target=self._read, args=(proc.stderr,), daemon=True)
+        self._thread.start()
+
+    def _read(self, stream) -> None:
+        for raw in stream:
+            self.lines.append(raw.decode(errors="replace"))
+
+    def wait_for(self, text: str, timeout_s: float) -> str:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            for line in list(self.lines):
+                if text in line:
+                    return line
+            time.sleep(0.1)
+        raise AssertionError(f"no line with {text!r} within {timeout_s} s:\n"
+                             + "".join(self.lines))
+
+
+def stop_process(proc: subprocess.Popen, sig=signal.SIGTERM, timeout_s: float = 30) -> int:
+    """Signal it, wait, and SIGKILL its whole session if it does not end."""
+    if proc.poll() is None:
+        proc.send_signal(sig)
+    try:
+        return proc.wait(timeout_s)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        return proc.wait()

@@ -5,17 +5,15 @@ each under its own `distdoctor run` with its own run dir; only the collector see
 from __future__ import annotations
 
 import json
-import os
-import signal
 import socket
-import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
 import pytest
-from conftest import JOBS, _kill_ranks, marker_lines, run_cli
+from conftest import JOBS, Lines, _kill_ranks, marker_lines, run_cli
+from conftest import start_cli as _start
+from conftest import stop_process as _stop
 
 from distdoctor.collect import wire
 from distdoctor.collect.forward import Forwarder
@@ -27,46 +25,6 @@ from distdoctor.runlog.ring import RingWriter
 from distdoctor.runlog.rundir import rank_meta_path, ring_path
 
 BUGS = JOBS / "bugs"
-
-
-def _start(args: list[str], env: dict | None = None) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "distdoctor", *args],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            stdin=subprocess.DEVNULL, start_new_session=True,
-                            env=dict(os.environ, PYTHONUNBUFFERED="1", **(env or {})))
-
-
-class Lines:
-    """A process's stderr, line by line, read in a thread (never blocks the test)."""
-
-    def __init__(self, proc: subprocess.Popen):
-        self.lines: list[str] = []
-        self._thread = threading.Thread(target=self._read, args=(proc.stderr,), daemon=True)
-        self._thread.start()
-
-    def _read(self, stream) -> None:
-        for raw in stream:
-            self.lines.append(raw.decode(errors="replace"))
-
-    def wait_for(self, text: str, timeout_s: float) -> str:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            for line in list(self.lines):
-                if text in line:
-                    return line
-            time.sleep(0.1)
-        raise AssertionError(f"no line with {text!r} within {timeout_s} s:\n"
-                             + "".join(self.lines))
-
-
-def _stop(proc: subprocess.Popen, sig=signal.SIGTERM, timeout_s: float = 30) -> int:
-    if proc.poll() is None:
-        proc.send_signal(sig)
-    try:
-        return proc.wait(timeout_s)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        return proc.wait()
 
 
 @pytest.mark.timeout(150)

@@ -55,6 +55,9 @@ def register(sub) -> None:
                    help="collect the logs `distdoctor run --forward` sends from each node")
     p.add_argument("--refresh", type=float, default=0.5, metavar="S",
                    help="seconds between redraws (0.5)")
+    p.add_argument("--metrics", metavar="HOST:PORT",
+                   help="with --listen: serve every rank as Prometheus metrics at /metrics "
+                   "(loopback unless $DISTDOCTOR_TOKEN is set)")
     p.set_defaults(func=run)
 
 
@@ -68,6 +71,9 @@ def run(args) -> int:
         raise UserError("watch: --refresh must be positive", 2)
     if args.listen:
         return _collect(args)
+    if args.metrics:
+        raise UserError("watch: --metrics serves a collector's view: use it with --listen "
+                        "(or `distdoctor run --metrics` on each node)", 2)
     if not args.once and not _on_terminal():
         raise UserError("watch: the dashboard needs a terminal; use --once to print one "
                         "snapshot", 2)
@@ -107,6 +113,15 @@ def _collect(args) -> int:
                         f"set DISTDOCTOR_TOKEN here and on every node", 2)
     hang_timeout = args.hang_timeout or 60.0
     listener = listen((host, port))
+    metrics = None
+    if args.metrics:
+        from distdoctor.export.metrics_http import bind_metrics
+
+        try:
+            metrics = bind_metrics(args.metrics, "watch")
+        except UserError:
+            listener.close()
+            raise
     run_dir = rundir.claim_run_dir(args.run_dir, "watch --listen")
     rundir.write_run_meta(run_dir, launcher="distdoctor watch --listen",
                           command=["distdoctor", "watch", "--listen", args.listen],
@@ -129,16 +144,21 @@ def _collect(args) -> int:
     err_console.print(f"distdoctor: collecting on {where} into {run_dir}", highlight=False)
     try:
         if dashboard:
-            show(run_dir, hang_timeout, args.backlog or DEFAULT_BACKLOG, args.refresh)
+            show(run_dir, hang_timeout, args.backlog or DEFAULT_BACKLOG, args.refresh,
+                 metrics=metrics)
             return 0
         done = threading.Event()
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, lambda *_: done.set())
         live = _viewer(run_dir, hang_timeout, args.backlog, on_finding=print_finding).start()
+        if metrics is not None:
+            _serve_metrics(metrics, live)
         done.wait()
         live.leave()
         return 0
     finally:
+        if metrics is not None:
+            metrics.stop()
         collector.stop()
         nodes = ", ".join(f"{h} ({n} connection(s))" for h, n in sorted(collector.nodes.items()))
         err_console.print(f"distdoctor: collected {nodes or 'no node'} into {run_dir}",
@@ -146,17 +166,28 @@ def _collect(args) -> int:
 
 
 def show(run_dir, hang_timeout_s: float, backlog: int = DEFAULT_BACKLOG,
-         refresh_s: float = 0.5) -> None:
-    """The dashboard of `run_dir` until the user quits it (also `distdoctor demo`'s)."""
+         refresh_s: float = 0.5, metrics=None) -> None:
+    """The dashboard of `run_dir` until the user quits it (also `distdoctor demo`'s);
+    `metrics`: a bound MetricsServer to serve the same view."""
     from distdoctor.tui.app import WatchApp
 
     from distdoctor.diagnosis.snapshot import SnapshotTaker
 
     live = _viewer(run_dir, hang_timeout_s, backlog).start()
+    if metrics is not None:
+        _serve_metrics(metrics, live)
     try:
         WatchApp(SnapshotTaker(live), refresh_s=refresh_s).run()
     finally:
         live.leave()
+
+
+def _serve_metrics(metrics, live) -> None:
+    from distdoctor.console import err_console
+
+    metrics.serve(live)
+    host, port = metrics.address
+    err_console.print(f"distdoctor: metrics at http://{host}:{port}/metrics", highlight=False)
 
 
 def _viewer(run_dir, hang_timeout_s: float, backlog: int | None, on_finding=None):

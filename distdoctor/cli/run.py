@@ -46,6 +46,9 @@ def register(sub) -> None:
     p.add_argument("--forward", metavar="HOST:PORT",
                    help="also send this node's logs to a collector (`distdoctor watch "
                    "--listen`) for a view of every node; token: $DISTDOCTOR_TOKEN")
+    p.add_argument("--metrics", metavar="HOST:PORT",
+                   help="serve this node's ranks as Prometheus metrics at /metrics "
+                   "(loopback unless $DISTDOCTOR_TOKEN is set)")
     p.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- CMD ...",
                    help="the training command")
     p.set_defaults(func=run)
@@ -69,6 +72,11 @@ def run(args) -> int:
         from distdoctor.collect.server import parse_address
 
         forward_to = parse_address(args.forward, "run --forward")
+    metrics = None
+    if args.metrics:  # bound before the run dir is made: a port in use leaves nothing
+        from distdoctor.export.metrics_http import bind_metrics
+
+        metrics = bind_metrics(args.metrics, "run")
     cmd = python_command(cmd)
 
     try:
@@ -90,6 +98,10 @@ def run(args) -> int:
     print(f"distdoctor: tracing into {run_dir}", file=sys.stderr)
     holder: list = []
     live = _start_diagnosis(run_dir, args, holder)
+    if metrics is not None:
+        metrics.serve(live)
+        print(f"distdoctor: metrics at http://{metrics.address[0]}:{metrics.address[1]}"
+              f"/metrics", file=sys.stderr)
     gate = _SignalGate()  # before the job starts: a signal while it starts is not lost
     try:
         job = Job.start(commands, grace_s=args.grace,
@@ -122,6 +134,8 @@ def run(args) -> int:
         job.close()  # whatever happened above, nothing of the job outlives run
     exits = _write_exits(run_dir, job, live)
     findings = live.stop()
+    if metrics is not None:
+        metrics.stop()
     if forwarder is not None:
         forwarder.stop(exits)
     try:

@@ -42,6 +42,8 @@ class _Rank:
     hb_ns: int = 0  # the rank's clock at its last heartbeat
     hb_seen_s: float | None = None  # engine clock when that heartbeat was first seen
     max_t_ns: int = 0  # the latest time seen in any of its events
+    # (group, group desc, op) -> [ops completed, seconds inside them] (for /metrics)
+    completed: dict[tuple, list] = field(default_factory=dict)
     exit: ExitInfo | None = None
 
 
@@ -107,6 +109,11 @@ class Engine:
         if t_end is not None:
             if st.last_done is None or ev.index >= st.last_done.index:
                 st.last_done = ev
+            tally = st.completed.get((ev.group, ev.group_desc, ev.op))
+            if tally is None:
+                tally = st.completed[(ev.group, ev.group_desc, ev.op)] = [0, 0.0]
+            tally[0] += 1
+            tally[1] += (t_end - ev.t_enter_ns) / 1e9
             if ev.status != "ok":
                 # one finding per kind of error, not per port number or address
                 text = re.sub(r"\d+", "N", ev.error or ev.status)

@@ -184,7 +184,7 @@ class SnapshotTaker:
             for ev in (st.latest, st.last_done):
                 if ev is not None and ev.group not in self._groups:
                     self._groups[ev.group] = (ev.group_desc, ev.group_ranks)
-            state, where, site = _where(st, view, engine.heartbeat_age_s(r, now),
+            state, where, site = rank_state(st, view, engine.heartbeat_age_s(r, now),
                                         engine.hang_timeout_s)
             score = engine.straggler.score(r)
             rows.append(RankRow(
@@ -242,7 +242,7 @@ def _op_row(ev, view) -> OpRow:
     return OpRow(ev.index, ev.op, ev.group, ev.seq, tensors, ev.status, ms, _site(ev.callsite))
 
 
-def _where(st, view, hb_age_s: float | None,
+def rank_state(st, view, hb_age_s: float | None,
            hang_timeout_s: float) -> tuple[str, str, str | None]:
     """(state, what it is doing, call site) of one rank."""
     latest = st.latest

@@ -110,11 +110,21 @@ class RankSteps:
         self._last_sample_ns = 0
         self.loose: deque = deque(maxlen=LOOSE_SAMPLES)  # (t_ns, site) outside any span
         self.group_desc: dict[str, str] = {}  # its groups' descriptions ("mesh_tp")
+        self._spans_done = 0  # finished step spans
+        self._turns = 0  # turns of the pattern begun (span-less steps)
+
+    @property
+    def finished(self) -> int:
+        """Steps the rank has finished: step spans ended, or turns of its pattern followed
+        by the next one."""
+        return self._spans_done + max(0, self._turns - 1)
 
     def get(self, key: int) -> StepTime:
         st = self.steps.get(key)
         if st is None:
             st = self.steps[key] = StepTime()
+            if key < 0:
+                self._turns += 1
             if len(self.steps) > KEEP:
                 self.steps.popitem(last=False)
         return st
@@ -143,6 +153,7 @@ class RankSteps:
         st = self.get(ev.index + 1)
         st.wall_ms = ms
         st.label = span_name(ev)
+        self._spans_done += 1
 
     def sample(self, ev) -> None:
         if ev.callsite:

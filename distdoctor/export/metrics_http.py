@@ -1,0 +1,113 @@
+"""The `/metrics` endpoint: a small threaded HTTP server over export/metrics.py.
+
+Binds loopback unless told otherwise; any other address needs DISTDOCTOR_TOKEN, which a
+scraper then sends as `Authorization: Bearer TOKEN` (Prometheus: `authorization:
+{credentials: TOKEN}` in the scrape config). A scrape runs on the server's own thread, at
+low priority: the live engine's lock is held only while numbers are copied out.
+"""
+
+from __future__ import annotations
+
+import hmac
+import socket
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+from distdoctor.errors import UserError
+from distdoctor.export.metrics import gather, job_label, render
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+
+class _Handler(BaseHTTPRequestHandler):
+    def do_GET(self):  # noqa: N802 (http.server's name)
+        self.server.owner.answer(self)
+
+    def log_message(self, *args):  # a scrape every few seconds must not fill stderr
+        pass
+
+
+class _HTTPServer(ThreadingHTTPServer):
+    daemon_threads = True
+
+
+class _HTTPServer6(_HTTPServer):
+    address_family = socket.AF_INET6
+
+
+class MetricsServer:
+    """Bound at once (a port in use is found before anything is written); serving once
+    `serve` gives it the live engine to read."""
+
+    def __init__(self, address: tuple[str, int], token: str | None):
+        self.live, self.token, self.job = None, token, ""
+        self.scrapes = 0
+        self.error: str | None = None  # the last scrape's failure, if any
+        try:
+            self.httpd = (_HTTPServer6 if ":" in address[0] else _HTTPServer)(address, _Handler)
+        except OSError as exc:
+            raise UserError(f"--metrics: cannot listen on {address[0]}:{address[1]}: "
+                            f"{exc.strerror or exc}") from None
+        self.httpd.owner = self
+        self.address = self.httpd.server_address[:2]
+        self._thread = threading.Thread(target=self._serve, name="distdoctor-metrics",
+                                        daemon=True)
+
+    def serve(self, live, job: str | None = None) -> MetricsServer:
+        self.live, self.job = live, job or job_label(live.run_dir)
+        self._thread.start()
+        return self
+
+    def _serve(self) -> None:
+        from distdoctor.priority import lower_this_thread
+
+        lower_this_thread()
+        self.httpd.serve_forever(poll_interval=0.5)
+
+    def stop(self) -> None:
+        if self._thread.is_alive():
+            self.httpd.shutdown()
+        self.httpd.server_close()
+
+    def answer(self, req: BaseHTTPRequestHandler) -> None:
+        path = req.path.split("?", 1)[0]
+        if path not in ("/metrics", "/"):
+            return _reply(req, 404, b"not found: distdoctor serves /metrics\n")
+        if self.token is not None:
+            sent = req.headers.get("Authorization", "")
+            if not hmac.compare_digest(sent.encode(), f"Bearer {self.token}".encode()):
+                return _reply(req, 401, b"a bearer token is required\n")
+        if path == "/":
+            return _reply(req, 200, b"distdoctor: metrics at /metrics\n")
+        try:
+            body = render(gather(self.live, self.job))
+            self.scrapes += 1
+        except Exception as exc:  # never take the launcher down; say it on the scrape
+            self.error = repr(exc)
+            return _reply(req, 500, f"distdoctor: metrics failed: {exc!r}\n".encode())
+        _reply(req, 200, body, CONTENT_TYPE)
+
+
+def _reply(req, code: int, body: bytes, ctype: str = "text/plain; charset=utf-8") -> None:
+    try:
+        req.send_response(code)
+        req.send_header("Content-Type", ctype)
+        req.send_header("Content-Length", str(len(body)))
+        req.end_headers()
+        req.wfile.write(body)
+    except OSError:  # the scraper hung up
+        pass
+
+
+def bind_metrics(text: str, what: str) -> MetricsServer:
+    """`--metrics HOST:PORT` of `what` (run, watch): checked and bound, not yet serving."""
+    import os
+
+    from distdoctor.collect.server import is_loopback, parse_address
+
+    host, port = parse_address(text, f"{what} --metrics")
+    token = os.environ.get("DISTDOCTOR_TOKEN") or None
+    if not is_loopback(host) and token is None:
+        raise UserError(f"{what}: --metrics on {host} (not loopback) needs a shared token: "
+                        f"set DISTDOCTOR_TOKEN (scrapers send it as a bearer token)", 2)
+    return MetricsServer((host, port), token)
