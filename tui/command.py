@@ -139,7 +139,8 @@ def _collect(args) -> int:
             err_console.print(f"distdoctor: {line}", highlight=False)
 
     collector = Collector(run_dir, listener, token, say=say,
-                          on_finding=None if dashboard else print_finding).start()
+                          on_finding=None if dashboard else print_finding,
+                          hang_timeout_s=hang_timeout).start()
     where = f"{collector.address[0]}:{collector.address[1]}"
     err_console.print(f"distdoctor: collecting on {where} into {run_dir}", highlight=False)
     try:

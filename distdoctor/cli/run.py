@@ -46,6 +46,10 @@ def register(sub) -> None:
     p.add_argument("--forward", metavar="HOST:PORT",
                    help="also send this node's logs to a collector (`distdoctor watch "
                    "--listen`) for a view of every node; token: $DISTDOCTOR_TOKEN")
+    p.add_argument("--forward-digest", action="store_true",
+                   help="with --forward: send a digest of this node's ranks (positions, "
+                   "collective signatures) instead of every event: for jobs of thousands "
+                   "of ranks; the node's own run dir keeps everything")
     p.add_argument("--metrics", metavar="HOST:PORT",
                    help="serve this node's ranks as Prometheus metrics at /metrics "
                    "(loopback unless $DISTDOCTOR_TOKEN is set)")
@@ -72,6 +76,8 @@ def run(args) -> int:
         from distdoctor.collect.server import parse_address
 
         forward_to = parse_address(args.forward, "run --forward")
+    elif args.forward_digest:
+        raise UserError("run: --forward-digest needs --forward HOST:PORT", 2)
     metrics = None
     if args.metrics:  # bound before the run dir is made: a port in use leaves nothing
         from distdoctor.export.metrics_http import bind_metrics
@@ -118,7 +124,8 @@ def run(args) -> int:
     try:
         try:
             gate.arm(job.stop)
-            forwarder = _start_forwarder(run_dir, forward_to, args) if forward_to else None
+            forwarder = (_start_forwarder(run_dir, forward_to, args, live) if forward_to
+                         else None)
             while job.poll():
                 if args.on_hang == "kill" and _hang_found(live):
                     err_console.print("distdoctor: stopping the job (--on-hang kill)")
@@ -245,13 +252,14 @@ class _SignalGate:
         self._closed = True
 
 
-def _start_forwarder(run_dir, address, args):
+def _start_forwarder(run_dir, address, args, live):
     import os
 
     from distdoctor.collect.forward import Forwarder
 
     return Forwarder(run_dir, address, os.environ.get("DISTDOCTOR_TOKEN"), run_meta={
-        "hang_timeout_s": args.hang_timeout, "run_dir": str(run_dir)}).start()
+        "hang_timeout_s": args.hang_timeout, "run_dir": str(run_dir)},
+        live=live if args.forward_digest else None).start()
 
 
 def _write_exits(run_dir, job, live) -> list[dict]:

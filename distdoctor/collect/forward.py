@@ -25,6 +25,7 @@ from distdoctor.runlog.reader import RankLog
 from distdoctor.runlog.rundir import rank_logs, rank_meta_path, ring_path
 
 INTERVAL_S = 0.25
+DIGEST_INTERVAL_S = 0.5  # a digest is each rank's position: half as often as logs go
 RETRY_S = (0.5, 1, 2, 5, 10, 30)  # waits between connection attempts; the last repeats
 STABLE_S = 30.0  # a connection that lasted this long resets the waits and the messages
 SEND_TIMEOUT_S = 5.0
@@ -71,12 +72,21 @@ class _Source:
 
 class Forwarder:
     def __init__(self, run_dir: str | os.PathLike, address: tuple[str, int],
-                 token: str | None = None, run_meta: dict | None = None):
+                 token: str | None = None, run_meta: dict | None = None, live=None):
+        """`live`: the node's LiveDiagnosis, to send digests of (collect/digest.py)
+        instead of the logs themselves."""
         self.run_dir = Path(run_dir)
         self.address = address
         self.token = token
         self.run_meta = run_meta or {}
         self.host = socket.gethostname()
+        self.live = live
+        self.digest = None
+        if live is not None:
+            from distdoctor.collect.digest import DigestBuilder
+
+            self.digest = DigestBuilder()
+            live.on_batch = self._feed_digest
         self.sources: dict[tuple[int, int], _Source] = {}  # (rank, log number) -> source
         self.done: set[tuple[int, int]] = set()  # logs sent whole and let go
         self._sock: socket.socket | None = None
@@ -120,7 +130,7 @@ class Forwarder:
                     src.close()
 
     def _loop(self) -> None:
-        while not self._stop.wait(INTERVAL_S):
+        while not self._stop.wait(INTERVAL_S if self.digest is None else DIGEST_INTERVAL_S):
             try:
                 self.tick()
             except OSError as exc:
@@ -137,6 +147,8 @@ class Forwarder:
         if self._failures and time.monotonic() - self._connected_s > STABLE_S:
             self._failures = 0
             self._said.clear()  # news again from now on
+        if self.digest is not None:
+            return self._forward_digest()
         for key, src in list(self.sources.items()):
             try:
                 self._forward_log(src)
@@ -147,6 +159,24 @@ class Forwarder:
             superseded = any(r == key[0] and n > key[1] for r, n in self.sources)
             if src.finished(superseded):
                 self._let_go(key)
+        self._forward_samples()
+        self._forward_findings()
+
+    def _feed_digest(self, events) -> None:
+        # under the live engine's lock, on its thread: only collected here
+        self.digest.feed(events)
+
+    def _forward_digest(self) -> None:
+        """Metadata as it changes, then the digest of the node's ranks."""
+        for src in self.sources.values():
+            self._forward_meta(src)
+        with self.live._lock:
+            payload = self.digest.take(self.live.engine, time.monotonic(), self.host)
+        data = json.dumps(payload, separators=(",", ":")).encode()
+        if len(data) > wire.MAX_PAYLOAD:  # a backlog after a stall: positions only
+            payload["arrivals"], payload["sigs"] = [], {}
+            data = json.dumps(payload, separators=(",", ":")).encode()
+        self._send(wire.frame(wire.DIGEST, data))
         self._forward_samples()
         self._forward_findings()
 
@@ -211,6 +241,9 @@ class Forwarder:
         for src in self.sources.values():
             src.reset()
             src.meta_mtime = None
+        if self.digest is not None:
+            with self.live._lock:
+                self.digest.reset()
         self._say("connected", f"forwarding to the collector at {_where(self.address)}")
         return True
 

@@ -30,9 +30,12 @@ HOST_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,252}\Z")
 class Mirror:
     """The copy: which node sends which rank, and the exit codes of all."""
 
-    def __init__(self, run_dir: str | Path, on_finding=None):
+    def __init__(self, run_dir: str | Path, on_finding=None, hang_timeout_s: float = 60.0):
         """`on_finding(f)`: called once per finding a node forwards (a service prints it)."""
+        from distdoctor.collect.fleet import FleetEngine
+
         self.run_dir = Path(run_dir)
+        self.fleet = FleetEngine(hang_timeout_s)  # from nodes that send digests
         self.on_finding = on_finding
         self._told: set[tuple] = set()
         (self.run_dir / "ranks").mkdir(parents=True, exist_ok=True)
@@ -138,6 +141,13 @@ class NodeMirror:
             return self.mirror.add_exits(processes)
         if kind == wire.FINDINGS:
             return self.mirror.set_findings(self.host, _log_findings(payload))
+        if kind == wire.DIGEST:
+            digest = wire.json_payload(kind, payload)
+            digest["host"] = self.host  # the node speaks for itself only
+            self.mirror.fleet.apply(digest)
+            self.ranks.update(p[0] for p in digest["ranks"] if isinstance(p, list) and p
+                              and isinstance(p[0], int))
+            return None
         if kind == wire.HELLO:
             raise wire.WireError("a second HELLO")
         if rank >= MAX_RANK:

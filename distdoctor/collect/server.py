@@ -23,6 +23,7 @@ from distdoctor.errors import UserError
 IDLE_S = 60.0  # a node sends its logs' state 4 times a second: this much silence is loss
 HELLO_S = 10.0  # from connecting to a whole HELLO: a peer that dribbles is dropped
 MAX_CONNECTIONS = 1024
+FLEET_TICK_S = 0.5
 
 
 def parse_address(text: str, what: str) -> tuple[str, int]:
@@ -56,10 +57,11 @@ def listen(address: tuple[str, int]) -> socket.socket:
 
 class Collector:
     def __init__(self, run_dir: str | Path, listener: socket.socket, token: str | None,
-                 say: Callable[[str], None], on_finding: Callable | None = None):
+                 say: Callable[[str], None], on_finding: Callable | None = None,
+                 hang_timeout_s: float = 60.0):
         """`say`: one line of news (a node came, went, was refused); `on_finding`: each
         finding a node forwards (the errors in its job's output)."""
-        self.mirror = Mirror(run_dir, on_finding)
+        self.mirror = Mirror(run_dir, on_finding, hang_timeout_s)
         self.token = token
         self.say = say
         self.nodes: dict[str, int] = {}  # host -> connections so far
@@ -70,10 +72,29 @@ class Collector:
         self.address = listener.getsockname()[:2]
         self._thread = threading.Thread(target=self._accept, name="distdoctor-collector",
                                         daemon=True)
+        self._fleet_thread = threading.Thread(target=self._diagnose_digests, daemon=True,
+                                              name="distdoctor-fleet")
 
     def start(self) -> Collector:
         self._thread.start()
+        self._fleet_thread.start()
         return self
+
+    def _diagnose_digests(self) -> None:
+        """The findings over the digests' ranks, into the copy's findings.json (and
+        printed, by a service) as they appear."""
+        from distdoctor.priority import lower_this_thread
+
+        lower_this_thread()
+        fleet = self.mirror.fleet
+        while not self._stopping:
+            time.sleep(FLEET_TICK_S)
+            try:
+                if fleet.digests and fleet.tick():
+                    self.mirror.set_findings("(digests)", fleet.findings())
+            except Exception as exc:  # a bug of ours must not end the collection
+                self.say(f"digest diagnosis stopped: {exc!r}")
+                return
 
     def stop(self) -> None:
         self._stopping = True

@@ -25,6 +25,9 @@ writes it, and drops a connection that sends a malformed one (what came before s
     EXITS    exit statuses of the node's ranks, as in exits.json
     FINDINGS what the node's `run` alone saw, as in findings.json: the errors in its job's
              output (the rest the collector finds itself, from all the ranks)
+    DIGEST   instead of OPEN/STRINGS/SLOTS/STATE (`run --forward-digest`, for thousands of
+             ranks): each rank's position and the collectives its ranks entered, one JSON
+             object (collect/digest.py)
 
 and from the collector, once, the answer to HELLO:
 
@@ -40,16 +43,16 @@ import struct
 from distdoctor.runlog import format as F
 
 MAGIC = b"DDFW"
-VERSION = 1
+VERSION = 2  # 2: DIGEST
 FORMAT = "distdoctor-forward"
 FRAME = struct.Struct("<4sBBHIQI")
 MAX_PAYLOAD = 4 << 20
 
 (HELLO, META, OPEN, STRINGS, SLOTS, STATE, SAMPLES, EXITS, WELCOME, REFUSED,
- FINDINGS) = range(1, 12)
+ FINDINGS, DIGEST) = range(1, 13)
 NAMES = {HELLO: "HELLO", META: "META", OPEN: "OPEN", STRINGS: "STRINGS", SLOTS: "SLOTS",
          STATE: "STATE", SAMPLES: "SAMPLES", EXITS: "EXITS", WELCOME: "WELCOME",
-         REFUSED: "REFUSED", FINDINGS: "FINDINGS"}
+         REFUSED: "REFUSED", FINDINGS: "FINDINGS", DIGEST: "DIGEST"}
 MAX_HELLO = 64 << 10  # read before the token is checked: small
 
 OPEN_BODY = struct.Struct("<QQI")  # capacity (slots), string table bytes, pid

@@ -96,6 +96,8 @@ class LiveDiagnosis:
         self._sample_tail = None if owner else _sample_tail(self.run_dir)
         self._last_sample_t = None
         self._gpu_findings = gpu_findings_fn()
+        # each pass's events of the newest incarnation, under the lock (a node's digest)
+        self.on_batch: Callable[[list], None] | None = None
 
     @property
     def engine(self) -> Engine:
@@ -218,6 +220,8 @@ class LiveDiagnosis:
             print(f"distdoctor: {why}", file=sys.stderr)
         self.follower.said.clear()
         engine = self.engine  # the newest incarnation's
+        if self.on_batch is not None:
+            self.on_batch(batches.get(self.follower.newest, ()))
         if self.recent is not None:
             self._remember(batches.get(self.follower.newest, ()))
         sample = self.sampler.latest() if self.sampler is not None else None

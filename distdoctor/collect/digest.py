@@ -1,0 +1,138 @@
+"""A node's digest of its ranks, for a collector of thousands (`run --forward-digest`).
+
+Following every event of every rank on one collector stops at a few thousand
+collectives a second per core (4,096 ranks: ~60,000 a CPU second, README). With a digest
+the node's own `run`, which follows its ranks anyway, sends instead, twice a second:
+
+- each rank's position: its newest op and newest finished op (as compact events), how
+  many collectives it issued per group, its clock now, and its exit if it has one: what
+  the hang detector reads (diagnosis/hang.py's RankView), so the collector finds hangs
+  and deadlocks across nodes with the same code as a single node;
+- each collective its ranks entered, once per (group, seq, signature) with the local
+  ranks that entered it: the collector compares the nodes' signatures of one collective,
+  which finds a mismatch between ranks on different nodes.
+
+A digest is one JSON object (the DIGEST frame). Groups (name, description, global ranks)
+and signatures are sent once per connection and referred to by number after that. The
+node keeps its full logs: post-mortem `diagnose` on a node's run dir stays exact.
+"""
+
+from __future__ import annotations
+
+from distdoctor.collect.wire import WireError
+from distdoctor.runlog.reader import Event
+
+MAX_ARRIVALS = 200_000  # (group, seq, signature) entries held between two digests
+MAX_SIGS = 1 << 16  # signatures numbered per connection; past this the table starts over
+
+
+def event_row(ev: Event) -> list:
+    """The fields of an op the collector's detectors read, as a JSON list."""
+    cs = ev.callsite
+    return [ev.index, ev.kind, ev.op, ev.status, ev.group, ev.seq, ev.peer,
+            [list(s) for s in ev.shapes[:4]], list(ev.dtypes[:4]), ev.numel_in,
+            ev.numel_out, ev.reduce_op,
+            [cs.get("file"), cs.get("line"), cs.get("function")] if cs else None,
+            ev.t_enter_ns, ev.t_end_ns, ev.error]
+
+
+def row_event(rank: int, row, groups: dict) -> Event:
+    """An Event back from `event_row`'s list (WireError when it is not one)."""
+    try:
+        (index, kind, op, status, group, seq, peer, shapes, dtypes, numel_in, numel_out,
+         reduce_op, cs, t_enter, t_end, error) = row
+        desc, members = groups.get(group, ("", ()))
+        return Event(
+            rank=rank, index=int(index), kind=str(kind), op=str(op), status=str(status),
+            group=str(group), group_desc=desc, group_ranks=members, seq=int(seq),
+            peer=None if peer is None else int(peer),
+            shapes=tuple(tuple(int(d) for d in s) for s in shapes),
+            dtypes=tuple(str(d) for d in dtypes), device="", numel_in=int(numel_in),
+            numel_out=int(numel_out), reduce_op=None if reduce_op is None else str(reduce_op),
+            callsite=(None if cs is None else
+                      {"file": str(cs[0]), "line": cs[1], "function": cs[2]}),
+            t_enter_ns=int(t_enter), t_end_ns=None if t_end is None else int(t_end),
+            span_index=0, name=None, error=None if error is None else str(error)[:2000],
+            is_async=None, other_thread=False)
+    except (TypeError, ValueError, IndexError) as exc:
+        raise WireError(f"DIGEST frame has a malformed op ({exc})") from None
+
+
+def _raw_signature(ev: Event) -> tuple:
+    """What two ranks' entries of one collective compare (mismatch.py's fields)."""
+    return (ev.op, ev.numel_in, ev.numel_out, tuple(ev.dtypes), ev.reduce_op, ev.peer,
+            tuple(tuple(s) for s in ev.shapes[:4]))
+
+
+class DigestBuilder:
+    """Fed each batch of events the node's live engine ingests; `take` makes a digest."""
+
+    def __init__(self):
+        self._seen: dict[int, int] = {}  # rank -> the newest event number fed
+        self._arrivals: dict[tuple, list[int]] = {}  # (group, seq, sig number) -> ranks
+        self._sigs: dict[tuple, int] = {}  # raw signature -> number
+        self._sig_rows: dict[int, list] = {}  # number -> an event of that signature
+        self._groups: dict[str, tuple] = {}
+        self._sent_groups: set[str] = set()
+        self._sent_sigs: set[int] = set()
+        self._sig_base = 0  # numbers go on rising when the table starts over
+        self.dropped = 0
+
+    def _new_sig_table(self) -> None:
+        """Shapes that keep changing (variable sequence lengths) would number signatures
+        without end: the table starts over, with numbers the collector has not seen."""
+        self._sig_base += len(self._sigs)
+        self._sigs.clear()
+        self._sig_rows.clear()
+        self._sent_sigs.clear()
+
+    def reset(self) -> None:
+        """A new connection: the collector knows no group or signature of ours."""
+        self._sent_groups.clear()
+        self._sent_sigs.clear()
+
+    def feed(self, events) -> None:
+        seen, arrivals = self._seen, self._arrivals
+        for ev in events:
+            if ev.kind != "collective" or ev.index <= seen.get(ev.rank, -1):
+                continue  # only each op's first sighting (in flight or done)
+            seen[ev.rank] = ev.index
+            if ev.group not in self._groups:
+                self._groups[ev.group] = (ev.group_desc, list(ev.group_ranks))
+            raw = _raw_signature(ev)
+            sig = self._sigs.get(raw)
+            if sig is None:
+                if len(self._sigs) >= MAX_SIGS and not self._arrivals:
+                    self._new_sig_table()
+                sig = self._sigs[raw] = len(self._sigs) + self._sig_base
+                self._sig_rows[sig] = event_row(ev)
+            ranks = arrivals.get((ev.group, ev.seq, sig))
+            if ranks is None:
+                if len(arrivals) >= MAX_ARRIVALS:
+                    self.dropped += 1
+                    continue
+                ranks = arrivals[(ev.group, ev.seq, sig)] = []
+            ranks.append(ev.rank)
+
+    def take(self, engine, now_s: float, host: str) -> dict:
+        """The digest: every rank's position, and the arrivals since the last digest."""
+        ranks = []
+        for r, st in engine.ranks.items():
+            now_ns = engine._now_ns(st, now_s)
+            ranks.append([r, event_row(st.latest) if st.latest else None,
+                          event_row(st.last_done) if st.last_done else None,
+                          st.issued, now_ns,
+                          st.exit.describe() if st.exit is not None else None,
+                          st.exit is not None and st.exit.how == "stopped"])
+            for ev in (st.latest, st.last_done):
+                if ev is not None and ev.group not in self._groups:
+                    self._groups[ev.group] = (ev.group_desc, list(ev.group_ranks))
+        arrivals = [[g, seq, sig, rs] for (g, seq, sig), rs in self._arrivals.items()]
+        self._arrivals = {}
+        sigs = {str(s): self._sig_rows[s] for _, _, s, _ in arrivals
+                if s not in self._sent_sigs}
+        self._sent_sigs.update(int(s) for s in sigs)
+        groups = {g: v for g, v in self._groups.items() if g not in self._sent_groups}
+        self._sent_groups.update(groups)
+        return {"host": host, "ranks": ranks, "groups": groups, "sigs": sigs,
+                "arrivals": arrivals, "dropped": self.dropped}

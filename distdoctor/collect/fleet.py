@@ -1,0 +1,267 @@
+"""The collector's diagnosis from the nodes' digests (collect/digest.py): a job of
+thousands of ranks, followed live without reading every event of every rank.
+
+- Hangs and deadlocks: each rank's position (its newest op, its newest finished op, what
+  it issued per group, its clock) comes with every digest. The ops still in flight make
+  the open rendezvous, and diagnosis/hang.py finds the stuck ones, who never joined and
+  the cycles, as it does on one node.
+- Mismatches: the nodes report each collective once per signature with the ranks that
+  entered it. Two signatures of one (group, seq) that differ (mismatch.py) are a
+  mismatch after SETTLE_S (time for the other nodes' reports); mismatch.py words it.
+
+What it keeps is bounded: one position per rank, and the collectives still open (each
+forgotten once every member reported it, or past MAX_OPEN, oldest first).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import replace
+
+from distdoctor.collect.digest import row_event
+from distdoctor.collect.wire import WireError
+from distdoctor.diagnosis.findings import Finding
+from distdoctor.diagnosis.hang import RankView, hang_findings
+from distdoctor.diagnosis.mismatch import mismatch_finding, signature
+from distdoctor.diagnosis.rendezvous import Rendezvous, key_of
+
+SETTLE_S = 1.0
+STALE_S = 10.0  # a node silent this long: its ranks are taken for gone
+MAX_OPEN = 200_000
+MAX_SIGS_PER_NODE = 1 << 17
+
+
+def _is_row(x) -> bool:
+    return x is None or (isinstance(x, list) and len(x) == 16)
+
+
+class _Open:
+    """One collective as the nodes reported it: signature -> the ranks that entered."""
+
+    __slots__ = ("sigs", "count", "since_s", "reported")
+
+    def __init__(self):
+        self.sigs: dict[tuple, list[int]] = {}  # (host, sig number) -> ranks
+        self.count = 0
+        self.since_s: float | None = None  # when two signatures were first seen
+        self.reported = False
+
+
+class _Position:
+    """A rank's position from its node's newest digest; its ops are decoded only when a
+    detector needs them (thousands of ranks, a few digests a second each)."""
+
+    __slots__ = ("rank", "rows", "events", "issued", "now_ns", "got_s", "exit", "stopped",
+                 "host", "groups")
+
+    def __init__(self, host, rank, latest, last_done, issued, now_ns, got_s, exit_, stopped,
+                 groups):
+        self.host, self.rank, self.rows, self.events = host, rank, (latest, last_done), None
+        self.issued, self.now_ns, self.got_s = issued, now_ns, got_s
+        self.exit, self.stopped, self.groups = exit_, stopped, groups
+
+    def ops(self) -> tuple:
+        """(newest op, newest finished op) as Events."""
+        if self.events is None:
+            self.events = tuple(None if row is None else row_event(self.rank, row, self.groups)
+                                for row in self.rows)
+        return self.events
+
+    def stuck_s(self, now_ns: int | None) -> float:
+        """How long its newest op has been in flight (0 when it is not); any failed op
+        counts as stuck (the transport gave up first)."""
+        row = self.rows[0]
+        if row is None:
+            return 0.0
+        if row[3] in ("error", "timeout"):
+            return float("inf")
+        if row[14] is not None or now_ns is None:
+            return 0.0
+        return (now_ns - row[13]) / 1e9
+
+
+class FleetEngine:
+    def __init__(self, hang_timeout_s: float = 60.0, settle_s: float = SETTLE_S):
+        self.hang_timeout_s = hang_timeout_s
+        self.settle_s = settle_s
+        self.lock = threading.Lock()
+        self.groups: dict[str, tuple[str, tuple[int, ...]]] = {}
+        self.sigs: dict[tuple, object] = {}  # (host, number) -> Event of that signature
+        self._sig_count: dict[str, int] = {}
+        self.positions: dict[int, _Position] = {}
+        self.open: dict[tuple, _Open] = {}
+        self.found: dict[tuple, Finding] = {}
+        self._changed: list[Finding] = []
+        self.digests = 0
+        self.arrivals = 0
+
+    # --- input -------------------------------------------------------------------------
+    def apply(self, payload: dict, now_s: float | None = None) -> None:
+        """One node's digest (a DIGEST frame's JSON); WireError when it is malformed,
+        and then nothing of it is kept."""
+        now_s = time.monotonic() if now_s is None else now_s
+        host = payload.get("host")
+        groups, sigs = payload.get("groups"), payload.get("sigs")
+        ranks, arrivals = payload.get("ranks"), payload.get("arrivals")
+        if not (isinstance(host, str) and isinstance(groups, dict) and isinstance(sigs, dict)
+                and isinstance(ranks, list) and isinstance(arrivals, list)):
+            raise WireError("DIGEST frame lacks host, groups, sigs, ranks or arrivals")
+        new_groups = {}
+        for name, value in groups.items():
+            try:
+                desc, members = value
+                new_groups[str(name)] = (str(desc), tuple(int(r) for r in members))
+            except (TypeError, ValueError):
+                raise WireError("DIGEST frame has a malformed group") from None
+        with self.lock:
+            self.groups.update(new_groups)
+            new_sigs = {(host, int(n)): row_event(-1, row, self.groups)
+                        for n, row in sigs.items() if str(n).isdigit()}
+            positions = {}
+            for item in ranks:
+                if not isinstance(item, list) or len(item) != 7:
+                    raise WireError("DIGEST frame has a malformed rank position")
+                rank, latest, last_done, issued, now_ns, exit_, stopped = item
+                if not (isinstance(rank, int) and isinstance(issued, dict)
+                        and all(_is_row(x) for x in (latest, last_done))):
+                    raise WireError("DIGEST frame has a malformed rank position")
+                positions[rank] = _Position(
+                    host, rank, latest, last_done, issued,
+                    None if now_ns is None else int(now_ns), now_s,
+                    None if exit_ is None else str(exit_)[:500], bool(stopped), self.groups)
+            self._add_sigs(host, new_sigs)
+            self.positions.update(positions)
+            for item in arrivals:
+                try:
+                    group, seq, sig, rs = item
+                    self._arrive(str(group), int(seq), (host, int(sig)),
+                                 [int(r) for r in rs], now_s)
+                except (TypeError, ValueError):
+                    raise WireError("DIGEST frame has a malformed arrival") from None
+            self.digests += 1
+
+    def _add_sigs(self, host: str, new: dict) -> None:
+        self.sigs.update(new)
+        n = self._sig_count[host] = self._sig_count.get(host, 0) + len(new)
+        if n > MAX_SIGS_PER_NODE:  # the node's table started over long ago: drop its oldest
+            for key in [k for k in self.sigs if k[0] == host][:n - MAX_SIGS_PER_NODE]:
+                del self.sigs[key]
+            self._sig_count[host] = MAX_SIGS_PER_NODE
+
+    def _arrive(self, group: str, seq: int, sig: tuple, ranks: list[int], now_s: float):
+        self.arrivals += 1
+        key = (group, seq)
+        entry = self.open.get(key)
+        if entry is None:
+            if len(self.open) >= MAX_OPEN:
+                del self.open[next(iter(self.open))]
+            entry = self.open[key] = _Open()
+        known = entry.sigs.get(sig)
+        if known is None:
+            entry.sigs[sig] = known = []
+            if len(entry.sigs) > 1 and entry.since_s is None and self._differs(entry):
+                entry.since_s = now_s
+        known.extend(ranks)
+        entry.count += len(ranks)
+        size = len(self.groups.get(group, ("", ()))[1])
+        if size and entry.count >= size and entry.since_s is None:
+            del self.open[key]  # everyone came, and agreed
+
+    def _differs(self, entry: _Open) -> bool:
+        """Whether the signatures reported for one collective disagree (mismatch.py's
+        fields: two nodes' numbers for one signature are equal tuples there)."""
+        seen = {signature(ev) for ev in map(self.sigs.get, entry.sigs) if ev is not None}
+        return len(seen) > 1
+
+    # --- analysis ----------------------------------------------------------------------
+    def _now_ns(self, p: _Position, now_s: float) -> int | None:
+        """The rank's clock now: as its node last said, moved on since."""
+        if p.now_ns is None or p.exit is not None or now_s - p.got_s > STALE_S:
+            return p.now_ns
+        return p.now_ns + int((now_s - p.got_s) * 1e9)
+
+    def views(self, now_s: float) -> dict[int, RankView]:
+        out = {}
+        for r, p in self.positions.items():
+            stale = now_s - p.got_s > STALE_S
+            exit_ = p.exit or (f"its node {p.host} stopped reporting" if stale else None)
+            latest, last_done = p.ops()
+            issued = {str(g): int(n) for g, n in p.issued.items()}
+            out[r] = RankView(r, latest, last_done, self._now_ns(p, now_s), exit_, issued,
+                              p.stopped)
+        return out
+
+    def _anything_stuck(self, now_s: float) -> bool:
+        """Whether a rank's newest op has been in flight past the timeout (or failed):
+        only then are the positions decoded and the hang detector run."""
+        timeout = self.hang_timeout_s
+        return any(p.stuck_s(self._now_ns(p, now_s)) >= timeout
+                   for p in self.positions.values())
+
+    def tick(self, now_s: float | None = None) -> list[Finding]:
+        """The findings new or changed since the last tick."""
+        now_s = time.monotonic() if now_s is None else now_s
+        with self.lock:
+            if self._anything_stuck(now_s):
+                self._find_hangs(now_s)
+            for key, entry in list(self.open.items()):
+                if (entry.since_s is not None and not entry.reported
+                        and now_s - entry.since_s >= self.settle_s):
+                    entry.reported = True
+                    f = self._mismatch(key, entry, now_s)
+                    if f is not None:
+                        self._put(("mismatch", key), f)
+            changed, self._changed = self._changed, []
+            return changed
+
+    def _find_hangs(self, now_s: float) -> None:
+        """hang.py over every rank: the open rendezvous are the ops still in flight."""
+        views = self.views(now_s)
+        in_flight: dict[tuple, Rendezvous] = {}
+        for view in views.values():
+            ev = view.latest
+            key = key_of(ev) if ev is not None and ev.t_end_ns is None else None
+            if key is None:
+                continue
+            rv = in_flight.get(key)
+            if rv is None:
+                rv = in_flight[key] = Rendezvous.open(key, ev, now_s)
+            rv.arrive(ev)
+
+        def known(rv) -> bool:  # a stuck collective a mismatch already explains
+            return ("mismatch", (rv.group, rv.seq)) in self.found
+
+        for f in hang_findings(list(in_flight.values()), views, self.hang_timeout_s,
+                               known=known):
+            self._put((f.kind, f.group, f.seq, tuple(f.ranks)), f)
+
+    def _mismatch(self, key: tuple, entry: _Open, now_s: float) -> Finding | None:
+        group, seq = key
+        desc, members = self.groups.get(group, ("", ()))
+        first = next(iter(entry.sigs))
+        rv = Rendezvous(("c", group, seq), group, desc, seq, members, now_s)
+        for sig, ranks in entry.sigs.items():
+            ev = self.sigs.get(sig) or self.sigs.get(first)
+            if ev is None:
+                continue
+            for r in ranks:
+                pos = self.positions.get(r)
+                latest = pos.ops()[0] if pos is not None else None
+                # the rank's own line where its position still shows this collective
+                own = latest if latest is not None and (latest.group, latest.seq) == key \
+                    else None
+                rv.arrive(replace(ev, rank=r, group_desc=desc, group_ranks=members,
+                                  callsite=own.callsite if own else ev.callsite))
+        return mismatch_finding(rv)
+
+    def _put(self, key: tuple, f: Finding) -> None:
+        """The first version is kept (a hang's later ones differ only in how long the
+        ranks have waited): news once."""
+        if key not in self.found:
+            self.found[key] = f
+            self._changed.append(f)
+
+    def findings(self) -> list[Finding]:
+        with self.lock:
+            return list(self.found.values())

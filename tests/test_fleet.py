@@ -1,0 +1,129 @@
+"""Digests (`run --forward --forward-digest`): each node sends its ranks' positions and the
+signatures of the collectives they entered instead of every event; the collector finds
+hangs and mismatches across nodes from them (collect/digest.py, collect/fleet.py).
+
+Two "nodes" are two torchrun launches (node ranks 0 and 1) on this host, each under its
+own `distdoctor run`; the culprit is always on the other node from the ranks it stops."""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import replace
+
+import pytest
+from conftest import JOBS, Lines, _kill_ranks, start_cli, stop_process
+
+from distdoctor.collect.digest import DigestBuilder, event_row, row_event
+from distdoctor.collect.fleet import FleetEngine
+from distdoctor.collect.wire import WireError
+from distdoctor.launch.env import free_port
+from distdoctor.runlog.reader import Event
+
+BUGS = JOBS / "bugs"
+
+
+def two_nodes(tmp_path, job: str, collector_args=()):
+    port, master = free_port(), free_port()
+    collector = start_cli(["watch", "--listen", f"127.0.0.1:{port}", str(tmp_path / "copy"),
+                           "--hang-timeout", "5", *collector_args])
+    said = Lines(collector)
+    said.wait_for("collecting on", 30)
+    nodes = []
+    for node_rank in (0, 1):
+        nodes.append((tmp_path / f"node{node_rank}", start_cli([
+            "run", "--run-dir", str(tmp_path / f"node{node_rank}"), "--forward",
+            f"127.0.0.1:{port}", "--forward-digest", "--hang-timeout", "30", "--",
+            sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--node-rank",
+            str(node_rank), "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
+            "--master-port", str(master), str(BUGS / job)])))
+    return collector, said, nodes
+
+
+def stop_all(collector, nodes) -> int:
+    for run_dir, proc in nodes:
+        stop_process(proc)
+        _kill_ranks(run_dir)
+    return stop_process(collector)
+
+
+@pytest.mark.timeout(150)
+def test_a_hang_across_nodes_is_found_from_digests(tmp_path):
+    """Rank 3 (node 1) spins outside any collective; ranks 0-2 wait in all_reduce."""
+    collector, said, nodes = two_nodes(tmp_path, "stuck_outside.py")
+    try:
+        line = said.wait_for("HANG", 90)
+        assert "rank 3 never joined all_reduce #2 in group 0" in line, line
+    finally:
+        code = stop_all(collector, nodes)
+    assert code == 0 and "Traceback" not in "".join(said.lines), "".join(said.lines)
+    # the copy holds no events (digests only), and each node keeps all of its own
+    assert not list((tmp_path / "copy" / "ranks").glob("*.ring"))
+    assert sorted(p.name for p in (tmp_path / "node1" / "ranks").glob("*.ring")) == [
+        "rank-00002.ring", "rank-00003.ring"]
+
+
+@pytest.mark.timeout(150)
+def test_a_mismatch_between_ranks_on_two_nodes_is_found_from_digests(tmp_path):
+    """Rank 3 (node 1) all-reduces 65 elements where ranks 0-2 (both nodes) send 64."""
+    collector, said, nodes = two_nodes(tmp_path, "shape_mismatch.py")
+    try:
+        line = said.wait_for("MISMATCH", 90)
+        assert "rank 3 issued all_reduce 65 float32 sum" in line, line
+    finally:
+        code = stop_all(collector, nodes)
+    assert code == 0 and "Traceback" not in "".join(said.lines), "".join(said.lines)
+
+
+# --- in process -----------------------------------------------------------------------------
+
+def op(rank, index, seq, numel=64, done=True, t=1_000_000_000, group="0", ranks=(0, 1, 2, 3)):
+    return Event(rank=rank, index=index, kind="collective", op="all_reduce",
+                 status="ok" if done else "in_flight", group=group, group_desc="default_pg",
+                 group_ranks=ranks, seq=seq, peer=None, shapes=((numel,),),
+                 dtypes=("float32",), device="cpu", numel_in=numel, numel_out=numel,
+                 reduce_op="sum", callsite={"file": "/job/t.py", "line": 9, "function": "f"},
+                 t_enter_ns=t, t_end_ns=t + 1000 if done else None, span_index=0, name=None,
+                 error=None, is_async=False, other_thread=False)
+
+
+def test_an_op_survives_the_digest_encoding():
+    ev = op(2, 7, 3, done=False)
+    back = row_event(2, event_row(ev), {"0": ("default_pg", (0, 1, 2, 3))})
+    assert back == replace(ev, device="", is_async=None)
+
+
+def test_two_nodes_signatures_of_one_collective_are_compared():
+    """Node a's ranks 0-1 and node b's rank 2 send 64 elements, rank 3 sends 65: one
+    finding naming rank 3 once SETTLE_S has passed; agreeing collectives leave nothing."""
+    fleet = FleetEngine(hang_timeout_s=60, settle_s=1.0)
+    for host, ranks in (("a", (0, 1)), ("b", (2, 3))):
+        b = DigestBuilder()
+        b.feed([op(r, i, i) for i in range(3) for r in ranks])
+        b.feed([op(r, 3, 3, numel=65 if r == 3 else 64) for r in ranks])
+        fleet.apply(_digest(b, host), now_s=10.0)
+    assert list(fleet.open) == [("0", 3)]  # seqs 0-2 agreed and are forgotten
+    assert fleet.tick(now_s=10.5) == []
+    found = fleet.tick(now_s=11.1)
+    assert [(f.kind, f.ranks, f.seq) for f in found] == [("mismatch", [3], 3)]
+
+
+def _digest(builder: DigestBuilder, host: str) -> dict:
+    class _Engine:  # the node engine's ranks: none here (arrivals only)
+        ranks: dict = {}
+
+    return builder.take(_Engine(), 0.0, host)
+
+
+@pytest.mark.parametrize("payload", [
+    {},
+    {"host": "a", "groups": {}, "sigs": {}, "ranks": [[0, "x", None, {}, 1, None, False]],
+     "arrivals": []},
+    {"host": "a", "groups": {"0": [1]}, "sigs": {}, "ranks": [], "arrivals": []},
+    {"host": "a", "groups": {}, "sigs": {}, "ranks": [], "arrivals": [["0", "x", 0, [1]]]},
+    {"host": "a", "groups": {}, "sigs": {"0": [1, 2]}, "ranks": [], "arrivals": []},
+])
+def test_a_malformed_digest_is_refused_whole(payload):
+    fleet = FleetEngine()
+    with pytest.raises(WireError):
+        fleet.apply(payload)
+    assert not fleet.positions and not fleet.open
