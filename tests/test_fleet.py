@@ -47,12 +47,17 @@ def stop_all(collector, nodes) -> int:
 
 
 @pytest.mark.timeout(150)
-def test_a_hang_across_nodes_is_found_from_digests(tmp_path):
-    """Rank 3 (node 1) spins outside any collective; ranks 0-2 wait in all_reduce."""
-    collector, said, nodes = two_nodes(tmp_path, "stuck_outside.py")
+@pytest.mark.parametrize("job, kind, says", [
+    # rank 3 (node 1) spins outside any collective; ranks 0-2 wait in all_reduce
+    ("stuck_outside.py", "HANG", "rank 3 never joined all_reduce #2 in group 0"),
+    # rank 3 (node 1) all-reduces 65 elements where ranks 0-2 (both nodes) send 64
+    ("shape_mismatch.py", "MISMATCH", "rank 3 issued all_reduce 65 float32 sum"),
+])
+def test_a_culprit_on_the_other_node_is_found_from_digests(tmp_path, job, kind, says):
+    collector, said, nodes = two_nodes(tmp_path, job)
     try:
-        line = said.wait_for("HANG", 90)
-        assert "rank 3 never joined all_reduce #2 in group 0" in line, line
+        line = said.wait_for(kind, 90)
+        assert says in line, line
     finally:
         code = stop_all(collector, nodes)
     assert code == 0 and "Traceback" not in "".join(said.lines), "".join(said.lines)
@@ -60,18 +65,6 @@ def test_a_hang_across_nodes_is_found_from_digests(tmp_path):
     assert not list((tmp_path / "copy" / "ranks").glob("*.ring"))
     assert sorted(p.name for p in (tmp_path / "node1" / "ranks").glob("*.ring")) == [
         "rank-00002.ring", "rank-00003.ring"]
-
-
-@pytest.mark.timeout(150)
-def test_a_mismatch_between_ranks_on_two_nodes_is_found_from_digests(tmp_path):
-    """Rank 3 (node 1) all-reduces 65 elements where ranks 0-2 (both nodes) send 64."""
-    collector, said, nodes = two_nodes(tmp_path, "shape_mismatch.py")
-    try:
-        line = said.wait_for("MISMATCH", 90)
-        assert "rank 3 issued all_reduce 65 float32 sum" in line, line
-    finally:
-        code = stop_all(collector, nodes)
-    assert code == 0 and "Traceback" not in "".join(said.lines), "".join(said.lines)
 
 
 # --- in process -----------------------------------------------------------------------------
