@@ -112,7 +112,8 @@ def _digest(builder: DigestBuilder, host: str) -> dict:
     {"host": "a", "groups": {}, "sigs": {}, "ranks": [[0, "x", None, {}, 1, None, False]],
      "arrivals": []},
     {"host": "a", "groups": {"0": [1]}, "sigs": {}, "ranks": [], "arrivals": []},
-    {"host": "a", "groups": {}, "sigs": {}, "ranks": [], "arrivals": [["0", "x", 0, [1]]]},
+    {"host": "a", "groups": {}, "sigs": {}, "ranks": [], "arrivals": [["0", "x", 0, [1], 1]]},
+    {"host": "a", "groups": {}, "sigs": {}, "ranks": [], "arrivals": [["0", 1, 0, [1]]]},
     {"host": "a", "groups": {}, "sigs": {"0": [1, 2]}, "ranks": [], "arrivals": []},
 ])
 def test_a_malformed_digest_is_refused_whole(payload):

@@ -9,8 +9,9 @@ the node's own `run`, which follows its ranks anyway, sends instead, twice a sec
   the hang detector reads (diagnosis/hang.py's RankView), so the collector finds hangs
   and deadlocks across nodes with the same code as a single node;
 - each collective its ranks entered, once per (group, seq, signature) with the local
-  ranks that entered it: the collector compares the nodes' signatures of one collective,
-  which finds a mismatch between ranks on different nodes.
+  ranks that entered it, consecutive ones alike in one run: the collector compares the
+  nodes' signatures of one collective, which finds a mismatch between ranks on different
+  nodes.
 
 A digest is one JSON object (the DIGEST frame). Groups (name, description, global ranks)
 and signatures are sent once per connection and referred to by number after that. The
@@ -62,6 +63,29 @@ def _raw_signature(ev: Event) -> tuple:
     """What two ranks' entries of one collective compare (mismatch.py's fields)."""
     return (ev.op, ev.numel_in, ev.numel_out, tuple(ev.dtypes), ev.reduce_op, ev.peer,
             tuple(tuple(s) for s in ev.shapes[:4]))
+
+
+def runs(arrivals: dict) -> list[list]:
+    """Arrivals as runs: [group, first seq, signature, ranks, count] stands for `count`
+    consecutive collectives of the group that the same ranks entered with the same
+    signature (a steady job's whole half second of one group is one run)."""
+    out: list[list] = []
+    by_group: dict[str, list] = {}
+    for (g, seq, sig), ranks in sorted(arrivals.items(), key=_run_order):
+        ranks = sorted(ranks)
+        last = by_group.get(g)
+        if (last is not None and last[2] == sig and last[3] == ranks
+                and last[1] + last[4] == seq):
+            last[4] += 1
+            continue
+        by_group[g] = item = [g, seq, sig, ranks, 1]
+        out.append(item)
+    return out
+
+
+def _run_order(item) -> tuple:
+    (g, seq, sig), _ = item
+    return g, seq, sig
 
 
 class DigestBuilder:
@@ -127,10 +151,10 @@ class DigestBuilder:
             for ev in (st.latest, st.last_done):
                 if ev is not None and ev.group not in self._groups:
                     self._groups[ev.group] = (ev.group_desc, list(ev.group_ranks))
-        arrivals = [[g, seq, sig, rs] for (g, seq, sig), rs in self._arrivals.items()]
+        arrivals = runs(self._arrivals)
         self._arrivals = {}
-        sigs = {str(s): self._sig_rows[s] for _, _, s, _ in arrivals
-                if s not in self._sent_sigs}
+        sigs = {str(a[2]): self._sig_rows[a[2]] for a in arrivals
+                if a[2] not in self._sent_sigs}
         self._sent_sigs.update(int(s) for s in sigs)
         groups = {g: v for g, v in self._groups.items() if g not in self._sent_groups}
         self._sent_groups.update(groups)

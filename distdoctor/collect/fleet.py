@@ -29,7 +29,9 @@ from distdoctor.diagnosis.rendezvous import Rendezvous, key_of
 SETTLE_S = 1.0
 STALE_S = 10.0  # a node silent this long: its ranks are taken for gone
 MAX_OPEN = 200_000
+MAX_RUN = 1 << 16  # collectives in one run of a digest
 MAX_SIGS_PER_NODE = 1 << 17
+MAX_SIGNATURES = 1 << 17  # distinct signatures over all nodes (shapes that keep changing)
 
 
 def _is_row(x) -> bool:
@@ -42,7 +44,7 @@ class _Open:
     __slots__ = ("sigs", "count", "since_s", "reported")
 
     def __init__(self):
-        self.sigs: dict[tuple, list[int]] = {}  # (host, sig number) -> ranks
+        self.sigs: dict[int, list[int]] = {}  # signature number -> ranks
         self.count = 0
         self.since_s: float | None = None  # when two signatures were first seen
         self.reported = False
@@ -87,8 +89,12 @@ class FleetEngine:
         self.settle_s = settle_s
         self.lock = threading.Lock()
         self.groups: dict[str, tuple[str, tuple[int, ...]]] = {}
-        self.sigs: dict[tuple, object] = {}  # (host, number) -> Event of that signature
+        # a node numbers its signatures; the collector numbers the distinct ones
+        # (mismatch.signature), so equal signatures from different nodes are one number
+        self.node_sigs: dict[tuple, int] = {}  # (host, node's number) -> ours
         self._sig_count: dict[str, int] = {}
+        self.signatures: dict[tuple, int] = {}  # signature -> ours
+        self.sig_events: dict[int, object] = {}  # ours -> an Event with that signature
         self.positions: dict[int, _Position] = {}
         self.open: dict[tuple, _Open] = {}
         self.found: dict[tuple, Finding] = {}
@@ -132,24 +138,46 @@ class FleetEngine:
                     None if exit_ is None else str(exit_)[:500], bool(stopped), self.groups)
             self._add_sigs(host, new_sigs)
             self.positions.update(positions)
-            for item in arrivals:
+            for item in arrivals:  # runs: digest.runs
                 try:
-                    group, seq, sig, rs = item
-                    self._arrive(str(group), int(seq), (host, int(sig)),
-                                 [int(r) for r in rs], now_s)
+                    group, seq, sig, rs, count = item
+                    group, seq, count = str(group), int(seq), int(count)
+                    rs = [int(r) for r in rs]
+                    number = self.node_sigs.get((host, int(sig)))
                 except (TypeError, ValueError):
                     raise WireError("DIGEST frame has a malformed arrival") from None
+                if number is None or not 0 < count <= MAX_RUN:
+                    continue  # a signature this collector no longer holds
+                for k in range(count):
+                    self._arrive(group, seq + k, number, rs, now_s)
             self.digests += 1
 
     def _add_sigs(self, host: str, new: dict) -> None:
-        self.sigs.update(new)
+        if len(self.signatures) + len(new) > MAX_SIGNATURES:
+            self._forget_signatures()
+        for key, ev in new.items():
+            sig = signature(ev)
+            number = self.signatures.get(sig)
+            if number is None:
+                number = self.signatures[sig] = len(self.sig_events)
+                while number in self.sig_events:
+                    number += 1
+                self.sig_events[number] = ev
+            self.node_sigs[key] = number
         n = self._sig_count[host] = self._sig_count.get(host, 0) + len(new)
         if n > MAX_SIGS_PER_NODE:  # the node's table started over long ago: drop its oldest
-            for key in [k for k in self.sigs if k[0] == host][:n - MAX_SIGS_PER_NODE]:
-                del self.sigs[key]
+            for key in [k for k in self.node_sigs if k[0] == host][:n - MAX_SIGS_PER_NODE]:
+                del self.node_sigs[key]
             self._sig_count[host] = MAX_SIGS_PER_NODE
 
-    def _arrive(self, group: str, seq: int, sig: tuple, ranks: list[int], now_s: float):
+    def _forget_signatures(self) -> None:
+        """Shapes that never repeat: keep only the signatures open collectives use."""
+        used = {n for entry in self.open.values() for n in entry.sigs}
+        self.sig_events = {n: ev for n, ev in self.sig_events.items() if n in used}
+        self.signatures = {sig: n for sig, n in self.signatures.items() if n in used}
+        self.node_sigs = {k: n for k, n in self.node_sigs.items() if n in used}
+
+    def _arrive(self, group: str, seq: int, sig: int, ranks: list[int], now_s: float):
         self.arrivals += 1
         key = (group, seq)
         entry = self.open.get(key)
@@ -160,19 +188,13 @@ class FleetEngine:
         known = entry.sigs.get(sig)
         if known is None:
             entry.sigs[sig] = known = []
-            if len(entry.sigs) > 1 and entry.since_s is None and self._differs(entry):
+            if len(entry.sigs) > 1 and entry.since_s is None:  # two signatures: they differ
                 entry.since_s = now_s
         known.extend(ranks)
         entry.count += len(ranks)
         size = len(self.groups.get(group, ("", ()))[1])
         if size and entry.count >= size and entry.since_s is None:
             del self.open[key]  # everyone came, and agreed
-
-    def _differs(self, entry: _Open) -> bool:
-        """Whether the signatures reported for one collective disagree (mismatch.py's
-        fields: two nodes' numbers for one signature are equal tuples there)."""
-        seen = {signature(ev) for ev in map(self.sigs.get, entry.sigs) if ev is not None}
-        return len(seen) > 1
 
     # --- analysis ----------------------------------------------------------------------
     def _now_ns(self, p: _Position, now_s: float) -> int | None:
@@ -234,15 +256,14 @@ class FleetEngine:
 
         for f in hang_findings(list(in_flight.values()), views, self.hang_timeout_s,
                                known=known):
-            self._put((f.kind, f.group, f.seq, tuple(f.ranks)), f)
+            self._put((f.kind, tuple(f.ranks)), f)  # one finding per set of culprits
 
     def _mismatch(self, key: tuple, entry: _Open, now_s: float) -> Finding | None:
         group, seq = key
         desc, members = self.groups.get(group, ("", ()))
-        first = next(iter(entry.sigs))
         rv = Rendezvous(("c", group, seq), group, desc, seq, members, now_s)
         for sig, ranks in entry.sigs.items():
-            ev = self.sigs.get(sig) or self.sigs.get(first)
+            ev = self.sig_events.get(sig)
             if ev is None:
                 continue
             for r in ranks:
