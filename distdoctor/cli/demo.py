@@ -86,10 +86,11 @@ def run(args) -> int:
         return _behind_dashboard(show, nproc, trainer, args)
     err_console.print("[dim]the dashboard, from another terminal: distdoctor watch"
                       f"{' ' + shlex.quote(args.run_dir) if args.run_dir else ''}[/]")
-    run_args = argparse.Namespace(nproc=nproc, run_dir=args.run_dir,
-                                  hang_timeout=args.hang_timeout, on_hang=args.on_hang,
-                                  stacks="culprits", grace=5.0, forward=None, cmd=trainer)
-    return run_cmd.run(run_args)
+    # through run's own parser: every option of run has its default here too
+    return run_cmd.run(run_cmd.parse_args([
+        "--nproc", str(nproc), "--hang-timeout", f"{args.hang_timeout:g}",
+        "--on-hang", args.on_hang, *(["--run-dir", args.run_dir] if args.run_dir else []),
+        "--", *trainer]))
 
 
 def _behind_dashboard(show, nproc: int, trainer: list[str], args) -> int:

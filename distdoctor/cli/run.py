@@ -58,6 +58,13 @@ def register(sub) -> None:
     p.set_defaults(func=run)
 
 
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    """`distdoctor run ARGV` as its parser reads it (for commands built on run: demo)."""
+    parser = argparse.ArgumentParser(prog="distdoctor")
+    register(parser.add_subparsers())
+    return parser.parse_args(["run", *argv])
+
+
 def run(args) -> int:
     from distdoctor.launch.env import free_port, rank_env, traced_env
     from distdoctor.launch.local import Job, python_command
