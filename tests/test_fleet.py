@@ -16,6 +16,7 @@ from conftest import JOBS, Lines, _kill_ranks, start_cli, stop_process
 from distdoctor.collect.digest import DigestBuilder, event_row, row_event
 from distdoctor.collect.fleet import FleetEngine
 from distdoctor.collect.wire import WireError
+from distdoctor.diagnosis.engine import Engine
 from distdoctor.launch.env import free_port
 from distdoctor.runlog.reader import Event
 
@@ -101,10 +102,7 @@ def test_two_nodes_signatures_of_one_collective_are_compared():
 
 
 def _digest(builder: DigestBuilder, host: str) -> dict:
-    class _Engine:  # the node engine's ranks: none here (arrivals only)
-        ranks: dict = {}
-
-    return builder.take(_Engine(), 0.0, host)
+    return builder.take(Engine(), 0.0, host)  # no positions here: arrivals only
 
 
 @pytest.mark.parametrize("payload", [
@@ -115,9 +113,27 @@ def _digest(builder: DigestBuilder, host: str) -> dict:
     {"host": "a", "groups": {}, "sigs": {}, "ranks": [], "arrivals": [["0", "x", 0, [1], 1]]},
     {"host": "a", "groups": {}, "sigs": {}, "ranks": [], "arrivals": [["0", 1, 0, [1]]]},
     {"host": "a", "groups": {}, "sigs": {"0": [1, 2]}, "ranks": [], "arrivals": []},
+    {"host": "a", "groups": {}, "sigs": {}, "ranks": [[0, None, None, {"0": "x"}, 1, None,
+                                                        False]], "arrivals": []},
+    {"host": "a", "groups": {}, "sigs": {}, "ranks": [[0, ["x"] * 16, None, {}, 1, None,
+                                                        False]], "arrivals": []},
+    {"host": "a", "groups": {}, "sigs": {}, "ranks": [[0, None, None, {}, "now", None,
+                                                        False]], "arrivals": []},
 ])
 def test_a_malformed_digest_is_refused_whole(payload):
     fleet = FleetEngine()
     with pytest.raises(WireError):
         fleet.apply(payload)
     assert not fleet.positions and not fleet.open
+
+
+def test_an_op_that_cannot_be_decoded_is_unknown_and_diagnosis_goes_on():
+    """A position's ops are decoded only when an op is stuck: a malformed field there
+    (shapes) makes that op unknown, never an error in the collector's diagnosis thread."""
+    fleet = FleetEngine(hang_timeout_s=1)
+    row = event_row(op(0, 5, 5, done=False, t=0))
+    row[7] = [["not a number"]]
+    fleet.apply({"host": "a", "groups": {}, "sigs": {}, "arrivals": [],
+                 "ranks": [[0, row, None, {"0": 6}, 5_000_000_000, None, False]]}, now_s=1.0)
+    assert fleet.tick(now_s=1.5) == []
+    assert fleet.positions[0].ops() == (None, None)

@@ -35,7 +35,11 @@ MAX_SIGNATURES = 1 << 17  # distinct signatures over all nodes (shapes that keep
 
 
 def _is_row(x) -> bool:
-    return x is None or (isinstance(x, list) and len(x) == 16)
+    """An op row (digest.event_row) whose fields read before decoding are sound: its
+    status, enter time and end time (stuck_s); the rest is checked when it is decoded."""
+    return x is None or (isinstance(x, list) and len(x) == 16 and isinstance(x[3], str)
+                         and isinstance(x[13], int)
+                         and (x[14] is None or isinstance(x[14], int)))
 
 
 class _Open:
@@ -64,11 +68,19 @@ class _Position:
         self.exit, self.stopped, self.groups = exit_, stopped, groups
 
     def ops(self) -> tuple:
-        """(newest op, newest finished op) as Events."""
+        """(newest op, newest finished op) as Events; an op the node sent malformed is
+        unknown (decoded here, after the digest was taken in, it cannot refuse it)."""
         if self.events is None:
-            self.events = tuple(None if row is None else row_event(self.rank, row, self.groups)
-                                for row in self.rows)
+            self.events = tuple(self._decode(row) for row in self.rows)
         return self.events
+
+    def _decode(self, row):
+        if row is None:
+            return None
+        try:
+            return row_event(self.rank, row, self.groups)
+        except WireError:
+            return None
 
     def stuck_s(self, now_ns: int | None) -> float:
         """How long its newest op has been in flight (0 when it is not); any failed op
@@ -126,16 +138,18 @@ class FleetEngine:
                         for n, row in sigs.items() if str(n).isdigit()}
             positions = {}
             for item in ranks:
-                if not isinstance(item, list) or len(item) != 7:
-                    raise WireError("DIGEST frame has a malformed rank position")
-                rank, latest, last_done, issued, now_ns, exit_, stopped = item
-                if not (isinstance(rank, int) and isinstance(issued, dict)
-                        and all(_is_row(x) for x in (latest, last_done))):
-                    raise WireError("DIGEST frame has a malformed rank position")
-                positions[rank] = _Position(
-                    host, rank, latest, last_done, issued,
-                    None if now_ns is None else int(now_ns), now_s,
-                    None if exit_ is None else str(exit_)[:500], bool(stopped), self.groups)
+                try:
+                    rank, latest, last_done, issued, now_ns, exit_, stopped = item
+                    if not (isinstance(rank, int) and _is_row(latest) and _is_row(last_done)):
+                        raise ValueError
+                    positions[rank] = _Position(
+                        host, rank, latest, last_done,
+                        {str(g): int(n) for g, n in issued.items()},
+                        None if now_ns is None else int(now_ns), now_s,
+                        None if exit_ is None else str(exit_)[:500], bool(stopped),
+                        self.groups)
+                except (TypeError, ValueError, AttributeError):
+                    raise WireError("DIGEST frame has a malformed rank position") from None
             self._add_sigs(host, new_sigs)
             self.positions.update(positions)
             for item in arrivals:  # runs: digest.runs
@@ -209,8 +223,7 @@ class FleetEngine:
             stale = now_s - p.got_s > STALE_S
             exit_ = p.exit or (f"its node {p.host} stopped reporting" if stale else None)
             latest, last_done = p.ops()
-            issued = {str(g): int(n) for g, n in p.issued.items()}
-            out[r] = RankView(r, latest, last_done, self._now_ns(p, now_s), exit_, issued,
+            out[r] = RankView(r, latest, last_done, self._now_ns(p, now_s), exit_, p.issued,
                               p.stopped)
         return out
 
