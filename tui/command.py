@@ -187,8 +187,7 @@ def _serve_metrics(metrics, live) -> None:
     from distdoctor.console import err_console
 
     metrics.serve(live)
-    host, port = metrics.address
-    err_console.print(f"distdoctor: metrics at http://{host}:{port}/metrics", highlight=False)
+    err_console.print(f"distdoctor: metrics at {metrics.url}", highlight=False)
 
 
 def _viewer(run_dir, hang_timeout_s: float, backlog: int | None, on_finding=None):

@@ -113,8 +113,7 @@ def run(args) -> int:
     live = _start_diagnosis(run_dir, args, holder)
     if metrics is not None:
         metrics.serve(live)
-        print(f"distdoctor: metrics at http://{metrics.address[0]}:{metrics.address[1]}"
-              f"/metrics", file=sys.stderr)
+        print(f"distdoctor: metrics at {metrics.url}", file=sys.stderr)
     gate = _SignalGate()  # before the job starts: a signal while it starts is not lost
     try:
         job = Job.start(commands, grace_s=args.grace,

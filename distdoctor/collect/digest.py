@@ -121,8 +121,7 @@ class DigestBuilder:
             if ev.kind != "collective" or ev.index <= seen.get(ev.rank, -1):
                 continue  # only each op's first sighting (in flight or done)
             seen[ev.rank] = ev.index
-            if ev.group not in self._groups:
-                self._groups[ev.group] = (ev.group_desc, list(ev.group_ranks))
+            self._know_group(ev)
             raw = _raw_signature(ev)
             sig = self._sigs.get(raw)
             if sig is None:
@@ -138,19 +137,21 @@ class DigestBuilder:
                 ranks = arrivals[(ev.group, ev.seq, sig)] = []
             ranks.append(ev.rank)
 
+    def _know_group(self, ev: Event) -> None:
+        if ev.group not in self._groups:
+            self._groups[ev.group] = (ev.group_desc, list(ev.group_ranks))
+
     def take(self, engine, now_s: float, host: str) -> dict:
-        """The digest: every rank's position, and the arrivals since the last digest."""
+        """The digest: every rank's position (the engine's RankViews, as the hang
+        detector reads them), and the arrivals since the last digest."""
         ranks = []
-        for r, st in engine.ranks.items():
-            now_ns = engine._now_ns(st, now_s)
-            ranks.append([r, event_row(st.latest) if st.latest else None,
-                          event_row(st.last_done) if st.last_done else None,
-                          st.issued, now_ns,
-                          st.exit.describe() if st.exit is not None else None,
-                          st.exit is not None and st.exit.how == "stopped"])
-            for ev in (st.latest, st.last_done):
-                if ev is not None and ev.group not in self._groups:
-                    self._groups[ev.group] = (ev.group_desc, list(ev.group_ranks))
+        for v in engine.views(now_s).values():
+            ranks.append([v.rank, event_row(v.latest) if v.latest else None,
+                          event_row(v.last_done) if v.last_done else None,
+                          v.issued, v.now_ns, v.exit, v.stopped])
+            for ev in (v.latest, v.last_done):
+                if ev is not None:
+                    self._know_group(ev)
         arrivals = runs(self._arrivals)
         self._arrivals = {}
         sigs = {str(a[2]): self._sig_rows[a[2]] for a in arrivals

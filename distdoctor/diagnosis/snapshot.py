@@ -93,11 +93,9 @@ def _site(callsite: dict | None) -> str | None:
     return f"{os.path.basename(callsite['file'])}:{callsite.get('line')}"
 
 
-def _step_split(steps, last: int = 10) -> str | None:
+def _step_split(steps) -> str | None:
     """Where a rank's last finished steps went (diagnosis/steptime.py)."""
-    if steps is None:
-        return None
-    b = steps.breakdown(list(steps.steps)[-2 * last:], with_samples=False)
+    b = steps.recent() if steps is not None else None
     if b is None:
         return None
     return (f"{b['wall_ms']:.1f} ms a step (last {b['steps']}): collectives "
@@ -272,7 +270,7 @@ def _with_probes(rows: list[RankRow], samples: list) -> list[RankRow]:
             proc[p.rank] = p
         by_key = {}
         for g in getattr(s, "gpus", ()):
-            by_key[_gpu_key(g)] = g
+            by_key[gpu_key(g)] = g
         for r, key in getattr(s, "gpu_of_rank", {}).items():
             if key in by_key:
                 gpu[r] = by_key[key]
@@ -308,12 +306,13 @@ def _with_stuck_lines(rows: list[RankRow], findings: list[Finding]) -> list[Rank
     return out
 
 
-def _gpu_key(g) -> str:
+def gpu_key(g) -> str:
+    """How the probe samples name a GPU (its UUID, else "index:N"), as in `gpu_of_rank`."""
     try:
-        from distdoctor.probes.sampler import gpu_key
+        from distdoctor.probes.sampler import gpu_key as probes_key
     except ImportError:
         return str(getattr(g, "index", "?"))
-    return gpu_key(g)
+    return probes_key(g)
 
 
 def _gpu_text(g) -> str:

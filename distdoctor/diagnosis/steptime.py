@@ -177,6 +177,11 @@ class RankSteps:
             return st.label
         return self.pattern.label(key) if key < 0 else f"span {key}"
 
+    def recent(self, last: int = 10) -> dict | None:
+        """The breakdown of its last `last` finished steps (the newest keys hold the
+        steps still open and their batch waits: twice as many are looked at)."""
+        return self.breakdown(list(self.steps)[-2 * last:], with_samples=False)
+
     def breakdown(self, keys, with_samples: bool = True) -> dict | None:
         """Mean wall / collective / data / compute ms per step over `keys` (those with a
         known wall time), and (with_samples) the samples there."""

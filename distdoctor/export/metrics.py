@@ -18,7 +18,7 @@ import os
 import time
 from dataclasses import dataclass
 
-from distdoctor.diagnosis.snapshot import rank_state
+from distdoctor.diagnosis.snapshot import gpu_key, rank_state
 
 RANK_STATES = ("starting", "running", "in_collective", "hung", "no_heartbeat", "exited",
                "failed")
@@ -116,7 +116,7 @@ def gather(live, job: str, now_s: float | None = None) -> list[_Family]:
             steps = engine.straggler.time.get(r)
             if steps is not None and steps.finished:
                 fam["distdoctor_step"].samples.append((base, steps.finished))
-                b = steps.breakdown(list(steps.steps)[-20:], with_samples=False)
+                b = steps.recent()
                 if b is not None:
                     fam["distdoctor_step_seconds"].samples.append((base, b["wall_ms"] / 1e3))
             score = engine.straggler.score(r)
@@ -127,27 +127,17 @@ def gather(live, job: str, now_s: float | None = None) -> list[_Family]:
         ingested = sum(e.ingested for e in live.engines.values())
         samples = list(engine.samples)[-64:]
     counts: dict[tuple[str, str], int] = {}
+    culprits: dict[tuple[str, int], None] = {}  # two findings may blame one rank
     for f in findings:
         counts[(f.kind, f.severity)] = counts.get((f.kind, f.severity), 0) + 1
-        for r in f.ranks[:MAX_CULPRITS]:
-            fam["distdoctor_culprit"].samples.append(
-                ({"job": job, "kind": f.kind, "rank": str(r)}, 1.0))
+        culprits.update(((f.kind, r), None) for r in f.ranks[:MAX_CULPRITS])
+    fam["distdoctor_culprit"].samples = [
+        ({"job": job, "kind": kind, "rank": str(r)}, 1.0) for kind, r in culprits]
     for (kind, severity), n in sorted(counts.items()):
         fam["distdoctor_findings"].samples.append(
             ({"job": job, "kind": kind, "severity": severity}, n))
     fam["distdoctor_events_ingested_total"].samples.append(({"job": job}, ingested))
-    _dedupe_culprits(fam["distdoctor_culprit"])
     return list(fam.values()) + _gpu_families(samples, job)
-
-
-def _dedupe_culprits(family: _Family) -> None:
-    seen, out = set(), []
-    for labels, value in family.samples:
-        key = tuple(sorted(labels.items()))
-        if key not in seen:
-            seen.add(key)
-            out.append((labels, value))
-    family.samples = out
 
 
 def _gpu_families(samples: list, job: str) -> list[_Family]:
@@ -166,7 +156,7 @@ def _gpu_families(samples: list, job: str) -> list[_Family]:
                       "device": f"nvidia{g.index}", "modelName": _text(g.name),
                       "Hostname": host, "pci_bus_id": _text(g.pci_bus_id),
                       "source": "live" if str(g.source).startswith("live") else "replay"}
-            ranks = sorted(ranks_of.get(_gpu_key(g), ())) or [None]
+            ranks = sorted(ranks_of.get(gpu_key(g), ())) or [None]
             for r in ranks:  # one series per rank on the GPU (two ranks may share one)
                 rl = {**labels, "rank": _text(r)}
                 for fam, (_, attr, scale, _) in zip(fams, DCGM_FIELDS, strict=True):
@@ -174,12 +164,6 @@ def _gpu_families(samples: list, job: str) -> list[_Family]:
                     if isinstance(value, (int, float)) and not isinstance(value, bool):
                         fam.samples.append((rl, value * scale))
     return fams
-
-
-def _gpu_key(g) -> str:
-    from distdoctor.diagnosis.snapshot import _gpu_key as key
-
-    return key(g)
 
 
 def _text(value) -> str:

@@ -53,6 +53,11 @@ class MetricsServer:
         self._thread = threading.Thread(target=self._serve, name="distdoctor-metrics",
                                         daemon=True)
 
+    @property
+    def url(self) -> str:
+        host, port = self.address
+        return f"http://{f'[{host}]' if ':' in host else host}:{port}/metrics"
+
     def serve(self, live, job: str | None = None) -> MetricsServer:
         self.live, self.job = live, job or job_label(live.run_dir)
         self._thread.start()
