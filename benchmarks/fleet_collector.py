@@ -1,7 +1,7 @@
 """One collector for 4,096 ranks: 64 simulated nodes x 64 ranks send digests (the frames
 `run --forward-digest` sends: collect/digest.py) over loopback TCP to a real collector
-(`distdoctor watch --listen`, service mode); a hang and a cross-node mismatch are
-injected. Measured: the collector's CPU (cores, from its process's CPU time) and peak
+(`distdoctor watch --listen`, service mode); a straggler, a cross-node mismatch and a
+hang are injected. Measured: the collector's CPU (cores, from its process's CPU time) and peak
 RSS, and how long after each fault its finding is printed.
 
 The simulated job (documented rate): each rank issues 100 collectives a second, in 1 s
@@ -37,20 +37,24 @@ SITE = ["/job/train.py", 120, "train_step"]
 
 
 class Node:
-    def __init__(self, node: int, per_node: int, nodes: int, port: int):
+    def __init__(self, node: int, per_node: int, nodes: int):
         self.node, self.per_node, self.nodes = node, per_node, nodes
         self.ranks = [node * per_node + i for i in range(per_node)]
+        self.groups_sent = False
+
+    def connect(self, port: int) -> Node:
+        per_node = self.per_node
         self.sock = socket.create_connection(("127.0.0.1", port))
         self.sock.sendall(wire.json_frame(wire.HELLO, {
-            "format": wire.FORMAT, "version": wire.VERSION, "host": f"node{node:03d}",
+            "format": wire.FORMAT, "version": wire.VERSION, "host": f"node{self.node:03d}",
             "token": None, "run": {}}))
         answer = wire.read_frame(self.sock.makefile("rb").read)
         assert answer is not None and answer[0] == wire.WELCOME, answer
         for r in self.ranks:
             self.sock.sendall(wire.json_frame(wire.META, {
-                "rank": r, "local_rank": r % per_node, "host": f"node{node:03d}",
+                "rank": r, "local_rank": r % per_node, "host": f"node{self.node:03d}",
                 "pid": 100000 + r}, rank=r))
-        self.groups_sent = False
+        return self
 
     def tp(self, r: int) -> str:
         return f"tp{r // TP}"
@@ -67,15 +71,21 @@ class Node:
                                       for n in range(self.nodes)]]
         return out
 
-    def digest(self, done_ops: int, prev_ops: int, now_ns: int, t0_ns: int,
-               faults: dict) -> bytes:
+    def digest(self, *args) -> bytes:
+        """The DIGEST frame of `payload(*args)`."""
+        return wire.frame(wire.DIGEST, json.dumps(self.payload(*args),
+                                                  separators=(",", ":")).encode())
+
+    def payload(self, done_ops: int, prev_ops: int, now_ns: int, t0_ns: int,
+                faults: dict) -> dict:
         """The digest after each rank got to op `done_ops` (`prev_ops` at the last
         digest); `faults`: "mismatch" (rank, op), and once the hang happened "blocked"
         (rank -> the op it is stuck before: the culprit) or in (the ranks waiting)."""
         per_step = TP_OPS + DP_OPS
-        ranks, arrivals = [], {}
+        ranks, arrivals, waits = [], {}, []
         blocked, culprit = faults.get("blocked", {}), faults.get("hang", (-1, 0))[0]
         odd_rank, odd_op = faults.get("mismatch", (-1, -1))
+        slow, slow_from, slow_ms = faults.get("straggler", (-1, 1 << 62, 0.0))
         for r in self.ranks:
             at = blocked.get(r)
             stop = done_ops if at is None else min(done_ops, at + (r != culprit))
@@ -83,6 +93,13 @@ class Node:
                 group, seq = self._op(r, i, per_step)
                 sig = 1 if (r, i) == (odd_rank, odd_op) else 0
                 arrivals.setdefault((group, seq, sig), []).append(r)
+                if group[0] == "d" and i < stop - (at is not None):  # finished DP ops
+                    # each rank's own wait: 0.5-2.5 ms of noise, and the straggler's DP
+                    # peers wait for it once it slows down
+                    wait = 500_000 + (r * 7919 + i * 104729) % 2_000_000
+                    if i >= slow_from and r != slow and self.dp(r) == self.dp(slow):
+                        wait += int(slow_ms * 1e6)
+                    waits.append([group, seq, 1, wait, r, None])
             if at is not None and done_ops >= at:
                 last = _row(at - 1, *self._op(r, at - 1, per_step), t0_ns, True)
                 if r == culprit:  # outside any collective
@@ -95,13 +112,25 @@ class Node:
                 latest = last = _row(done_ops - 1, *self._op(r, done_ops - 1, per_step),
                                      now_ns - 2_000_000, True)
                 issued = self._issued(r, done_ops, per_step)
-            ranks.append([r, latest, last, issued, now_ns, None, False])
+            ranks.append([r, latest, last, issued, now_ns, None, False,
+                          self._state(r, issued, per_step)])
         payload = {"host": f"node{self.node:03d}", "ranks": ranks,
                    "groups": {} if self.groups_sent else self.groups(),
                    "sigs": {"0": _sig_row(64), "1": _sig_row(65)} if not self.groups_sent
-                   else {}, "arrivals": runs(arrivals), "dropped": 0}
+                   else {}, "arrivals": runs(arrivals), "waits": waits, "dropped": 0}
         self.groups_sent = True
-        return wire.frame(wire.DIGEST, json.dumps(payload, separators=(",", ":")).encode())
+        return payload
+
+    def _state(self, r: int, issued: dict, per_step: int) -> dict:
+        """What a node's engine says of a rank beyond its position (digest.rank_extras)."""
+        tp, dp = issued[self.tp(r)], issued[self.dp(r)]
+        steps = dp // DP_OPS
+        return {"failed": False, "span": f"step {steps}", "steps": steps,
+                "split": {"steps": 10, "wall_ms": 1000.0, "collective_ms": 180.5,
+                          "data_ms": 20.25, "compute_ms": 799.25},
+                "late_ms": 0.4, "hb_age_s": 0.3,
+                "done": [[self.tp(r), "tp", "all_reduce", tp, tp * 0.0018],
+                         [self.dp(r), "dp", "all_reduce", dp, dp * 0.0018]]}
 
     def _op(self, r: int, i: int, per_step: int) -> tuple[str, int]:
         step, j = divmod(i, per_step)
@@ -160,6 +189,14 @@ def _sig_row(numel: int) -> list:
             numel, numel, "sum", SITE, 0, 1, None]
 
 
+def _findings(copy: str) -> list[dict]:
+    try:
+        with open(os.path.join(copy, "findings.json")) as f:
+            return json.load(f)["findings"]
+    except (OSError, ValueError, KeyError):
+        return []
+
+
 class CollectorProcess:
     def __init__(self, port: int, copy: str, hang_timeout: float):
         self.proc = subprocess.Popen(
@@ -213,13 +250,18 @@ def main() -> None:
     collector = CollectorProcess(port, copy, args.hang_timeout)
     try:
         assert collector.wait_for("collecting on", 30), "the collector did not start"
-        nodes = [Node(n, args.ranks_per_node, args.nodes, port) for n in range(args.nodes)]
+        nodes = [Node(n, args.ranks_per_node, args.nodes).connect(port)
+                 for n in range(args.nodes)]
         per_s = TP_OPS + DP_OPS
         # faults: a mismatch at 10 s (a rank of the middle node, in a DP all_reduce), a
         # hang at 15 s (a rank of another node stops before a TP all_reduce)
         odd = (args.nodes // 2) * args.ranks_per_node + 3
         stuck = (args.nodes // 3) * args.ranks_per_node + 5
-        faults = {"mismatch": (odd, 10 * per_s + TP_OPS + 4), "hang": (stuck, 15 * per_s + 7)}
+        # and a straggler from 3 s (a rank of a third node keeps its DP group waiting
+        # 20 ms in each of its DP all_reduces: 400 ms a step)
+        slow = (2 * args.nodes // 3) * args.ranks_per_node + 9
+        faults = {"mismatch": (odd, 10 * per_s + TP_OPS + 4), "hang": (stuck, 15 * per_s + 7),
+                  "straggler": (slow, 3 * per_s, 20.0)}
         blocked = blocked_after(stuck, faults["hang"][1], nodes, per_s)
         t0, t0_ns = time.monotonic(), time.monotonic_ns()
         cpu0, prev, sent_mismatch_t, hang_t = collector.cpu_s(), 0, None, None
@@ -244,6 +286,7 @@ def main() -> None:
             time.sleep(max(0.0, 0.5 - (time.monotonic() - tick)))
         wall = time.monotonic() - t0
         cores = (collector.cpu_s() - cpu0) / wall
+        found_straggler = collector.wait_for("STRAGGLER", 1)
         found_mismatch = collector.wait_for("MISMATCH", 1)
         found_hang = collector.wait_for("HANG", 1)
         print(f"{args.nodes} nodes x {args.ranks_per_node} ranks = {world:,} ranks, "
@@ -264,9 +307,16 @@ def main() -> None:
                   f"(timeout + {found_hang - hang_t - args.hang_timeout:.1f} s)")
         else:
             print("  hang: NOT FOUND")
-        for _t, line in collector.lines:
-            if "MISMATCH" in line or "HANG" in line:
-                print("   ", line.rstrip()[:160])
+        if found_straggler:
+            print(f"  straggler (rank {slow} keeps its DP group waiting 20 ms per DP "
+                  f"collective from 3 s): found {found_straggler - t0 - 3:.1f} s after it "
+                  f"slowed")
+        else:
+            print("  straggler: NOT FOUND")
+        if os.environ.get("PROFILE"):
+            subprocess.run(["py-spy", "dump", "--pid", str(collector.proc.pid)])
+        for f in _findings(copy):
+            print(f"    {f['kind'].upper()}: {f['summary'][:200]}")
     finally:
         collector.stop()
 

@@ -40,6 +40,21 @@ def two_nodes(tmp_path, job: str, collector_args=()):
     return collector, said, nodes
 
 
+def _rank_states(url: str) -> dict[str, str]:
+    """rank -> its state, from the distdoctor_rank_state series set to 1."""
+    import re
+    import urllib.request
+
+    with urllib.request.urlopen(url, timeout=10) as resp:
+        text = resp.read().decode()
+    out = {}
+    for line in text.splitlines():
+        if line.startswith("distdoctor_rank_state{") and line.endswith(" 1.0"):
+            labels = dict(re.findall(r'(\w+)="([^"]*)"', line))
+            out[labels["rank"]] = labels["state"]
+    return out
+
+
 def stop_all(collector, nodes) -> int:
     for run_dir, proc in nodes:
         stop_process(proc)
@@ -55,10 +70,14 @@ def stop_all(collector, nodes) -> int:
     ("shape_mismatch.py", "MISMATCH", "rank 3 issued all_reduce 65 float32 sum"),
 ])
 def test_a_culprit_on_the_other_node_is_found_from_digests(tmp_path, job, kind, says):
-    collector, said, nodes = two_nodes(tmp_path, job)
+    metrics = free_port()
+    collector, said, nodes = two_nodes(tmp_path, job, ("--metrics", f"127.0.0.1:{metrics}"))
     try:
         line = said.wait_for(kind, 90)
         assert says in line, line
+        if kind == "HANG":  # the collector's /metrics: every rank, from the digests
+            states = _rank_states(f"http://127.0.0.1:{metrics}/metrics")
+            assert states == {"0": "hung", "1": "hung", "2": "hung", "3": "running"}, states
     finally:
         code = stop_all(collector, nodes)
     assert code == 0 and "Traceback" not in "".join(said.lines), "".join(said.lines)
@@ -137,3 +156,71 @@ def test_an_op_that_cannot_be_decoded_is_unknown_and_diagnosis_goes_on():
                  "ranks": [[0, row, None, {"0": 6}, 5_000_000_000, None, False]]}, now_s=1.0)
     assert fleet.tick(now_s=1.5) == []
     assert fleet.positions[0].ops() == (None, None)
+
+
+# --- stragglers across nodes and the collector's rows ---------------------------------------
+
+WORLD = tuple(range(8))  # 4 nodes x 2 ranks, one group over all of them
+
+
+def _late_job(late: dict[int, float], seconds: int = 16, per_s: int = 10) -> FleetEngine:
+    """Nodes a-d (ranks 0-1, 2-3, ...) digest a job whose ranks in `late` (rank -> ms)
+    enter every all_reduce that much after the others; each digest reports the waits of
+    the collectives its ranks finished."""
+    fleet = FleetEngine(hang_timeout_s=60)
+    nodes = {host: (DigestBuilder(), Engine(), (2 * i, 2 * i + 1))
+             for i, host in enumerate("abcd")}
+    worst = max(late.values(), default=0.0)
+    for second in range(seconds):
+        for host, (builder, engine, ranks) in nodes.items():
+            events = []
+            for k in range(per_s):
+                seq = second * per_s + k
+                start = second * 1_000_000_000 + k * 50_000_000
+                end = start + int((worst + 1) * 1e6)
+                for r in ranks:
+                    enter = start + int(late.get(r, 0.0) * 1e6)
+                    ev = op(r, seq, seq, t=enter, ranks=WORLD)
+                    events.append(replace(ev, t_end_ns=end))
+            engine.ingest(events, now_s=second + 0.5)
+            builder.feed(events)
+            fleet.apply(builder.take(engine, second + 0.5, host), now_s=second + 0.5)
+    return fleet
+
+
+def test_a_rank_late_against_the_ranks_on_other_nodes_is_a_straggler():
+    fleet = _late_job({5: 30.0})
+    found = fleet.tick(now_s=16.5)
+    stragglers = [f for f in found if f.kind == "straggler"]
+    assert [f.ranks for f in stragglers] == [[5]], [f.summary for f in found]
+    assert "rank 5 (node c)" in stragglers[0].summary, stragglers[0].summary
+    assert 25 < stragglers[0].details["lateness_ms"] / 10 < 35  # 10 collectives a second
+
+
+def test_a_whole_node_late_together_is_one_finding_about_the_node():
+    """Both of node c's ranks arrive 30 ms late: neither is late beside the other (the
+    rank measure is ~0), the node is late beside the other nodes."""
+    fleet = _late_job({4: 30.0, 5: 30.0})
+    found = [f for f in fleet.tick(now_s=16.5) if f.kind == "straggler"]
+    assert [f.ranks for f in found] == [[4, 5]], [f.summary for f in found]
+    assert "node c (ranks 4-5)" in found[0].summary, found[0].summary
+
+
+def test_a_job_that_keeps_time_has_no_straggler():
+    fleet = _late_job({})
+    assert not [f for f in fleet.tick(now_s=16.5) if f.kind == "straggler"]
+    assert fleet.lateness.merged == 160  # every collective of the 16 s was merged
+
+
+def test_the_collector_shows_the_digests_ranks_as_rows_and_metrics():
+    from distdoctor.collect.fleet_view import metric_ranks, rank_rows
+
+    fleet = _late_job({5: 30.0}, seconds=12)
+    rows = rank_rows(fleet, 12.0, skip=set(), rates={})
+    assert [r.rank for r in rows] == list(WORLD)
+    assert {r.host for r in rows} == set("abcd")
+    assert all(r.state == "running" and r.collectives == 120 for r in rows), rows[0]
+    assert rows[0].last_done == "all_reduce #119 (0)"
+    ranks = metric_ranks(fleet, 12.0, skip={0})
+    assert [m.rank for m in ranks] == list(WORLD[1:])
+    assert ranks[0].done == [["0", "default_pg", "all_reduce", 120, pytest.approx(3.72)]]

@@ -171,9 +171,16 @@ def test_prometheus_shows_the_hung_rank_and_fires_the_hang_alert(tmp_path):
         assert alert[0]["labels"]["rank"] == "3" and alert[0]["labels"]["job"] == job
         assert "waiting for rank 3" in alert[0]["annotations"]["summary"]
 
-        # every dashboard panel's query is valid PromQL and most have data here
-        answered = [bool(prom.query(expr)) for expr in dashboard_queries(job)]
-        assert sum(answered) >= 6, answered
+        # every dashboard panel's query is valid PromQL and most have data here (a rate
+        # needs two scrapes of a series inside its window: a few seconds after the first)
+        def answered() -> list[bool]:
+            return [bool(prom.query(expr)) for expr in dashboard_queries(job)]
+
+        try:
+            _until("dashboard queries answered", lambda: sum(answered()) >= 6, 15)
+        except AssertionError:
+            raise AssertionError(list(zip(answered(), dashboard_queries(job),
+                                          strict=True))) from None
     finally:
         if prom is not None:
             prom.stop()

@@ -63,8 +63,8 @@ def test_cells_colour_culprits_late_ranks_and_states():
     assert cells_[8].plain == "+12.5" and "yellow" in str(cells_[8].style)
     calm = cells.rank_cells(_row(1, lateness_ms=-40.0), culprits={3})
     assert calm[0].style == "bold" and calm[8].style == "dim"
-    assert cells._span_list([7, 0, 1, 2, 3, 5, 8]) == "0-3,5,7-8"
-    assert cells._span_list([]) == ""
+    assert cells.rank_ranges([7, 0, 1, 2, 3, 5, 8]) == "0-3, 5, 7-8"
+    assert cells.rank_ranges([]) == ""
 
 
 def test_header_counts_findings_by_severity():
@@ -122,3 +122,90 @@ def test_rank_detail_shows_where_its_steps_go_and_why_it_is_late():
     assert "collectives 4.4, data 34.2, compute 1.9" in plain
     assert "why late: rank 2 keeps the others waiting 32.0 ms" in plain
     assert "why late" not in cells.rank_detail(_row(0), []).plain
+
+
+# --- thousands of ranks -----------------------------------------------------------------
+
+def test_rank_ranges_say_thousands_of_ranks_in_a_few_words():
+    from distdoctor.diagnosis.report import rank_ranges
+
+    assert rank_ranges([0, 1, 2, 3, 5]) == "0-3, 5"
+    most = [r for r in range(4096) if r not in (17, 2048, 2049)]
+    assert rank_ranges(most, among=range(4096)) == "0-4095 except 17, 2048-2049"
+    assert rank_ranges([17, 2048], among=range(4096)) == "17, 2048"  # few: named
+    every_third = rank_ranges(range(0, 4096, 3), limit=40)
+    assert every_third.endswith("more)") and len(every_third) < 70, every_third
+    shown = [int(x) for x in every_third.split(" (")[0].split(", ")]
+    left = int(every_third.split("(+")[1].split()[0])
+    assert len(shown) + left == len(range(0, 4096, 3))  # nothing lost in the count
+
+
+def _big_job() -> JobSnapshot:
+    """4,096 ranks: 17 spins outside collectives, the others wait for it (2048-2049 past
+    the hang timeout), 3000 failed."""
+    state = {17: ("running", "outside collectives for 70.0 s"), 3000: ("failed", "exit 1"),
+             2048: ("hung", "all_reduce #9 in group 0 for 70.0 s"),
+             2049: ("hung", "all_reduce #9 in group 0 for 70.0 s")}
+    rows = [_row(r, host=f"node{r // 64:03d}", state=state.get(r, ("in collective",))[0],
+                 where=state.get(r, ("", "all_reduce #9 in group 0 for 0.4 s"))[1])
+            for r in range(4096)]
+    hang = Finding(kind="hang", severity="error", summary="hang: rank 17 never joined",
+                   ranks=[17])
+    return JobSnapshot(run_dir="/runs/x", command=None, world_size=4096, state="running",
+                       elapsed_s=80.0, ranks=rows, groups=[], findings=[hang], events=0)
+
+
+def test_the_summary_groups_4096_ranks_by_state_culprits_first():
+    text = cells.state_summary(_big_job()).plain.splitlines()
+    assert text[0].split() == ["culprits", "1", "ranks", "17", "(17", "on", "node000):",
+                               "HANG"], text
+    assert [line.split()[0] for line in text[1:]] == ["failed", "hung", "in", "running"]
+    assert "4092  ranks 0-4095 except 17, 2048-2049, 3000" in text[3], text
+
+
+def test_the_table_of_4096_ranks_shows_the_notable_ones_and_finds_the_rest():
+    snap = _big_job()
+    rows, which = cells.ranks_shown(snap)
+    assert [r.rank for r in rows] == [17, 2048, 2049, 3000], which
+    assert "4 notable of 4096 ranks" in which and "a: all" in which
+    assert len(cells.ranks_shown(snap, show_all=True)[0]) == 4096
+    found, which = cells.ranks_shown(snap, query="100-102, node063")
+    assert [r.rank for r in found] == [100, 101, 102] + list(range(4032, 4096)), which
+    assert [r.rank for r in cells.ranks_shown(snap, query="hung")[0]] == [2048, 2049]
+    small = JobSnapshot(**{**snap.__dict__, "ranks": snap.ranks[:8]})
+    assert len(cells.ranks_shown(small)[0]) == 8  # a small job: every rank, always
+
+
+def test_the_dashboard_of_4096_ranks_draws_the_summary_and_finds_on_demand():
+    import asyncio
+
+    from distdoctor.tui.app import WatchApp
+
+    class Taker:  # the app asks a taker for snapshots, and the live view for its path
+        live = type("Live", (), {"run_dir": "/runs/x"})()
+        detail_rank = None
+
+        def take(self):
+            return _big_job()
+
+    app = WatchApp(Taker(), refresh_s=3600)
+
+    async def drive():
+        async with app.run_test(size=(200, 60)) as pilot:
+            await pilot.pause(0.3)
+            ranks = app.query_one("#ranks")
+            assert ranks.row_count == 4
+            assert "culprits" in str(app.query_one("#states").render())
+            await pilot.press("a")
+            await pilot.pause(0.1)
+            assert ranks.row_count == 4096
+            await pilot.press("slash", "5", "-", "7", "enter")
+            await pilot.pause(0.1)
+            assert ranks.row_count == 3 and app.find_text == "5-7"
+            assert app.focused is ranks  # back to the table after the search
+            await pilot.press("escape")
+            await pilot.pause(0.1)
+            assert ranks.row_count == 4096 and app.find_text == ""
+            await pilot.press("q")
+
+    asyncio.run(drive())

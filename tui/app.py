@@ -3,6 +3,10 @@
 It draws `JobSnapshot`s and nothing else: the live engine (`LiveDiagnosis` as a viewer)
 follows the run dir on its own thread, and a worker thread takes each snapshot, so a slow
 pass over a large job never freezes the screen.
+
+However many ranks, the summary comes first: the culprits, then the ranks grouped by
+state as ranges. The ranks table shows every rank of a job up to cells.FULL_TABLE ranks;
+of a larger one the notable ranks (`a` shows all, `/` finds ranks, hosts or states).
 """
 
 from __future__ import annotations
@@ -14,7 +18,7 @@ from rich.text import Text
 from textual.app import App, ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical, VerticalScroll
-from textual.widgets import DataTable, Footer, Header, Static
+from textual.widgets import DataTable, Footer, Header, Input, Static
 
 from distdoctor.diagnosis.snapshot import JobSnapshot, SnapshotTaker
 
@@ -23,8 +27,13 @@ REFRESH_S = 0.5
 
 class WatchApp(App):
     TITLE = "distdoctor watch"
+    AUTO_FOCUS = "#ranks"
     CSS = """
     #summary { height: auto; padding: 0 1; }
+    #states { height: auto; max-height: 10; padding: 0 1; border-top: solid $secondary; }
+    #shown { height: auto; padding: 0 1; color: $text-muted; }
+    #find { display: none; }
+    #find.open { display: block; }
     #ranks { height: 1fr; }
     #lower { height: 2fr; }
     #groups { width: 2fr; }
@@ -39,6 +48,9 @@ class WatchApp(App):
         Binding("g", "focus('groups')", "groups"),
         Binding("f", "focus('findings')", "findings"),
         Binding("p", "pause", "pause/resume"),
+        Binding("a", "all_ranks", "all ranks"),
+        Binding("slash", "find", "find"),
+        Binding("escape", "clear_find", "clear", show=False),
     ]
 
     def __init__(self, taker: SnapshotTaker, refresh_s: float = REFRESH_S):
@@ -53,10 +65,16 @@ class WatchApp(App):
         self._shown: dict[str, dict[str, tuple]] = {"ranks": {}, "groups": {}}
         self._finding_ids: list[tuple] = []  # which findings the table shows
         self._finding_texts: list[tuple] = []  # and what they say (a hang's wait grows)
+        self.show_all = False  # every rank in the table, however many
+        self.find_text = ""  # what the find box asked for
 
     def compose(self) -> ComposeResult:
         yield Header()
         yield Static("reading the run directory...", id="summary")
+        yield Static("", id="states")
+        yield Static("", id="shown")
+        yield Input(placeholder="ranks (17, 100-200), hosts or states (hung); enter to find",
+                    id="find", disabled=True)  # closed: keys go to the tables
         yield DataTable(id="ranks", cursor_type="row", zebra_stripes=True)
         with Horizontal(id="lower"):
             yield DataTable(id="groups", cursor_type="row")
@@ -102,12 +120,16 @@ class WatchApp(App):
     def show(self, snap: JobSnapshot) -> None:
         self.snapshot = snap
         self.query_one("#summary", Static).update(cells.header_line(snap))
-        culprits = {r for f in snap.findings for r in f.ranks}
+        self.query_one("#states", Static).update(cells.state_summary(snap))
+        culprits = cells.culprits_of(snap)
+        rows, which = cells.ranks_shown(snap, self.show_all, self.find_text)
+        self.query_one("#shown", Static).update(which)
         _fill(self.query_one("#ranks", DataTable), self._shown["ranks"],
-              [(str(r.rank), cells.rank_cells(r, culprits)) for r in snap.ranks],
+              [(str(r.rank), cells.rank_cells(r, culprits)) for r in rows],
               cells.RANK_COLUMNS)
         _fill(self.query_one("#groups", DataTable), self._shown["groups"],
-              [(g.group, cells.group_cells(g)) for g in snap.groups], cells.GROUP_COLUMNS)
+              [(g.group, cells.group_cells(g)) for g in cells.groups_shown(snap.groups)],
+              cells.GROUP_COLUMNS)
         self._show_findings(snap)
 
     def _show_findings(self, snap: JobSnapshot) -> None:
@@ -178,6 +200,39 @@ class WatchApp(App):
         self._show_detail()
         if table_id == "ranks":
             self._take()  # the rank's ops come with the next snapshot: take it now
+
+    def action_all_ranks(self) -> None:
+        self.show_all = not self.show_all
+        self._redraw()
+
+    def action_find(self) -> None:
+        box = self.query_one("#find", Input)
+        box.disabled = False
+        box.add_class("open")
+        box.focus()
+
+    def action_clear_find(self) -> None:
+        box = self.query_one("#find", Input)
+        box.value, self.find_text = "", ""
+        self._close(box)
+        self.query_one("#ranks", DataTable).focus()
+        self._redraw()
+
+    def on_input_submitted(self, event: Input.Submitted) -> None:
+        self.find_text = event.value
+        if not event.value.strip():
+            self._close(event.input)
+        self.query_one("#ranks", DataTable).focus()
+        self._redraw()
+
+    @staticmethod
+    def _close(box: Input) -> None:
+        box.remove_class("open")
+        box.disabled = True
+
+    def _redraw(self) -> None:
+        if self.snapshot is not None:
+            self.show(self.snapshot)
 
     def action_pause(self) -> None:
         self.paused = not self.paused

@@ -8,7 +8,7 @@ from __future__ import annotations
 from rich.text import Text
 
 from distdoctor.diagnosis.findings import Finding
-from distdoctor.diagnosis.report import site_text
+from distdoctor.diagnosis.report import rank_ranges, site_text
 from distdoctor.diagnosis.snapshot import GroupRow, JobSnapshot, OpRow, RankRow
 
 STATE_STYLE = {
@@ -25,6 +25,13 @@ FINDING_COLUMNS = ("severity", "kind", "ranks", "summary")
 # every row of it, per updated cell (6.8 s a redraw for 256 ranks; 12 columns x 256 rows)
 RANK_WIDTHS = {"rank": 5, "host": 10, "state": 13, "where": 52, "line": 22, "last done": 22,
                "coll/s": 6, "span": 10, "late ms/step": 12, "cpu %": 5, "rss": 10, "gpu": 22}
+
+# Up to this many ranks the table shows them all; past it, the notable ones (a redraw of
+# Textual's table costs ~0.3 ms a row: 4,096 rows would not refresh once a second)
+FULL_TABLE = 256
+NOTABLE_MAX = 200
+STATE_ORDER = ("failed", "hung", "no heartbeat", "in collective", "running", "starting",
+               "exited")
 
 # A rank whose mean per-step lateness is above this is worth the reader's eye (the
 # straggler detector itself also asks for a t-statistic; this is only a colour)
@@ -79,9 +86,9 @@ def group_cells(row: GroupRow) -> tuple:
     name = row.group + (f" ({row.desc})" if row.desc else "")
     return (
         Text(name),
-        Text(_span_list(row.ranks)),
+        Text(rank_ranges(row.ranks)),
         Text(issued, justify="right"),
-        Text(_span_list(row.behind) if row.behind else "-",
+        Text(rank_ranges(row.behind) if row.behind else "-",
              style="bold red" if row.behind else "dim"),
     )
 
@@ -90,7 +97,7 @@ def finding_cells(f: Finding) -> tuple:
     return (
         Text(f.severity, style=SEVERITY_STYLE.get(f.severity, "")),
         Text(f.kind.upper(), style=SEVERITY_STYLE.get(f.severity, "")),
-        Text(_span_list(f.ranks) if f.ranks else "-"),
+        Text(rank_ranges(f.ranks) if f.ranks else "-"),
         Text(f.summary),
     )
 
@@ -167,14 +174,102 @@ def header_line(s: JobSnapshot) -> Text:
     return out
 
 
-def _span_list(ranks) -> str:
-    """0,1,2,3,5 -> "0-3,5": a 256-rank group stays one short cell."""
-    ranks = sorted(ranks)
-    parts, i = [], 0
-    while i < len(ranks):
-        j = i
-        while j + 1 < len(ranks) and ranks[j + 1] == ranks[j] + 1:
-            j += 1
-        parts.append(str(ranks[i]) if i == j else f"{ranks[i]}-{ranks[j]}")
-        i = j + 1
-    return ",".join(parts)
+def culprits_of(snap: JobSnapshot) -> set[int]:
+    return {r for f in snap.findings for r in f.ranks}
+
+
+def state_summary(snap: JobSnapshot) -> Text:
+    """The job in a few lines, however many ranks: the culprits the findings name, then
+    the ranks grouped by state ("in collective 4093  ranks 0-4095 except 17, 2048")."""
+    out = Text()
+    everyone = [r.rank for r in snap.ranks]
+    if not everyone:
+        return out
+    culprits = culprits_of(snap)
+    if culprits:
+        hosts = {r.rank: r.host for r in snap.ranks}
+        kinds = sorted({f.kind.upper() for f in snap.findings if f.ranks})
+        where = ""
+        if len(culprits) <= 4:
+            where = " (" + ", ".join(f"{r} on {hosts.get(r) or '?'}"
+                                     for r in sorted(culprits)) + ")"
+        out.append(f"{'culprits':<14}", style="bold red")
+        out.append(f"{len(culprits):>6}  ranks {rank_ranges(culprits)}{where}: "
+                   f"{', '.join(kinds)}\n")
+    by_state: dict[str, list[int]] = {}
+    for r in snap.ranks:
+        by_state.setdefault(r.state, []).append(r.rank)
+    order = sorted(by_state, key=lambda s: (STATE_ORDER.index(s) if s in STATE_ORDER
+                                            else len(STATE_ORDER), s))
+    for state in order:
+        ranks = by_state[state]
+        out.append(f"{state:<14}", style=STATE_STYLE.get(state, ""))
+        out.append(f"{len(ranks):>6}  ranks {rank_ranges(ranks, among=everyone)}\n")
+    out.rstrip()
+    return out
+
+
+def _matches(row: RankRow, query: list[tuple]) -> bool:
+    for kind, a, b in query:
+        if kind == "range" and a <= row.rank <= b:
+            return True
+        if kind == "word" and (a in (row.host or "").lower() or a == row.state.lower()):
+            return True
+    return False
+
+
+def parse_query(text: str) -> list[tuple]:
+    """What the ranks table's find box takes: ranks and ranges ("17", "100-200"), host
+    names or parts of one, and states ("hung"), separated by commas or spaces."""
+    out = []
+    for word in text.replace(",", " ").split():
+        lo, dash, hi = word.partition("-")
+        if lo.isdigit() and (not dash or hi.isdigit()):
+            out.append(("range", int(lo), int(hi) if dash else int(lo)))
+        else:
+            out.append(("word", word.lower(), None))
+    return out
+
+
+def ranks_shown(snap: JobSnapshot, show_all: bool = False,
+                query: str = "") -> tuple[list[RankRow], str]:
+    """The rows the ranks table shows and a line saying which: every rank of a job up to
+    FULL_TABLE ranks (or when asked); past it the notable ones first — the culprits, the
+    ranks not in the most common state, the late ones — at most NOTABLE_MAX; or those a
+    query names."""
+    rows = snap.ranks
+    total = len(rows)
+    if query.strip():
+        found = [r for r in rows if _matches(r, parse_query(query))]
+        return found[:NOTABLE_MAX * 5], (f"{len(found)} of {total} ranks match "
+                                          f"{query.strip()!r} (esc: clear)")
+    if show_all or total <= FULL_TABLE:
+        return rows, ""
+    culprits = culprits_of(snap)
+    counts: dict[str, int] = {}
+    for r in rows:
+        counts[r.state] = counts.get(r.state, 0) + 1
+    usual = max(counts, key=counts.get)
+
+    def rank_of(r: RankRow) -> int:
+        if r.rank in culprits:
+            return 0
+        if r.state != usual:
+            return 1
+        if r.straggler or (r.lateness_ms is not None and r.lateness_ms > LATE_MS):
+            return 2
+        return 3
+
+    notable = sorted((r for r in rows if rank_of(r) < 3), key=lambda r: (rank_of(r), r.rank))
+    shown = sorted(notable[:NOTABLE_MAX], key=lambda r: r.rank)
+    return shown, (f"{len(shown)} notable of {total} ranks (the culprits, those not "
+                   f"'{usual}', the late ones)  a: all  /: find")
+
+
+def groups_shown(groups: list[GroupRow], limit: int = 64) -> list[GroupRow]:
+    """Every group of a small job; of a large one (a TP group per 8 ranks) the ones where
+    a rank fell behind first, then the rest up to `limit`."""
+    if len(groups) <= limit:
+        return groups
+    behind = [g for g in groups if g.behind]
+    return behind[:limit] + [g for g in groups if not g.behind][:max(0, limit - len(behind))]

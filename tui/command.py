@@ -15,6 +15,8 @@ set alike on every node.
 It only reads the run dir: start and stop it at will, beside `distdoctor run` or from
 another shell; the job never notices. Keys: r/g/f focus ranks/groups/findings, arrows
 select a finding (its call sites, remedy and stacks show below), p pauses, q quits.
+Past 256 ranks the table shows the notable ones (the summary above it groups all of them
+by state): a shows every rank, / finds ranks ("17", "100-200"), hosts or states.
 
 Registered with the `distdoctor` command through the "distdoctor.commands" entry point,
 so the core never imports the dashboard (DESIGN.md: tui -> core, never core -> tui).
@@ -146,14 +148,14 @@ def _collect(args) -> int:
     try:
         if dashboard:
             show(run_dir, hang_timeout, args.backlog or DEFAULT_BACKLOG, args.refresh,
-                 metrics=metrics)
+                 metrics=metrics, fleet=collector.mirror.fleet)
             return 0
         done = threading.Event()
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, lambda *_: done.set())
         live = _viewer(run_dir, hang_timeout, args.backlog, on_finding=print_finding).start()
         if metrics is not None:
-            _serve_metrics(metrics, live)
+            _serve_metrics(metrics, live, collector.mirror.fleet)
         done.wait()
         live.leave()
         return 0
@@ -167,26 +169,27 @@ def _collect(args) -> int:
 
 
 def show(run_dir, hang_timeout_s: float, backlog: int = DEFAULT_BACKLOG,
-         refresh_s: float = 0.5, metrics=None) -> None:
+         refresh_s: float = 0.5, metrics=None, fleet=None) -> None:
     """The dashboard of `run_dir` until the user quits it (also `distdoctor demo`'s);
-    `metrics`: a bound MetricsServer to serve the same view."""
+    `metrics`: a bound MetricsServer to serve the same view; `fleet`: the collector's
+    engine over the nodes that send digests."""
     from distdoctor.tui.app import WatchApp
 
     from distdoctor.diagnosis.snapshot import SnapshotTaker
 
     live = _viewer(run_dir, hang_timeout_s, backlog).start()
     if metrics is not None:
-        _serve_metrics(metrics, live)
+        _serve_metrics(metrics, live, fleet)
     try:
-        WatchApp(SnapshotTaker(live), refresh_s=refresh_s).run()
+        WatchApp(SnapshotTaker(live, fleet=fleet), refresh_s=refresh_s).run()
     finally:
         live.leave()
 
 
-def _serve_metrics(metrics, live) -> None:
+def _serve_metrics(metrics, live, fleet=None) -> None:
     from distdoctor.console import err_console
 
-    metrics.serve(live)
+    metrics.serve(live, fleet=fleet)
     err_console.print(f"distdoctor: metrics at {metrics.url}", highlight=False)
 
 

@@ -11,7 +11,16 @@ the node's own `run`, which follows its ranks anyway, sends instead, twice a sec
 - each collective its ranks entered, once per (group, seq, signature) with the local
   ranks that entered it, consecutive ones alike in one run: the collector compares the
   nodes' signatures of one collective, which finds a mismatch between ranks on different
-  nodes.
+  nodes;
+- each rank's state beyond its position (exit, span, steps and where their time goes,
+  ops completed per group and op): the collector's dashboard rows and /metrics;
+- for a group with members on other nodes, once all its local members finished one of
+  its collectives: how many did, the shortest wait among them, whose it was, and the
+  next shortest (waits are clock-independent: each is measured on its rank's own clock).
+  The rank with the shortest wait over all nodes arrived last, by the gap to the next
+  one; the node whose shortest wait is shortest kept the others waiting, by the gap to
+  the next node's (collect/lateness.py). A group wholly on the node needs none of this:
+  the node's own engine completes its collectives and finds its stragglers.
 
 A digest is one JSON object (the DIGEST frame). Groups (name, description, global ranks)
 and signatures are sent once per connection and referred to by number after that. The
@@ -25,6 +34,7 @@ from distdoctor.runlog.reader import Event
 
 MAX_ARRIVALS = 200_000  # (group, seq, signature) entries held between two digests
 MAX_SIGS = 1 << 16  # signatures numbered per connection; past this the table starts over
+MAX_WAITS = 100_000  # (group, seq) still awaiting local members' completions
 
 
 def event_row(ev: Event) -> list:
@@ -100,6 +110,10 @@ class DigestBuilder:
         self._sent_groups: set[str] = set()
         self._sent_sigs: set[int] = set()
         self._sig_base = 0  # numbers go on rising when the table starts over
+        self._done_seen: dict[int, int] = {}  # rank -> the newest finished event fed
+        # (group, seq) -> [local members finished, shortest wait, its rank, next shortest]
+        self._waits: dict[tuple, list] = {}
+        self._local: dict[str, int] = {}  # group -> its members on this node (or 0: all)
         self.dropped = 0
 
     def _new_sig_table(self) -> None:
@@ -118,7 +132,11 @@ class DigestBuilder:
     def feed(self, events) -> None:
         seen, arrivals = self._seen, self._arrivals
         for ev in events:
-            if ev.kind != "collective" or ev.index <= seen.get(ev.rank, -1):
+            if ev.kind != "collective":
+                continue
+            if ev.t_end_ns is not None and ev.status == "ok":
+                self._finished(ev)
+            if ev.index <= seen.get(ev.rank, -1):
                 continue  # only each op's first sighting (in flight or done)
             seen[ev.rank] = ev.index
             self._know_group(ev)
@@ -141,17 +159,58 @@ class DigestBuilder:
         if ev.group not in self._groups:
             self._groups[ev.group] = (ev.group_desc, list(ev.group_ranks))
 
+    def _finished(self, ev: Event) -> None:
+        """A local member's wait in a collective of a group that spans nodes."""
+        if ev.index <= self._done_seen.get(ev.rank, -1) or self._local.get(ev.group) == 0:
+            return
+        self._done_seen[ev.rank] = ev.index
+        key = (ev.group, ev.seq)
+        wait = ev.t_end_ns - ev.t_enter_ns
+        entry = self._waits.get(key)
+        if entry is None:
+            if len(self._waits) >= MAX_WAITS:
+                del self._waits[next(iter(self._waits))]  # the oldest: a member never came
+            self._waits[key] = [1, wait, ev.rank, None]
+            return
+        entry[0] += 1
+        if wait < entry[1]:
+            entry[3], entry[1], entry[2] = entry[1], wait, ev.rank
+        elif entry[3] is None or wait < entry[3]:
+            entry[3] = wait
+
+    def _local_members(self, engine) -> None:
+        """Per group, how many of its members run on this node; 0 when all do (its
+        collectives are the node's own to judge, and send no waits)."""
+        here = engine.ranks
+        for g, (_, members) in self._groups.items():
+            if g not in self._local and members and all(r in here for r in members):
+                self._local[g] = 0
+            elif members:
+                self._local[g] = sum(r in here for r in members)
+
+    def _take_waits(self) -> list[list]:
+        """[group, seq, members finished, shortest wait ns, its rank, next shortest] of
+        each collective all this node's members finished since the last digest."""
+        out = []
+        for key in [k for k, e in self._waits.items()
+                    if e[0] >= self._local.get(k[0], 1 << 30)]:
+            n, low, rank, second = self._waits.pop(key)
+            out.append([key[0], key[1], n, low, rank, second])
+        return out
+
     def take(self, engine, now_s: float, host: str) -> dict:
         """The digest: every rank's position (the engine's RankViews, as the hang
-        detector reads them), and the arrivals since the last digest."""
+        detector reads them) and state, the arrivals and waits since the last digest."""
         ranks = []
         for v in engine.views(now_s).values():
             ranks.append([v.rank, event_row(v.latest) if v.latest else None,
                           event_row(v.last_done) if v.last_done else None,
-                          v.issued, v.now_ns, v.exit, v.stopped])
+                          v.issued, v.now_ns, v.exit, v.stopped,
+                          rank_extras(engine, v.rank, now_s)])
             for ev in (v.latest, v.last_done):
                 if ev is not None:
                     self._know_group(ev)
+        self._local_members(engine)
         arrivals = runs(self._arrivals)
         self._arrivals = {}
         sigs = {str(a[2]): self._sig_rows[a[2]] for a in arrivals
@@ -160,4 +219,28 @@ class DigestBuilder:
         groups = {g: v for g, v in self._groups.items() if g not in self._sent_groups}
         self._sent_groups.update(groups)
         return {"host": host, "ranks": ranks, "groups": groups, "sigs": sigs,
-                "arrivals": arrivals, "dropped": self.dropped}
+                "arrivals": arrivals, "waits": self._take_waits(), "dropped": self.dropped}
+
+
+def rank_extras(engine, rank: int, now_s: float) -> dict:
+    """What the collector shows of a rank beyond its position: whether its exit is a
+    failure, its span, its steps and where their time goes, its lateness among the
+    node's own ranks, its heartbeat's age, and its completed ops per (group, op)."""
+    st = engine.ranks[rank]
+    steps = engine.straggler.time.get(rank)
+    score = engine.straggler.score(rank)
+    return {"failed": bool(st.exit is not None and st.exit.failed),
+            "span": st.newest_span,
+            "steps": steps.finished if steps is not None else 0,
+            "split": _split(steps.recent() if steps is not None else None),
+            "late_ms": score["step_lateness_ms"] if score else None,
+            "hb_age_s": engine.heartbeat_age_s(rank, now_s),
+            "done": [[g, d, op, n, s] for (g, d, op), (n, s) in st.completed.items()]}
+
+
+def _split(b: dict | None) -> dict | None:
+    """A step breakdown's plain numbers (RankSteps.recent)."""
+    if b is None:
+        return None
+    return {k: round(b[k], 3) for k in ("steps", "wall_ms", "collective_ms", "data_ms",
+                                         "compute_ms")}

@@ -8,6 +8,7 @@ thousands of ranks, followed live without reading every event of every rank.
 - Mismatches: the nodes report each collective once per signature with the ranks that
   entered it. Two signatures of one (group, seq) that differ (mismatch.py) are a
   mismatch after SETTLE_S (time for the other nodes' reports); mismatch.py words it.
+- Stragglers across nodes: from the waits the nodes report (collect/lateness.py).
 
 What it keeps is bounded: one position per rank, and the collectives still open (each
 forgotten once every member reported it, or past MAX_OPEN, oldest first).
@@ -17,9 +18,11 @@ from __future__ import annotations
 
 import threading
 import time
+from collections import deque
 from dataclasses import replace
 
 from distdoctor.collect.digest import row_event
+from distdoctor.collect.lateness import WINDOW_S, FleetLateness
 from distdoctor.collect.wire import WireError
 from distdoctor.diagnosis.findings import Finding
 from distdoctor.diagnosis.hang import RankView, hang_findings
@@ -59,13 +62,14 @@ class _Position:
     detector needs them (thousands of ranks, a few digests a second each)."""
 
     __slots__ = ("rank", "rows", "events", "issued", "now_ns", "got_s", "exit", "stopped",
-                 "host", "groups")
+                 "host", "groups", "state")
 
     def __init__(self, host, rank, latest, last_done, issued, now_ns, got_s, exit_, stopped,
-                 groups):
+                 groups, state):
         self.host, self.rank, self.rows, self.events = host, rank, (latest, last_done), None
         self.issued, self.now_ns, self.got_s = issued, now_ns, got_s
         self.exit, self.stopped, self.groups = exit_, stopped, groups
+        self.state = state  # digest.rank_state: exit failed, span, steps, ops completed
 
     def ops(self) -> tuple:
         """(newest op, newest finished op) as Events; an op the node sent malformed is
@@ -101,6 +105,7 @@ class FleetEngine:
         self.settle_s = settle_s
         self.lock = threading.Lock()
         self.groups: dict[str, tuple[str, tuple[int, ...]]] = {}
+        self.sizes: dict[str, int] = {}  # group -> members
         # a node numbers its signatures; the collector numbers the distinct ones
         # (mismatch.signature), so equal signatures from different nodes are one number
         self.node_sigs: dict[tuple, int] = {}  # (host, node's number) -> ours
@@ -111,6 +116,13 @@ class FleetEngine:
         self.open: dict[tuple, _Open] = {}
         self.found: dict[tuple, Finding] = {}
         self._changed: list[Finding] = []
+        self.lateness = FleetLateness()
+        self.version = 0  # rises whenever findings() would say something else
+        self.stragglers: list[Finding] = []
+        self._straggler_keys: set[tuple] = set()
+        self._judged_s = 0.0
+        # rank -> (second, steps finished) as its digests said, the newest WINDOW_S + 2
+        self._steps: dict[int, deque] = {}
         self.digests = 0
         self.arrivals = 0
 
@@ -122,6 +134,7 @@ class FleetEngine:
         host = payload.get("host")
         groups, sigs = payload.get("groups"), payload.get("sigs")
         ranks, arrivals = payload.get("ranks"), payload.get("arrivals")
+        waits = _waits(payload.get("waits", []))
         if not (isinstance(host, str) and isinstance(groups, dict) and isinstance(sigs, dict)
                 and isinstance(ranks, list) and isinstance(arrivals, list)):
             raise WireError("DIGEST frame lacks host, groups, sigs, ranks or arrivals")
@@ -134,20 +147,23 @@ class FleetEngine:
                 raise WireError("DIGEST frame has a malformed group") from None
         with self.lock:
             self.groups.update(new_groups)
+            self.sizes.update((g, len(m)) for g, (_, m) in new_groups.items())
             new_sigs = {(host, int(n)): row_event(-1, row, self.groups)
                         for n, row in sigs.items() if str(n).isdigit()}
             positions = {}
             for item in ranks:
                 try:
-                    rank, latest, last_done, issued, now_ns, exit_, stopped = item
-                    if not (isinstance(rank, int) and _is_row(latest) and _is_row(last_done)):
+                    rank, latest, last_done, issued, now_ns, exit_, stopped = item[:7]
+                    state = item[7] if len(item) > 7 else {}
+                    if not (isinstance(rank, int) and _is_row(latest) and _is_row(last_done)
+                            and isinstance(state, dict) and len(item) <= 8):
                         raise ValueError
                     positions[rank] = _Position(
                         host, rank, latest, last_done,
                         {str(g): int(n) for g, n in issued.items()},
                         None if now_ns is None else int(now_ns), now_s,
                         None if exit_ is None else str(exit_)[:500], bool(stopped),
-                        self.groups)
+                        self.groups, state)
                 except (TypeError, ValueError, AttributeError):
                     raise WireError("DIGEST frame has a malformed rank position") from None
             self._add_sigs(host, new_sigs)
@@ -164,7 +180,31 @@ class FleetEngine:
                     continue  # a signature this collector no longer holds
                 for k in range(count):
                     self._arrive(group, seq + k, number, rs, now_s)
+            self.lateness.add(host, waits, self.sizes, now_s)
+            self._count_steps(positions.values(), now_s)
             self.digests += 1
+
+    def _count_steps(self, positions, now_s: float) -> None:
+        second = int(now_s)
+        for p in positions:
+            steps = p.state.get("steps")
+            if not isinstance(steps, int):
+                continue
+            hist = self._steps.get(p.rank)
+            if hist is None:
+                hist = self._steps[p.rank] = deque(maxlen=WINDOW_S + 2)
+            if not hist or hist[-1][0] != second:
+                hist.append((second, steps))
+
+    def steps_of(self, ranks, now_s: float) -> float:
+        """The mean of the steps `ranks` finished over the lateness window (0: unknown)."""
+        start, done = int(now_s) - WINDOW_S, []
+        for r in ranks:
+            hist = self._steps.get(r)
+            if hist:
+                before = [n for s, n in hist if s <= start] or [hist[0][1]]
+                done.append(hist[-1][1] - before[-1])
+        return sum(done) / len(done) if done else 0.0
 
     def _add_sigs(self, host: str, new: dict) -> None:
         if len(self.signatures) + len(new) > MAX_SIGNATURES:
@@ -247,8 +287,21 @@ class FleetEngine:
                     f = self._mismatch(key, entry, now_s)
                     if f is not None:
                         self._put(("mismatch", key), f)
+            if now_s - self._judged_s >= 1.0:
+                self._judged_s = now_s
+                self._find_stragglers(now_s)
             changed, self._changed = self._changed, []
             return changed
+
+    def _find_stragglers(self, now_s: float) -> None:
+        """The current stragglers (they come and go: a rank that caught up is none)."""
+        host_of = {r: p.host for r, p in self.positions.items()}
+        found = self.lateness.findings(now_s, host_of, lambda rs: self.steps_of(rs, now_s))
+        keys = {f.key for f in found}
+        self._changed.extend(f for f in found if f.key not in self._straggler_keys)
+        if keys != self._straggler_keys:
+            self.version += 1
+        self.stragglers, self._straggler_keys = found, keys
 
     def _find_hangs(self, now_s: float) -> None:
         """hang.py over every rank: the open rendezvous are the ops still in flight."""
@@ -295,7 +348,25 @@ class FleetEngine:
         if key not in self.found:
             self.found[key] = f
             self._changed.append(f)
+            self.version += 1
 
     def findings(self) -> list[Finding]:
         with self.lock:
-            return list(self.found.values())
+            return list(self.found.values()) + list(self.stragglers)
+
+
+def _waits(items) -> list:
+    """A digest's waits (digest.py), checked whole: WireError when malformed."""
+    if not isinstance(items, list):
+        raise WireError("DIGEST frame has malformed waits")
+    out = []
+    for item in items:
+        try:
+            group, seq, n, low, rank, second = item
+            if not (isinstance(n, int) and isinstance(low, int) and isinstance(rank, int)
+                    and (second is None or isinstance(second, int)) and 0 < n <= 1 << 24):
+                raise ValueError
+            out.append((str(group), int(seq), n, low, rank, second))
+        except (TypeError, ValueError):
+            raise WireError("DIGEST frame has a malformed wait") from None
+    return out

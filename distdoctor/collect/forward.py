@@ -362,7 +362,9 @@ class Forwarder:
             self._send(wire.frame(wire.SAMPLES, data))
 
     def _forward_findings(self) -> None:
-        """The errors `run` read from this node's job output: only this node has them."""
+        """The errors `run` read from this node's job output: only this node has them.
+        With digests also the node's stragglers: its engine completes the collectives of
+        the groups wholly on the node, and no others (collect/digest.py)."""
         from distdoctor.diagnosis.findings import FINDINGS_FILE, read_findings
 
         try:
@@ -373,8 +375,10 @@ class Forwarder:
         except (OSError, ValueError):
             return
         self._findings_seen = mtime
+        own = wire.NODE_KINDS if self.digest is not None else ()
         payload = json.dumps({"findings": [f.to_json() for f in found
-                                           if f.details.get("source") == "log"][:100]})
+                                           if f.details.get("source") == "log"
+                                           or f.kind in own][:100]})
         data = payload.encode()[:wire.MAX_PAYLOAD]
         if data != self._findings_sent:
             self._send(wire.frame(wire.FINDINGS, data))

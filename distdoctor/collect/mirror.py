@@ -81,8 +81,8 @@ class Mirror:
             self._findings[host] = findings
             write_findings(self.run_dir, [f for h in sorted(self._findings)
                                           for f in self._findings[h]])
-            new = [f for f in findings if (host, f.summary) not in self._told]
-            self._told.update((host, f.summary) for f in new)
+            new = [f for f in findings if (host, _ident(f)) not in self._told]
+            self._told.update((host, _ident(f)) for f in new)
         if self.on_finding is not None:
             for f in new:
                 self.on_finding(f)
@@ -140,7 +140,7 @@ class NodeMirror:
             self.ended = True
             return self.mirror.add_exits(processes)
         if kind == wire.FINDINGS:
-            return self.mirror.set_findings(self.host, _log_findings(payload))
+            return self.mirror.set_findings(self.host, _node_findings(payload))
         if kind == wire.DIGEST:
             digest = wire.json_payload(kind, payload)
             digest["host"] = self.host  # the node speaks for itself only
@@ -244,9 +244,16 @@ class NodeMirror:
             self._probes.close()
 
 
-def _log_findings(payload: bytes) -> list:
-    """A FINDINGS frame's findings that came from the job's output (a node's own engine
-    saw only its own ranks: its other findings are the collector's to make)."""
+def _ident(f) -> tuple:
+    """What makes a finding news: its summary (two errors of one rank in the job's output
+    are two), but a straggler's summary moves with its numbers: its ranks."""
+    return f.key if f.kind == "straggler" else (f.summary,)
+
+
+def _node_findings(payload: bytes) -> list:
+    """A FINDINGS frame's findings that came from the job's output, and (from a node that
+    sends digests) its stragglers (a node's own engine saw only its own ranks: its other
+    findings are the collector's to make)."""
     from distdoctor.diagnosis.findings import Finding
 
     items = wire.json_payload(wire.FINDINGS, payload).get("findings")
@@ -259,4 +266,4 @@ def _log_findings(payload: bytes) -> list:
             raise TypeError
     except (KeyError, TypeError, ValueError, AttributeError):
         raise wire.WireError("FINDINGS frame holds something that is not a finding") from None
-    return [f for f in found if f.details.get("source") == "log"]
+    return [f for f in found if f.details.get("source") == "log" or f.kind in wire.NODE_KINDS]

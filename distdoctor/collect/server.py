@@ -87,10 +87,14 @@ class Collector:
 
         lower_this_thread()
         fleet = self.mirror.fleet
+        written = 0
         while not self._stopping:
             time.sleep(FLEET_TICK_S)
             try:
-                if fleet.digests and fleet.tick():
+                if fleet.digests:
+                    fleet.tick()
+                if fleet.version != written:
+                    written = fleet.version
                     self.mirror.set_findings("(digests)", fleet.findings())
             except Exception as exc:  # a bug of ours must not end the collection
                 self.say(f"digest diagnosis stopped: {exc!r}")

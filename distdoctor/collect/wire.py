@@ -54,6 +54,9 @@ NAMES = {HELLO: "HELLO", META: "META", OPEN: "OPEN", STRINGS: "STRINGS", SLOTS: 
          STATE: "STATE", SAMPLES: "SAMPLES", EXITS: "EXITS", WELCOME: "WELCOME",
          REFUSED: "REFUSED", FINDINGS: "FINDINGS", DIGEST: "DIGEST"}
 MAX_HELLO = 64 << 10  # read before the token is checked: small
+# The findings a FINDINGS frame carries besides those read from the job's output: a node
+# that sends digests judges its stragglers itself, over the groups wholly on it
+NODE_KINDS = ("straggler", "throttle")
 
 OPEN_BODY = struct.Struct("<QQI")  # capacity (slots), string table bytes, pid
 # head, strings used, strings count, strings dropped, heartbeat mono/wall ns, closed

@@ -18,6 +18,40 @@ def site_text(cs: dict) -> str:
     return f"rank {cs.get('rank')}: {where}{fn}"
 
 
+def rank_ranges(ranks, among=None, limit: int = 80) -> str:
+    """Ranks as people read thousands of them: 0,1,2,3,5 -> "0-3, 5"; most of `among`
+    (say, every rank of the job) -> "0-4095 except 17, 2048"; past `limit` characters the
+    rest is counted: "0-3, 5, 9, 12-14 (+120 more)"."""
+    ranks = sorted(set(ranks))
+    if among is not None and ranks:
+        among = sorted(set(among))
+        missing = sorted(set(among) - set(ranks))
+        if (missing and set(ranks) <= set(among) and among[-1] - among[0] + 1 == len(among)
+                and len(missing) < len(ranks)):
+            head = f"{among[0]}-{among[-1]} except "
+            return head + rank_ranges(missing, limit=max(20, limit - len(head)))
+    parts, i = [], 0
+    while i < len(ranks):
+        j = i
+        while j + 1 < len(ranks) and ranks[j + 1] == ranks[j] + 1:
+            j += 1
+        parts.append(str(ranks[i]) if i == j else f"{ranks[i]}-{ranks[j]}")
+        i = j + 1
+    shown, used = [], 0
+    for n, part in enumerate(parts):
+        if used + len(part) > limit and shown:
+            left = sum(_count(p) for p in parts[n:])
+            return ", ".join(shown) + f" (+{left} more)"
+        shown.append(part)
+        used += len(part) + 2
+    return ", ".join(shown)
+
+
+def _count(part: str) -> int:
+    lo, _, hi = part.partition("-")
+    return int(hi) - int(lo) + 1 if hi else 1
+
+
 def live_line(f: Finding) -> Text:
     """The line `distdoctor run` prints when a finding appears."""
     text = Text()

@@ -93,13 +93,16 @@ def _site(callsite: dict | None) -> str | None:
     return f"{os.path.basename(callsite['file'])}:{callsite.get('line')}"
 
 
-def _step_split(steps) -> str | None:
-    """Where a rank's last finished steps went (diagnosis/steptime.py)."""
-    b = steps.recent() if steps is not None else None
+def split_text(b: dict | None) -> str | None:
+    """Where a rank's last finished steps went (RankSteps.recent, diagnosis/steptime.py)."""
     if b is None:
         return None
     return (f"{b['wall_ms']:.1f} ms a step (last {b['steps']}): collectives "
             f"{b['collective_ms']:.1f}, data {b['data_ms']:.1f}, compute {b['compute_ms']:.1f}")
+
+
+def _recent(steps) -> dict | None:
+    return steps.recent() if steps is not None else None
 
 
 def _op_text(ev) -> str:
@@ -110,8 +113,11 @@ class SnapshotTaker:
     """Takes snapshots of one `LiveDiagnosis`; remembers what it needs between them (the
     groups seen, the previous counts for rates, the owner's findings file)."""
 
-    def __init__(self, live, clock=time.monotonic):
+    def __init__(self, live, clock=time.monotonic, fleet=None):
+        """`fleet`: the collector's FleetEngine, whose ranks (their nodes send digests,
+        not events) are shown beside those the live engine follows."""
         self.live = live
+        self.fleet = fleet
         self.clock = clock
         self._groups: dict[str, tuple[str, tuple[int, ...]]] = {}
         self._prev: tuple[float, dict[int, int]] | None = None
@@ -136,6 +142,8 @@ class SnapshotTaker:
             recent = ({self.detail_rank: [_op_row(ops[i], views.get(self.detail_rank))
                                           for i in sorted(ops)[-RECENT_SHOWN:]]}
                       if ops else {})
+        if self.fleet is not None and self.fleet.positions:
+            ranks, groups = self._with_fleet(ranks, groups, now)
         ranks = _with_probes(ranks, samples)
         findings = _ordered(merge_findings(found, self._written_findings()))
         ranks = _with_stuck_lines(ranks, findings)
@@ -165,12 +173,38 @@ class SnapshotTaker:
         return self._job
 
     # --- pieces ------------------------------------------------------------------------
-    def _rank_rows(self, engine, views, now: float) -> list[RankRow]:
-        counts = {r: sum(st.issued.values()) for r, st in engine.ranks.items()}
+    def _rates(self, counts: dict[int, int], now: float) -> dict[int, float]:
+        """Collectives a second per rank since the previous snapshot."""
         rates: dict[int, float] = {}
         if self._prev is not None and now > self._prev[0]:
             dt = now - self._prev[0]
             rates = {r: (n - self._prev[1].get(r, 0)) / dt for r, n in counts.items()}
+        return rates
+
+    def _with_fleet(self, ranks: list[RankRow], groups: list[GroupRow], now: float):
+        """The digests' ranks added to the rows, and their counts to the groups."""
+        from distdoctor.collect import fleet_view
+
+        fleet = self.fleet
+        here = {r.rank for r in ranks}
+        issued = {r: g for r, g in fleet_view.issued(fleet).items() if r not in here}
+        counts = {r: sum(g.values()) for r, g in issued.items()}
+        rates = self._rates(counts, now)
+        self._prev = (now, {**self._prev[1], **counts} if self._prev else counts)
+        rows = sorted(ranks + fleet_view.rank_rows(fleet, now, here, rates),
+                      key=lambda row: row.rank)
+        with fleet.lock:
+            for g, value in fleet.groups.items():
+                self._groups.setdefault(g, value)
+        by_group: dict[str, dict[int, int]] = {g.group: dict(g.issued) for g in groups}
+        for r, per in issued.items():
+            for g, n in per.items():
+                by_group.setdefault(g, {})[r] = n
+        return rows, self._group_rows_of(by_group)
+
+    def _rank_rows(self, engine, views, now: float) -> list[RankRow]:
+        counts = {r: sum(st.issued.values()) for r, st in engine.ranks.items()}
+        rates = self._rates(counts, now)
         self._prev = (now, counts)
         meta = self.live.follower.meta_of(self.live.follower.newest)
         rows = []
@@ -182,8 +216,9 @@ class SnapshotTaker:
             for ev in (st.latest, st.last_done):
                 if ev is not None and ev.group not in self._groups:
                     self._groups[ev.group] = (ev.group_desc, ev.group_ranks)
-            state, where, site = rank_state(st, view, engine.heartbeat_age_s(r, now),
-                                        engine.hang_timeout_s)
+            state, where, site = rank_state(view, st.exit is not None and st.exit.failed,
+                                            engine.heartbeat_age_s(r, now),
+                                            engine.hang_timeout_s)
             score = engine.straggler.score(r)
             rows.append(RankRow(
                 rank=r, host=m.get("host"), pid=m.get("pid") if isinstance(m.get("pid"), int)
@@ -192,7 +227,7 @@ class SnapshotTaker:
                            if st.last_done is not None else None),
                 collectives=counts[r], rate=rates.get(r), span=st.newest_span,
                 lateness_ms=score["step_lateness_ms"] if score else None,
-                step_split=_step_split(engine.straggler.time.get(r)),
+                step_split=split_text(_recent(engine.straggler.time.get(r))),
                 straggler=late_why.get(r)))
         return rows
 
@@ -201,6 +236,10 @@ class SnapshotTaker:
         for r, st in engine.ranks.items():
             for g, n in st.issued.items():
                 issued.setdefault(g, {})[r] = n
+        return self._group_rows_of(issued)
+
+    def _group_rows_of(self, issued: dict[str, dict[int, int]]) -> list[GroupRow]:
+        """group -> rank -> collectives issued, as rows naming who fell behind."""
         rows = []
         for g in sorted(issued, key=_group_order):
             desc, members = self._groups.get(g, ("", ()))
@@ -240,13 +279,14 @@ def _op_row(ev, view) -> OpRow:
     return OpRow(ev.index, ev.op, ev.group, ev.seq, tensors, ev.status, ms, _site(ev.callsite))
 
 
-def rank_state(st, view, hb_age_s: float | None,
-           hang_timeout_s: float) -> tuple[str, str, str | None]:
-    """(state, what it is doing, call site) of one rank."""
-    latest = st.latest
+def rank_state(view, failed: bool, hb_age_s: float | None,
+               hang_timeout_s: float) -> tuple[str, str, str | None]:
+    """(state, what it is doing, call site) of one rank, from its RankView (hang.py);
+    `failed`: its exit, if it has one, is a failure."""
+    latest = view.latest
     site = _site(latest.callsite) if latest is not None else None
-    if st.exit is not None:
-        return ("failed" if st.exit.failed else "exited"), st.exit.describe(), site
+    if view.exit is not None:
+        return ("failed" if failed else "exited"), view.exit, site
     if hb_age_s is not None and hb_age_s > HEARTBEAT_LATE_S:  # frozen, or dead unseen
         return "no heartbeat", f"none for {hb_age_s:.0f} s", site
     if latest is None:

@@ -83,8 +83,9 @@ class _Family:
     samples: list  # (labels dict, value)
 
 
-def gather(live, job: str, now_s: float | None = None) -> list[_Family]:
-    """Every metric of the job as it stands, read under the live engine's lock."""
+def gather(live, job: str, now_s: float | None = None, fleet=None) -> list[_Family]:
+    """Every metric of the job as it stands, read under the live engine's lock; `fleet`:
+    the collector's engine, for the ranks whose nodes send digests."""
     now_s = time.monotonic() if now_s is None else now_s
     fam = {name: _Family(name, kind, text, []) for name, kind, text in METRICS}
     with live._lock:
@@ -94,38 +95,37 @@ def gather(live, job: str, now_s: float | None = None) -> list[_Family]:
         for r in sorted(engine.ranks):
             st = engine.ranks[r]
             m = meta.get(r) or {}
-            base = {"job": job, "rank": str(r), "local_rank": _text(m.get("local_rank")),
-                    "host": _text(m.get("host"))}
             hb_age = engine.heartbeat_age_s(r, now_s)
-            state, _, _ = rank_state(st, views[r], hb_age, engine.hang_timeout_s)
-            state = state.replace(" ", "_")
-            for s in RANK_STATES:
-                fam["distdoctor_rank_state"].samples.append(
-                    ({**base, "state": s}, 1.0 if s == state else 0.0))
+            state, _, _ = rank_state(views[r], st.exit is not None and st.exit.failed,
+                                     hb_age, engine.hang_timeout_s)
             latest = st.latest
-            waited = (views[r].waited_s(latest)
-                      if latest is not None and latest.t_end_ns is None else 0.0)
-            fam["distdoctor_rank_in_collective_seconds"].samples.append((base, waited))
-            if hb_age is not None:
-                fam["distdoctor_rank_heartbeat_age_seconds"].samples.append(
-                    (base, max(0.0, hb_age)))
-            for (group, desc, op), (count, seconds) in st.completed.items():
-                labels = {**base, "group": group, "group_desc": desc, "op": op}
-                fam["distdoctor_collectives_total"].samples.append((labels, count))
-                fam["distdoctor_collective_seconds_total"].samples.append((labels, seconds))
             steps = engine.straggler.time.get(r)
-            if steps is not None and steps.finished:
-                fam["distdoctor_step"].samples.append((base, steps.finished))
-                b = steps.recent()
-                if b is not None:
-                    fam["distdoctor_step_seconds"].samples.append((base, b["wall_ms"] / 1e3))
+            b = steps.recent() if steps is not None and steps.finished else None
             score = engine.straggler.score(r)
-            if score is not None:
-                fam["distdoctor_straggler_lateness_seconds"].samples.append(
-                    (base, max(0.0, score["step_lateness_ms"]) / 1e3))
+            _rank_samples(
+                fam, {"job": job, "rank": str(r), "local_rank": _text(m.get("local_rank")),
+                      "host": _text(m.get("host"))}, state,
+                views[r].waited_s(latest) if latest is not None and latest.t_end_ns is None
+                else 0.0, hb_age,
+                [(g, d, op, n, sec) for (g, d, op), (n, sec) in st.completed.items()],
+                steps.finished if steps is not None else 0,
+                b["wall_ms"] / 1e3 if b is not None else None,
+                max(0.0, score["step_lateness_ms"]) / 1e3 if score is not None else None)
+        here = set(engine.ranks)
         findings = live.findings()
         ingested = sum(e.ingested for e in live.engines.values())
         samples = list(engine.samples)[-64:]
+    if fleet is not None:
+        from distdoctor.collect.fleet_view import metric_ranks
+
+        for fr in metric_ranks(fleet, now_s, here):
+            m = meta.get(fr.rank) or {}
+            _rank_samples(fam, {"job": job, "rank": str(fr.rank),
+                                "local_rank": _text(m.get("local_rank")), "host": fr.host},
+                          fr.state, fr.in_collective_s, fr.heartbeat_age_s, fr.done,
+                          fr.steps, fr.step_s, fr.late_s)
+        have = {f.key for f in findings}
+        findings = findings + [f for f in fleet.findings() if f.key not in have]
     counts: dict[tuple[str, str], int] = {}
     culprits: dict[tuple[str, int], None] = {}  # two findings may blame one rank
     for f in findings:
@@ -138,6 +138,30 @@ def gather(live, job: str, now_s: float | None = None) -> list[_Family]:
             ({"job": job, "kind": kind, "severity": severity}, n))
     fam["distdoctor_events_ingested_total"].samples.append(({"job": job}, ingested))
     return list(fam.values()) + _gpu_families(samples, job)
+
+
+def _rank_samples(fam: dict, base: dict, state: str, in_collective_s: float,
+                  hb_age: float | None, done: list, steps: int, step_s: float | None,
+                  late_s: float | None) -> None:
+    """One rank's series: `state` as the dashboard words it, `done`: its completed ops as
+    (group, group desc, op, count, seconds)."""
+    state = state.replace(" ", "_")
+    for s in RANK_STATES:
+        fam["distdoctor_rank_state"].samples.append(
+            ({**base, "state": s}, 1.0 if s == state else 0.0))
+    fam["distdoctor_rank_in_collective_seconds"].samples.append((base, in_collective_s))
+    if hb_age is not None:
+        fam["distdoctor_rank_heartbeat_age_seconds"].samples.append((base, max(0.0, hb_age)))
+    for group, desc, op, count, seconds in done:
+        labels = {**base, "group": group, "group_desc": desc, "op": op}
+        fam["distdoctor_collectives_total"].samples.append((labels, count))
+        fam["distdoctor_collective_seconds_total"].samples.append((labels, seconds))
+    if steps:
+        fam["distdoctor_step"].samples.append((base, steps))
+        if step_s is not None:
+            fam["distdoctor_step_seconds"].samples.append((base, step_s))
+    if late_s is not None:
+        fam["distdoctor_straggler_lateness_seconds"].samples.append((base, late_s))
 
 
 def _gpu_families(samples: list, job: str) -> list[_Family]:

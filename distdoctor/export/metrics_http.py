@@ -58,8 +58,9 @@ class MetricsServer:
         host, port = self.address
         return f"http://{f'[{host}]' if ':' in host else host}:{port}/metrics"
 
-    def serve(self, live, job: str | None = None) -> MetricsServer:
-        self.live, self.job = live, job or job_label(live.run_dir)
+    def serve(self, live, job: str | None = None, fleet=None) -> MetricsServer:
+        """`fleet`: the collector's engine over the nodes that send digests."""
+        self.live, self.job, self.fleet = live, job or job_label(live.run_dir), fleet
         self._thread.start()
         return self
 
@@ -85,7 +86,7 @@ class MetricsServer:
         if path == "/":
             return _reply(req, 200, b"distdoctor: metrics at /metrics\n")
         try:
-            body = render(gather(self.live, self.job))
+            body = render(gather(self.live, self.job, fleet=self.fleet))
             self.scrapes += 1
         except Exception as exc:  # never take the launcher down; say it on the scrape
             self.error = repr(exc)

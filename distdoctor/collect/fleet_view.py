@@ -1,0 +1,110 @@
+"""The collector's picture of the ranks whose nodes send digests: the dashboard's rows and
+the /metrics values, from each rank's newest position and state (collect/fleet.py), with
+the same wording and states as a rank followed event by event (diagnosis/snapshot.py)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from distdoctor.collect.fleet import STALE_S
+from distdoctor.diagnosis.snapshot import RankRow, rank_state, split_text
+
+
+@dataclass(frozen=True)
+class FleetRank:
+    """One rank as /metrics reads it."""
+
+    rank: int
+    host: str
+    state: str
+    in_collective_s: float
+    heartbeat_age_s: float | None
+    done: list  # [group, group desc, op, count, seconds]
+    steps: int
+    step_s: float | None
+    late_s: float | None
+
+
+def _heartbeat_age(p, now_s: float) -> float | None:
+    age = p.state.get("hb_age_s")
+    if not isinstance(age, (int, float)):
+        return None
+    return age + max(0.0, now_s - p.got_s)
+
+
+def _state(fleet, p, view, now_s: float) -> tuple[str, str, str | None]:
+    if now_s - p.got_s > STALE_S and not p.exit:
+        return "no heartbeat", f"its node {p.host} sent nothing for {now_s - p.got_s:.0f} s", None
+    return rank_state(view, bool(p.state.get("failed")), _heartbeat_age(p, now_s),
+                      fleet.hang_timeout_s)
+
+
+def _ranks(fleet, now_s: float, skip):
+    """(rank, position, RankView, (state, where, line)) of each rank the digests carry,
+    but those in `skip` (followed event by event here), in rank order."""
+    with fleet.lock:
+        views = fleet.views(now_s)
+        positions = dict(fleet.positions)
+    for r in sorted(positions):
+        if r not in skip:
+            p, view = positions[r], views[r]
+            yield r, p, view, _state(fleet, p, view, now_s)
+
+
+def rank_rows(fleet, now_s: float, skip, rates: dict) -> list[RankRow]:
+    """A RankRow per rank the digests carry; `rates`: rank -> collectives a second, from
+    the caller's previous snapshot."""
+    with fleet.lock:
+        late_why = {r: f.summary for f in fleet.stragglers for r in f.ranks}
+    rows = []
+    for r, p, view, (state, where, site) in _ranks(fleet, now_s, skip):
+        done = view.last_done
+        late = p.state.get("late_ms")
+        span = p.state.get("span")
+        rows.append(RankRow(
+            rank=r, host=p.host, pid=None, state=state, where=where, callsite=site,
+            last_done=f"{done.op} #{done.seq} ({done.group})" if done is not None else None,
+            collectives=sum(p.issued.values()), rate=rates.get(r),
+            span=span if isinstance(span, str) else None,
+            lateness_ms=late if isinstance(late, (int, float)) else None,
+            step_split=split_text(_split(p.state)), straggler=late_why.get(r)))
+    return rows
+
+
+def issued(fleet) -> dict[int, dict[str, int]]:
+    """rank -> collectives it issued per group."""
+    with fleet.lock:
+        return {r: dict(p.issued) for r, p in fleet.positions.items()}
+
+
+def metric_ranks(fleet, now_s: float, skip) -> list[FleetRank]:
+    out = []
+    for r, p, view, (state, _, _) in _ranks(fleet, now_s, skip):
+        latest = view.latest
+        split = _split(p.state)
+        late = p.state.get("late_ms")
+        steps = p.state.get("steps")
+        done = p.state.get("done")
+        out.append(FleetRank(
+            rank=r, host=p.host, state=state,
+            in_collective_s=(view.waited_s(latest)
+                             if latest is not None and latest.t_end_ns is None else 0.0),
+            heartbeat_age_s=_heartbeat_age(p, now_s),
+            done=[d for d in done if _is_done(d)] if isinstance(done, list) else [],
+            steps=steps if isinstance(steps, int) else 0,
+            step_s=split["wall_ms"] / 1e3 if split else None,
+            late_s=max(0.0, late) / 1e3 if isinstance(late, (int, float)) else None))
+    return out
+
+
+def _split(state: dict) -> dict | None:
+    split = state.get("split")
+    keys = ("steps", "wall_ms", "collective_ms", "data_ms", "compute_ms")
+    if isinstance(split, dict) and all(isinstance(split.get(k), (int, float)) for k in keys):
+        return split
+    return None
+
+
+def _is_done(d) -> bool:
+    return (isinstance(d, list) and len(d) == 5 and all(isinstance(x, str) for x in d[:3])
+            and all(isinstance(x, (int, float)) for x in d[3:]))
