@@ -7,6 +7,7 @@ own `distdoctor run`; the culprit is always on the other node from the ranks it 
 
 from __future__ import annotations
 
+import json
 import sys
 from dataclasses import replace
 
@@ -85,6 +86,23 @@ def test_a_culprit_on_the_other_node_is_found_from_digests(tmp_path, job, kind, 
     assert not list((tmp_path / "copy" / "ranks").glob("*.ring"))
     assert sorted(p.name for p in (tmp_path / "node1" / "ranks").glob("*.ring")) == [
         "rank-00002.ring", "rank-00003.ring"]
+
+
+@pytest.mark.timeout(150)
+def test_a_rank_that_keeps_the_other_node_waiting_is_a_straggler_from_digests(tmp_path):
+    """Rank 3 (node 1) computes 30 ms longer each step; DDP's all-reduce spans both nodes,
+    so neither node can judge it alone: the collector does, from the waits."""
+    collector, said, nodes = two_nodes(tmp_path, "../stragglers/slow_rank_long.py")
+    try:
+        line = said.wait_for("STRAGGLER", 120)
+        assert "rank 3 (node " in line, line
+    finally:
+        code = stop_all(collector, nodes)
+    assert code == 0 and "Traceback" not in "".join(said.lines), "".join(said.lines)
+    findings = json.loads((tmp_path / "copy" / "findings.json").read_text())["findings"]
+    late = [f for f in findings if f["kind"] == "straggler"]
+    assert [f["ranks"] for f in late] == [[3]], findings
+    assert 20 < late[0]["details"]["lateness_ms"] < 60, late[0]["summary"]
 
 
 # --- in process -----------------------------------------------------------------------------

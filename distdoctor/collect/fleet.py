@@ -118,8 +118,6 @@ class FleetEngine:
         self._changed: list[Finding] = []
         self.lateness = FleetLateness()
         self.version = 0  # rises whenever findings() would say something else
-        self.stragglers: list[Finding] = []
-        self._straggler_keys: set[tuple] = set()
         self._judged_s = 0.0
         # rank -> (second, steps finished) as its digests said, the newest WINDOW_S + 2
         self._steps: dict[int, deque] = {}
@@ -294,14 +292,16 @@ class FleetEngine:
             return changed
 
     def _find_stragglers(self, now_s: float) -> None:
-        """The current stragglers (they come and go: a rank that caught up is none)."""
+        """Stragglers as the waits of the last WINDOW_S say: news when new, and kept
+        after (a job that ended, or a rank that caught up, still had one), with the
+        newest numbers."""
         host_of = {r: p.host for r, p in self.positions.items()}
-        found = self.lateness.findings(now_s, host_of, lambda rs: self.steps_of(rs, now_s))
-        keys = {f.key for f in found}
-        self._changed.extend(f for f in found if f.key not in self._straggler_keys)
-        if keys != self._straggler_keys:
-            self.version += 1
-        self.stragglers, self._straggler_keys = found, keys
+        for f in self.lateness.findings(now_s, host_of, lambda rs: self.steps_of(rs, now_s)):
+            key = ("straggler", tuple(f.ranks))
+            if key in self.found:
+                self.found[key] = f
+            else:
+                self._put(key, f)
 
     def _find_hangs(self, now_s: float) -> None:
         """hang.py over every rank: the open rendezvous are the ops still in flight."""
@@ -352,7 +352,7 @@ class FleetEngine:
 
     def findings(self) -> list[Finding]:
         with self.lock:
-            return list(self.found.values()) + list(self.stragglers)
+            return list(self.found.values())
 
 
 def _waits(items) -> list:

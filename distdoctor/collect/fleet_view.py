@@ -55,7 +55,8 @@ def rank_rows(fleet, now_s: float, skip, rates: dict) -> list[RankRow]:
     """A RankRow per rank the digests carry; `rates`: rank -> collectives a second, from
     the caller's previous snapshot."""
     with fleet.lock:
-        late_why = {r: f.summary for f in fleet.stragglers for r in f.ranks}
+        late_why = {r: f.summary for f in fleet.found.values() if f.kind == "straggler"
+                    for r in f.ranks}
     rows = []
     for r, p, view, (state, where, site) in _ranks(fleet, now_s, skip):
         done = view.last_done
