@@ -227,6 +227,7 @@ def _print_once(live) -> int:
     # a pipe or a log gets whole lines: rich would fold a 12-column table into 80 columns
     console = Console(width=None if sys.stdout.isatty() else 200, highlight=False)
     console.print(cells.header_line(snap))
+    console.print(cells.state_summary(snap))
     for title, columns, rows in (
             ("ranks", cells.RANK_COLUMNS, [cells.rank_cells(
                 r, {c for f in snap.findings for c in f.ranks}) for r in snap.ranks]),

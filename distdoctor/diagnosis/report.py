@@ -29,7 +29,9 @@ def rank_ranges(ranks, among=None, limit: int = 80) -> str:
         if (missing and set(ranks) <= set(among) and among[-1] - among[0] + 1 == len(among)
                 and len(missing) < len(ranks)):
             head = f"{among[0]}-{among[-1]} except "
-            return head + rank_ranges(missing, limit=max(20, limit - len(head)))
+            short = head + rank_ranges(missing, limit=max(20, limit - len(head)))
+            plain = rank_ranges(ranks, limit=limit)
+            return short if len(short) < len(plain) else plain
     parts, i = [], 0
     while i < len(ranks):
         j = i

@@ -11,7 +11,7 @@ dist.init_process_group("gloo")
 rank, world = dist.get_rank(), dist.get_world_size()
 model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(16, 1))
 opt = torch.optim.SGD(model.parameters(), lr=0.01)
-for step in range(400):
+for _ in range(400):
     x, y = torch.randn(8, 16), torch.randn(8, 1)
     time.sleep(0.040 if rank == world - 1 else 0.010)  # expect: slow_line
     loss = ((model(x) - y) ** 2).mean()
