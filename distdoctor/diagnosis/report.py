@@ -28,17 +28,10 @@ def rank_ranges(ranks, among=None, limit: int = 80) -> str:
         missing = sorted(set(among) - set(ranks))
         if (missing and set(ranks) <= set(among) and among[-1] - among[0] + 1 == len(among)
                 and len(missing) < len(ranks)):
-            head = f"{among[0]}-{among[-1]} except "
-            short = head + rank_ranges(missing, limit=max(20, limit - len(head)))
-            plain = rank_ranges(ranks, limit=limit)
-            return short if len(short) < len(plain) else plain
-    parts, i = [], 0
-    while i < len(ranks):
-        j = i
-        while j + 1 < len(ranks) and ranks[j + 1] == ranks[j] + 1:
-            j += 1
-        parts.append(str(ranks[i]) if i == j else f"{ranks[i]}-{ranks[j]}")
-        i = j + 1
+            if len(_runs(missing)) < len(_runs(ranks)):  # fewer pieces to read
+                head = f"{among[0]}-{among[-1]} except "
+                return head + rank_ranges(missing, limit=max(20, limit - len(head)))
+    parts = _runs(ranks)
     shown, used = [], 0
     for n, part in enumerate(parts):
         if used + len(part) > limit and shown:
@@ -47,6 +40,18 @@ def rank_ranges(ranks, among=None, limit: int = 80) -> str:
         shown.append(part)
         used += len(part) + 2
     return ", ".join(shown)
+
+
+def _runs(ranks: list[int]) -> list[str]:
+    """Sorted ranks as runs: ["0-3", "5"]."""
+    parts, i = [], 0
+    while i < len(ranks):
+        j = i
+        while j + 1 < len(ranks) and ranks[j + 1] == ranks[j] + 1:
+            j += 1
+        parts.append(str(ranks[i]) if i == j else f"{ranks[i]}-{ranks[j]}")
+        i = j + 1
+    return parts
 
 
 def _count(part: str) -> int:
