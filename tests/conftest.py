@@ -7,6 +7,7 @@ hanging test fails fast and leaves no processes behind.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -136,3 +137,17 @@ def stop_process(proc: subprocess.Popen, sig=signal.SIGTERM, timeout_s: float = 
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
         return proc.wait()
+
+
+@contextlib.contextmanager
+def small_disk(path, size: str):
+    """A tmpfs of `size` at `path` (root only: skipped where mounting is not allowed)."""
+    path.mkdir(parents=True, exist_ok=True)
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)],
+                          capture_output=True, text=True)
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a small file system here: {done.stderr.strip()}")
+    try:
+        yield path
+    finally:
+        subprocess.run(["umount", "-l", str(path)], capture_output=True)

@@ -9,26 +9,12 @@ import shutil
 import subprocess
 
 import pytest
-from conftest import JOBS, run_cli
+from conftest import JOBS, run_cli, small_disk
 
 from distdoctor.runlog.run import read_incarnations
 
 pytestmark = pytest.mark.timeout(240)
 CHAOS = JOBS / "chaos"
-
-
-@contextlib.contextmanager
-def small_disk(path, size: str):
-    """A tmpfs of `size` at `path` (root only: skipped where mounting is not allowed)."""
-    path.mkdir(parents=True, exist_ok=True)
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)],
-                          capture_output=True, text=True)
-    if done.returncode != 0:
-        pytest.skip(f"cannot mount a small file system here: {done.stderr.strip()}")
-    try:
-        yield path
-    finally:
-        subprocess.run(["umount", "-l", str(path)], capture_output=True)
 
 
 def test_a_disk_that_fills_up_mid_job_costs_events_not_the_job(tmp_path):

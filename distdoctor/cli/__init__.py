@@ -14,7 +14,7 @@ import sys
 from distdoctor.errors import UserError
 
 # Order here is the order in `--help`.
-SUBCOMMANDS = ["run", "show", "diagnose", "export", "demo", "nccl-test"]
+SUBCOMMANDS = ["run", "show", "diagnose", "export", "demo", "nccl-test", "check"]
 # Commands of other parts of the distribution (the dashboard's `watch`) come through
 # distdoctor.plugins, so the core never imports them.
 

@@ -1,0 +1,93 @@
+"""Start the check's ranks (N local ones, or the job's torchrun line with the check in
+place of the script), wait for them within a deadline, and read what they found. Their
+output goes to files in a temporary folder: on a failure, the last lines say why."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from distdoctor.check.rank import CHECKPOINT_ENV, OUT_ENV, SWEEP_ENV
+
+
+def run_ranks(nproc: int | None, launcher: list[str] | None, checkpoint_dir: str | None,
+              sweep: bool, timeout_s: float) -> tuple[dict | None, str]:
+    """(the job's facts, "") or (None, why there are none)."""
+    from distdoctor.launch.env import free_port, rank_env
+
+    with tempfile.TemporaryDirectory(prefix="distdoctor-check-") as tmp:
+        out = Path(tmp) / "job.json"
+        env = dict(os.environ)
+        env.update({OUT_ENV: str(out), SWEEP_ENV: "1" if sweep else "0",
+                    "PYTHONUNBUFFERED": "1"})
+        if checkpoint_dir:
+            env[CHECKPOINT_ENV] = os.path.abspath(checkpoint_dir)
+        if launcher is not None:
+            commands = [(launcher, env)]
+        else:
+            port = free_port()
+            commands = [([sys.executable, "-m", "distdoctor.check.rank"],
+                         rank_env(env, r, nproc, port)) for r in range(nproc)]
+        procs = []
+        try:
+            for i, (cmd, penv) in enumerate(commands):
+                log = open(Path(tmp) / f"{i}.log", "wb")
+                procs.append(subprocess.Popen(cmd, env=penv, stdin=subprocess.DEVNULL,
+                                              stdout=log, stderr=subprocess.STDOUT,
+                                              start_new_session=True))
+                log.close()
+            failed = _wait(procs, time.monotonic() + timeout_s, tmp)
+        except OSError as exc:
+            return None, f"cannot start {commands[0][0][0]!r}: {exc.strerror or exc}"
+        finally:
+            _stop(procs)
+        if failed is None and out.exists():
+            try:
+                return json.loads(out.read_text()), ""
+            except ValueError as exc:
+                return None, f"the ranks wrote an unreadable report ({exc})"
+        return None, failed or "the ranks finished without a report" + _tail(tmp, 0)
+
+
+def _wait(procs: list[subprocess.Popen], deadline: float, tmp: str) -> str | None:
+    """None when every process exited 0; else what went wrong, with its output's end."""
+    while time.monotonic() < deadline:
+        codes = [p.poll() for p in procs]
+        bad = [(i, c) for i, c in enumerate(codes) if c not in (None, 0)]
+        if bad:
+            i, code = bad[0]
+            return f"process {i} of the check exited with code {code}{_tail(tmp, i)}"
+        if all(c == 0 for c in codes):
+            return None
+        time.sleep(0.05)
+    return ("the ranks did not finish in time (a rank that cannot reach the others waits "
+            "in the rendezvous; see --timeout)")
+
+
+def _tail(tmp: str, i: int) -> str:
+    try:
+        lines = (Path(tmp) / f"{i}.log").read_text(errors="replace").strip().splitlines()
+    except OSError:
+        return ""
+    last = next((line for line in reversed(lines) if line.strip()), "")
+    return f": {last[:300]}" if last else ""
+
+
+def _stop(procs: list[subprocess.Popen]) -> None:
+    """The check's processes and everything they started, gone."""
+    for p in procs:
+        if p.poll() is None:
+            try:
+                os.killpg(p.pid, signal.SIGKILL)
+            except OSError:
+                pass
+        try:
+            p.wait(10)
+        except subprocess.TimeoutExpired:
+            pass

@@ -1,0 +1,89 @@
+"""Check a job's nodes, ranks and links before it starts: one table, a remedy per problem.
+
+  distdoctor check --nproc 8                          # this node, 8 local ranks
+  distdoctor check --nproc 8 --checkpoint-dir /ckpt --json
+  distdoctor check -- torchrun --nnodes 4 --node-rank 0 --nproc-per-node 8 \\
+      --master-addr head --master-port 29500 train.py  # on every node, the job's own line
+
+A short job runs on the ranks the training job will use (with a torchrun line, the same
+line with the check in place of the script): versions, NCCL/gloo settings and their
+values, /dev/shm, the checkpoint directory, limits, memory, each rank's GPU and the
+node's GPU health (NVML), clock offsets, an all-reduce whose sum is known and a pairwise
+bandwidth sweep. The rendezvous (address reachable, port free) is checked first. Rows are
+ok, warn, fail, or n/a (nothing to check: no GPU, no RDMA device); exit code 1 on any fail.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from distdoctor.errors import UserError
+
+TIMEOUT_S = 120.0
+RENDEZVOUS_WAIT_S = 60.0  # a worker node waits this long for the first node's store
+
+
+def register(sub) -> None:
+    p = sub.add_parser("check", help="pre-launch check of nodes, ranks and links",
+                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--nproc", type=int, metavar="N", help="start N local ranks")
+    p.add_argument("--checkpoint-dir", metavar="DIR",
+                   help="where the job writes checkpoints: free space and writable")
+    p.add_argument("--json", action="store_true", help="print the rows as JSON")
+    p.add_argument("--no-sweep", action="store_true", help="skip the pairwise bandwidth sweep")
+    p.add_argument("--timeout", type=float, default=TIMEOUT_S, metavar="S",
+                   help=f"give up on ranks that have not finished after S seconds ({TIMEOUT_S:g})")
+    p.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- LAUNCHER ...",
+                   help="the job's torchrun line")
+    p.set_defaults(func=run)
+
+
+def run(args) -> int:
+    import json
+    import os
+    import time
+
+    from distdoctor.check import preflight, rules, table
+
+    cmd = list(args.cmd)
+    if cmd and cmd[0] == "--":
+        cmd = cmd[1:]
+    if (args.nproc is None) == (not cmd):
+        raise UserError("check: give --nproc N or the job's torchrun line after --", 2)
+    if args.nproc is not None and args.nproc < 1:
+        raise UserError("check: --nproc must be at least 1", 2)
+    if args.timeout <= 0:
+        raise UserError("check: --timeout must be positive", 2)
+    start = time.monotonic()
+    launcher = preflight.check_command(cmd) if cmd else None
+    host, port, hosts_store = preflight.rendezvous_of(
+        preflight._launcher(cmd)[1] if cmd else None, os.environ)
+    rows = preflight.check(host, port, hosts_store, min(args.timeout, RENDEZVOUS_WAIT_S))
+    world = None
+    if launcher is not None and any(r.status == "fail" for r in rows):
+        rows.append(table.Row("ranks", "job", "fail", "not started: the rendezvous failed "
+                              "(the job would fail the same way)", "fix the rows above"))
+    else:
+        from distdoctor.check.launch import run_ranks
+
+        job, failure = run_ranks(args.nproc, launcher, args.checkpoint_dir, not args.no_sweep,
+                                 args.timeout)
+        if job is None:
+            rows.append(table.Row("ranks", "job", "fail", failure,
+                                  "run the job's line by hand on this node: the first error "
+                                  "it prints is the problem"))
+        else:
+            world = job["world_size"]
+            rows += rules.rows(job, multi_node=len({f["host"] for f in job["ranks"]}) > 1)
+    seconds = time.monotonic() - start
+    if args.json:
+        print(json.dumps(table.as_json(rows, seconds, world), indent=1))
+    else:
+        import sys
+
+        from rich.console import Console
+
+        # a pipe or a log gets whole rows: rich would fold five columns into 80
+        table.render(rows, Console(width=None if sys.stdout.isatty() else 200,
+                                   highlight=False), seconds, world)
+    return 1 if any(r.status == "fail" for r in rows) else 0

@@ -1,0 +1,198 @@
+"""`distdoctor check`: real local ranks (gloo), each bad condition made for real where
+this machine allows it (a taken port, a missing interface, one node's different NCCL
+variable, a duplicated CUDA_VISIBLE_DEVICES, a 64 MB tmpfs as /dev/shm, a full
+checkpoint directory, an address nobody answers at), and the GPU checks through the
+replayed NVML path (no GPU here)."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import run_cli, small_disk
+
+from distdoctor.launch.env import free_port
+
+FIXTURES = Path(__file__).parent / "fixtures" / "nvml"
+
+
+def check(args: list[str], env: dict | None = None, timeout: float = 120):
+    proc = run_cli(["check", "--json", *args], timeout=timeout, env=env)
+    try:
+        return proc, json.loads(proc.stdout)
+    except ValueError:
+        pytest.fail(f"no JSON (exit {proc.returncode}): {proc.stdout[-2000:]} "
+                    f"{proc.stderr[-2000:]}")
+
+
+def rows_of(report: dict, status: str | None = None) -> list[dict]:
+    return [r for r in report["rows"] if status is None or r["status"] == status]
+
+
+def _env(**extra) -> dict:
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("NCCL_", "GLOO_", "TORCH_NCCL_", "MASTER_"))
+           and k != "CUDA_VISIBLE_DEVICES"}
+    return {**env, **extra}
+
+
+@pytest.mark.timeout(150)
+def test_a_healthy_node_is_all_ok():
+    proc, report = check(["--nproc", "4"], env=_env())
+    assert proc.returncode == 0, proc.stderr
+    assert not rows_of(report, "warn") and not rows_of(report, "fail"), report["rows"]
+    checks = {r["check"] for r in report["rows"]}
+    assert {"rendezvous port", "torch version", "same settings", "/dev/shm",
+            "open files limit", "host memory", "device", "GPU health", "clock offset",
+            "all_reduce result", "pairwise bandwidth"} <= checks, checks
+    assert report["world_size"] == 4
+    gpu = [r for r in report["rows"] if r["check"] == "GPU health"]
+    assert gpu[0]["status"] == "n/a" and "no NVIDIA driver" in gpu[0]["found"]
+
+
+@pytest.mark.timeout(150)
+def test_a_taken_port_fails_and_names_who_holds_it():
+    with socket.create_server(("127.0.0.1", 0)) as held:
+        port = held.getsockname()[1]
+        proc, report = check(["--nproc", "2", "--no-sweep"],
+                             env=_env(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port)))
+    assert proc.returncode == 1
+    bad = rows_of(report, "fail")
+    assert [r["check"] for r in bad] == ["rendezvous port"], report["rows"]
+    assert f"port {port} is taken" in bad[0]["found"]
+    assert f"pid {os.getpid()}" in bad[0]["found"]  # this test holds it
+
+
+@pytest.mark.timeout(150)
+def test_bad_settings_fail_with_the_interfaces_the_node_has():
+    proc, report = check(["--nproc", "2", "--no-sweep"], env=_env(
+        NCCL_SOCKET_IFNAME="nosuch0", NCCL_DEBUG="LOUD", TORCH_NCCL_BLOCKING_WAIT="yes",
+        NCCL_ASYNC_ERROR_HANDLING="1"))
+    assert proc.returncode == 1
+    found = {r["found"].split("=")[0]: r for r in rows_of(report) if r["check"] ==
+             "setting valid"}
+    assert "matches no interface" in found["NCCL_SOCKET_IFNAME"]["found"]
+    assert "lo" in found["NCCL_SOCKET_IFNAME"]["found"]  # what the node does have
+    assert found["NCCL_DEBUG"]["status"] == "fail"
+    assert found["TORCH_NCCL_BLOCKING_WAIT"]["status"] == "fail"
+    assert found["NCCL_ASYNC_ERROR_HANDLING is the old name of "
+                 "TORCH_NCCL_ASYNC_ERROR_HANDLING"]["status"] == "warn"
+
+
+@pytest.mark.timeout(150)
+def test_two_ranks_on_one_gpu_fail():
+    proc, report = check(["--nproc", "2", "--no-sweep"], env=_env(CUDA_VISIBLE_DEVICES="0"))
+    assert proc.returncode == 1
+    bad = [r for r in rows_of(report, "fail") if r["check"] == "device"]
+    assert bad and "ranks 0-1 all use GPU 0" in bad[0]["found"], report["rows"]
+    assert "Duplicate GPU" in bad[0]["found"]
+
+
+@pytest.mark.timeout(150)
+def test_a_small_shm_and_a_full_checkpoint_dir_fail(tmp_path):
+    with small_disk(tmp_path / "shm", "64m") as shm, small_disk(tmp_path / "ckpt", "8m") as ckpt:
+        _fill(ckpt / "filler")
+        proc, report = check(["--nproc", "2", "--no-sweep", "--checkpoint-dir", str(ckpt)],
+                             env=_env(DISTDOCTOR_CHECK_SHM=str(shm)))
+    assert proc.returncode == 1
+    bad = {r["check"]: r for r in rows_of(report, "fail")}
+    assert "64.0 MiB" in bad["/dev/shm"]["found"] and "--shm-size" in bad["/dev/shm"]["remedy"]
+    assert bad["checkpoint dir"]["found"].startswith(str(ckpt)), bad["checkpoint dir"]
+    assert "No space left" in bad["checkpoint dir"]["found"], bad["checkpoint dir"]
+
+
+def _fill(path: Path) -> None:
+    """Write until the file system is full."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT)
+    try:
+        while os.write(fd, b"\0" * (1 << 16)):
+            pass
+    except OSError:
+        pass  # ENOSPC: full
+    finally:
+        os.close(fd)
+
+
+@pytest.mark.timeout(150)
+@pytest.mark.parametrize("address, says", [
+    ("no-such-host.invalid", "does not resolve"),
+    ("127.0.0.1", "nothing answered there for 3 s"),  # a worker node; no first node
+])
+def test_an_unreachable_rendezvous_fails_before_any_rank_starts(address, says):
+    proc, report = check(["--timeout", "3", "--", sys.executable, "-m",
+                          "torch.distributed.run", "--nnodes", "2", "--node-rank", "1",
+                          "--nproc-per-node", "2", "--master-addr", address,
+                          "--master-port", str(free_port()), "train.py"], env=_env())
+    assert proc.returncode == 1
+    bad = rows_of(report, "fail")
+    assert bad[0]["check"] == "rendezvous reachable" and bad[0]["scope"].startswith(address)
+    assert says in bad[0]["found"], bad[0]
+    assert [r["check"] for r in bad] == ["rendezvous reachable", "ranks"], bad
+    assert "not started" in bad[1]["found"]
+
+
+@pytest.mark.timeout(200)
+def test_one_node_with_another_nccl_value_fails_on_both_nodes(tmp_path):
+    """Two torchrun nodes on this host, the job's own line under `check` on each; node 1
+    sets NCCL_DEBUG=INFO where node 0 has WARN."""
+    port = free_port()
+    procs = []
+    for node, level in ((0, "WARN"), (1, "INFO")):
+        cmd = [sys.executable, "-m", "distdoctor", "check", "--json", "--", sys.executable,
+               "-m", "torch.distributed.run", "--nnodes", "2", "--node-rank", str(node),
+               "--nproc-per-node", "2", "--master-addr", "127.0.0.1", "--master-port",
+               str(port), "train.py", "--lr", "0.1"]
+        procs.append(subprocess.Popen(cmd, env=_env(NCCL_DEBUG=level), stdout=subprocess.PIPE,
+                                      stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
+                                      text=True, start_new_session=True))
+    outs = []
+    try:
+        for p in procs:
+            outs.append(p.communicate(timeout=150))
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                os.killpg(p.pid, 9)
+    for (out, err), p in zip(outs, procs, strict=True):
+        assert p.returncode == 1, err[-2000:]
+        report = json.loads(out)
+        assert report["world_size"] == 4
+        bad = [r for r in rows_of(report, "fail") if r["check"] == "same settings"]
+        assert bad and bad[0]["scope"] in ("ranks 0-1", "ranks 2-3"), report["rows"]
+        assert "NCCL_DEBUG=" in bad[0]["found"] and "on rank" in bad[0]["found"]
+
+
+@pytest.mark.timeout(150)
+def test_gpu_health_through_replayed_nvml_readings():
+    proc, report = check(["--nproc", "2", "--no-sweep"], env=_env(
+        DISTDOCTOR_NVML_REPLAY=str(FIXTURES / "h100_hw_thermal.json")))
+    gpu = [r for r in report["rows"] if r["check"] == "GPU health"]
+    assert len({r["scope"] for r in gpu}) == 8, gpu  # the fixture's 8 GPUs, one node
+    hot = [r for r in gpu if r["scope"].endswith("GPU 6")]
+    assert hot and hot[0]["status"] in ("warn", "fail"), gpu
+    assert all("(replayed NVML readings)" in r["found"] for r in gpu)  # never shown as live
+    assert "hw_thermal" in " ".join(r["found"] for r in hot) or "C" in hot[0]["found"]
+
+
+@pytest.mark.timeout(150)
+def test_a_slow_link_is_named_by_the_sweep():
+    proc, report = check(["--nproc", "3"], env=_env(DISTDOCTOR_TEST_SEND_DELAY_MS="2:40"))
+    slow = [r for r in rows_of(report, "warn") if r["check"] == "pairwise bandwidth"]
+    # slowest first: rank 2's sends (3 ranks on 2 cores: another pair may dip below too)
+    assert {r["scope"] for r in slow[:2]} == {"pair 2->0", "pair 2->1"}, report["rows"]
+
+
+@pytest.mark.timeout(60)
+def test_bad_input_gets_one_line():
+    for args, words in ((["check"], "--nproc N or"), (["check", "--nproc", "0"], "at least 1"),
+                        (["check", "--", "srun", "python", "t.py"], "torchrun line"),
+                        (["check", "--nproc", "2", "--", "torchrun", "x.py"], "--nproc N or")):
+        proc = run_cli(args, timeout=30)
+        assert proc.returncode == 2, (args, proc.stderr)
+        assert words in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
+        assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
