@@ -16,12 +16,12 @@ CONNECT_S = 3.0
 TORCHRUN_DEFAULT = ("127.0.0.1", 29500)
 
 
-def rendezvous_of(argv: list[str] | None, env: dict) -> tuple[str, int, bool]:
-    """(address, port, whether this node hosts the store) of the job: from a torchrun
+def rendezvous_of(cmd: list[str] | None, env: dict) -> tuple[str, int, bool]:
+    """(address, port, whether this node hosts the store) of the job: from its torchrun
     line's --rdzv-endpoint or --master-addr/--master-port, else MASTER_ADDR/MASTER_PORT,
     else torchrun's defaults."""
-    if argv is not None:
-        args = parse_torchrun(argv)
+    if cmd:
+        args = parse_torchrun(_launcher(cmd)[1])
         if args.rdzv_endpoint:
             host, _, port = args.rdzv_endpoint.rpartition(":")
             if not host:

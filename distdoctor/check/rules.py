@@ -322,22 +322,30 @@ def _all_reduce(results: list[dict]) -> list[Row]:
 
 
 def _sweep(ranks: list[dict], sweep: dict | None) -> list[Row]:
+    """The slow pairs as `nccl-test --pairwise` judges them (pairwise_report.analyze)."""
     if not sweep:
         return []
-    bw = sweep["gbps"]
-    n = len(bw)
-    directed = [(s, d, bw[s][d]) for s in range(n) for d in range(n) if s != d]
-    median = sorted(v for *_, v in directed)[len(directed) // 2]
-    slow = [(s, d, v) for s, d, v in directed if v < SLOW_PAIR * median]
-    if not slow:
+    from distdoctor.check.links import SWEEP_ITERS
+    from distdoctor.nccltest.pairwise_report import analyze
+    from distdoctor.nccltest.results import RankInfo
+
+    by_rank = {f["rank"]: f for f in ranks}
+    infos = [RankInfo(r, by_rank[r].get("local_rank") or 0, by_rank[r]["host"],
+                      by_rank[r]["pid"], "cpu", "", by_rank[r]["device"].get("pci") or "-")
+             for r in range(len(sweep["gbps"]))]
+    found = analyze(sweep["gbps"], sweep["latency_us"], infos, SLOW_PAIR, sweep["bytes"],
+                    SWEEP_ITERS)
+    median = found["median_gbps"]
+    if not found["slow_pairs"]:
+        n = len(infos)
         return [Row("pairwise bandwidth", "job", "ok",
-                    f"{len(directed)} directed pairs, median {median:.2f} GB/s, none below "
+                    f"{n * (n - 1)} directed pairs, median {median:.2f} GB/s, none below "
                     f"{SLOW_PAIR:.0%} of it ({_size(sweep['bytes'])} transfers)")]
     out = []
-    for s, d, v in sorted(slow, key=lambda x: x[2])[:8]:
-        out.append(Row("pairwise bandwidth", f"pair {s}->{d}", "warn",
-                       f"{v:.2f} GB/s, {v / median:.0%} of the median pair's {median:.2f} "
-                       f"({_host(ranks, s)} -> {_host(ranks, d)})",
+    for p in sorted(found["slow_pairs"], key=lambda p: p["gbps"])[:8]:
+        out.append(Row("pairwise bandwidth", f"pair {p['src']}->{p['dst']}", "warn",
+                       f"{p['gbps']:.2f} GB/s, {p['fraction_of_median']:.0%} of the median "
+                       f"pair's {median:.2f} ({p['src_host']} -> {p['dst_host']})",
                        "nccl-test --pairwise on these nodes; check the link's width and "
                        "speed (ibstat, nvidia-smi topo -m)"))
     return out

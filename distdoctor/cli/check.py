@@ -56,8 +56,7 @@ def run(args) -> int:
         raise UserError("check: --timeout must be positive", 2)
     start = time.monotonic()
     launcher = preflight.check_command(cmd) if cmd else None
-    host, port, hosts_store = preflight.rendezvous_of(
-        preflight._launcher(cmd)[1] if cmd else None, os.environ)
+    host, port, hosts_store = preflight.rendezvous_of(cmd, os.environ)
     rows = preflight.check(host, port, hosts_store, min(args.timeout, RENDEZVOUS_WAIT_S))
     world = None
     if launcher is not None and any(r.status == "fail" for r in rows):
