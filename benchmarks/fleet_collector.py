@@ -122,7 +122,7 @@ class Node:
         return payload
 
     def _state(self, r: int, issued: dict, per_step: int) -> dict:
-        """What a node's engine says of a rank beyond its position (digest.rank_extras)."""
+        """What a node's engine says of a rank beyond its position (Engine.rank_summary)."""
         tp, dp = issued[self.tp(r)], issued[self.dp(r)]
         steps = dp // DP_OPS
         return {"failed": False, "span": f"step {steps}", "steps": steps,

@@ -206,7 +206,7 @@ class DigestBuilder:
             ranks.append([v.rank, event_row(v.latest) if v.latest else None,
                           event_row(v.last_done) if v.last_done else None,
                           v.issued, v.now_ns, v.exit, v.stopped,
-                          rank_extras(engine, v.rank, now_s)])
+                          engine.rank_summary(v.rank, now_s)])
             for ev in (v.latest, v.last_done):
                 if ev is not None:
                     self._know_group(ev)
@@ -221,26 +221,3 @@ class DigestBuilder:
         return {"host": host, "ranks": ranks, "groups": groups, "sigs": sigs,
                 "arrivals": arrivals, "waits": self._take_waits(), "dropped": self.dropped}
 
-
-def rank_extras(engine, rank: int, now_s: float) -> dict:
-    """What the collector shows of a rank beyond its position: whether its exit is a
-    failure, its span, its steps and where their time goes, its lateness among the
-    node's own ranks, its heartbeat's age, and its completed ops per (group, op)."""
-    st = engine.ranks[rank]
-    steps = engine.straggler.time.get(rank)
-    score = engine.straggler.score(rank)
-    return {"failed": bool(st.exit is not None and st.exit.failed),
-            "span": st.newest_span,
-            "steps": steps.finished if steps is not None else 0,
-            "split": _split(steps.recent() if steps is not None else None),
-            "late_ms": score["step_lateness_ms"] if score else None,
-            "hb_age_s": engine.heartbeat_age_s(rank, now_s),
-            "done": [[g, d, op, n, s] for (g, d, op), (n, s) in st.completed.items()]}
-
-
-def _split(b: dict | None) -> dict | None:
-    """A step breakdown's plain numbers (RankSteps.recent)."""
-    if b is None:
-        return None
-    return {k: round(b[k], 3) for k in ("steps", "wall_ms", "collective_ms", "data_ms",
-                                         "compute_ms")}

@@ -4,25 +4,9 @@ the same wording and states as a rank followed event by event (diagnosis/snapsho
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from distdoctor.collect.fleet import STALE_S
 from distdoctor.diagnosis.snapshot import RankRow, rank_state, split_text
-
-
-@dataclass(frozen=True)
-class FleetRank:
-    """One rank as /metrics reads it."""
-
-    rank: int
-    host: str
-    state: str
-    in_collective_s: float
-    heartbeat_age_s: float | None
-    done: list  # [group, group desc, op, count, seconds]
-    steps: int
-    step_s: float | None
-    late_s: float | None
+from distdoctor.export.metrics import RankMetrics, rank_metrics, summary_split
 
 
 def _heartbeat_age(p, now_s: float) -> float | None:
@@ -68,7 +52,7 @@ def rank_rows(fleet, now_s: float, skip, rates: dict) -> list[RankRow]:
             collectives=sum(p.issued.values()), rate=rates.get(r),
             span=span if isinstance(span, str) else None,
             lateness_ms=late if isinstance(late, (int, float)) else None,
-            step_split=split_text(_split(p.state)), straggler=late_why.get(r)))
+            step_split=split_text(summary_split(p.state)), straggler=late_why.get(r)))
     return rows
 
 
@@ -78,34 +62,7 @@ def issued(fleet) -> dict[int, dict[str, int]]:
         return {r: dict(p.issued) for r, p in fleet.positions.items()}
 
 
-def metric_ranks(fleet, now_s: float, skip) -> list[FleetRank]:
-    out = []
-    for r, p, view, (state, _, _) in _ranks(fleet, now_s, skip):
-        latest = view.latest
-        split = _split(p.state)
-        late = p.state.get("late_ms")
-        steps = p.state.get("steps")
-        done = p.state.get("done")
-        out.append(FleetRank(
-            rank=r, host=p.host, state=state,
-            in_collective_s=(view.waited_s(latest)
-                             if latest is not None and latest.t_end_ns is None else 0.0),
-            heartbeat_age_s=_heartbeat_age(p, now_s),
-            done=[d for d in done if _is_done(d)] if isinstance(done, list) else [],
-            steps=steps if isinstance(steps, int) else 0,
-            step_s=split["wall_ms"] / 1e3 if split else None,
-            late_s=max(0.0, late) / 1e3 if isinstance(late, (int, float)) else None))
-    return out
-
-
-def _split(state: dict) -> dict | None:
-    split = state.get("split")
-    keys = ("steps", "wall_ms", "collective_ms", "data_ms", "compute_ms")
-    if isinstance(split, dict) and all(isinstance(split.get(k), (int, float)) for k in keys):
-        return split
-    return None
-
-
-def _is_done(d) -> bool:
-    return (isinstance(d, list) and len(d) == 5 and all(isinstance(x, str) for x in d[:3])
-            and all(isinstance(x, (int, float)) for x in d[3:]))
+def metric_ranks(fleet, now_s: float, skip) -> list[RankMetrics]:
+    """What /metrics exports of each rank the digests carry."""
+    return [rank_metrics(r, p.host, state, view, p.state, _heartbeat_age(p, now_s))
+            for r, p, view, (state, _, _) in _ranks(fleet, now_s, skip)]

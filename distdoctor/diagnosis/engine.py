@@ -24,6 +24,9 @@ from distdoctor.diagnosis.straggler import StragglerTracker
 from distdoctor.runlog.reader import Event
 from distdoctor.runlog.run import span_name
 
+# a step breakdown's numbers in a rank summary (RankSteps.recent)
+SPLIT = ("steps", "wall_ms", "collective_ms", "data_ms", "compute_ms")
+
 MAX_OPEN = 200_000  # open rendezvous kept; the oldest go first past this
 MAX_SPANS = 4096  # span names remembered per rank
 MAX_HABITS = 256  # (op, line) pairs remembered per group
@@ -168,6 +171,23 @@ class Engine:
         if rank in self.same_clock and st.hb_ns:
             return now_s - st.hb_ns / 1e9
         return None if st.hb_seen_s is None else now_s - st.hb_seen_s
+
+    def rank_summary(self, rank: int, now_s: float) -> dict:
+        """A rank's state beyond its position, as plain data: whether its exit is a
+        failure, its span, its steps and where their time goes (the last 10), its
+        lateness, its heartbeat's age, its completed ops per (group, group desc, op).
+        What /metrics exports of a rank, and what a node's digest sends of it."""
+        st = self.ranks[rank]
+        steps = self.straggler.time.get(rank)
+        score = self.straggler.score(rank)
+        split = steps.recent() if steps is not None else None
+        return {"failed": bool(st.exit is not None and st.exit.failed),
+                "span": st.newest_span,
+                "steps": steps.finished if steps is not None else 0,
+                "split": None if split is None else {k: round(split[k], 3) for k in SPLIT},
+                "late_ms": score["step_lateness_ms"] if score else None,
+                "hb_age_s": self.heartbeat_age_s(rank, now_s),
+                "done": [[g, d, op, n, sec] for (g, d, op), (n, sec) in st.completed.items()]}
 
     def exited(self, rank: int, info: ExitInfo) -> None:
         st = self._rank(rank)

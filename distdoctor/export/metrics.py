@@ -18,6 +18,7 @@ import os
 import time
 from dataclasses import dataclass
 
+from distdoctor.diagnosis.engine import SPLIT
 from distdoctor.diagnosis.snapshot import gpu_key, rank_state
 
 RANK_STATES = ("starting", "running", "in_collective", "hung", "no_heartbeat", "exited",
@@ -93,24 +94,12 @@ def gather(live, job: str, now_s: float | None = None, fleet=None) -> list[_Fami
         meta = live.follower.meta_of(live.follower.newest)
         views = engine.views(now_s)
         for r in sorted(engine.ranks):
-            st = engine.ranks[r]
             m = meta.get(r) or {}
-            hb_age = engine.heartbeat_age_s(r, now_s)
-            state, _, _ = rank_state(views[r], st.exit is not None and st.exit.failed,
-                                     hb_age, engine.hang_timeout_s)
-            latest = st.latest
-            steps = engine.straggler.time.get(r)
-            b = steps.recent() if steps is not None and steps.finished else None
-            score = engine.straggler.score(r)
-            _rank_samples(
-                fam, {"job": job, "rank": str(r), "local_rank": _text(m.get("local_rank")),
-                      "host": _text(m.get("host"))}, state,
-                views[r].waited_s(latest) if latest is not None and latest.t_end_ns is None
-                else 0.0, hb_age,
-                [(g, d, op, n, sec) for (g, d, op), (n, sec) in st.completed.items()],
-                steps.finished if steps is not None else 0,
-                b["wall_ms"] / 1e3 if b is not None else None,
-                max(0.0, score["step_lateness_ms"]) / 1e3 if score is not None else None)
+            summary = engine.rank_summary(r, now_s)
+            state, _, _ = rank_state(views[r], summary["failed"], summary["hb_age_s"],
+                                     engine.hang_timeout_s)
+            _rank_samples(fam, job, local_rank=m.get("local_rank"), m=rank_metrics(
+                r, _text(m.get("host")), state, views[r], summary, summary["hb_age_s"]))
         here = set(engine.ranks)
         findings = live.findings()
         ingested = sum(e.ingested for e in live.engines.values())
@@ -118,12 +107,8 @@ def gather(live, job: str, now_s: float | None = None, fleet=None) -> list[_Fami
     if fleet is not None:
         from distdoctor.collect.fleet_view import metric_ranks
 
-        for fr in metric_ranks(fleet, now_s, here):
-            m = meta.get(fr.rank) or {}
-            _rank_samples(fam, {"job": job, "rank": str(fr.rank),
-                                "local_rank": _text(m.get("local_rank")), "host": fr.host},
-                          fr.state, fr.in_collective_s, fr.heartbeat_age_s, fr.done,
-                          fr.steps, fr.step_s, fr.late_s)
+        for rm in metric_ranks(fleet, now_s, here):
+            _rank_samples(fam, job, (meta.get(rm.rank) or {}).get("local_rank"), rm)
         have = {f.key for f in findings}
         findings = findings + [f for f in fleet.findings() if f.key not in have]
     counts: dict[tuple[str, str], int] = {}
@@ -140,28 +125,74 @@ def gather(live, job: str, now_s: float | None = None, fleet=None) -> list[_Fami
     return list(fam.values()) + _gpu_families(samples, job)
 
 
-def _rank_samples(fam: dict, base: dict, state: str, in_collective_s: float,
-                  hb_age: float | None, done: list, steps: int, step_s: float | None,
-                  late_s: float | None) -> None:
-    """One rank's series: `state` as the dashboard words it, `done`: its completed ops as
-    (group, group desc, op, count, seconds)."""
-    state = state.replace(" ", "_")
+@dataclass(frozen=True)
+class RankMetrics:
+    """One rank's values, whether its events are followed here or its node sends them
+    in digests."""
+
+    rank: int
+    host: str
+    state: str  # as the dashboard words it
+    in_collective_s: float
+    heartbeat_age_s: float | None
+    done: list  # [group, group desc, op, count, seconds]
+    steps: int
+    step_s: float | None
+    late_s: float | None
+
+
+def rank_metrics(rank: int, host: str, state: str, view, summary: dict,
+                 hb_age: float | None) -> RankMetrics:
+    """A rank's values from its RankView and its summary (Engine.rank_summary, here or
+    on its node); fields a digest sent malformed are left out."""
+    latest = view.latest
+    split = summary_split(summary)
+    late, steps, done = summary.get("late_ms"), summary.get("steps"), summary.get("done")
+    return RankMetrics(
+        rank=rank, host=host, state=state,
+        in_collective_s=(view.waited_s(latest)
+                         if latest is not None and latest.t_end_ns is None else 0.0),
+        heartbeat_age_s=hb_age,
+        done=[d for d in done if _is_done(d)] if isinstance(done, list) else [],
+        steps=steps if isinstance(steps, int) else 0,
+        step_s=split["wall_ms"] / 1e3 if split else None,
+        late_s=max(0.0, late) / 1e3 if isinstance(late, (int, float)) else None)
+
+
+def summary_split(summary: dict) -> dict | None:
+    """A rank summary's step breakdown, when it is whole."""
+    split = summary.get("split")
+    if isinstance(split, dict) and all(isinstance(split.get(k), (int, float)) for k in SPLIT):
+        return split
+    return None
+
+
+def _is_done(d) -> bool:
+    return (isinstance(d, list) and len(d) == 5 and all(isinstance(x, str) for x in d[:3])
+            and all(isinstance(x, (int, float)) for x in d[3:]))
+
+
+def _rank_samples(fam: dict, job: str, local_rank, m: RankMetrics) -> None:
+    """One rank's series."""
+    base = {"job": job, "rank": str(m.rank), "local_rank": _text(local_rank), "host": m.host}
+    state = m.state.replace(" ", "_")
     for s in RANK_STATES:
         fam["distdoctor_rank_state"].samples.append(
             ({**base, "state": s}, 1.0 if s == state else 0.0))
-    fam["distdoctor_rank_in_collective_seconds"].samples.append((base, in_collective_s))
-    if hb_age is not None:
-        fam["distdoctor_rank_heartbeat_age_seconds"].samples.append((base, max(0.0, hb_age)))
-    for group, desc, op, count, seconds in done:
+    fam["distdoctor_rank_in_collective_seconds"].samples.append((base, m.in_collective_s))
+    if m.heartbeat_age_s is not None:
+        fam["distdoctor_rank_heartbeat_age_seconds"].samples.append(
+            (base, max(0.0, m.heartbeat_age_s)))
+    for group, desc, op, count, seconds in m.done:
         labels = {**base, "group": group, "group_desc": desc, "op": op}
         fam["distdoctor_collectives_total"].samples.append((labels, count))
         fam["distdoctor_collective_seconds_total"].samples.append((labels, seconds))
-    if steps:
-        fam["distdoctor_step"].samples.append((base, steps))
-        if step_s is not None:
-            fam["distdoctor_step_seconds"].samples.append((base, step_s))
-    if late_s is not None:
-        fam["distdoctor_straggler_lateness_seconds"].samples.append((base, late_s))
+    if m.steps:
+        fam["distdoctor_step"].samples.append((base, m.steps))
+        if m.step_s is not None:
+            fam["distdoctor_step_seconds"].samples.append((base, m.step_s))
+    if m.late_s is not None:
+        fam["distdoctor_straggler_lateness_seconds"].samples.append((base, m.late_s))
 
 
 def _gpu_families(samples: list, job: str) -> list[_Family]:
