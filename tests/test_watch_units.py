@@ -10,7 +10,8 @@ from distdoctor.tui import cells
 from test_probes_sampler_throttle import replayed_run
 
 from distdoctor.diagnosis.findings import Finding
-from distdoctor.diagnosis.snapshot import JobSnapshot, OpRow, RankRow, _with_probes
+from distdoctor.diagnosis.probe_columns import with_probes
+from distdoctor.diagnosis.snapshot import JobSnapshot, OpRow, RankRow
 
 
 def _row(rank: int, **kw) -> RankRow:
@@ -50,10 +51,10 @@ def test_tail_starts_near_the_end_of_a_long_file(tmp_path, monkeypatch):
 
 def test_gpu_column_comes_from_the_rank_gpu_and_says_replayed(tmp_path):
     samples = replayed_run(tmp_path, "h100_hw_thermal")
-    rows = _with_probes([_row(6), _row(7)], samples)
+    rows = with_probes([_row(6), _row(7)], samples)
     assert rows[0].gpu.startswith("89 C 1155 MHz") and rows[0].gpu.endswith("(replayed)")
     assert rows[1].gpu and "(replayed)" in rows[1].gpu
-    assert _with_probes([_row(6)], []) == [_row(6)]  # no probes: unchanged
+    assert with_probes([_row(6)], []) == [_row(6)]  # no probes: unchanged
 
 
 def test_cells_colour_culprits_late_ranks_and_states():

@@ -15,6 +15,7 @@ import time
 from dataclasses import dataclass, field, replace
 
 from distdoctor.diagnosis.findings import FINDINGS_FILE, Finding, merge_findings, read_findings
+from distdoctor.diagnosis.probe_columns import with_probes
 
 RECENT_SHOWN = 12  # a rank's newest ops in its detail
 HEARTBEAT_LATE_S = 3.0  # heartbeats come every second; this long without one is news
@@ -144,7 +145,7 @@ class SnapshotTaker:
                       if ops else {})
         if self.fleet is not None and self.fleet.positions:
             ranks, groups = self._with_fleet(ranks, groups, now)
-        ranks = _with_probes(ranks, samples)
+        ranks = with_probes(ranks, samples)
         findings = _ordered(merge_findings(found, self._written_findings()))
         ranks = _with_stuck_lines(ranks, findings)
         cmd, world, started = self._job_info()
@@ -301,30 +302,6 @@ def rank_state(view, failed: bool, hb_age_s: float | None,
     return "running", f"outside collectives{since}", site
 
 
-def _with_probes(rows: list[RankRow], samples: list) -> list[RankRow]:
-    """Fill each rank's process and GPU columns from the newest sample naming it."""
-    proc: dict[int, object] = {}
-    gpu: dict[int, object] = {}
-    for s in samples:  # oldest first: newer readings overwrite
-        for p in getattr(s, "processes", ()):
-            proc[p.rank] = p
-        by_key = {}
-        for g in getattr(s, "gpus", ()):
-            by_key[gpu_key(g)] = g
-        for r, key in getattr(s, "gpu_of_rank", {}).items():
-            if key in by_key:
-                gpu[r] = by_key[key]
-    if not proc and not gpu:
-        return rows
-    out = []
-    for row in rows:
-        p, g = proc.get(row.rank), gpu.get(row.rank)
-        out.append(replace(row, cpu_pct=getattr(p, "cpu_pct", None),
-                           rss_bytes=getattr(p, "rss_bytes", None),
-                           gpu=_gpu_text(g) if g is not None else None))
-    return out
-
-
 def _with_stuck_lines(rows: list[RankRow], findings: list[Finding]) -> list[RankRow]:
     """A rank a hang waits for while it is in no collective: its line is where its stack
     says it is (taken by the owner with py-spy), not the last collective it left."""
@@ -344,29 +321,6 @@ def _with_stuck_lines(rows: list[RankRow], findings: list[Finding]) -> list[Rank
             row = replace(row, callsite=_site(cs), where=f"{row.where}{fn}")
         out.append(row)
     return out
-
-
-def gpu_key(g) -> str:
-    """How the probe samples name a GPU (its UUID, else "index:N"), as in `gpu_of_rank`."""
-    try:
-        from distdoctor.probes.sampler import gpu_key as probes_key
-    except ImportError:
-        return str(getattr(g, "index", "?"))
-    return probes_key(g)
-
-
-def _gpu_text(g) -> str:
-    parts = []
-    if g.temperature_c is not None:
-        parts.append(f"{g.temperature_c} C")
-    if g.sm_clock_mhz is not None:
-        parts.append(f"{g.sm_clock_mhz} MHz")
-    if g.utilization_pct is not None:
-        parts.append(f"{g.utilization_pct}%")
-    text = " ".join(parts) or "?"
-    if not str(g.source).startswith("live"):
-        text += " (replayed)"  # never shown as live (DESIGN principle 4)
-    return text
 
 
 def _run_meta(run_dir) -> dict:

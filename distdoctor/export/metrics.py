@@ -19,7 +19,8 @@ import time
 from dataclasses import dataclass
 
 from distdoctor.diagnosis.engine import SPLIT
-from distdoctor.diagnosis.snapshot import gpu_key, rank_state
+from distdoctor.diagnosis.probe_columns import gpu_key
+from distdoctor.diagnosis.snapshot import rank_state
 
 RANK_STATES = ("starting", "running", "in_collective", "hung", "no_heartbeat", "exited",
                "failed")
