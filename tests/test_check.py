@@ -196,3 +196,19 @@ def test_bad_input_gets_one_line():
         assert proc.returncode == 2, (args, proc.stderr)
         assert words in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
         assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+
+
+@pytest.mark.timeout(150)
+def test_the_usual_single_node_torchrun_lines_are_checked():
+    """`torchrun --standalone ...` (its own store on a free port) and a line that names
+    no rendezvous at all (torchrun's defaults) — the forms most scripts' READMEs give."""
+    from distdoctor.check.preflight import rendezvous_of
+
+    assert rendezvous_of(["torchrun", "--nproc-per-node", "2", "train.py"], {}) == (
+        "127.0.0.1", 29500, True)
+    proc, report = check(["--no-sweep", "--", "torchrun", "--standalone", "--nproc-per-node",
+                          "2", "train.py", "--epochs", "3"], env=_env())
+    assert proc.returncode == 0, report["rows"]
+    assert report["world_size"] == 2
+    port = [r for r in report["rows"] if r["check"] == "rendezvous port"]
+    assert port[0]["status"] == "ok" and "--standalone" in port[0]["found"]

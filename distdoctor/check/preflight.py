@@ -22,12 +22,15 @@ def rendezvous_of(cmd: list[str] | None, env: dict) -> tuple[str, int, bool]:
     else torchrun's defaults."""
     if cmd:
         args = parse_torchrun(_launcher(cmd)[1])
+        if args.standalone:  # torchrun starts its own store on a free local port
+            return "127.0.0.1", 0, True
         if args.rdzv_endpoint:
             host, _, port = args.rdzv_endpoint.rpartition(":")
             if not host:
                 host, port = port, "29400"
             return host.strip("[]"), int(port), _is_local(host.strip("[]"))
-        return args.master_addr, int(args.master_port), int(args.node_rank or 0) == 0
+        return (args.master_addr or TORCHRUN_DEFAULT[0],
+                int(args.master_port or TORCHRUN_DEFAULT[1]), int(args.node_rank or 0) == 0)
     host = env.get("MASTER_ADDR") or TORCHRUN_DEFAULT[0]
     port = int(env.get("MASTER_PORT") or TORCHRUN_DEFAULT[1])
     return host, port, _is_local(host)
@@ -38,6 +41,9 @@ def check(host: str, port: int, hosts_store: bool, wait_s: float) -> list[Row]:
     is free; from the others, the store answers within `wait_s` (every node's check
     starts at about the same time: the first node's store comes up in seconds)."""
     scope = f"{host}:{port}"
+    if port == 0:
+        return [Row("rendezvous port", "job", "ok", "--standalone: torchrun picks a free "
+                    "port on this node")]
     try:
         infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
     except socket.gaierror as exc:
