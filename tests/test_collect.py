@@ -21,6 +21,7 @@ from distdoctor.collect.server import Collector, listen
 from distdoctor.launch.env import free_port
 from distdoctor.runlog import format as F
 from distdoctor.runlog.follow import RunFollower
+from distdoctor.runlog.reader import RankLog
 from distdoctor.runlog.ring import RingWriter
 from distdoctor.runlog.rundir import rank_meta_path, ring_path
 
@@ -135,6 +136,34 @@ def test_a_malformed_frame_drops_its_node_and_keeps_what_it_sent(tmp_path):
                 _until(lambda why=why: any(why in line for line in said))
         assert all("Traceback" not in line for line in said)
         assert len(RunFollower(tmp_path / "copy").poll()) == 10  # nothing lost
+    finally:
+        collector.stop()
+
+
+@pytest.mark.timeout(30)
+def test_how_a_rank_left_reaches_the_copy(tmp_path):
+    """An os._exit status and an uncaught exception cross the wire: the copy's reader tells
+    the rank that left with 3 and the one that raised, as the node's own reader does."""
+    exited = _ring_with_events(tmp_path / "node", 2)
+    raised = RingWriter(str(ring_path(tmp_path / "node", 1)), 1, 64 * F.SLOT_SIZE, 4096)
+    rank_meta_path(tmp_path / "node", 1).write_text(json.dumps({"rank": 1, "host": "x",
+                                                                "pid": 2}))
+    exited.mark_exited(3)
+    raised.mark_closed(raised.add_string({"type": "ValueError", "message": "bad batch",
+                                          "file": "train.py", "line": 7}))
+    collector, _ = _collector(tmp_path)
+    try:
+        fwd = Forwarder(tmp_path / "node", collector.address)
+        fwd.tick()
+        fwd.stop()
+        run = tmp_path / "copy"
+        _until(lambda: all(ring_path(run, r).exists() for r in (0, 1))
+               and RankLog(ring_path(run, 0)).header().closed
+               and RankLog(ring_path(run, 1)).header().closed)
+        left = RankLog(ring_path(run, 0)).header()
+        assert (left.exit_code, left.exception) == (3, None)
+        died = RankLog(ring_path(run, 1)).header()
+        assert died.exit_code is None and died.exception["message"] == "bad batch"
     finally:
         collector.stop()
 

@@ -1,5 +1,6 @@
 """`distdoctor run`, the run directory and its event logs, on real gloo jobs."""
 
+import json
 import os
 import shutil
 import subprocess
@@ -77,6 +78,28 @@ def test_tracing_wraps_torchrun_and_leaves_results_bit_identical(tmp_path):
     assert run.info.ranks[1]["local_rank"] == 1 and run.info.ranks[1]["world_size"] == 2
 
 
+@pytest.mark.parametrize("status", [0, 3])
+def test_a_rank_leaving_through_os_exit_has_exited_with_its_status(tmp_path, status):
+    """Under torchrun no exit status reaches distdoctor: a rank that skips its exit hooks
+    (os._exit) would look dead. Its log takes the status: 0 is no finding, 3 a crash."""
+    from distdoctor.launch.env import free_port
+
+    run_dir = tmp_path / "run"
+    res = run_cli(["run", "--run-dir", str(run_dir), "--", sys.executable, "-m",
+                   "torch.distributed.run", "--nproc-per-node", "2", "--master-port",
+                   str(free_port()), str(JOBS / "os_exit.py"), str(status)], run_dir=run_dir)
+    assert res.returncode == (1 if status else 0), res.stderr
+    run = read_run(run_dir)
+    assert [run.headers[r].exit_code for r in (0, 1)] == [0, status]
+    post = run_cli(["diagnose", str(run_dir), "--json"])
+    crashes = [f for f in json.loads(post.stdout)["findings"] if f["kind"] == "crash"]
+    if not status:
+        assert crashes == [] and "CRASH" not in res.stderr, res.stderr
+        return
+    assert [f["ranks"] for f in crashes] == [[1]], post.stdout
+    assert "exited with code 3" in crashes[0]["summary"], crashes
+
+
 def test_show_prints_ranks_side_by_side_and_json(tmp_path):
     run_dir = tmp_path / "run"
     assert run_job("many_ops.py", 2, run_dir, "5").returncode == 0
@@ -85,8 +108,6 @@ def test_show_prints_ranks_side_by_side_and_json(tmp_path):
     assert "rank 0" in res.stdout and "rank 1" in res.stdout
     assert res.stdout.count("all_reduce") == 6 and "many_ops.py:10" in res.stdout
     one = run_cli(["show", str(run_dir), "--rank", "1", "--json"])
-    import json
-
     events = json.loads(one.stdout)["ranks"]["1"]
     assert [e["seq"] for e in events] == [0, 1, 2, 3, 4]
 

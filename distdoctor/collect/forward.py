@@ -57,7 +57,7 @@ class _Source:
         log = self.log
         if self.pending or self.sent_head is None or self.sent_head < log.word(F.OFF_HEAD):
             return False
-        if log.word(F.OFF_CLOSED) == 1:
+        if log.word(F.OFF_CLOSED) in F.CLOSED_WORDS:
             return True
         if not superseded:
             return False
@@ -290,7 +290,8 @@ class Forwarder:
         self._send(wire.frame(wire.STATE, wire.STATE_BODY.pack(
             src.sent_head, src.sent_strings, count, log.word(F.OFF_STRINGS_DROPPED),
             log.word(F.OFF_HEARTBEAT_MONO, F.I64), log.word(F.OFF_HEARTBEAT_WALL, F.I64),
-            1 if log.word(F.OFF_CLOSED) == 1 else 0), rank, log=number))
+            log.word(F.OFF_CLOSED) & 0xFF, log.word(F.OFF_EXIT_ERROR, F.U32),
+            log.word(F.OFF_EXIT_CODE, F.I64)), rank, log=number))
 
     def _forward_meta(self, src: _Source) -> None:
         path = rank_meta_path(self.run_dir, src.rank, src.number)

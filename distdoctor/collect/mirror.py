@@ -214,13 +214,20 @@ class NodeMirror:
     @staticmethod
     def _state(ring: RingWriter, rank: int, payload: bytes) -> bool:
         """Applies the header words; True when the rank has closed the log."""
-        if len(payload) != wire.STATE_BODY.size:
+        if len(payload) == wire.STATE_BODY.size:
+            (head, used, count, dropped, hb_mono, hb_wall, closed, exit_error,
+             exit_code) = wire.STATE_BODY.unpack(payload)
+        elif len(payload) == wire.STATE_BODY_V2.size:  # a node of the previous version
+            head, used, count, dropped, hb_mono, hb_wall, closed = \
+                wire.STATE_BODY_V2.unpack(payload)
+            exit_error = exit_code = 0
+        else:
             raise wire.WireError("STATE frame of the wrong size")
-        head, used, count, dropped, hb_mono, hb_wall, closed = wire.STATE_BODY.unpack(payload)
         if used > ring.strings_size:
             raise wire.WireError(f"STATE frame of rank {rank} counts more strings than fit")
-        ring.put_state(head, used, count, dropped, hb_mono, hb_wall, bool(closed))
-        return bool(closed)
+        ring.put_state(head, used, count, dropped, hb_mono, hb_wall, closed, exit_error,
+                       exit_code)
+        return closed in F.CLOSED_WORDS
 
     def _samples(self, payload: bytes) -> None:
         try:

@@ -20,7 +20,8 @@ writes it, and drops a connection that sends a malformed one (what came before s
              identity (JSON, as in the log's header)
     STRINGS  bytes of the rank's string table at offset `arg`
     SLOTS    whole 128-byte slots, of events `arg`, `arg + 1`, ...
-    STATE    the rank's header words: head, string counts, heartbeat, closed
+    STATE    the rank's header words: head, string counts, heartbeat, and how it left
+             (its CLOSED_* word, the exception's string id, the os._exit status)
     SAMPLES  the node's probe samples, whole lines
     EXITS    exit statuses of the node's ranks, as in exits.json
     FINDINGS what the node's `run` alone saw, as in findings.json: the errors in its job's
@@ -43,7 +44,7 @@ import struct
 from distdoctor.runlog import format as F
 
 MAGIC = b"DDFW"
-VERSION = 2  # 2: DIGEST
+VERSION = 3  # 2: DIGEST; 3: STATE says how the rank left
 FORMAT = "distdoctor-forward"
 FRAME = struct.Struct("<4sBBHIQI")
 MAX_PAYLOAD = 4 << 20
@@ -60,7 +61,9 @@ NODE_KINDS = ("straggler", "throttle")
 
 OPEN_BODY = struct.Struct("<QQI")  # capacity (slots), string table bytes, pid
 # head, strings used, strings count, strings dropped, heartbeat mono/wall ns, closed
-STATE_BODY = struct.Struct("<QQQQqqB")
+# word, exit error string id, os._exit status (version 2 ended at the closed word)
+STATE_BODY = struct.Struct("<QQQQqqBIq")
+STATE_BODY_V2 = struct.Struct("<QQQQqqB")
 SLOTS_PER_FRAME = MAX_PAYLOAD // F.SLOT_SIZE
 # The collector's copy of a rank's log keeps its newest MIRROR_SLOTS events (4 MiB), and
 # a node sends at most that many of a log it has not sent yet: a copy has no holes for a

@@ -21,9 +21,12 @@ class ExitInfo:
 
     @classmethod
     def of_closed_log(cls, header) -> ExitInfo:
-        """A log its rank closed on the way out: normally, or on an uncaught exception."""
+        """A log its rank closed on the way out: normally, through os._exit (its status
+        known), or on an uncaught exception."""
         if header.exception is not None:
             return cls(None, "raised", header.exception)
+        if getattr(header, "exit_code", None) is not None:
+            return cls(header.exit_code)
         return cls(None, "closed")
 
     def describe(self) -> str:

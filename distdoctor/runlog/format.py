@@ -44,13 +44,14 @@ OFF_STRINGS_COUNT = 144  # u64 strings interned
 OFF_STRINGS_DROPPED = 152  # u64 strings refused because the table was full
 OFF_HEARTBEAT_MONO = 160  # i64 CLOCK_MONOTONIC ns of the last heartbeat
 OFF_HEARTBEAT_WALL = 168  # i64 wall-clock ns of the last heartbeat
-OFF_CLOSED = 176  # u64 1 once the interpreter exited normally, 2 on an uncaught exception
+OFF_CLOSED = 176  # u64 CLOSED_*: how the rank left (0 while it runs)
 # Written once, before the file is linked into place (zero in logs of older writers):
 OFF_LOG_NUMBER = 184  # u64 which of the rank's logs this is (0: its first)
 OFF_CREATED_WALL = 192  # i64 wall-clock ns when the file was made
 OFF_EXIT_ERROR = 200  # u32 string id: the uncaught exception ({type, message, file, ...})
 OFF_UNRECORDED = 208  # u64 events not recorded because the disk under the log was full
-HEADER_WORDS_END = 216  # the header words a reader takes on every poll end here
+OFF_EXIT_CODE = 216  # i64 the status the rank passed to os._exit (with CLOSED_EXITED)
+HEADER_WORDS_END = 224  # the header words a reader takes on every poll end here
 OFF_LAUNCH = 256  # u32 length + JSON: what identifies the launch (store, restart count)
 MAX_LAUNCH_BYTES = 1024
 U64 = struct.Struct("<Q")
@@ -86,8 +87,10 @@ STATUS_TIMEOUT = 3
 STATUSES = {STATUS_IN_FLIGHT: "in_flight", STATUS_OK: "ok", STATUS_ERROR: "error",
             STATUS_TIMEOUT: "timeout"}
 
-CLOSED_NORMALLY = 1
-CLOSED_RAISED = 2
+CLOSED_NORMALLY = 1  # the interpreter ran its exit hooks (exit status unknown)
+CLOSED_RAISED = 2  # an uncaught exception ended it (OFF_EXIT_ERROR says which)
+CLOSED_EXITED = 3  # it left through os._exit, skipping exit hooks; OFF_EXIT_CODE: status
+CLOSED_WORDS = (CLOSED_NORMALLY, CLOSED_RAISED, CLOSED_EXITED)
 
 # flags
 FLAG_ASYNC = 1  # the caller asked for async_op=True (or a C++ caller: DDP, funcol)

@@ -76,6 +76,7 @@ class RingHeader:
     closed: bool
     exception: dict | None = None  # the uncaught exception that ended the rank
     unrecorded: int = 0  # events not recorded: the disk under the log was full
+    exit_code: int | None = None  # the status it passed to os._exit, if it left that way
 
     @property
     def dropped(self) -> int:
@@ -164,8 +165,10 @@ class RankLog:
             strings_dropped=F.U64.unpack_from(words, F.OFF_STRINGS_DROPPED)[0],
             heartbeat_mono_ns=F.I64.unpack_from(words, F.OFF_HEARTBEAT_MONO)[0],
             heartbeat_wall_ns=F.I64.unpack_from(words, F.OFF_HEARTBEAT_WALL)[0],
-            closed=closed in (F.CLOSED_NORMALLY, F.CLOSED_RAISED), exception=exception,
+            closed=closed in F.CLOSED_WORDS, exception=exception,
             unrecorded=F.U64.unpack_from(words, F.OFF_UNRECORDED)[0],
+            exit_code=(F.I64.unpack_from(words, F.OFF_EXIT_CODE)[0]
+                       if closed == F.CLOSED_EXITED else None),
         )
 
     # --- raw bytes, for a forwarder that copies the log as the rank wrote it -----------

@@ -275,8 +275,9 @@ class RingWriter:
 
     def put_state(self, head: int, strings_used: int, strings_count: int,
                   strings_dropped: int, heartbeat_mono_ns: int, heartbeat_wall_ns: int,
-                  closed: bool) -> None:
-        """The header words; sent after the slots and strings they count."""
+                  closed: int, exit_error: int = 0, exit_code: int = 0) -> None:
+        """The header words; sent after the slots and strings they count. `closed`: the
+        log's CLOSED_* word, with the exception's string id or the os._exit status."""
         mm = self._mm
         F.U64.pack_into(mm, F.OFF_STRINGS_USED, strings_used)
         F.U64.pack_into(mm, F.OFF_STRINGS_COUNT, strings_count)
@@ -284,7 +285,9 @@ class RingWriter:
         F.U64.pack_into(mm, F.OFF_HEAD, head)
         F.I64.pack_into(mm, F.OFF_HEARTBEAT_MONO, heartbeat_mono_ns)
         F.I64.pack_into(mm, F.OFF_HEARTBEAT_WALL, heartbeat_wall_ns)
-        F.U64.pack_into(mm, F.OFF_CLOSED, 1 if closed else 0)
+        F.U32.pack_into(mm, F.OFF_EXIT_ERROR, exit_error)
+        F.I64.pack_into(mm, F.OFF_EXIT_CODE, exit_code)
+        F.U64.pack_into(mm, F.OFF_CLOSED, closed if closed in F.CLOSED_WORDS else 0)
 
     def close(self) -> None:
         slots = getattr(self, "_slots", None)
@@ -309,6 +312,13 @@ class RingWriter:
     def heartbeat(self) -> None:
         F.I64.pack_into(self._mm, F.OFF_HEARTBEAT_MONO, time.monotonic_ns())
         F.I64.pack_into(self._mm, F.OFF_HEARTBEAT_WALL, time.time_ns())
+
+    def mark_exited(self, status: int) -> None:
+        """The process leaves through os._exit(status): no exit hooks will mark it. An
+        uncaught exception already noted stays the cause."""
+        if F.U64.unpack_from(self._mm, F.OFF_CLOSED)[0] != F.CLOSED_RAISED:
+            F.I64.pack_into(self._mm, F.OFF_EXIT_CODE, status)
+            F.U64.pack_into(self._mm, F.OFF_CLOSED, F.CLOSED_EXITED)
 
     def mark_closed(self, exception_id: int = 0) -> None:
         """The process is exiting; `exception_id`: the uncaught exception that ends it (a

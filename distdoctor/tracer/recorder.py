@@ -387,6 +387,19 @@ class Recorder:
         except Exception:
             pass
 
+    def exiting(self, status) -> None:
+        """os._exit(status) is ending the process: exit hooks will not run, so the log
+        takes the status now (a reader then knows a rank that left from one that died)."""
+        if os.getpid() != self._pid:
+            return
+        try:
+            self._stop.set()
+            self._pending.close()
+            self.ring.heartbeat()
+            self.ring.mark_exited(int(status) & 0xFF)
+        except Exception:
+            pass
+
     def close(self) -> None:
         """At exit. The log is marked closed first: a launcher that kills this process
         while it finishes must still find an exit, not a rank that vanished."""

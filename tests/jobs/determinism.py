@@ -1,6 +1,7 @@
 """A few DDP steps; rank 0 saves the final parameters to ARGV[1] (for a with/without
 tracing comparison) and the job's own output is the only thing that differs."""
 
+import os
 import sys
 
 import torch
@@ -20,9 +21,12 @@ for _ in range(10):
     dist.all_reduce(loss.detach())
 if dist.get_rank() == 0:
     torch.save([p.detach() for p in model.parameters()], sys.argv[1])
-# Torch's own exit race, untraced too: gloo's worker may drop its last reference to the
-# final all_reduce's temporary tensor while the interpreter is finalizing, which aborts
-# the process ("terminate called without an active exception"; seen once in CI). Works
-# complete in order, so a barrier here drains them before anyone exits.
 dist.barrier()
 dist.destroy_process_group()
+# Torch's own exit race, untraced too (seen twice in CI, once after the barrier above): a
+# gloo worker thread that frees a tensor while the interpreter is finalizing takes the GIL,
+# and Python 3.11 ends such a thread with a forced unwind that C++ turns into
+# "terminate called without an active exception" (SIGABRT). Leaving without finalizing
+# sidesteps it; the comparison needs only the file saved above.
+sys.stdout.flush()
+os._exit(0)
