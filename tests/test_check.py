@@ -72,7 +72,7 @@ def test_a_taken_port_fails_and_names_who_holds_it():
 def test_bad_settings_fail_with_the_interfaces_the_node_has():
     proc, report = check(["--nproc", "2", "--no-sweep"], env=_env(
         NCCL_SOCKET_IFNAME="nosuch0", NCCL_DEBUG="LOUD", TORCH_NCCL_BLOCKING_WAIT="yes",
-        NCCL_ASYNC_ERROR_HANDLING="1"))
+        NCCL_ASYNC_ERROR_HANDLING="1", NCCL_SOCKET_IFNAMES="eth0", NCCL_IBEXT_DISABLE="1"))
     assert proc.returncode == 1
     found = {r["found"].split("=")[0]: r for r in rows_of(report) if r["check"] ==
              "setting valid"}
@@ -82,6 +82,10 @@ def test_bad_settings_fail_with_the_interfaces_the_node_has():
     assert found["TORCH_NCCL_BLOCKING_WAIT"]["status"] == "fail"
     assert found["NCCL_ASYNC_ERROR_HANDLING is the old name of "
                  "TORCH_NCCL_ASYNC_ERROR_HANDLING"]["status"] == "warn"
+    typo = found["NCCL_SOCKET_IFNAMES is not a variable NCCL or torch reads: as set it "
+                 "changes nothing (did you mean NCCL_SOCKET_IFNAME?)"]
+    assert typo["status"] == "warn"
+    assert not any("NCCL_IBEXT_DISABLE" in k for k in found)  # a plugin's: not judged
 
 
 @pytest.mark.timeout(150)
@@ -168,9 +172,20 @@ def test_one_node_with_another_nccl_value_fails_on_both_nodes(tmp_path):
 
 
 @pytest.mark.timeout(150)
-def test_gpu_health_through_replayed_nvml_readings():
+def test_gpu_health_through_replayed_nvml_readings_and_kernel_log():
+    """NVML's state now, and the Xids the driver logged before the check (a constructed
+    kernel log, read as /dev/kmsg is: tests/fixtures/kmsg/README.md)."""
     proc, report = check(["--nproc", "2", "--no-sweep"], env=_env(
-        DISTDOCTOR_NVML_REPLAY=str(FIXTURES / "h100_hw_thermal.json")))
+        DISTDOCTOR_NVML_REPLAY=str(FIXTURES / "h100_hw_thermal.json"),
+        DISTDOCTOR_KMSG_REPLAY=str(FIXTURES.parent / "kmsg" / "xids.kmsg")))
+    xids = {r["found"].split(" (")[0]: r for r in rows_of(report)
+            if r["check"] == "GPU kernel log"}
+    assert sorted(xids) == ["Xid 13", "Xid 48", "Xid 79", "Xid 94"], xids  # 31: old, an app's
+    assert xids["Xid 79"]["status"] == "fail" and proc.returncode == 1
+    assert ("on GPU 2 (0000:38:00), 2 times, last 2.0 h ago: GPU has fallen off the bus"
+            in xids["Xid 79"]["found"])
+    assert "on GPU 4 (0000:58:00)" in xids["Xid 94"]["found"]  # the MIG form
+    assert {xids[x]["status"] for x in ("Xid 13", "Xid 48", "Xid 94")} == {"warn"}
     gpu = [r for r in report["rows"] if r["check"] == "GPU health"]
     assert len({r["scope"] for r in gpu}) == 8, gpu  # the fixture's 8 GPUs, one node
     hot = [r for r in gpu if r["scope"].endswith("GPU 6")]

@@ -24,11 +24,12 @@ def main() -> int:
     import torch
     import torch.distributed as dist
 
-    from distdoctor.check import facts, links
+    from distdoctor.check import facts, kernel_xids, links
 
     mine = facts.gather(os.environ.get(CHECKPOINT_ENV))
     if mine["local_rank"] in (0, None):
         mine["node_gpus"] = _safe(facts.gpus)
+        mine["kernel_xids"] = _safe(kernel_xids.read)
     use_cuda = torch.cuda.is_available() and mine["device"].get("exists")
     if use_cuda:
         torch.cuda.set_device(mine["device"]["ordinal"])

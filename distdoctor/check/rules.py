@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections import Counter
 
+from distdoctor.check import kernel_xids
 from distdoctor.check import settings as S
 from distdoctor.check.table import Row
 from distdoctor.diagnosis.report import rank_ranges
@@ -242,16 +243,18 @@ def _gpus(ranks: list[dict]) -> list[Row]:
     out = []
     for host, fs in _nodes(ranks).items():
         node = next((f.get("node_gpus") for f in fs if "node_gpus" in f), None)
+        log = next((f.get("kernel_xids") for f in fs if "kernel_xids" in f), None)
         scope = f"node {host}"
         if node is None:
             out.append(Row("GPU health", scope, "n/a", "no NVIDIA driver on this node"))
-            continue
-        if "error" in node:
+        elif "error" in node:
             out.append(Row("GPU health", scope, "warn", f"NVML could not be read: "
                            f"{node['error']}", "nvidia-smi on the node says why"))
-            continue
-        for g in node["gpus"]:
-            out += _gpu(g, scope)
+        else:
+            for g in node["gpus"]:
+                out += _gpu(g, scope)
+        gpus = node.get("gpus", []) if node is not None else None  # [] if NVML failed
+        out += kernel_xids.rows(log, gpus, scope)
     return out
 
 

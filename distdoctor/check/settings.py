@@ -7,6 +7,10 @@ Value sets are NCCL's documented ones (docs.nvidia.com, "Environment Variables",
 
 from __future__ import annotations
 
+from functools import lru_cache
+
+from distdoctor.check.known_names import KNOWN
+
 BOOLEAN = {
     "NCCL_IB_DISABLE", "NCCL_P2P_DISABLE", "NCCL_SHM_DISABLE", "NCCL_NET_GDR_READ",
     "NCCL_CUMEM_ENABLE", "NCCL_NVLS_ENABLE", "NCCL_IGNORE_CPU_AFFINITY",
@@ -53,6 +57,10 @@ def problems(name: str, value: str) -> list[tuple[str, str, str]]:
     """(status, what is wrong, remedy) for one variable's value, names aside."""
     out = []
     v = value.strip()
+    meant = misspelt(name)
+    if meant:
+        out.append(("warn", f"{name} is not a variable NCCL or torch reads: as set it changes "
+                    f"nothing (did you mean {meant}?)", f"rename it {meant}"))
     if name in RENAMED:
         out.append(("warn", f"{name} is the old name of {RENAMED[name]}",
                     f"set {RENAMED[name]} instead (torch reads the old name with a warning "
@@ -84,6 +92,40 @@ def problems(name: str, value: str) -> list[tuple[str, str, str]]:
                         f"(known: {', '.join(sorted(LISTS[name]))})", f"fix or unset {name}"))
     out.extend(_harmful(name, v))
     return out
+
+
+@lru_cache(maxsize=1024)  # every rank of a job has the same few names
+def misspelt(name: str) -> str | None:
+    """The known name `name` is one or two keystrokes from, when it is not one itself
+    (names far from every known one may be a plugin's: not judged)."""
+    if name in KNOWN:
+        return None
+    most = 1 if len(name) < 14 else 2
+    near = [(d, k) for k in KNOWN if abs(len(k) - len(name)) <= most
+            and (d := _edits(name, k, most)) <= most]
+    if not near:
+        return None
+    near.sort()
+    if len(near) > 1 and near[1][0] == near[0][0]:
+        return None  # two names as close: no guess
+    return near[0][1]
+
+
+def _edits(a: str, b: str, most: int) -> int:
+    """Edit distance (insert, delete, replace, swap two neighbours), or most + 1 once it
+    is past `most`."""
+    prev2, prev = None, list(range(len(b) + 1))
+    for i in range(1, len(a) + 1):
+        row = [i] + [0] * len(b)
+        for j in range(1, len(b) + 1):
+            row[j] = min(prev[j] + 1, row[j - 1] + 1, prev[j - 1] + (a[i - 1] != b[j - 1]))
+            if (prev2 is not None and i > 1 and j > 1 and a[i - 1] == b[j - 2]
+                    and a[i - 2] == b[j - 1]):
+                row[j] = min(row[j], prev2[j - 2] + 1)
+        if min(row) > most:
+            return most + 1
+        prev2, prev = prev, row
+    return prev[-1]
 
 
 def _harmful(name: str, v: str) -> list[tuple[str, str, str]]:
