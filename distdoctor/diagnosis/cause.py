@@ -4,6 +4,10 @@ All ranks leave a collective together, so every rank's step lasts as long; what 
 how it is spent. The late rank spends the extra somewhere outside collectives (the others
 spend it waiting inside them):
 - input: it waits longer for its batches (the implicit "data" spans);
+- cpu: its main thread waited for a CPU (run queue delay, in the samples) that much
+  longer than the others': not more work, but a node with more runnable threads than
+  cores (another job, DataLoader workers, OMP threads), or a rank squeezed onto fewer
+  cores;
 - compute: the rest of its step (forward, backward, its own work) is longer; the sampled
   user lines it spends the extra at name the function;
 - link: the rank's collectives in one group take far longer than the same kind of group's
@@ -25,6 +29,10 @@ REMEDY = {
     "input": "The rank waits for its data: look at its DataLoader (num_workers, pin_memory, "
              "prefetch_factor), its dataset's __getitem__ (decoding, a slow file system, "
              "uneven shard sizes).",
+    "cpu": "The rank waits for a CPU: its node runs more threads than it has cores. Look "
+           "for other processes on the node (`top`), DataLoader workers and OMP/MKL threads "
+           "per rank (OMP_NUM_THREADS), and the rank's CPU affinity (taskset -p PID); give "
+           "each rank its own cores (torchrun --numa-binding, or taskset).",
     "compute": "The rank does more work per step than the others, at the lines named: "
                "rank-specific work (logging, metrics, checkpointing on one rank), uneven "
                "batches or sequence lengths, a slower or throttled device.",
@@ -63,6 +71,7 @@ def explain(rank: int, lateness_ms: float, keys, time: dict, other_keys: dict,
 
     data_extra = mine["data_ms"] - typical("data_ms")
     compute_extra = mine["compute_ms"] - typical("compute_ms")
+    cpu_extra = mine["runq_ms"] - typical("runq_ms")
     frames = _frames(time[rank], mine, others)
     out["frames"] = frames
     out["callsites"] = [{"rank": rank, "file": f["file"], "line": f["line"],
@@ -74,6 +83,10 @@ def explain(rank: int, lateness_ms: float, keys, time: dict, other_keys: dict,
         out["cause"] = "input"
         out["text"] = (f"its DataLoader takes {mine['data_ms'] / batches:.1f} ms per batch "
                        f"(the others {typical('data_ms') / others_batches:.1f} ms){at}")
+    elif cpu_extra >= SHARE * lateness_ms:
+        out["cause"] = "cpu"
+        out["text"] = (f"it waited {mine['runq_ms']:.1f} ms per step for a CPU (the others "
+                       f"{typical('runq_ms'):.1f} ms){at}: its node is oversubscribed")
     elif compute_extra >= SHARE * lateness_ms:
         out["cause"] = "compute"
         out["text"] = (f"its own work between collectives takes {compute_extra:.1f} ms more "

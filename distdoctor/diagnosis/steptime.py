@@ -90,6 +90,7 @@ class StepTime:
     first_enter_ns: int = 0
     label: str | None = None
     samples: Counter = field(default_factory=Counter)
+    runq_ms: float = 0.0  # waited for a CPU (the samples' run queue delays)
     by_group: Counter = field(default_factory=Counter)  # group -> ms inside its collectives
     children: list = field(default_factory=list)  # its batch waits' keys (their samples)
 
@@ -108,7 +109,8 @@ class RankSteps:
         self.pattern = Pattern()
         self.sample_period_ms: float | None = None
         self._last_sample_ns = 0
-        self.loose: deque = deque(maxlen=LOOSE_SAMPLES)  # (t_ns, site) outside any span
+        # (t_ns, site, run queue ms) outside any span
+        self.loose: deque = deque(maxlen=LOOSE_SAMPLES)
         self.group_desc: dict[str, str] = {}  # its groups' descriptions ("mesh_tp")
         self._spans_done = 0  # finished step spans
         self._turns = 0  # turns of the pattern begun (span-less steps)
@@ -156,13 +158,16 @@ class RankSteps:
         self._spans_done += 1
 
     def sample(self, ev) -> None:
+        runq_ms = ev.numel_in / 1000 if ev.numel_in > 0 else 0.0
         if ev.callsite:
             site = (_enclosing(ev.callsite.get("function")), ev.callsite.get("file"),
                     ev.callsite.get("line"))
             if ev.span_index:
-                self.get(ev.span_index).samples[site] += 1
+                st = self.get(ev.span_index)
+                st.samples[site] += 1
+                st.runq_ms += runq_ms
             else:
-                self.loose.append((ev.t_enter_ns, site))
+                self.loose.append((ev.t_enter_ns, site, runq_ms))
         if self._last_sample_ns:
             # the sampler's period: the shortest gap (a timer oversleeps, never under;
             # longer gaps are looks skipped inside collectives)
@@ -184,7 +189,8 @@ class RankSteps:
 
     def breakdown(self, keys, with_samples: bool = True) -> dict | None:
         """Mean wall / collective / data / compute ms per step over `keys` (those with a
-        known wall time), and (with_samples) the samples there."""
+        known wall time), the CPU wait (run queue) in them, and (with_samples) the samples
+        there (span-less steps' CPU wait is counted with their samples)."""
         for k in keys:
             st = self.steps.get(k)
             if st is not None and k < 0 and st.wall_ms is None and st.first_enter_ns:
@@ -200,24 +206,30 @@ class RankSteps:
         for r in rows:
             by_group.update(r.by_group)
         samples = Counter()
-        for r in rows if with_samples else ():
-            samples.update(r.samples)
+        runq_ms = sum(r.runq_ms for r in rows)
+        for r in rows:
             for child in r.children:  # sampled while waiting for a batch
                 if child in self.steps:
-                    samples.update(self.steps[child].samples)
+                    runq_ms += self.steps[child].runq_ms
+                    if with_samples:
+                        samples.update(self.steps[child].samples)
+            if with_samples:
+                samples.update(r.samples)
         if self.loose and with_samples:  # no spans: a sample counts in the turn it fell in
             loose = list(self.loose)
-            times = [t for t, _ in loose]
+            times = [t for t, _, _ in loose]
             for r in rows:
                 if r.first_enter_ns:
                     lo = bisect_right(times, r.first_enter_ns)
                     hi = bisect_right(times, r.first_enter_ns + r.wall_ms * 1e6)
-                    samples.update(site for _, site in loose[lo:hi])
+                    samples.update(site for _, site, _ in loose[lo:hi])
+                    runq_ms += sum(q for _, _, q in loose[lo:hi])
         return {"steps": n,
                 "wall_ms": sum(r.wall_ms for r in rows) / n,
                 "collective_ms": sum(r.coll_ms for r in rows) / n,
                 "data_ms": sum(r.data_ms for r in rows) / n,
                 "batches": sum(r.batches for r in rows) / n,
                 "compute_ms": sum(r.compute_ms for r in rows) / n,
+                "runq_ms": runq_ms / n,
                 "group_ms": {g: ms / n for g, ms in by_group.items()},
                 "samples": samples, "samples_per_step": sum(samples.values()) / n}

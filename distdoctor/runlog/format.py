@@ -75,7 +75,8 @@ OFF_SLOT_ERROR = 84
 KIND_COLLECTIVE = 1
 KIND_P2P = 2
 KIND_SPAN = 3
-KIND_SAMPLE = 4  # where the main thread was, outside ops (tracer/steps.py): t_end = t_enter
+KIND_SAMPLE = 4  # where the main thread was, outside ops (tracer/steps.py): t_end = t_enter;
+#                 numel_in: microseconds it waited for a CPU since the previous sample
 KINDS = {KIND_COLLECTIVE: "collective", KIND_P2P: "p2p", KIND_SPAN: "span",
          KIND_SAMPLE: "sample"}
 

@@ -324,12 +324,13 @@ class Recorder:
             warn_once("span", f"could not record span {name!r}: {exc!r}")
             return None
 
-    def sample(self, frame, t_ns: int) -> None:
-        """The main thread was at `frame` (a user frame, outside ops) at `t_ns`."""
+    def sample(self, frame, t_ns: int, runq_us: int = 0) -> None:
+        """The main thread was at `frame` (a user frame, outside ops) at `t_ns`, and had
+        waited `runq_us` for a CPU since the previous sample (in the numel_in word)."""
         site = self._callsite_of(frame, False)
         spans = self._spans
         e = self.ring.append(F.KIND_SAMPLE, F.OP_CODE["sample"], F.REDOP_NONE, 0, 0, site,
-                             0, -1, 0, 0, 0, t_ns, spans[-1] + 1 if spans else 0, 0)
+                             0, -1, 0, runq_us, 0, t_ns, spans[-1] + 1 if spans else 0, 0)
         self.ring.complete(e, F.STATUS_OK, t_ns)
 
     def span_end(self, e: int, failed: bool = False) -> None:

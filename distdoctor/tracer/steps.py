@@ -15,7 +15,11 @@ is opened again (the reference trainer's "step N" spans, `distdoctor.trace`).
 A sampler thread looks at the main thread SAMPLE_HZ times a second and, when it is
 outside a traced op, records its innermost user line (a "sample" event): where a slow
 rank's extra time goes between collectives. One look is a `sys._current_frames()` and a
-walk of the stack (~20 us with the GIL); DISTDOCTOR_SAMPLE_HZ=0 turns it off.
+walk of the stack (~20 us with the GIL); DISTDOCTOR_SAMPLE_HZ=0 turns it off. A sample
+also carries how long the main thread waited for a CPU since the previous one (its run
+queue delay, /proc/self/task/TID/schedstat, read without the GIL in ~1 us): a rank that is
+late because its node runs more threads than it has cores is told from one that works
+more.
 
 Everything here runs in the job's threads: it never raises, and costs a few dictionary
 operations per step.
@@ -132,6 +136,8 @@ class Sampler:
         self.period = 1.0 / hz
         self._op_codes = {getattr(TracingProcessGroup, s.method).__code__ for s in SPECS}
         self._main = threading.main_thread().ident
+        self._schedstat = _open_schedstat(threading.main_thread().native_id)
+        self._runq_ns = self._run_delay_ns()  # at the last sample recorded
         threading.Thread(target=self._loop, name="distdoctor-sampler", daemon=True).start()
 
     def _loop(self) -> None:
@@ -155,7 +161,51 @@ class Sampler:
             f = f.f_back
         user = callsite.user_frame(frame)
         if user is not None:
-            self.rec.sample(user, time.monotonic_ns())
+            # the wait since the last sample recorded: one inside a collective is passed
+            # over, and its thread sleeps there (no CPU wanted, no run queue delay)
+            now = self._run_delay_ns()
+            runq_us = max(0, now - self._runq_ns) // 1000
+            self._runq_ns = now
+            self.rec.sample(user, time.monotonic_ns(), runq_us)
+
+    def _run_delay_ns(self) -> int:
+        reader = self._schedstat
+        if reader is None:
+            return 0
+        try:
+            return int(reader().split()[1])
+        except (OSError, ValueError, IndexError):
+            self._schedstat = None
+            return 0
+
+
+def _open_schedstat(tid: int | None):
+    """A reader of the main thread's schedstat ("cpu ns, run queue ns, slices"), open for
+    the process's life; None where there is none. It reads through libc with the GIL
+    held (~1 us): os.pread would drop the GIL and queue behind the main thread for it
+    again, a second hand-off each look."""
+    try:
+        fd = os.open(f"/proc/self/task/{tid}/schedstat", os.O_RDONLY | os.O_CLOEXEC)
+    except (OSError, TypeError):
+        return None
+    try:
+        import ctypes
+
+        pread = ctypes.PyDLL(None).pread
+        pread.argtypes = (ctypes.c_int, ctypes.c_char_p, ctypes.c_size_t, ctypes.c_long)
+        pread.restype = ctypes.c_ssize_t
+        buf = ctypes.create_string_buffer(64)
+
+        def read() -> bytes:
+            n = pread(fd, buf, 64, 0)
+            if n < 0:
+                raise OSError("schedstat unreadable")
+            return buf.raw[:n]
+
+        read()
+        return read
+    except (OSError, AttributeError):
+        return lambda: os.pread(fd, 64, 0)
 
 
 def sample_hz() -> float:
