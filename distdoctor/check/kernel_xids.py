@@ -19,6 +19,8 @@ import re
 import subprocess
 import time
 
+from distdoctor.check.table import Row
+
 REPLAY_ENV = "DISTDOCTOR_KMSG_REPLAY"  # tests: a file of /dev/kmsg records read instead
 MAX_EVENTS = 200  # a GPU in trouble can log an Xid a second: the newest are kept
 
@@ -165,11 +167,9 @@ def _uptime_s() -> float:
 RECENT_S = 24 * 3600  # an Xid older than a day is history: a warning at most
 
 
-def rows(log: dict | None, gpus: list[dict] | None, scope: str) -> list:
+def rows(log: dict | None, gpus: list[dict] | None, scope: str) -> list[Row]:
     """The node's "GPU kernel log" rows: one per (GPU, Xid) seen, or one that all is well.
     `gpus`: NVML's view of the node (None: no driver), to name a GPU by its index."""
-    from distdoctor.check.table import Row
-
     if log is None or "events" not in log:
         return []
     if log.get("error"):

@@ -21,6 +21,7 @@ import time
 from collections import deque
 from dataclasses import replace
 
+from distdoctor.collect import bounded
 from distdoctor.collect.digest import row_event
 from distdoctor.collect.lateness import WINDOW_S, FleetLateness
 from distdoctor.collect.wire import WireError
@@ -232,11 +233,7 @@ class FleetEngine:
     def _arrive(self, group: str, seq: int, sig: int, ranks: list[int], now_s: float):
         self.arrivals += 1
         key = (group, seq)
-        entry = self.open.get(key)
-        if entry is None:
-            if len(self.open) >= MAX_OPEN:
-                del self.open[next(iter(self.open))]
-            entry = self.open[key] = _Open()
+        entry = bounded.entry(self.open, key, MAX_OPEN, _Open)
         known = entry.sigs.get(sig)
         if known is None:
             entry.sigs[sig] = known = []

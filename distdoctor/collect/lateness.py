@@ -27,6 +27,7 @@ from __future__ import annotations
 import math
 from collections import deque
 
+from distdoctor.collect import bounded
 from distdoctor.diagnosis.findings import Finding
 from distdoctor.diagnosis.straggler import MIN_LATENESS_MS
 
@@ -88,11 +89,7 @@ class FleetLateness:
             if not size:
                 continue
             key = (group, seq)
-            entry = self.pending.get(key)
-            if entry is None:
-                if len(self.pending) >= MAX_PENDING:
-                    del self.pending[next(iter(self.pending))]
-                entry = self.pending[key] = _Pending()
+            entry = bounded.entry(self.pending, key, MAX_PENDING, _Pending)
             entry.count += n
             entry.lows.append((low, rank, second, host))
             if entry.count >= size:

@@ -25,7 +25,7 @@ class ExitInfo:
         known), or on an uncaught exception."""
         if header.exception is not None:
             return cls(None, "raised", header.exception)
-        if getattr(header, "exit_code", None) is not None:
+        if header.exit_code is not None:
             return cls(header.exit_code)
         return cls(None, "closed")
 
