@@ -15,6 +15,7 @@ one keep no rank). Shapes:
   invalid_utf8(text)       -> bytes with broken UTF-8 and a NUL on some lines
   wrap(text, width)        hard-wrapped at `width` columns (tokens cut mid-word)
   interleave(text)         pairs of lines from different ranks written onto one line
+  quote(text, depth)       every line quoted with "> " (a reply, an e-mail), depth times
   cut_end(text, keep)      the last line cut short (no final newline)
   split_per_rank(text, d)  one file per rank, prefixes removed -> paths (rank in the name)
   gzip_to(path)            a .gz copy of a file -> its path
@@ -139,6 +140,13 @@ def interleave(text: str) -> str:
     return _join(out, text.endswith("\n"))
 
 
+def quote(text: str, depth: int = 1) -> str:
+    """Every line quoted as a reply or an e-mail quotes it ("> ", "> > "; empty lines ">")."""
+    mark = "> " * depth
+    return _join([(mark + line) if line else mark.rstrip() for line in _lines(text)],
+                 text.endswith("\n"))
+
+
 def cut_end(text: str, keep: float = 0.5) -> str:
     """The last line cut to `keep` of its length, with no final newline."""
     lines = _lines(text)
@@ -191,5 +199,7 @@ ALL_TEXT_SHAPES = {
     "wrap80": lambda t: wrap(t, 80),
     "wrap120": lambda t: wrap(t, 120),
     "interleave": interleave,
+    "quote": quote,
+    "quote2": lambda t: quote(t, 2),
     "cut_end": cut_end,
 }

@@ -227,3 +227,48 @@ def test_the_usual_single_node_torchrun_lines_are_checked():
     assert report["world_size"] == 2
     port = [r for r in report["rows"] if r["check"] == "rendezvous port"]
     assert port[0]["status"] == "ok" and "--standalone" in port[0]["found"]
+
+
+@pytest.mark.timeout(150)
+@pytest.mark.parametrize("iface, says", [("nosuchif0", "no interface nosuchif0"),
+                                         ("ifb0", "has no IP address")])
+def test_a_gloo_interface_that_cannot_work_fails_before_any_rank_starts(iface, says):
+    """GLOO_SOCKET_IFNAME naming no interface (or one without an address): exit 1, the
+    variable named, the node's interfaces listed, a remedy; no rank started, no traceback."""
+    import socket as _socket
+
+    if iface == "ifb0" and "ifb0" not in {n for _, n in _socket.if_nameindex()}:
+        pytest.skip("no address-less interface on this machine")
+    proc, report = check(["--nproc", "2"], env=_env(GLOO_SOCKET_IFNAME=iface))
+    assert proc.returncode == 1
+    bad = rows_of(report, "fail")
+    setting = [r for r in bad if r["check"] == "setting valid"]
+    assert setting and setting[0]["found"].startswith(f"GLOO_SOCKET_IFNAME='{iface}'"), bad
+    assert says in setting[0]["found"] and "GLOO_SOCKET_IFNAME" in setting[0]["remedy"]
+    if iface == "nosuchif0":
+        assert "lo" in setting[0]["found"]  # what the node does have
+    ranks = [r for r in bad if r["check"] == "ranks"]
+    assert ranks and "not started" in ranks[0]["found"] and "GLOO_SOCKET_IFNAME" in \
+        ranks[0]["found"]
+    assert "Traceback" not in proc.stderr and "RuntimeError" not in proc.stdout
+    table = run_cli(["check", "--nproc", "2"], timeout=120,
+                    env=_env(GLOO_SOCKET_IFNAME=iface))
+    assert table.returncode == 1 and "? ranks" not in table.stdout
+    assert "no rank ran" in table.stdout, table.stdout
+
+
+@pytest.mark.timeout(150)
+def test_when_the_checks_own_ranks_fail_the_log_diagnosis_names_the_cause(monkeypatch):
+    """The local checks are passed by (a node whose variable differs from the others'
+    would be the real case): the ranks' own output goes through the log diagnosis, so the
+    failure names the variable and its remedy, not gloo's raw enforce message."""
+    from distdoctor.check.launch import run_ranks
+
+    for k in list(os.environ):
+        if k.startswith(("NCCL_", "GLOO_", "MASTER_")):
+            monkeypatch.delenv(k)
+    monkeypatch.setenv("GLOO_SOCKET_IFNAME", "nosuchif0")
+    job, failure, remedy = run_ranks(2, None, None, False, 90)
+    assert job is None
+    assert failure.startswith("the check's ranks failed: GLOO_SOCKET_IFNAME=nosuchif0"), failure
+    assert "enforce fail" not in failure and "GLOO_SOCKET_IFNAME" in remedy

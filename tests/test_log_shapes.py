@@ -18,7 +18,9 @@ FAMILIES = ["real/sigkill_rank2.log", "real/ddp_valueerror_rank1.log",
             "real/detail_mismatch_op.log", "real/gloo_timeout_rank3.log",
             "real/monitored_barrier_rank2.log", "real/ddp_unused.log",
             "source/cuda_oom_rank3.log", "source/nccl_shm_too_small.log",
-            "source/watchdog_rank_behind_fr.log", "source/nccl_cuda217_p2p.log"]
+            "source/watchdog_rank_behind_fr.log", "source/nccl_cuda217_p2p.log",
+            "source/cuda_device_assert_rank2.log", "source/watchdog_pg_status_behind.log",
+            "source/nccl_topo_sysfs_container.log", "source/torchrun_table_cut_before_root.log"]
 EXPECTED = {f"{name}/{e['log']}": e for name, e in cases() if isinstance(e["log"], str)}
 SHAPES = {k: v for k, v in logshapes.ALL_TEXT_SHAPES.items() if k != "cut_end"}
 

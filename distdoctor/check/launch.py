@@ -17,8 +17,10 @@ from distdoctor.check.rank import CHECKPOINT_ENV, OUT_ENV, SWEEP_ENV
 
 
 def run_ranks(nproc: int | None, launcher: list[str] | None, checkpoint_dir: str | None,
-              sweep: bool, timeout_s: float) -> tuple[dict | None, str]:
-    """(the job's facts, "") or (None, why there are none)."""
+              sweep: bool, timeout_s: float) -> tuple[dict | None, str, str]:
+    """(the job's facts, "", "") or (None, why there are none, what to do). When the
+    check's own ranks fail, their output goes through the log diagnosis: the failure is
+    named with its remedy (a variable that breaks init_process_group), not a raw line."""
     from distdoctor.launch.env import free_port, rank_env
 
     with tempfile.TemporaryDirectory(prefix="distdoctor-check-") as tmp:
@@ -44,15 +46,39 @@ def run_ranks(nproc: int | None, launcher: list[str] | None, checkpoint_dir: str
                 log.close()
             failed = _wait(procs, time.monotonic() + timeout_s, tmp)
         except OSError as exc:
-            return None, f"cannot start {commands[0][0][0]!r}: {exc.strerror or exc}"
+            return None, f"cannot start {commands[0][0][0]!r}: {exc.strerror or exc}", ""
         finally:
             _stop(procs)
         if failed is None and out.exists():
             try:
-                return json.loads(out.read_text()), ""
+                return json.loads(out.read_text()), "", ""
             except ValueError as exc:
-                return None, f"the ranks wrote an unreadable report ({exc})"
-        return None, failed or "the ranks finished without a report" + _tail(tmp, 0)
+                return None, f"the ranks wrote an unreadable report ({exc})", ""
+        diagnosed = _diagnose(tmp, len(procs))
+        if diagnosed is not None:
+            return None, diagnosed[0], diagnosed[1]
+        return None, failed or "the ranks finished without a report" + _tail(tmp, 0), ""
+
+
+def _diagnose(tmp: str, n: int) -> tuple[str, str] | None:
+    """(the top finding of the check's own output, its remedy), or None when the log
+    diagnosis finds nothing in it. One file per process: a file per rank when the check
+    started them, the launcher's combined output otherwise."""
+    from distdoctor.diagnosis.logs import scan_logs
+
+    logs = [str(Path(tmp) / f"{i}.log") for i in range(n)
+            if (Path(tmp) / f"{i}.log").is_file() and (Path(tmp) / f"{i}.log").stat().st_size]
+    if not logs:
+        return None
+    try:
+        found, _ = scan_logs(logs)
+    except Exception:  # the diagnosis is a help here: never the check's own failure
+        return None
+    loud = [f for f in found if f.severity == "error"]
+    if not loud:
+        return None
+    f = loud[0]
+    return f"the check's ranks failed: {f.summary}", f.remedy or ""
 
 
 def _wait(procs: list[subprocess.Popen], deadline: float, tmp: str) -> str | None:

@@ -36,6 +36,14 @@ def rendezvous_of(cmd: list[str] | None, env: dict) -> tuple[str, int, bool]:
     return host, port, _is_local(host)
 
 
+def multi_node(cmd: list[str] | None) -> bool:
+    """Whether the job's torchrun line spans more than one node (--nnodes 2, 1:4)."""
+    if not cmd:
+        return False
+    nnodes = str(parse_torchrun(_launcher(cmd)[1]).nnodes or "1")
+    return nnodes.split(":")[-1].strip() not in ("", "1")
+
+
 def check(host: str, port: int, hosts_store: bool, wait_s: float) -> list[Row]:
     """The rendezvous rows: the name resolves; on the node that hosts the store, the port
     is free; from the others, the store answers within `wait_s` (every node's check

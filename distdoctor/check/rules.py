@@ -70,6 +70,16 @@ def _versions(ranks: list[dict]) -> list[Row]:
     return out
 
 
+def settings_rows(ranks: list[dict], multi_node: bool) -> list[Row]:
+    """The NCCL/gloo variables: alike on every rank, legal, naming what exists."""
+    return _settings(ranks, multi_node)
+
+
+def node_rows(ranks: list[dict], multi_node: bool) -> list[Row]:
+    """/dev/shm, the checkpoint directory, limits and memory, once per node."""
+    return _per_node(ranks, multi_node)
+
+
 def _settings(ranks: list[dict], multi_node: bool) -> list[Row]:
     out = []
     names = sorted({k for f in ranks for k in f["settings"]})

@@ -171,8 +171,10 @@ def interface_problem(name: str, value: str, interfaces: list[str] | None,
         matched = [i for i in wanted if i in interfaces]
         if missing:
             return ("fail", f"{name}={value!r}: no interface {', '.join(missing)} on this node "
-                    f"(it has {', '.join(interfaces)})",
-                    f"set {name} to one of this node's interfaces")
+                    f"(it has {', '.join(interfaces)}): gloo fails in init_process_group",
+                    f"set {name} to the interface the nodes reach each other through (one "
+                    f"of {', '.join(i for i in interfaces if i != 'lo') or 'lo'}), or unset "
+                    f"it to let gloo pick")
     else:
         exclude = v.startswith("^")
         body = v[1:] if exclude else v
@@ -185,8 +187,9 @@ def interface_problem(name: str, value: str, interfaces: list[str] | None,
         matched = [i for i in interfaces if hit(i) != exclude]
         if not matched:
             return ("fail", f"{name}={value!r} matches no interface on this node (it has "
-                    f"{', '.join(interfaces)})",
-                    f"set {name} to this node's NIC (a prefix like 'eth' or '=ens5')")
+                    f"{', '.join(interfaces)}): NCCL's bootstrap finds no socket interface",
+                    f"set {name} to this node's NIC (a prefix like 'eth' or '=ens5'), or "
+                    f"unset it to let NCCL pick")
     if multi_node and matched and all(i == "lo" or i.startswith("lo") for i in matched):
         return ("fail", f"{name}={value!r} picks only the loopback interface: other nodes "
                 "cannot reach this one through it", f"set {name} to the node's network NIC")

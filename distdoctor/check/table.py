@@ -49,6 +49,8 @@ def render(rows: list[Row], console, seconds: float, world: int | None) -> None:
     counts = {s: sum(r.status == s for r in rows) for s in STATUSES}
     verdict = ("[bold red]FAIL[/]" if counts["fail"] else
                "[bold yellow]WARN[/]" if counts["warn"] else "[bold green]OK[/]")
-    console.print(f"{verdict}  {world or '?'} ranks checked in {seconds:.1f} s: "
+    checked = (f"{world} rank{'s' if world != 1 else ''} checked" if world
+               else "this node checked, no rank ran")
+    console.print(f"{verdict}  {checked} in {seconds:.1f} s: "
                   f"{counts['ok']} ok, {counts['warn']} warn, {counts['fail']} fail, "
                   f"{counts['n/a']} n/a")

@@ -43,7 +43,7 @@ def run(args) -> int:
     import os
     import time
 
-    from distdoctor.check import preflight, rules, table
+    from distdoctor.check import local, preflight, rules, table
 
     cmd = list(args.cmd)
     if cmd and cmd[0] == "--":
@@ -58,22 +58,32 @@ def run(args) -> int:
     launcher = preflight.check_command(cmd) if cmd else None
     host, port, hosts_store = preflight.rendezvous_of(cmd, os.environ)
     rows = preflight.check(host, port, hosts_store, min(args.timeout, RENDEZVOUS_WAIT_S))
+    # what this node shows without the other ranks, before any of them starts
+    before = local.rows(os.environ, args.checkpoint_dir, preflight.multi_node(cmd))
+    rows += before
     world = None
-    if launcher is not None and any(r.status == "fail" for r in rows):
+    stop = local.blocking(before)
+    if launcher is not None and any(r.status == "fail" for r in rows if r not in before):
         rows.append(table.Row("ranks", "job", "fail", "not started: the rendezvous failed "
                               "(the job would fail the same way)", "fix the rows above"))
+    elif stop:
+        names = ", ".join(sorted({r.found.split("=", 1)[0] for r in stop}))
+        rows.append(table.Row("ranks", "job", "fail", f"not started: {names} would stop "
+                              f"every rank's init_process_group (the job would fail the "
+                              f"same way)", "fix the rows above"))
     else:
         from distdoctor.check.launch import run_ranks
 
-        job, failure = run_ranks(args.nproc, launcher, args.checkpoint_dir, not args.no_sweep,
-                                 args.timeout)
+        job, failure, remedy = run_ranks(args.nproc, launcher, args.checkpoint_dir,
+                                         not args.no_sweep, args.timeout)
         if job is None:
-            rows.append(table.Row("ranks", "job", "fail", failure,
+            rows.append(table.Row("ranks", "job", "fail", failure, remedy or
                                   "run the job's line by hand on this node: the first error "
                                   "it prints is the problem"))
         else:
             world = job["world_size"]
-            rows += rules.rows(job, multi_node=len({f["host"] for f in job["ranks"]}) > 1)
+            rows = local.merge(rows, rules.rows(
+                job, multi_node=len({f["host"] for f in job["ranks"]}) > 1))
     seconds = time.monotonic() - start
     if args.json:
         print(json.dumps(table.as_json(rows, seconds, world), indent=1))

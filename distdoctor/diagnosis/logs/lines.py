@@ -62,6 +62,9 @@ _NCCL = re.compile(r"([\w.-]+):(\d+):\d+ \[\d+\] (?=(?:[\w./-]+:\d+ )?NCCL )")
 # "[PG 0 Rank 3]". Only the default group's rank (or a bare "[Rank N]") is a global rank.
 _MSG_RANK = re.compile(r"\[(?:PG (?:ID )?(\d+) [^\]]*?)?Rank (\d+)\]")
 
+# a line quoted in a reply or an e-mail ("> ", "> > ", ">>"): only outermost, before any label
+_QUOTE = re.compile(r"(?:>[ \t]?)+")
+
 _LEVEL_NAMES = {"WARN": "WARNING", "FATAL": "CRITICAL"}
 _MAX_PEELS = 8  # a pathological line cannot loop us
 
@@ -171,6 +174,8 @@ def _parse(s: str, file: str, lineno: int, rank: int | None, host: str | None) -
         s = _ANSI.sub("", s)
     if "\x00" in s:
         s = s.replace("\x00", "")
+    if s[:1] == ">":
+        s = s[_QUOTE.match(s).end():]
     p_rank = local = pid = level = None
     p_host: str | None = None
     srun: int | None = None

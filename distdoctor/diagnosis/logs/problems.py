@@ -85,10 +85,12 @@ def problem_key(s: Signal) -> tuple:
         return s.rule, _NUM.sub("N", f.get("message", ""))[:160]
     if s.rule == "gloo_timeout":  # the sender and the receiver of one wait: one problem
         return s.rule, f.get("timeout_ms")
+    if s.rule == "cuda_error":  # one CUDA error, however many ranks and lines print it
+        return s.rule, f.get("cuda")
     if s.rule == "duplicate_gpu":
         return s.rule, f.get("device")
-    if s.rule == "port_in_use":
-        return s.rule, f.get("port")
+    if s.rule == "port_in_use":  # its retries, the give-up and the traceback: one problem
+        return (s.rule,)
     return s.family, s.rule
 
 
@@ -114,6 +116,8 @@ class Evidence:
         self.enqueued: dict[tuple[str, int], int] = {}
         self.hosts_of: dict[int, str] = {}
         for s in signals:
+            if "nccl_rank" in s.fields:  # NCCL's init line: which host holds the rank
+                self.hosts_of.setdefault(s.fields["nccl_rank"], s.fields["host"])
             if "enqueued" in s.fields and s.line.rank is not None:
                 self.enqueued[(pg_of(s), s.line.rank)] = s.fields["enqueued"]
             if s.line.rank is not None and s.line.host:

@@ -22,6 +22,7 @@ import re
 
 from distdoctor.diagnosis.findings import Finding
 from distdoctor.diagnosis.logs import remedies as R
+from distdoctor.diagnosis.logs.desync import fold_stuck_ranks, one_unexplained_watchdog
 from distdoctor.diagnosis.logs.families import MEANINGS
 from distdoctor.diagnosis.logs.families.launcher import collect_exits, describe_exit
 from distdoctor.diagnosis.logs.problems import (
@@ -75,7 +76,11 @@ class Reasoner:
             if p is None:
                 p = self.problems[key] = Problem(s.family, s.rule, s.role, key)
             p.add(s)
-        self.exits = collect_exits(exits, teardown_pids)
+        by_host: dict[str, set[int]] = {}
+        for a in activity.values():
+            if a.host and a.rank is not None and len(by_host) < 10_000:
+                by_host.setdefault(a.host, set()).add(a.rank)
+        self.exits = collect_exits(exits, teardown_pids, by_host)
         self.launcher_seen = bool(exits) or any(p.family == "launcher"
                                                 for p in self.problems.values())
 
@@ -136,7 +141,7 @@ class Reasoner:
                                  [], "Rerun with NCCL_DEBUG=INFO for this warning's context.")
             if f is not None:
                 out.append((p.first.order, f))
-        out = _one_unexplained_watchdog(out) + aside
+        out = one_unexplained_watchdog(fold_stuck_ranks(out)) + aside
         out.sort(key=lambda t: (_SEVERITY[t[1].severity], t[0]))
         return [f for _, f in out]
 
@@ -154,6 +159,8 @@ class Reasoner:
         for e in sorted(self.exits.values(), key=lambda e: e["order"]):
             if e["rank"] in cause_ranks or not self._exit_is_a_cause(e):
                 continue
+            if e["rank"] < 0 and cause_ranks:
+                continue  # a rank the launcher does not name: the cause found explains it
             cause_ranks.add(e["rank"])
             key = (e.get("signum"), e.get("exit_code"))
             if key in same and e["rank"] >= 0:
@@ -189,8 +196,10 @@ class Reasoner:
         """A cause printed with no rank (an unprefixed traceback) belongs to the one rank the
         launcher reports as failed first with no cause of its own."""
         ranked = {r for _, f in out for r in f.ranks if f.details.get("rule") != "rank_exit"}
-        failed = [e for e in self.exits.values() if e.get("root_cause")
-                  and e["rank"] not in ranked and not e.get("torn_down")]
+        alive = [e for e in self.exits.values() if e["rank"] >= 0 and not e.get("torn_down")]
+        # the root-cause entry; with no table, the one rank the launcher reports failed
+        roots = [e for e in alive if e.get("root_cause")] or (alive if len(alive) == 1 else [])
+        failed = [e for e in roots if e["rank"] not in ranked]
         orphans = [f for _, f in out if not f.ranks and f.kind == "crash"
                    and f.details.get("rule") != "launcher_signaled"]
         if len(failed) == 1 and len(orphans) == 1:
@@ -282,9 +291,19 @@ class Reasoner:
         if moved is None:
             return None
         missing = (set(range(self.ev.world)) - set(reporters)) if self.ev.world else (
-            {0} if reporters and 0 not in reporters
-            and reporters == list(range(1, max(reporters) + 1)) else set())
+            self._unaccounted(reporters))
         return (missing.pop(), moved.text[:300]) if len(missing) == 1 else None
+
+    def _unaccounted(self, reporters: list[int]) -> set[int]:
+        """With the world unknown: the ranks between the lowest and highest label the log
+        shows (ranks are numbered without gaps) that did not report; rank 0 when ranks
+        1..N all reported (main_process_first)."""
+        if not reporters:
+            return set()
+        if 0 not in reporters and reporters == list(range(1, max(reporters) + 1)):
+            return {0}
+        seen = self.ev.ranks | set(reporters)
+        return set(range(min(seen), max(seen) + 1)) - set(reporters)
 
     def _stopped_silent(self, p: Problem) -> list[int]:
         """Ranks the launcher had to stop (SIGTERM) that never reported the timeout: alive,
@@ -317,6 +336,10 @@ class Reasoner:
         if first_cause is not None:
             self._add_consequence(first_cause, p, f"{what}{seen}")
             return None
+        meaning = MEANINGS.get(p.family)
+        named = meaning.victim_culprit(p, self) if hasattr(meaning, "victim_culprit") else None
+        if named is not None:
+            return named
         left = None if self.live else self._left(p)
         if left is not None:
             rank, last = left
@@ -357,26 +380,6 @@ class Reasoner:
 _FAILURE_TEXT = re.compile(r"SIG[A-Z]+|Exception|Traceback|Error|Killed|exitcode|[Ww]atchdog|"
                            r"[Tt]imed? ?out|NCCL|failed|Failed|ncclUniqueId|terminate|what\(\)|"
                            r"enforce fail")
-
-
-def _one_unexplained_watchdog(out: list) -> list:
-    """Watchdog timeouts of several sequence numbers that name no culprit (ranks stuck in
-    different groups, or a log without group names) are one finding: the earliest, with the
-    others listed, rather than one "not in this log" per number."""
-    loose = [(o, f) for o, f in out if f.details.get("rule") == "watchdog_timeout"
-             and not f.ranks]
-    if len(loose) < 2:
-        return out
-    (_, first), rest = loose[0], loose[1:]
-    seqs = sorted({f.seq for _, f in rest if f.seq is not None} - {first.seq})
-    reporting = sorted({r for _, f in loose for r in f.details.get("reporting_ranks", [])})
-    first.details["other_seqs"] = seqs
-    first.details["reporting_ranks"] = reporting
-    first.summary = first.summary.replace(
-        "; which rank", f" (and SeqNum {', '.join(map(str, seqs[:8]))} on ranks "
-                        f"{ranks_text(reporting)}); which rank", 1)
-    dropped = {id(f) for _, f in rest}
-    return [(o, f) for o, f in out if id(f) not in dropped]
 
 
 def _moved_after(lines, first, files):

@@ -39,6 +39,10 @@ NCCL_INTERNAL = (
     "Often a version skew (NCCL or driver differing across nodes) or a P2P/topology problem: "
     "compare versions on every node, try NCCL_P2P_LEVEL=NVL or NCCL_P2P_DISABLE=1, and rerun "
     "with NCCL_DEBUG=INFO.")
+TOPOLOGY = ("NCCL could not read the GPUs' PCI tree under /sys (a container or VM that hides "
+            "the host's /sys/class/pci_bus or /sys/devices): mount /sys from the host (docker "
+            "-v /sys:/sys:ro, or --privileged), or give NCCL the topology with NCCL_TOPO_FILE; "
+            "a newer NCCL tolerates missing paths better.")
 SHM = ("NCCL could not allocate shared memory: check `df -h /dev/shm`, give the container more "
        "(docker --shm-size=1g or --ipc=host), or set NCCL_SHM_DISABLE=1.")
 SHM_DATALOADER = ("/dev/shm is too small for the DataLoader's shared tensors (Docker's default "
@@ -71,6 +75,9 @@ STORE_CONNECT = ("Could not reach the c10d store at MASTER_ADDR:MASTER_PORT: che
 PORT_IN_USE = ("MASTER_PORT is taken, often by a previous run still alive: pick another port "
                "(--master-port / --rdzv-endpoint HOST:PORT, or --standalone) or stop the stale "
                "job (`ss -ltnp | grep PORT`).")
+STORE_ADDR = ("The store's host binds MASTER_ADDR / --master-addr / --rdzv-endpoint: run the "
+              "first node (node rank 0) on the host that address names, or set it to this "
+              "host's own address on the network the nodes share.")
 STORE_GONE = ("The c10d store's server (rank 0 / the launcher's agent) went away: look for its "
               "failure first.")
 STORE_KEY = ("A rank waited for a key that another rank never wrote to the c10d store: a rank "

@@ -187,6 +187,57 @@ def peer_exits(args) -> None:
     dist.all_reduce(torch.ones(4))
 
 
+def recv_peer_exits(args) -> None:
+    """Rank 0 feeds ranks 1 and 2 with point-to-point sends, then leaves (exit 0, "no more
+    data") while they wait in `dist.recv(buf, 0)`; rank 3 works on alone until torchrun stops
+    it. The victims' own frames name the peer they lost."""
+    rank = init()
+    buf = torch.zeros(4)
+    for step in range(3):
+        if rank == 0:
+            if step == 2:
+                print("rank 0: no more data, leaving", flush=True)
+                os._exit(0)
+            dist.send(torch.full((4,), float(step)), 1)
+            dist.send(torch.full((4,), float(step)), 2)
+        elif rank in (1, 2):
+            dist.recv(buf, 0)
+        else:
+            time.sleep(1)
+    time.sleep(6)
+
+
+def c_assert(args) -> None:
+    """Rank `victim` fails a C-level assert in native code (glibc's __assert_fail, as an
+    extension's assert() does): "Assertion `...' failed." and SIGABRT, no traceback."""
+    import ctypes
+
+    rank = init()
+    dist.all_reduce(torch.ones(4))
+    if rank == args.victim:
+        libc = ctypes.CDLL(None)
+        libc.__assert_fail(b"buf->size <= buf->cap", b"ringbuf.c", 88, b"ring_push")
+    dist.all_reduce(torch.ones(4))
+
+
+def cpu_target_out_of_range(args) -> None:
+    """Rank `victim`'s batch holds a class label equal to the number of classes: on CPU the
+    loss raises at once (on a GPU the same bug is a device-side assert)."""
+    rank = init()
+    logits = torch.randn(8, 5)
+    target = torch.randint(0, 5, (8,))
+    if rank == args.victim:
+        target[3] = 5
+    loss = torch.nn.functional.cross_entropy(logits, target)
+    dist.all_reduce(loss.detach())
+
+
+def init_only(args) -> None:
+    """Only init_process_group: what the environment does to it (GLOO_SOCKET_IFNAME)."""
+    init()
+    dist.destroy_process_group()
+
+
 def store_port_in_use(args) -> None:
     """MASTER_PORT is taken by another process (record.py holds it)."""
     init()
@@ -265,6 +316,10 @@ SCENARIOS = {
         store_new_group,
         store_get,
         serial_work,
+        recv_peer_exits,
+        c_assert,
+        cpu_target_out_of_range,
+        init_only,
     ]
 }
 

@@ -24,6 +24,7 @@ from distdoctor.diagnosis.logs.families import (
     store,
 )
 from distdoctor.diagnosis.logs.families.context import ContextFamily
+from distdoctor.diagnosis.logs.families.cuda import CudaErrors
 from distdoctor.diagnosis.logs.families.ddp import DdpFamily
 from distdoctor.diagnosis.logs.families.exceptions import Tracebacks, UsageErrors
 from distdoctor.diagnosis.logs.families.gloo import GlooFamily
@@ -35,7 +36,7 @@ from distdoctor.diagnosis.logs.families.progress import ProgressFamily
 from distdoctor.diagnosis.logs.families.store import StoreFamily
 
 FAMILIES = (ProgressFamily, LauncherFamily, OomFamily, MismatchFamily, DdpFamily, StoreFamily,
-            NcclFamily, GlooFamily, UsageErrors, ContextFamily)
+            CudaErrors, NcclFamily, GlooFamily, UsageErrors, ContextFamily)
 
 # what each family's problems mean, by the family name its signals carry
 MEANINGS = {"launcher": launcher, "oom": oom, "mismatch": mismatch, "ddp": ddp,
@@ -55,18 +56,18 @@ ANCHORS: tuple[bytes, ...] = (
     b"Traceback", b'File "', b"Error", b"Exception", b"Expected to have", b"Parameter",
     # launchers
     b"SIG", b"FAILED", b"Failures:", b"Root Cause", b"exitcode", b"host      :",
-    b"local_rank", b"error_file", b"with PID", b"srun: error", b"death signal",
+    b"local_rank", b"error_file", b"with PID", b"srun: error", b"death signal", b"time      :",
     # NCCL, CUDA, OOM
     b"NCCL", b"nccl", b"Watchdog", b"Heartbeat", b"Duplicate GPU", b"Cuda failure",
     b"peer access", b"shared memory", b"ibv_", b"IBV_", b"cudaIpc", b"out of memory",
     b"Out of memory", b"oom-kill", b"oom_kill", b"out-of-memory", b"is killed by signal",
-    b"DefaultCPUAllocator", b"Killed",
+    b"DefaultCPUAllocator", b"Killed", b"CUDA error: ", b"_STATUS_", b"Assertion `",
     # c10d store, rendezvous, Gloo
     b"socket has", b"already in use", b"EADDRINUSE", b"endezvous", b"C10d store",
     b"clients joined", b"wait timeout", b"Socket Timeout", b"imeout waiting for key",
     b"store based barrier", b"ncclUniqueId", b"by peer", b"Broken pipe", b"Timed out waiting",
     b"Connection refused", b"Connect timeout", b"getaddrinfo", b"No route to host",
-    b"resolve hostname", b"connectFullMesh",
+    b"resolve hostname", b"connectFullMesh", b"Unable to find address",
     # DETAIL mode, monitored barrier, DDP, argparse
     b"Detected mismatch", b"monitoredBarrier", b"DDP expects", b": error: ",
     # evidence: the world, the ranks, progress bars

@@ -60,7 +60,7 @@ class Tracebacks:
                 self._open.pop(next(iter(self._open)))
             # a prefix may leave its own indent: the traceback's lines are read relative to it
             indent = len(text) - len(text.lstrip())
-            self._open[who] = {"frames": [], "line": line, "indent": indent}
+            self._open[who] = {"frames": [], "sources": {}, "line": line, "indent": indent}
             return []
         tb = self._open.get(who)
         if tb is None:
@@ -69,9 +69,15 @@ class Tracebacks:
         if m := _FRAME.match(text):
             tb["frames"].append((m["file"], int(m["line"]), m["function"].strip()))
             del tb["frames"][:-40]
+            tb["sources"][len(tb["frames"]) - 1] = None
             return []
         if text.startswith((" ", "\t")) or not text.strip() or set(text.strip()) <= {"^", "~"}:
-            return []  # the source line under a frame, or its carets
+            # the source line under a frame (kept: it may name a peer), or its carets
+            if tb["frames"] and text.strip() and not set(text.strip()) <= {"^", "~"}:
+                tb["sources"].setdefault(len(tb["frames"]) - 1, text.strip()[:200])
+                if tb["sources"][len(tb["frames"]) - 1] is None:
+                    tb["sources"][len(tb["frames"]) - 1] = text.strip()[:200]
+            return []
         if any(c in text for c in _CHAINED):
             return []
         m = _EXC.match(text.strip())
@@ -80,7 +86,7 @@ class Tracebacks:
         del self._open[who]
         if not tb["frames"]:
             return []
-        where = _where(tb["frames"])
+        where = _where(tb["frames"], tb["sources"])
         # raised in the launcher's own process (torchrun's agent), not in a rank
         launcher = any(_LAUNCHER.search(f[0]) for f in tb["frames"])
         for s in claimed:  # another family read the message: add where it was raised
@@ -95,11 +101,16 @@ class Tracebacks:
         return [Signal("exception", NAME, role, line, f)]
 
 
-def _where(frames: list[tuple[str, int, str]]) -> dict:
-    """The innermost frame of the user's code (else the innermost frame)."""
-    user = [f for f in frames if not _LIBRARY.search(f[0])]
-    file, lineno, function = (user or frames)[-1]
-    return {"file": file, "line": lineno, "function": function}
+def _where(frames: list[tuple[str, int, str]], sources: dict | None = None) -> dict:
+    """The innermost frame of the user's code (else the innermost frame), with its source
+    line when the traceback shows it."""
+    user = [i for i, f in enumerate(frames) if not _LIBRARY.search(f[0])]
+    i = user[-1] if user else len(frames) - 1
+    file, lineno, function = frames[i]
+    out = {"file": file, "line": lineno, "function": function}
+    if sources and sources.get(i):
+        out["source"] = sources[i]
+    return out
 
 
 class UsageErrors(Family):
@@ -116,6 +127,10 @@ class UsageErrors(Family):
 def describe(p: Problem, ctx) -> Finding:
     """An exception on some ranks; every rank failing the same way (before any collective: a
     start-up failure) is one finding."""
+    if p.rule in ("cuda_error", "c_assert"):
+        from distdoctor.diagnosis.logs.families import cuda
+
+        return cuda.describe(p, ctx)
     f = dict(p.first.fields)
     if p.rule == "usage_error":
         f["exception"] = f"{f.get('prog', 'the script')}: error"
@@ -160,7 +175,7 @@ def describe(p: Problem, ctx) -> Finding:
 def went_on(p: Problem, ctx) -> str | None:
     """An exception its rank lived well past (a framework caught and logged it), in a log
     with no other failure: a warning."""
-    if p.rule != "exception" or not p.ranks:
+    if p.rule not in ("exception", "cuda_error") or not p.ranks:
         return None
     for r in p.ranks:
         a = ctx.ev.of_rank(r)

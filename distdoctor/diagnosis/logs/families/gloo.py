@@ -3,9 +3,20 @@ could not be reached."""
 
 from __future__ import annotations
 
+import re
+
 from distdoctor.diagnosis.findings import Finding
 from distdoctor.diagnosis.logs import remedies as R
-from distdoctor.diagnosis.logs.problems import Problem, on, secs
+from distdoctor.diagnosis.logs.problems import (
+    Problem,
+    clip,
+    on,
+    plural,
+    rank_of,
+    ranks_text,
+    secs,
+    short_path,
+)
 from distdoctor.diagnosis.logs.signals import CAUSE, TIMEOUT, VICTIM, Family, rule
 
 NAME = "gloo"
@@ -23,12 +34,19 @@ RULES = (
          r"No route to host|connectFullMesh failed)"),
     rule("gloo_connect", NAME, CAUSE,
          r"Unable to resolve hostname to a \(local\) address"),
+    # gloo/transport/tcp/device.cc: GLOO_SOCKET_IFNAME names an interface this host lacks
+    rule("gloo_iface", NAME, CAUSE, r"Unable to find address for: (?P<iface>[\w.:@-]+)"),
 )
+# the peer a point-to-point call in the user's own line talks to: "dist.recv(tensor, 0)",
+# "dist.send(t, dst=3)", "recv(buf, src=1)", "broadcast(t, src=0)"
+_PEER_CALL = re.compile(r"\b(?:i?recv|i?send|broadcast|scatter|gather)\(\s*[^,()]+(?:\([^()]*\))?"
+                        r"\s*,\s*(?:src=|dst=)?(?P<peer>\d+)\s*[,)]|\b(?:src|dst)=(?P<kw>\d+)")
 
 
 class GlooFamily(Family):
     name = NAME
     anchors = (b"Timed out waiting", b"by peer", b"Broken pipe", b"connectFullMesh",
+               b"Unable to find address",
                b"Connection refused", b"Connect timeout", b"getaddrinfo", b"No route to host",
                b"resolve hostname")
     rules = RULES
@@ -36,8 +54,47 @@ class GlooFamily(Family):
 
 # --- what its problems mean ---------------------------------------------------------------
 def describe(p: Problem, ctx) -> Finding:
+    if p.rule == "gloo_iface":
+        iface = p.field("iface", "?")
+        fnd = ctx.finding(p, "comm_error", "error", f"GLOO_SOCKET_IFNAME={iface}: Gloo found no "
+                          f"address for interface {iface} on this host (no such interface, or "
+                          f"it has no IP), so init_process_group failed"
+                          f"{on(sorted(p.ranks)) or ' on every rank'}", sorted(p.ranks),
+                          "Set GLOO_SOCKET_IFNAME to an interface every node has (`ip -br "
+                          "addr` lists them; the one that reaches the other nodes), or unset "
+                          "it. `distdoctor check` tests it before the job starts.")
+        fnd.details["variable"] = "GLOO_SOCKET_IFNAME"
+        return fnd
     return ctx.finding(p, "comm_error", "error", f"Gloo could not connect to a peer"
                        f"{on(sorted(p.ranks))}", sorted(p.ranks), R.SOCKET)
+
+
+def victim_culprit(p: Problem, ctx) -> Finding | None:
+    """Ranks that lost a peer inside their own point-to-point call name it in their frame
+    ("dist.recv(tensor, 0)"): the peer that is not itself one of them left first."""
+    if p.rule != "gloo_peer_gone":
+        return None
+    named: dict[int, tuple[int, dict]] = {}
+    for s in p.signals:
+        where = s.fields.get("where") or {}
+        m = _PEER_CALL.search(where.get("source", ""))
+        r = rank_of(s.line)
+        if m and r is not None:
+            named[r] = (int(m["peer"] or m["kw"]), where)
+    peers = {peer for peer, _ in named.values()} - set(named) - p.ranks
+    if len(peers) != 1:
+        return None
+    peer = peers.pop()
+    waiting = sorted(r for r, (q, _) in named.items() if q == peer)
+    where = named[waiting[0]][1]
+    fnd = ctx.finding(p, "comm_error", "error", f"rank {peer} went away while rank"
+                      f"{plural(waiting)} {ranks_text(waiting)} waited on it: Gloo's connection "
+                      f"was closed by peer in `{clip(where.get('source', ''), 60)}` "
+                      f"({short_path(where.get('file', '?'))}:{where.get('line')}); rank "
+                      f"{peer} exited or died first", [peer], R.PEER_LEFT)
+    fnd.callsites = [{"rank": r, **{k: v for k, v in named[r][1].items() if k != "source"}}
+                     for r in waiting[:8]]
+    return fnd
 
 
 def _timeout_text(p: Problem) -> str:

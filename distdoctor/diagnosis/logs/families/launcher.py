@@ -48,7 +48,10 @@ RULES = (
 )
 
 # an entry's fields (its "time" is left out: the reader need not hand it over)
-_TABLE = re.compile(r"^\s*(?P<key>host|rank|exitcode|error_file|traceback)\s*:\s?(?P<v>.*)$")
+_TABLE = re.compile(r"^\s*(?P<key>time|host|rank|exitcode|error_file|traceback)\s*:\s?"
+                    r"(?P<v>.*)$")
+_TABLE_TIME = re.compile(r"(?P<d>\d{4}-\d\d-\d\d)_(?P<h>\d\d):(?P<m>\d\d):(?P<s>\d\d)")
+ESCALATION_S = 25  # torchrun sends SIGKILL 30 s after the SIGTERM its survivors ignored
 _TABLE_RANK = re.compile(r"(?P<rank>\d+) \(local_rank: (?P<local>\d+)\)")
 _TABLE_EXIT = re.compile(r"(?P<code>-?\d+) \(pid: (?P<pid>\d+)\)")
 _TABLE_SIGNAL = re.compile(r"Signal (?P<signum>\d+) \((?P<name>SIG\w+)\)")
@@ -60,11 +63,12 @@ class LauncherFamily(Family):
                b"attempts left", b"return code", b"died with <Signals",
                b"non-zero exit status", b"exited on signal", b"srun: error",
                b"Root Cause", b"Failures:", b"local_rank:",
-               b"host      :", b"error_file", b"traceback :")
+               b"host      :", b"error_file", b"traceback :", b"time      :")
     rules = RULES
 
     def __init__(self):
         self._root = False
+        self._table = 0  # which ChildFailedError table an entry is in
         self._entry: dict = {}
         self._entry_line: LogLine | None = None
 
@@ -80,17 +84,25 @@ class LauncherFamily(Family):
         return self._close() + super().feed(line)
 
     def _section(self, root: bool) -> list[Signal]:
+        if not root or not self._root_follows:
+            self._table += 1  # "Failures:" opens a table; its "Root Cause" follows in it
+        self._root_follows = not root
         self._root = root
         return []
 
+    _root_follows = False
+
     def _table_field(self, line: LogLine, key: str, v: str) -> list[Signal]:
         out = []
-        if key in self._entry:  # a new entry begins
+        if ("time_s" if key == "time" else key) in self._entry:  # a new entry begins
             out = self._close()
         e = self._entry
         if self._entry_line is None:
             self._entry_line = line
-        if key == "host":
+        if key == "time":
+            if m := _TABLE_TIME.search(v):
+                e["time_s"] = _seconds(m)
+        elif key == "host":
             e["host"] = v
         elif key == "rank" and (m := _TABLE_RANK.search(v)):
             e["rank"], e["local_rank"] = int(m["rank"]), int(m["local"])
@@ -111,11 +123,21 @@ class LauncherFamily(Family):
         return out
 
     def pending(self) -> list[Signal]:
+        """The entry read so far; a Root Cause entry cut before its exit code still names
+        the rank that failed first."""
         e, line = self._entry, self._entry_line
-        if line is None or "exit_code" not in e:
+        if line is None or not ("exit_code" in e or self._root and "rank" in e):
             return []
         return [Signal("rank_failed", NAME, EXIT, line, {**e, "root_cause": self._root,
-                                                         "table": True})]
+                                                         "table": self._table})]
+
+
+def _seconds(m: re.Match) -> int:
+    """A table's "2024-12-01_08:00:09" as seconds (of the day and the date: only
+    differences matter)."""
+    y, mo, d = (int(x) for x in m["d"].split("-"))
+    days = y * 372 + mo * 31 + d
+    return ((days * 24 + int(m["h"])) * 60 + int(m["m"])) * 60 + int(m["s"])
 
 
 # --- what its problems mean ---------------------------------------------------------------
@@ -127,11 +149,19 @@ def describe(p: Problem, ctx) -> Finding:
                        f"the ranks", [], R.LAUNCHER_SIGNALED)
 
 
-def collect_exits(signals: list[Signal], teardown_pids: set[int]) -> dict[int, dict]:
+def collect_exits(signals: list[Signal], teardown_pids: set[int],
+                  ranks_by_host: dict | None = None) -> dict[int, dict]:
     """Each failed rank's exit as its launcher reported it, by rank (the earliest report, a
     root-cause entry over others). A launcher that does not say which rank gets a negative
-    key; one node's local rank stands for the rank."""
+    key. A local rank stands for the rank on one node; under srun with a torchrun per node
+    it is looked up in that node's table, else it stays unknown (a negative key)."""
+    labels = {(s.line.host, s.line.rank) for s in signals if s.rule == "rank_failed"}
+    table_ranks = {((s.line.host, s.line.rank), s.fields["local_rank"]): s.fields["rank"]
+                   for s in signals if "rank" in s.fields and "local_rank" in s.fields}
     hosts = {s.fields.get("host") for s in signals if s.fields.get("host")}
+    one_node = len(hosts) <= 1 and len(labels) <= 1
+    # srun's "task N" is a node when torchrun (or another launcher) runs under it
+    per_node = any(s.rule == "rank_failed" for s in signals)
     out: dict[int, dict] = {}
     for i, s in enumerate(signals):
         f = dict(s.fields)
@@ -139,9 +169,16 @@ def collect_exits(signals: list[Signal], teardown_pids: set[int]) -> dict[int, d
         if rank is None and s.rule == "process_failed":
             rank = -1 - i
         if rank is None and s.rule == "task_failed":
+            if per_node:
+                continue
             rank = f.get("task")
-        if rank is None and len(hosts) <= 1:
-            rank = f.get("local_rank")
+        if rank is None and "local_rank" in f:
+            rank = table_ranks.get(((s.line.host, s.line.rank), f["local_rank"]))
+            # a node label whose lines show other global ranks: the local rank is not one
+            shown = (ranks_by_host or {}).get(s.line.host, ()) if s.line.host else ()
+            if rank is None:
+                local_is_rank = one_node and (not shown or f["local_rank"] in shown)
+                rank = f["local_rank"] if local_is_rank else -1000 - i
         if rank is None:
             continue
         if f.get("killed"):
@@ -158,8 +195,33 @@ def collect_exits(signals: list[Signal], teardown_pids: set[int]) -> dict[int, d
             if prev:
                 f["order"] = min(prev["order"], f["order"])
             out[rank] = {**(prev or {}), **f}
+        elif "exit_code" not in prev and "exit_code" in f:
+            out[rank].update(exit_code=f["exit_code"], signum=f.get("signum"))
         out[rank].setdefault("line", s.line)
+    _order_tables(out)
     return out
+
+
+def _order_tables(exits: dict[int, dict]) -> None:
+    """Within one ChildFailedError table the Root Cause entry failed first, though it is
+    printed last; a SIGKILL well after it is torchrun's own escalation (the rank ignored
+    its SIGTERM), not a failure."""
+    tables: dict[int, list[dict]] = {}
+    for e in exits.values():
+        if e.get("table"):
+            tables.setdefault(e["table"], []).append(e)
+    for entries in tables.values():
+        roots = [e for e in entries if e.get("root_cause")]
+        if not roots:
+            continue
+        first = min(e["order"] for e in entries)
+        for e in roots:
+            e["order"] = min(e["order"], first) - 0.5
+        t0 = min((e["time_s"] for e in roots if "time_s" in e), default=None)
+        for e in entries:
+            if (t0 is not None and e.get("signum") == 9 and not e.get("root_cause")
+                    and e.get("time_s", t0) - t0 >= ESCALATION_S):
+                e["torn_down"] = True
 
 
 def describe_exit(e: dict) -> tuple[str, str, str]:
@@ -167,6 +229,10 @@ def describe_exit(e: dict) -> tuple[str, str, str]:
     rank = e["rank"]
     host = f" on {e['host']}" if e.get("host") else ""
     who = f"rank {rank}" if rank >= 0 else "a rank (the launcher does not say which)"
+    if rank <= -1000 and "local_rank" in e:
+        node = e["line"].host or (f"srun task {e['line'].rank}" if e["line"].rank is not None
+                                  else "a node")
+        who = f"local rank {e['local_rank']} on {node} (its global rank is not in this log)"
     if e.get("signum") == 9:
         return (f"{who}{host} was killed by SIGKILL with no traceback: most likely the host's "
                 f"OOM killer", "oom", R.HOST_OOM)
@@ -178,6 +244,8 @@ def describe_exit(e: dict) -> tuple[str, str, str]:
 
 
 def how_it_ended(e: dict) -> str:
+    if e.get("exit_code") is None and not e.get("signum"):
+        return "failed (the launcher's report of it is cut off)"
     if e.get("signum") == 6:  # C++ terminate() or abort() in the process itself
         return "exited by abort (SIGABRT)"
     if e.get("signum"):

@@ -46,6 +46,13 @@ RULES = (
          r"(?:, last enqueued NCCL work: (?P<enqueued>-?\d+))?"
          r"(?:, last completed NCCL work: (?P<completed>-?\d+))?",
          ints=("seq", "enqueued", "completed")),
+    # 2.6+: "[PG ID 1 PG GUID 1 Rank 1]  failure detected by watchdog at work sequence id: 1116
+    # PG status: last enqueued work: 1118, last completed work: 1115"
+    rule("watchdog_timeout", NAME, TIMEOUT,
+         r"failure detected by watchdog at work sequence id: (?P<seq>\d+)"
+         r"(?:\s*PG status: last enqueued work: (?P<enqueued>-?\d+))?"
+         r"(?:, last completed work: (?P<completed>-?\d+))?",
+         ints=("seq", "enqueued", "completed")),
     rule("heartbeat_timeout", NAME, TIMEOUT,
          r"Heartbeat monitor timed out|watchdog (?:thread )?(?:got stuck|hang) for "
          r"(?P<secs>\d+) seconds|[Ww]atchdog thread .*?(?:stuck|hang)", ints=("secs",)),
@@ -73,10 +80,17 @@ RULES = (
          r"Connection refused|Connection timed out|socketStartConnect|unexpected EOF|"
          r"[Tt]imeout|failed to connect)"),
     rule("socket", NAME, CAUSE, r"Call to connect returned (?P<error>[^,]+)"),
+    # src/misc/socket.cc: the peer's end of a socket went away (it died first)
+    rule("remote_error", NAME, VICTIM,
+         r"Connection closed by remote peer (?P<peer>[\w.:-]+)|"
+         r"Call to (?:send|recv)\w* (?:to|from) (?P<peer2>[\w.:-]+)(?:<\d+>)? failed ?: "
+         r"(?:Broken pipe|Connection reset by peer)"),
     rule("remote_error", NAME, VICTIM,
          r"ncclRemoteError|remote process exited|[Rr]emote error|"
          r"NCCL error.*?remote process"),
     rule("system_error", NAME, CAUSE, r"unhandled system error|ncclSystemError"),
+    # graph/topo.cc, misc/utils.cc: the PCI tree under /sys could not be read (a container's
+    # /sys, a VM): fatal only when NCCL's error climbs back from it (the "-> N" lines)
     rule("cuda_error", NAME, CAUSE, r"unhandled cuda error|ncclUnhandledCudaError|"
          r"Cuda failure (?P<code>\d+)?\s*'?(?P<msg>[^']*)'?", ints=("code",)),
     rule("invalid_usage", NAME, CAUSE, r"invalid (?:usage|argument)|ncclInvalidUsage|"
@@ -93,7 +107,18 @@ BENIGN_WARN = re.compile(
     r"Missing \"iommu=pt\"|CUDA Driver Version|pci.*?path|topo.*?(?:speed|width)|"
     r"Could not (?:get|find) .*?(?:sysfs|numa|cpu)|setting .*?affinity|NCCL_P2P_LEVEL|"
     r"\[Service thread\] Accept failed|GID table change|Ignoring unknown")
-_SPECIFIC = ("p2p", "shm", "ib", "socket", "duplicate_gpu")
+_SPECIFIC = ("p2p", "shm", "ib", "socket", "duplicate_gpu", "topology", "nccl_warn")
+# WARNs harmless even when a return code follows them (NCCL tries another way)
+ALWAYS_BENIGN = re.compile(r"NET/Plugin|[Nn]o plugin found|libnccl-net|NCCL_\w+ set by environment|"
+                           r"NVLS|[Mm]ulticast|\[Service thread\]|GID table change|"
+                           r"Ignoring unknown|Failed to open libibverbs|No IB devices")
+_TOPOLOGY = re.compile(r"real path|/sys/|[Tt]opo|pci|PCI|numa|xml")
+# "host:pid:tid [dev] NCCL INFO file.cc:123 -> 2": an error code climbing back through NCCL
+_CHAIN = re.compile(r"NCCL INFO (?:[\w./-]+:\d+ )?-> (?P<code>\d+)")
+_CODES = {1: "ncclUnhandledCudaError", 2: "ncclSystemError", 3: "ncclInternalError",
+          4: "ncclInvalidArgument", 5: "ncclInvalidUsage", 6: "ncclRemoteError"}
+_COMM = re.compile(r"\bcomm 0x\w+ rank (?P<rank>\d+) nRanks (?P<world>\d+)(?: nNodes (?P<nodes>\d+))?")
+_BOOTSTRAP = re.compile(r"Bootstrap ?: Using (?:\[\d+\])?\w+:(?P<ip>[\d.]+|[\w:]+)<")
 _WARN = re.compile(r"NCCL WARN\s*(?P<message>.*)")
 _WORLD = re.compile(r"\bn[Rr]anks (?P<world>\d+)\b")
 _VERSION = re.compile(r"NCCL version (?P<version>\d+\.\d+\.\d+)")
@@ -109,31 +134,33 @@ class NcclFamily(Family):
         # recent WARN causes per process: an "unhandled system error" takes its cause there
         self._warns: dict[object, deque] = {}
         self._newest: Signal | None = None
+        # per NCCL process (host, pid): its last WARN, until a "-> N" line shows it was fatal
+        self._open: dict[object, Signal] = {}
+        self._fatal: dict[object, Signal] = {}
+        self.ip_host: dict[str, str] = {}  # "10.0.0.7" -> "node7", from the Bootstrap lines
 
     def feed(self, line: LogLine) -> list[Signal]:
         text = line.text
         if " NCCL INFO " in text or text.startswith("NCCL INFO"):
-            # INFO lines are evidence, never a finding of their own: the world size, and the
-            # cause an NCCL error that follows may name ("Call to connect returned ...")
-            if m := _WORLD.search(text):
-                return [Signal("world", NAME, CONTEXT, line, {"world": int(m["world"])})]
-            for s in super().feed(line):
-                if s.rule in _SPECIFIC:
-                    self._remember(line, s)
-            return []
+            return self._info(line, text)
         w = _WARN.search(text)
         out = super().feed(line)
+        if out and out[0].rule == "remote_error":
+            self._name_peer(out[0])
         if out and out[0].rule in _SPECIFIC:
             # a specific cause (often a WARN, or the "Last error:" after an NCCL error):
             # remembered for the NCCL error that names no cause of its own
             self._remember(line, out[0])
             return out
         if w and not out:
-            benign = BENIGN_WARN.search(w["message"])
+            message = w["message"][:200]
+            benign = BENIGN_WARN.search(message)
             s = Signal("benign_warn" if benign else "warn", NAME, BENIGN, line,
-                       {"message": w["message"][:200]})
+                       {"message": message})
             if not benign:
                 self._remember(line, s)
+            if not ALWAYS_BENIGN.search(message):
+                self._bounded(self._open)[_proc(line)] = s
             return [s]
         if out and out[0].rule in ("system_error", "cuda_error", "internal_error",
                                    "invalid_usage", "remote_error"):
@@ -147,12 +174,63 @@ class NcclFamily(Family):
                 return [Signal("version", NAME, CONTEXT, line, {"version": m["version"]})]
         return out
 
+    def _info(self, line: LogLine, text: str) -> list[Signal]:
+        """INFO lines are evidence, never a finding of their own: the world size and which
+        host holds which rank, the cause an NCCL error that follows may name ("Call to
+        connect returned ..."), and the "-> N" lines that make the WARN before them fatal."""
+        if " -> " in text and (m := _CHAIN.search(text)):
+            return self._chain(line, int(m["code"]))
+        if "Init COMPLETE" in text:  # the process got past the WARN: NCCL found another way
+            done = self._fatal.pop(_proc(line), None)
+            if done is not None:
+                done.fields["recovered"] = True
+        if "Bootstrap" in text and line.host and (m := _BOOTSTRAP.search(text)):
+            if len(self.ip_host) < 100_000:
+                self.ip_host[m["ip"]] = line.host
+        if m := _WORLD.search(text):
+            f = {"world": int(m["world"])}
+            if (c := _COMM.search(text)) and line.host:
+                f.update(nccl_rank=int(c["rank"]), host=line.host)
+            return [Signal("world", NAME, CONTEXT, line, f)]
+        for s in super().feed(line):
+            if s.rule in _SPECIFIC:
+                self._remember(line, s)
+        return []
+
+    def _chain(self, line: LogLine, code: int) -> list[Signal]:
+        """The first "-> N" after a WARN of the same process: that WARN made NCCL fail."""
+        warn = self._open.pop(_proc(line), None)
+        if warn is None or code == 0:
+            return []
+        message = warn.fields.get("message", "")
+        rule_name = "topology" if _TOPOLOGY.search(message) else "nccl_warn"
+        for r in self.rules:
+            if r.name in ("socket", "shm", "ib", "p2p") and r.pattern.search(message):
+                rule_name = r.name
+                break
+        s = Signal(rule_name, NAME, CAUSE, warn.line,
+                   {"message": message, "code": code, "code_name": _CODES.get(code, str(code))})
+        self._remember(warn.line, s)
+        self._bounded(self._fatal)[_proc(line)] = s
+        return [s]
+
+    def _name_peer(self, s: Signal) -> None:
+        peer = s.fields.pop("peer2", None) or s.fields.get("peer")
+        if not peer:
+            return
+        host = peer.split("<")[0].rsplit(":", 1)[0] if peer.count(":") == 1 else peer
+        s.fields["peer"] = self.ip_host.get(host, host)
+
+    @staticmethod
+    def _bounded(d: dict) -> dict:
+        if len(d) > 10_000:  # a huge job's WARNs cannot grow us
+            d.pop(next(iter(d)))
+        return d
+
     def _remember(self, line: LogLine, s: Signal) -> None:
-        q = self._warns.setdefault(line.who, deque(maxlen=4))
+        q = self._bounded(self._warns).setdefault(line.who, deque(maxlen=4))
         q.append(s)
         self._newest = s
-        if len(self._warns) > 10_000:  # bounded: a huge job's WARNs cannot grow us
-            self._warns.pop(next(iter(self._warns)))
 
     def _cause_of(self, line: LogLine) -> dict | None:
         q = self._warns.get(line.who)
@@ -164,20 +242,38 @@ class NcclFamily(Family):
             k: v for k, v in s.fields.items() if isinstance(v, (int, str))}}
 
 
+def _proc(line: LogLine) -> object:
+    """One NCCL process: its (host, pid) from NCCL's own head, else who printed the line."""
+    return (line.host, line.pid) if line.pid is not None else line.who
+
+
 # --- what its problems mean ---------------------------------------------------------------
 _GENERIC = ("system_error", "cuda_error", "internal_error", "invalid_usage")
 # which specific causes NCCL reports under each generic error code
-_EXPLAINS = {"system_error": ("shm", "socket", "ib"), "cuda_error": ("p2p",),
-             "internal_error": ("socket", "ib", "p2p"), "invalid_usage": ("duplicate_gpu",)}
+_EXPLAINS = {"system_error": ("shm", "socket", "ib", "topology", "nccl_warn"),
+             "cuda_error": ("p2p", "nccl_warn"),
+             "internal_error": ("socket", "ib", "p2p", "topology", "nccl_warn"),
+             "invalid_usage": ("duplicate_gpu", "socket", "nccl_warn")}
 _CAUSE_TEXT = {"shm": ("shared memory (/dev/shm)", R.SHM), "socket": ("a socket", R.SOCKET),
                "ib": ("InfiniBand", R.IB), "p2p": ("GPU peer-to-peer access", R.P2P),
-               "duplicate_gpu": ("two ranks on one GPU", R.NCCL_USAGE)}
+               "duplicate_gpu": ("two ranks on one GPU", R.NCCL_USAGE),
+               "topology": ("NCCL's topology detection (/sys)", R.TOPOLOGY),
+               "nccl_warn": ("the NCCL WARN before it", R.NCCL_SYSTEM)}
 
 
 def prepare(causes: list[Problem]) -> list[Problem]:
     """A generic NCCL error ("unhandled system error") with a specific cause in the log (a
     WARN about /dev/shm, a socket, P2P) is that cause's consequence. A socket WARN with no
     NCCL error at all is a warning: NCCL retried and went on."""
+    # a WARN whose error code climbed back, in a process that then finished its init anyway
+    causes = [p for p in causes if not all(s.fields.get("recovered") for s in p.signals)]
+    # NCCL's "unhandled cuda error" on a rank whose CUDA OOM the log shows: that OOM
+    ooms = [p for p in causes if p.rule == "cuda_oom"]
+    for p in [p for p in causes if p.rule == "cuda_error" and p.family == NAME]:
+        oom = next((q for q in ooms if p.ranks <= q.ranks or not p.ranks), None)
+        if oom is not None:
+            oom.signals.append(p.first)
+            causes = [q for q in causes if q is not p]
     specific = [p for p in causes if p.rule in _SPECIFIC]
     if not any(p.rule in _GENERIC for p in causes):
         for p in specific:
@@ -212,6 +308,10 @@ def describe(p: Problem, ctx) -> Finding:
         "ib": (f"InfiniBand transport error{where}: {clip(_after_warn(p), 140)}", R.IB),
         "socket": (f"NCCL socket/bootstrap failure{where}: {clip(_after_warn(p), 140)}",
                    R.SOCKET),
+        "topology": (f"NCCL's topology detection failed{where} ({_code(f)}): "
+                     f"{clip(f.get('message', ''), 140)}", R.TOPOLOGY),
+        "nccl_warn": (f"NCCL failed{where} ({_code(f)}) after: {clip(f.get('message', ''), 140)}",
+                      _warn_remedy(f.get("code"))),
         "system_error": (f"NCCL unhandled system error{where}", R.NCCL_SYSTEM),
         "cuda_error": (f"CUDA error in NCCL{where}", R.NCCL_CUDA),
         "invalid_usage": (f"NCCL invalid usage{where}", R.NCCL_USAGE),
@@ -226,6 +326,15 @@ def describe(p: Problem, ctx) -> Finding:
         summary = f"{summary}: {clip(cause['line'], 140)}"
     culprits = sorted({f.get("a"), f.get("b")} - {None}) if r == "duplicate_gpu" else ranks
     return ctx.finding(p, "comm_error", "error", summary, culprits, remedy)
+
+
+def _code(f: dict) -> str:
+    return f"error {f.get('code')}, {f.get('code_name')}" if f.get("code") else "an error"
+
+
+def _warn_remedy(code) -> str:
+    return {1: R.NCCL_CUDA, 3: R.NCCL_INTERNAL, 4: R.NCCL_USAGE, 5: R.NCCL_USAGE,
+            6: R.NCCL_REMOTE}.get(code, R.NCCL_SYSTEM)
 
 
 def _after_warn(p: Problem) -> str:
@@ -253,3 +362,32 @@ TIMEOUTS = {"watchdog_timeout": (_watchdog, R.FIND_LATE_RANK),
             "heartbeat_timeout": (lambda p: "the NCCL watchdog/heartbeat monitor timed out",
                                   R.WATCHDOG_STUCK)}
 VICTIMS = {"remote_error": "NCCL remote error: a peer exited or the network failed"}
+
+
+def victim_culprit(p: Problem, ctx) -> Finding | None:
+    """A peer NCCL's socket names (the host or address whose end closed): it died first.
+    Its rank is named where the log tells: the one rank seen on that host, or the one rank
+    of the world the log shows nowhere else."""
+    if p.rule != "remote_error":
+        return None
+    peers = {s.fields["peer"] for s in p.signals if s.fields.get("peer")}
+    if len(peers) != 1:
+        return None
+    peer = peers.pop()
+    ev = ctx.ev
+    on_peer = sorted(r for r, h in ev.hosts_of.items() if h == peer)
+    ranks = on_peer if len(on_peer) == 1 else []
+    if not on_peer and ev.world and peer not in ev.hosts_of.values():
+        unseen = set(range(ev.world)) - ev.ranks - set(ev.hosts_of) - p.ranks
+        ranks = sorted(unseen) if len(unseen) == 1 else []
+    who = f"rank {ranks[0]} on {peer}" if ranks else f"the peer on {peer}"
+    seen = f" (seen by rank{'s' if len(p.ranks) > 1 else ''} " \
+           f"{', '.join(map(str, sorted(p.ranks)))})" if p.ranks else ""
+    line = next((s.line.text for s in p.signals if s.fields.get("peer")), "")
+    i = line.find("NCCL WARN")
+    fnd = ctx.finding(p, "comm_error", "error", f"{who} went away mid-collective: NCCL's "
+                      f"connection to it was closed from its end{seen} "
+                      f"({clip(line[i + 9:] if i >= 0 else line, 100)}); that peer died or "
+                      f"was killed first", ranks, R.NCCL_REMOTE)
+    fnd.details["peer"] = peer
+    return fnd

@@ -30,6 +30,14 @@ RULES = (
     rule("port_in_use", NAME, CAUSE,
          r"EADDRINUSE.*?port[: ]+(?P<port>\d+)|[Aa]ddress already in use.*?port[: ]+(?P<port2>\d+)",
          ints=("port", "port2")),
+    # the bind failed on an address this host does not have (MASTER_ADDR of another host)
+    rule("listen_addr", NAME, CAUSE,
+         r"server socket has failed to (?:listen|bind).*?(?:EADDRNOTAVAIL|errno: 99|"
+         r"[Cc]annot assign requested address)"),
+    # the store gave up listening (its errno may be on other lines, or cut off)
+    rule("port_in_use", NAME, CAUSE,
+         r"server socket has failed to listen on any local network address"
+         r"(?:.*?port:? (?P<port>\d+))?", ints=("port",)),
     rule("connect_timeout", NAME, CAUSE,
          r"client socket has timed out after (?P<after>\d+(?:ms|s)) while trying to connect "
          r"to \(?(?P<host>[^,()\s]+)(?:, |:)(?P<port>\d+)\)?", ints=("port",)),
@@ -111,12 +119,16 @@ def describe(p: Problem, ctx) -> Finding:
     f, ranks = p.first.fields, sorted(p.ranks)
     retried = went_on(p, ctx) is not None  # then it blames nobody
     where_on = on(ranks)
+    if p.rule == "listen_addr":
+        return ctx.finding(p, "comm_error", "error", f"the c10d store could not listen: "
+                           f"MASTER_ADDR is not an address of this host{where_on} "
+                           f"({clip(p.first.line.text, 120)})", ranks, R.STORE_ADDR)
     if p.rule == "port_in_use":
         # only the store's server listens: with no launcher in the log (env://), rank 0
         if not ranks and not ctx.exits and not p.field("in_launcher") \
                 and not ctx.launcher_seen and not retried:
             ranks, where_on = [0], " on rank 0, which hosts the store under env://"
-        return ctx.finding(p, "comm_error", "error", f"c10d store port {f.get('port', '?')} is "
+        return ctx.finding(p, "comm_error", "error", f"c10d store port {p.field('port', '?')} is "
                            f"already in use (EADDRINUSE){where_on}", [] if retried else ranks,
                            R.PORT_IN_USE)
     at = f" at {f['host']}:{f['port']}" if "host" in f else ""
