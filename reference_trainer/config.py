@@ -129,10 +129,24 @@ def parse_config(argv: list[str], world_size: int, description: str = "") -> Tra
         if not cfg.microbatches:
             cfg.microbatches = cfg.num_stages
         _check_shapes(cfg)
+        if world_size > 1:
+            from .compat import missing_for
+
+            if (missing := missing_for(dims, device_type(a.device), a.schedule)) is not None:
+                raise ValueError(missing)
         validate(cfg.faults, world_size, cfg.steps, cfg.num_stages if dims.pp_enabled else 1)
     except ValueError as exc:  # ParallelDimsError, FaultSpecError, shape errors
         raise UsageError(str(exc)) from None
     return cfg
+
+
+def device_type(flag: str) -> str:
+    """--device auto|cpu|cuda as the device type the job will use."""
+    if flag != "auto":
+        return flag
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
 
 
 def _check_shapes(cfg: TrainConfig) -> None:
@@ -172,19 +186,32 @@ def _check_shapes(cfg: TrainConfig) -> None:
 
 
 def demo_degrees(world_size: int) -> list[str]:
-    """Degree flags that exercise as many parallelisms as `world_size` ranks allow.
+    """Degree flags that exercise as many parallelisms as `world_size` ranks allow on the
+    installed torch.
 
     8 ranks: DP x TP x PP with an MoE over EP (every traffic pattern: all-reduce,
-    all-gather / reduce-scatter, p2p, all-to-all). Fewer: DP x PP, then DP alone. The
-    global batch gives each data-parallel rank 4 sequences (2 pipeline microbatches of 2).
+    all-gather / reduce-scatter, p2p, all-to-all). Fewer: DP x PP, then DP alone. A torch
+    that cannot run a layout (compat.missing_for) gets the next one. The global batch gives
+    each data-parallel rank 4 sequences (2 pipeline microbatches of 2).
     """
+    from .compat import missing_for
+
+    candidates = []
     if world_size % 8 == 0:
-        dp, rest = world_size // 4, ["--tp", "2", "--pp", "2", "--experts", "4", "--ep", "2"]
-    elif world_size % 4 == 0:
-        dp, rest = world_size // 2, ["--pp", "2"]
-    else:
-        dp, rest = world_size, []
-    return ["--dp", str(dp), *rest, "--batch-size", str(4 * dp)]
+        candidates.append((world_size // 4, ["--tp", "2", "--pp", "2", "--experts", "4",
+                                              "--ep", "2"]))
+    if world_size % 4 == 0:
+        candidates.append((world_size // 2, ["--pp", "2"]))
+    candidates.append((world_size, []))
+    device = device_type("auto")
+    for dp, rest in candidates:
+        flags = {f: int(v) for f, v in zip(rest[::2], rest[1::2], strict=True)
+                 if f in ("--tp", "--pp", "--ep")}
+        dims = ParallelDims(dp_replicate=dp, tp=flags.get("--tp", 1), pp=flags.get("--pp", 1),
+                            ep=flags.get("--ep", 1), world_size=world_size)
+        if missing_for(dims, device, "1f1b") is None:
+            return ["--dp", str(dp), *rest, "--batch-size", str(4 * dp)]
+    return ["--dp", str(world_size), "--batch-size", str(4 * world_size)]
 
 
 def launch_env() -> dict:

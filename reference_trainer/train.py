@@ -42,13 +42,14 @@ import sys
 import time
 from dataclasses import dataclass, field
 from datetime import timedelta
+from functools import partial
 
 import torch
 from torch import nn
 
 import distdoctor
 
-from .config import UsageError, launch_env, parse_config
+from .config import UsageError, device_type, launch_env, parse_config
 from .data import MarkovData
 from .faults import SIMULATED, FaultInjector
 from .model import build_model, cross_entropy
@@ -91,7 +92,7 @@ def log(message: str) -> None:
 
 def _setup_distributed(cfg, env) -> tuple[torch.device, object]:
     """(device, group of the loss all-reduce or None). Gloo on CPU, NCCL on CUDA."""
-    use_cuda = cfg.device == "cuda" or (cfg.device == "auto" and torch.cuda.is_available())
+    use_cuda = device_type(cfg.device) == "cuda"
     device = torch.device("cuda", env["local_rank"]) if use_cuda else torch.device("cpu")
     if use_cuda:
         torch.cuda.set_device(device)
@@ -173,8 +174,23 @@ def build_job(cfg, rank: int, device: torch.device, faults: FaultInjector) -> Jo
     if dims.pp_enabled:
         job.schedule = ppl.build_schedule(parts, ids, cfg.num_stages, dims.mesh("pp"), device,
                                           cfg.schedule, cfg.microbatches, cross_entropy,
-                                          faults.link_delay)
+                                          faults.link_delay,
+                                          partial(stage_example_args, cfg, device))
     return job
+
+
+def stage_example_args(cfg, device, stage_id: int) -> dict:
+    """One microbatch's input and output of pipeline stage `stage_id`, which only torch
+    2.4's PipelineStage asks for (its buffers for p2p are shaped by them): token ids into the
+    first stage, hidden states between stages, logits out of the last."""
+    m = cfg.model
+    rows = cfg.batch_size // cfg.dims.dp // cfg.microbatches
+    hidden = torch.zeros(rows, m.seq_len, m.dim, device=device)
+    tokens = torch.zeros(rows, m.seq_len, dtype=torch.long, device=device)
+    last = stage_id == cfg.num_stages - 1
+    return {"input_args": (tokens if stage_id == 0 else hidden,),
+            "output_args": (torch.zeros(rows, m.seq_len, m.vocab_size, device=device)
+                            if last else hidden,)}
 
 
 def forward_backward(job: Job, cfg, inputs, targets):

@@ -151,3 +151,33 @@ def small_disk(path, size: str):
         yield path
     finally:
         subprocess.run(["umount", "-l", str(path)], capture_output=True)
+
+
+# --- the version matrix's smoke set ------------------------------------------------------
+# What CI runs again on the oldest torch distdoctor supports and on the newest release
+# (`pytest -m matrix`, .ci/run): every op family traced with its call site, a mismatch, a
+# hang, a deadlock, a crash, a healthy job, a straggler, `diagnose --log` on recorded output,
+# and the demo. Test ids (or their prefix, for a parametrized test) in one place.
+MATRIX_SMOKE = (
+    "test_tracer_ops.py::",
+    "test_torch_versions.py::",
+    "test_diagnosis_corpus.py::test_bug_is_diagnosed[shape_mismatch]",
+    "test_diagnosis_corpus.py::test_bug_is_diagnosed[stuck_outside]",
+    "test_diagnosis_corpus.py::test_bug_is_diagnosed[p2p_deadlock]",
+    "test_diagnosis_corpus.py::test_bug_is_diagnosed[oom_killed]",
+    "test_diagnosis_corpus.py::test_healthy_job_has_no_findings",
+    "test_stragglers.py::test_straggler_without_spans_is_found_with_its_cause[logs_before",
+    "test_log_diagnosis.py::test_corpus",
+    "test_demo.py::test_demo_without_a_terminal_prints_the_finding_live",
+)
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "matrix: the smoke set run on every torch of the matrix")
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        node = item.nodeid.split("tests/", 1)[-1]
+        if node.startswith(MATRIX_SMOKE):
+            item.add_marker(pytest.mark.matrix)

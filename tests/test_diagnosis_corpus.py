@@ -85,10 +85,14 @@ def test_healthy_job_has_no_findings(tmp_path):
     proc = run_cli(["run", "--nproc", "3", "--run-dir", str(run_dir), "--hang-timeout", "5",
                     "--", str(JOBS / "all_ops.py")], timeout=90, run_dir=run_dir)
     assert proc.returncode == 0, proc.stderr
-    assert json.loads((run_dir / "findings.json").read_text())["findings"] == []
-    assert "no findings" in proc.stderr
+    findings = json.loads((run_dir / "findings.json").read_text())["findings"]
+    # on a torch whose gloo lacks an op the job tries (and catches: tests/jobs/all_ops.py),
+    # that refusal is reported as what it is, a warning; nothing else is
+    assert [f for f in findings if "does not support" not in f["summary"]] == []
+    assert all(f["severity"] == "warning" for f in findings)
+    assert "no findings" in proc.stderr or findings
     again = run_cli(["diagnose", str(run_dir), "--json"], timeout=60)
-    assert again.returncode == 0 and json.loads(again.stdout)["findings"] == []
+    assert again.returncode == 0 and json.loads(again.stdout)["findings"] == findings
 
 
 @pytest.mark.timeout(120)

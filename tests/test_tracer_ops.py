@@ -3,6 +3,8 @@
 import json
 
 import pytest
+import torch
+import torch.distributed as dist
 from conftest import marker_lines, run_job
 
 from distdoctor.runlog.run import read_run
@@ -50,7 +52,9 @@ def test_every_explicit_op_family_is_recorded_at_its_line(all_ops):
         for name, (op, shapes, dtype) in expect.items():
             assert name in seen, f"rank {rank}: no event at the {name} line"
             ev = seen[name][0]
-            assert ev.op == op and ev.status == "ok", (rank, name, ev)
+            # an op this torch's gloo refuses is still recorded, failed, at its line
+            refused = ev.status != "ok" and "does not support" in str(ev.error)
+            assert ev.op == op and (ev.status == "ok" or refused), (rank, name, ev)
             assert [tuple(s) for s in ev.shapes] == shapes, (rank, name, ev.shapes)
             if dtype:
                 assert set(ev.dtypes) == {dtype}
@@ -58,8 +62,15 @@ def test_every_explicit_op_family_is_recorded_at_its_line(all_ops):
         assert seen["reduce"][0].reduce_op == "max" and seen["reduce"][0].peer == 0
         assert seen["all_reduce"][0].reduce_op == "sum"
         assert seen["broadcast"][0].peer == 0
-        assert seen["async_all_reduce"][0].is_async is True
-        assert seen["all_reduce"][0].is_async is False
+        # None where this torch's options carry no async flag (torch 2.6 and older)
+        visible = hasattr(dist.AllreduceOptions(), "asyncOp")
+        assert seen["async_all_reduce"][0].is_async is (True if visible else None)
+        assert seen["all_reduce"][0].is_async is (False if visible else None)
+        if hasattr(dist, "gather_single"):  # torch >= 2.15
+            ev = seen["gather_single"][0]
+            refused = ev.status != "ok" and "does not support" in str(ev.error)
+            assert ev.op == "gather_into_tensor" and ev.peer == 0, ev
+            assert ev.status == "ok" or refused, ev
         # rooted ops: only the root passes the list
         assert seen["gather"][0].op == "gather" and seen["scatter"][0].op == "scatter"
 
@@ -96,6 +107,8 @@ def test_subgroup_ops_carry_the_subgroup(all_ops):
         assert "subgroup_all_reduce" not in _by_line(run.events[rank], "all_ops.py")
 
 
+@pytest.mark.skipif(not hasattr(torch._C._distributed_c10d, "_dump_fr_trace"),
+                    reason="this torch has no Flight Recorder on gloo (_dump_fr_trace)")
 def test_traced_sequence_equals_flight_recorder(tmp_path):
     run_dir, fr_dir = tmp_path / "run", tmp_path / "fr"
     fr_dir.mkdir()
@@ -120,9 +133,12 @@ def test_ddp_fsdp2_dtensor_and_pipelining_are_seen(tmp_path):
         assert {"broadcast"} <= {e.op for e in seen["ddp_init"]}
         assert [e.op for e in seen["ddp_backward"]] == ["all_reduce"]  # the reducer's bucket
         assert seen["ddp_backward"][0].shapes == ((72,),)  # 8x8 weight + 8 bias
-        assert "all_gather_into_tensor" in {e.op for e in seen["fsdp_forward"]}
-        assert "reduce_scatter_tensor" in {e.op for e in seen["fsdp_backward"]}
+        if hasattr(torch.cpu.Stream, "record_event"):  # FSDP2 runs on CPU (torch >= 2.9)
+            assert "all_gather_into_tensor" in {e.op for e in seen["fsdp_forward"]}
+            assert "reduce_scatter_tensor" in {e.op for e in seen["fsdp_backward"]}
         assert seen["dtensor_redistribute"], "functional collectives not seen"
+        if torch.__version__.startswith("2.9."):
+            continue  # torch 2.9's pipelining fails on gloo untraced (the job skips it)
         pipe = seen.get("pipeline_step") or seen.get("pipeline_step_last")
         p2p_ops = {e.op for e in pipe if e.kind == "p2p"}
         assert p2p_ops == {"send", "recv"}, p2p_ops

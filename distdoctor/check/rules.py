@@ -13,6 +13,7 @@ from distdoctor.check import kernel_xids
 from distdoctor.check import settings as S
 from distdoctor.check.table import Row
 from distdoctor.diagnosis.report import rank_ranges
+from distdoctor.tracer.support import FLOOR, below_floor
 
 GiB = 1 << 30
 SHM_FAIL, SHM_WARN = 256 << 20, 1 * GiB  # Docker's default is 64 MB
@@ -65,6 +66,9 @@ def _versions(ranks: list[dict]) -> list[Row]:
                            "install the same build on every node (one container image)"))
         elif usual is None:
             out.append(Row(f"{what} version", "job", "n/a", "not in this build (CPU torch)"))
+        elif what == "torch" and (too_old := below_floor(str(usual))) is not None:
+            out.append(Row("torch version", "job", "warn", f"{too_old}: the job runs untraced",
+                           f"torch >= {FLOOR[0]}.{FLOOR[1]} is traced; older runs untouched"))
         else:
             out.append(Row(f"{what} version", "job", "ok", f"{usual} on every rank"))
     return out

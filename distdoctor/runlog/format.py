@@ -124,6 +124,7 @@ OPS = [
     "recv_anysource",
     "span",
     "sample",
+    "gather_into_tensor",  # torch >= 2.15's gather_single
 ]
 OP_CODE = {name: i for i, name in enumerate(OPS)}
 

@@ -608,8 +608,8 @@ static int read_options(Core *c, PyObject *opts, int *redop, PyObject **peer, in
     }
     if (has_root && (*peer = PyObject_GetAttr(opts, s_rootRank)) == NULL)
         return -1;
-    if (!has_async) {
-        *flags |= c->flag_async;
+    if (!has_async) { /* torch 2.6 and older: no async flag in options */
+        *flags |= c->flag_async | c->flag_async_unknown;
     } else {
         PyObject *a = PyObject_GetAttr(opts, s_asyncOp);
         int yes = a == NULL ? -1 : PyObject_IsTrue(a);

@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 
 from distdoctor.runlog import rundir
-from distdoctor.tracer import state
+from distdoctor.tracer import state, support
 
 _C10D = "torch.distributed.distributed_c10d"
 _BUILTIN_BACKENDS = {"gloo", "nccl", "ucc", "mpi", "xccl", "cpu:gloo", "cuda:nccl"}
@@ -93,7 +93,16 @@ def _patch(c10d=None) -> None:
         c10d = importlib.import_module(_C10D)
     if not getattr(c10d, "is_available", lambda: True)():
         return
-    original = c10d._new_process_group_helper
+    import torch
+
+    if (too_old := support.below_floor(torch.__version__)) is not None:
+        print(f"distdoctor: {too_old}; this job runs untraced", file=sys.stderr)
+        return
+    original = getattr(c10d, "_new_process_group_helper", None)
+    if original is None:
+        print(f"distdoctor: torch {torch.__version__} has no _new_process_group_helper to "
+              "build traced groups with; this job runs untraced", file=sys.stderr)
+        return
     from distdoctor.tracer.process_group import RealProcessGroup, TracingProcessGroup
 
     def _new_process_group_helper(*args, **kwargs):
@@ -198,6 +207,8 @@ def _open_recorder(run_dir: str, rank: int, world: int, backend: str, launch: di
         "pid": os.getpid(),
         "backend": backend,
         "torch": torch.__version__,
+        "traced_ops": support.traced_ops(),
+        "untraceable_ops": support.untraceable_ops(),
         "python": sys.version.split()[0],
         "argv": sys.argv,
         # CUDA is not touched here (that would create a context on GPU 0); the device a
@@ -208,6 +219,10 @@ def _open_recorder(run_dir: str, rank: int, world: int, backend: str, launch: di
         "restart_count": _env_int("TORCHELASTIC_RESTART_COUNT"),
     })
     state.recorder = Recorder(ring)
+    if rank == 0 and (lost := support.untraceable_ops()):
+        print(f"distdoctor: torch {torch.__version__}: {', '.join(lost)} cannot be traced "
+              "(torch.distributed has it, its ProcessGroup binds no method for it)",
+              file=sys.stderr)
     _arm_stack_dump(run_dir, rank)
     _hook_uncaught_exceptions()
     _hook_os_exit()

@@ -7,6 +7,13 @@ in torch's C++ base are wrapped (the old aliases `_allgather_base`, `alltoall_ba
 `allgather_into_tensor_coalesced`, ... forward to the ones below), so every op is seen
 exactly once.
 
+Method names move between torch releases: before torch 2.13 the "single" ops were bound
+only under their old names (`_allgather_base`, `_reduce_scatter_base`, `alltoall_base`,
+`allgather_into_tensor_coalesced`, `reduce_scatter_tensor_coalesced`), which were then the
+real methods. `resolve` picks, per op, the first name the running torch binds; an op whose
+names are all absent (`gather_single` before torch 2.15) does not exist there, and is not
+traced. Nothing is assumed about a release: every name is looked up.
+
 `backend_method` names the same operation on the c10d `Backend` (gloo, NCCL) that the
 group dispatches to; the tracing group calls it directly (see process_group.py for why).
 """
@@ -14,7 +21,7 @@ group dispatches to; the tracing group calls it directly (see process_group.py f
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from distdoctor.runlog import format as F
 
@@ -27,6 +34,7 @@ class OpSpec:
     describe: Callable  # (args, kwargs) -> (inputs, outputs, opts, peer)
     params: tuple = ()  # the method's parameter names, in order
     backend_method: str | None = None  # the same op on a c10d Backend, if bound there
+    aliases: tuple = ()  # older torch's names of the same ProcessGroup method, newest first
     code: int = field(init=False)  # the op's number in the event log
 
     def __post_init__(self):
@@ -124,19 +132,21 @@ SPECS = [
            _out_in("output_lists", "input_list"), ("output_lists", "input_list", "opts"),
            "allgather_coalesced"),
     OpSpec("all_gather_single", "all_gather_into_tensor", C, _out_in("output", "input"),
-           _SINGLE, "_allgather_base"),
+           _SINGLE, "_allgather_base", aliases=("_allgather_base",)),
     OpSpec("all_gather_single_coalesced", "all_gather_into_tensor_coalesced", C,
-           _out_in("outputs", "inputs"), _MANY),
+           _out_in("outputs", "inputs"), _MANY, aliases=("allgather_into_tensor_coalesced",)),
     OpSpec("reduce_scatter", "reduce_scatter", C, _out_in(), _OI, "reduce_scatter"),
     OpSpec("reduce_scatter_single", "reduce_scatter_tensor", C, _out_in("output", "input"),
-           _SINGLE, "_reduce_scatter_base"),
+           _SINGLE, "_reduce_scatter_base", aliases=("_reduce_scatter_base",)),
     OpSpec("reduce_scatter_single_coalesced", "reduce_scatter_tensor_coalesced", C,
-           _out_in("outputs", "inputs"), _MANY),
+           _out_in("outputs", "inputs"), _MANY, aliases=("reduce_scatter_tensor_coalesced",)),
     OpSpec("alltoall", "all_to_all", C, _out_in(), _OI, "alltoall"),
     OpSpec("all_to_all_single", "all_to_all_single", C, _all_to_all_single,
            ("output", "input", "output_split_sizes", "input_split_sizes", "opts"),
-           "alltoall_base"),
+           "alltoall_base", aliases=("alltoall_base",)),
     OpSpec("gather", "gather", C, _out_in(), _OI, "gather"),
+    OpSpec("gather_single", "gather_into_tensor", C, _out_in("output", "input"), _SINGLE,
+           "gather_single"),  # torch >= 2.15 (its alias gather_into_tensor forwards here)
     OpSpec("scatter", "scatter", C, _out_in(), _OI, "scatter"),
     OpSpec("barrier", "barrier", C, _barrier, ("opts",), "barrier"),
     OpSpec("monitored_barrier", "monitored_barrier", C, _monitored_barrier,
@@ -146,3 +156,17 @@ SPECS = [
     OpSpec("recv_anysource", "recv_anysource", P, _recv_anysource, ("tensors", "tag"),
            "recv_anysource"),
 ]
+
+
+def resolve(group_class, specs=SPECS) -> tuple[list[OpSpec], list[OpSpec]]:
+    """(the specs to wrap on this torch, each under the name it binds; the specs with no
+    name bound at all). A spec found under an alias is a copy carrying that name, which is
+    the name the override must have for pybind11 to call it from C++."""
+    found, absent = [], []
+    for spec in specs:
+        name = next((n for n in (spec.method, *spec.aliases) if hasattr(group_class, n)), None)
+        if name is None:
+            absent.append(spec)
+        else:
+            found.append(spec if name == spec.method else replace(spec, method=name))
+    return found, absent

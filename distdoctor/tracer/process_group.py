@@ -24,7 +24,7 @@ import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 
 from distdoctor.tracer import state
-from distdoctor.tracer.ops import SPECS
+from distdoctor.tracer.ops import resolve
 
 RealProcessGroup = dist.ProcessGroup
 
@@ -38,13 +38,17 @@ _BACKEND_TYPES = {
 
 class TracingProcessGroup(RealProcessGroup):
     def __init__(self, *args):
-        # torch builds groups as ProcessGroup(store, rank, size); only the (rank, size)
-        # constructor supports Python subclasses, so the store is kept here.
-        store = None
-        if len(args) == 3:
+        # torch builds groups as ProcessGroup(store, rank, size), before torch 2.6 with
+        # the group's Options fourth; only the (rank, size) constructor supports Python
+        # subclasses, so the store and options are kept here.
+        store = options = None
+        if len(args) in (3, 4):
             store, *args = args
+        if len(args) == 3:
+            *args, options = args
         super().__init__(*args)
         self._dd_store = store
+        self._dd_options = options
         self._dd_group_id = 0
         self._dd_seq = 0
         self._dd_p2p_seq: dict = {}
@@ -84,6 +88,15 @@ class TracingProcessGroup(RealProcessGroup):
         self._dd_bound.clear()
         return super()._register_backend(device, backend_type, backend)
 
+    def getBackendName(self):
+        """The backend's name. Before torch 2.6 the C++ base reads it from the group's
+        Options, which a (rank, size)-built group lacks, and pybind11 asks this override."""
+        if self._dd_options is not None:
+            return self._dd_options.backend
+        for _device, _type, backend in self._dd_backends:
+            return backend.name()
+        return "undefined"
+
     def get_group_store(self):
         return self._dd_store if self._dd_store is not None else super().get_group_store()
 
@@ -117,7 +130,7 @@ def adopt(pg):
         btype = _BACKEND_TYPES.get(backend.name(), RealProcessGroup.BackendType.CUSTOM)
         traced._register_backend(device, btype, backend)
     default = _BACKEND_TYPES.get(pg._get_backend_name())
-    if default is not None:
+    if default is not None and hasattr(traced, "_set_default_backend"):  # torch >= 2.6
         traced._set_default_backend(default)
     traced._set_group_name(pg.group_name)
     traced._set_group_desc(pg.group_desc)
@@ -145,7 +158,7 @@ def _device_type_of(spec, desc, pg) -> str:
     return "cpu"  # monitored_barrier runs on the CPU backend
 
 
-def _dispatch_coalesced(pg, method, args, kwargs):
+def _dispatch_coalesced(pg, op, args, kwargs):
     """reduce_scatter_tensor_coalesced / all_gather_into_tensor_coalesced on CPU, as one
     backend op per tensor pair (each releases the GIL; see the module docstring) joined
     into one Work; None when the arguments do not fit, and then the base path is taken.
@@ -165,7 +178,7 @@ def _dispatch_coalesced(pg, method, args, kwargs):
         backend = pg._get_backend(torch.device("cpu"))
         calls = []
         for out, inp in zip(outputs, inputs, strict=True):
-            if method == "reduce_scatter_single_coalesced":
+            if op == "reduce_scatter_tensor_coalesced":
                 one = c10d_C.ReduceScatterOptions()
                 one.reduceOp = opts.reduceOp
                 calls.append((backend._reduce_scatter_base, out, inp, one))
@@ -181,7 +194,7 @@ def _dispatch_coalesced(pg, method, args, kwargs):
     return JoinedWork(works)
 
 
-_DISPATCHED = ("reduce_scatter_single_coalesced", "all_gather_single_coalesced")
+_DISPATCHED = ("reduce_scatter_tensor_coalesced", "all_gather_into_tensor_coalesced")
 
 
 def _make_method(spec):
@@ -198,8 +211,8 @@ def _make_method(spec):
         try:
             if direct is not None:
                 work = direct[0](*direct[1])
-            elif spec.method in _DISPATCHED and (
-                    work := _dispatch_coalesced(self, spec.method, args, kwargs)) is not None:
+            elif spec.op in _DISPATCHED and (
+                    work := _dispatch_coalesced(self, spec.op, args, kwargs)) is not None:
                 pass
             else:
                 work = base(self, *args, **kwargs)
@@ -217,5 +230,10 @@ def _make_method(spec):
     return method
 
 
-for _spec in SPECS:
+# Each op under the name this torch binds it by; an op this torch lacks is not there to
+# trace (tracer/ops.py). TRACED_OPS goes into each rank's metadata.
+_specs, _absent = resolve(RealProcessGroup)
+for _spec in _specs:
     setattr(TracingProcessGroup, _spec.method, _make_method(_spec))
+TRACED_OPS = {spec.op: spec.method for spec in _specs}
+ABSENT_OPS = [spec.op for spec in _absent]

@@ -199,7 +199,9 @@ class Recorder:
                     redop = reduce_op_number(opts.reduceOp)
                 if has_root:
                     peer = opts.rootRank
-                if not has_async or opts.asyncOp:
+                if not has_async:  # torch 2.6 and older: no async flag in options
+                    flags |= F.FLAG_ASYNC | F.FLAG_ASYNC_UNKNOWN
+                elif opts.asyncOp:
                     flags |= F.FLAG_ASYNC
             else:
                 flags |= F.FLAG_ASYNC_UNKNOWN

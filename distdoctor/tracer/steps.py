@@ -129,12 +129,12 @@ class Sampler:
     op (its wait is measured exactly by the op's own event)."""
 
     def __init__(self, recorder, hz: float):
-        from distdoctor.tracer.ops import SPECS
-        from distdoctor.tracer.process_group import TracingProcessGroup
+        from distdoctor.tracer.process_group import TRACED_OPS, TracingProcessGroup
 
         self.rec = recorder
         self.period = 1.0 / hz
-        self._op_codes = {getattr(TracingProcessGroup, s.method).__code__ for s in SPECS}
+        self._op_codes = {getattr(TracingProcessGroup, name).__code__
+                          for name in TRACED_OPS.values()}
         self._main = threading.main_thread().ident
         self._schedstat = _open_schedstat(threading.main_thread().native_id)
         self._runq_ns = self._run_delay_ns()  # at the last sample recorded

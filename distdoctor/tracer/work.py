@@ -9,7 +9,35 @@ itself.)
 
 from __future__ import annotations
 
+from collections import OrderedDict
+
+import torch
 import torch.distributed as dist
+
+from distdoctor.tracer.support import parse_version
+
+# A Work made in Python and handed to a C++ caller (functional collectives, DTensor) lives
+# on as a C++ object after Python drops it. Before torch 2.9 (seen on 2.4.1 and 2.6.0; 2.9.1
+# keeps it) that C++ object does not keep its Python half alive: its wait() then finds no
+# Python override and runs the base Work::wait, which waits forever. There, each of ours is
+# held until it is waited on; bounded, oldest first, for works a caller drops unwaited. Only
+# there: holding a work changes what a dropped one does (gloo loses a dropped isend's
+# message; a held one is delivered), and a traced job must behave as an untraced one.
+_UNWAITED_MAX = 4096
+_unwaited: OrderedDict = OrderedDict()
+_HOLD = (parse_version(torch.__version__) or (99, 0)) < (2, 9)
+
+
+def _hold(work) -> None:
+    if not _HOLD:
+        return
+    _unwaited[id(work)] = work
+    if len(_unwaited) > _UNWAITED_MAX:
+        _unwaited.popitem(last=False)
+
+
+def _release(work) -> None:
+    _unwaited.pop(id(work), None)
 
 
 class RecordingWork(dist.Work):
@@ -25,8 +53,10 @@ class RecordingWork(dist.Work):
         super().__init__()
         self._inner = inner
         self._on_done = on_done
+        _hold(self)
 
     def wait(self, timeout=None):
+        _release(self)
         try:
             result = self._inner.wait() if timeout is None else self._inner.wait(timeout)
         except BaseException as exc:
@@ -76,8 +106,10 @@ class JoinedWork(dist.Work):
     def __init__(self, works):
         super().__init__()
         self._works = list(works)
+        _hold(self)
 
     def wait(self, timeout=None):
+        _release(self)
         for w in self._works:
             if timeout is None:
                 w.wait()

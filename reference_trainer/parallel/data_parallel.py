@@ -21,8 +21,9 @@ from __future__ import annotations
 import warnings
 
 from torch import nn
-from torch.distributed.fsdp import fully_shard
 from torch.nn.parallel import DistributedDataParallel
+
+from ..compat import fully_shard, no_forward_buffer_sync
 
 # Small buckets so that even this tiny model produces several overlapping all-reduces in
 # backward, as a real model does with the default 25 MB. Costs launch overhead per bucket.
@@ -50,7 +51,7 @@ def apply_ddp(model: nn.Module, dp_mesh, ignored: set) -> nn.Module:
         bucket_cap_mb=DDP_BUCKET_MB,
         # The rope tables are constants: syncing buffers would add a broadcast per forward
         # for nothing (they are still synced once, at init).
-        forward_sync_buffers=False,
+        **no_forward_buffer_sync(),
     )
 
 
@@ -62,15 +63,21 @@ def apply_fsdp(model: nn.Module, dp_mesh, reshard_after_forward: bool, ignored: 
     """
     for block in model.layers.values():
         fully_shard(block, mesh=dp_mesh, reshard_after_forward=reshard_after_forward,
-                    ignored_params=ignored & set(block.parameters()) or None)
+                    **_ignoring(ignored & set(block.parameters())))
     fully_shard(model, mesh=dp_mesh, reshard_after_forward=reshard_after_forward,
-                ignored_params=ignored or None)
+                **_ignoring(ignored))
+
+
+def _ignoring(params: set) -> dict:
+    """fully_shard's ignored_params only where there are some: torch 2.6 and older have no
+    such argument (and refuse --ep beside --fsdp, compat.missing_for)."""
+    return {"ignored_params": params} if params else {}
 
 
 def apply_replicate(model: nn.Module, dp_mesh, ignored: set) -> None:
     """DDP semantics on FSDP2 machinery, for models whose weights are DTensors (TP)."""
-    from torch.distributed._composable.replicate_with_fsdp import replicate
+    from ..compat import replicate
 
     for block in model.layers.values():
-        replicate(block, mesh=dp_mesh, ignored_params=ignored & set(block.parameters()) or None)
-    replicate(model, mesh=dp_mesh, ignored_params=ignored or None)
+        replicate(block, mesh=dp_mesh, **_ignoring(ignored & set(block.parameters())))
+    replicate(model, mesh=dp_mesh, **_ignoring(ignored))

@@ -15,6 +15,11 @@ Every mesh below is a view of one root world mesh, so DTensors placed on differe
 compose (FSDP over "dp_shard" on top of TP over "tp"). The views come from DeviceMesh's
 private `_unflatten`/`_flatten`, as in torchtitan: the only way to get several layouts of
 the same ranks under one root. Each view's axes cost one process group per axis.
+
+In torch 2.9 and older DeviceMesh has no `_unflatten` (and before 2.6 no `_flatten`): there the
+dense axes come from one public `init_device_mesh` over the dense shape (its slices still
+share a root, so FSDP and TP compose), and the flattened "dp" and the EP views, which only
+lend their process groups, are meshes of their own built with the public constructor.
 """
 
 from __future__ import annotations
@@ -117,22 +122,43 @@ class ParallelDims:
         if not axes:
             return
         names = tuple(n for n, _ in axes)
-        dense = world._unflatten(0, tuple(d for _, d in axes), names)
+        if hasattr(world, "_unflatten"):
+            dense = world._unflatten(0, tuple(d for _, d in axes), names)
+        else:
+            dense = init_device_mesh(device_type, tuple(d for _, d in axes),
+                                     mesh_dim_names=names)
         for name in names:
             self._meshes[name] = dense[name]
         dp_names = tuple(n for n in ("dp_replicate", "dp_shard") if n in names)
         if len(dp_names) == 2:
             self._meshes["hsdp"] = dense[dp_names]  # 2-D (replicate, shard) for HSDP
-            self._meshes["dp"] = dense[dp_names]._flatten("dp")
+            self._meshes["dp"] = (dense[dp_names]._flatten("dp")
+                                  if hasattr(dense, "_flatten") else
+                                  self._own_mesh(device_type, [("dp", self.dp)])["dp"])
         elif dp_names:
             self._meshes["dp"] = dense[dp_names[0]]
         if self.ep_enabled:
             sizes, ep_names = (self.dp // self.ep, self.ep), ("dp_mod_ep", "ep")
             if sizes[0] == 1:
                 sizes, ep_names = sizes[1:], ep_names[1:]
-            sparse = self._meshes["dp"]._unflatten(0, sizes, ep_names)
+            if hasattr(self._meshes["dp"], "_unflatten"):
+                sparse = self._meshes["dp"]._unflatten(0, sizes, ep_names)
+            else:
+                sparse = self._own_mesh(device_type, list(zip(ep_names, sizes, strict=True)))
             for name in ep_names:
                 self._meshes[name] = sparse[name]
+
+    def _own_mesh(self, device_type: str, dp_axes: list[tuple[str, int]]):
+        """A mesh of its own (public constructor) whose data-parallel ranks are split into
+        `dp_axes`, between the pp and tp axes of the documented layout; only its process
+        groups are used. Collective: every rank must call it."""
+        import torch
+        from torch.distributed.device_mesh import DeviceMesh
+
+        axes = [("pp", self.pp), *dp_axes, ("tp", self.tp)]
+        axes = [(n, d) for n, d in axes if d > 1 or n in dict(dp_axes)]
+        layout = torch.arange(self.world_size).reshape(tuple(d for _, d in axes))
+        return DeviceMesh(device_type, layout, mesh_dim_names=tuple(n for n, _ in axes))
 
     def mesh(self, name: str):
         """The DeviceMesh of axis `name` ("pp", "dp_replicate", "dp_shard", "hsdp", "dp",

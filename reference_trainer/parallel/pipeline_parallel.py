@@ -17,6 +17,7 @@ derived weights survive. No tracing of the model (the pipe() frontend) is needed
 from __future__ import annotations
 
 import copy
+import inspect
 from collections.abc import Callable
 
 import torch
@@ -28,6 +29,7 @@ from torch.distributed.pipelining import (
     ScheduleInterleaved1F1B,
 )
 
+from ..compat import stage_needs_example_inputs
 from .dims import PP_SCHEDULES
 
 # The names are dims.PP_SCHEDULES' (kept there so that flag parsing needs no pipelining import).
@@ -100,17 +102,27 @@ def build_schedule(
     microbatches: int,
     loss_fn: Callable,
     link_delay: Callable[[str, int], None],
+    example_args: Callable[[int], dict] | None = None,
 ):
     stages = [
         FaultyPipelineStage(part, sid, num_stages, device, group=pp_mesh.get_group(),
-                            link_delay=link_delay)
+                            link_delay=link_delay,
+                            **(example_args(sid) if stage_needs_example_inputs() else {}))
         for part, sid in zip(parts, ids, strict=True)
     ]
     # scale_grads=True: the loss is a per-microbatch mean, so gradients summed over
     # microbatches are divided by their number, giving the gradient of the batch mean.
-    if schedule == "interleaved1f1b":
-        return SCHEDULES[schedule](stages, microbatches, loss_fn=loss_fn, scale_grads=True)
-    return SCHEDULES[schedule](stages[0], microbatches, loss_fn=loss_fn, scale_grads=True)
+    # torch 2.6 and older have no scale_grads: the loss is divided instead (same
+    # gradients), and pipeline_step multiplies the logged loss back.
+    cls = SCHEDULES[schedule]
+    if "scale_grads" in inspect.signature(cls.__init__).parameters:
+        kwargs, scale = {"loss_fn": loss_fn, "scale_grads": True}, 1
+    else:
+        kwargs, scale = {"loss_fn": lambda out, tgt: loss_fn(out, tgt) / microbatches}, \
+            microbatches
+    built = cls(stages if schedule == "interleaved1f1b" else stages[0], microbatches, **kwargs)
+    built.logged_loss_scale = scale
+    return built
 
 
 def pipeline_step(pp_schedule, ids: list[int], num_stages: int, inputs, targets):
@@ -123,6 +135,7 @@ def pipeline_step(pp_schedule, ids: list[int], num_stages: int, inputs, targets)
     args = (inputs,) if has_first else ()
     if has_last:
         pp_schedule.step(*args, target=targets, losses=losses)
-        return torch.stack([loss.detach() for loss in losses]).mean()
+        scale = getattr(pp_schedule, "logged_loss_scale", 1)
+        return torch.stack([loss.detach() for loss in losses]).mean() * scale
     pp_schedule.step(*args)
     return None

@@ -16,15 +16,15 @@ from __future__ import annotations
 
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.tensor import Replicate, Shard
 from torch.distributed.tensor.parallel import (
     ColwiseParallel,
     PrepareModuleInput,
-    PrepareModuleInputOutput,
     RowwiseParallel,
     SequenceParallel,
     parallelize_module,
 )
+
+from ..compat import PrepareModuleInputOutput, Replicate, Shard, parallelize_kwargs
 
 
 def model_plan() -> dict:
@@ -86,8 +86,9 @@ def apply_tp(model: nn.Module, tp_mesh: DeviceMesh) -> None:
     top = {name: style for name, style in model_plan().items()
            if getattr(model, name, None) is not None}  # a PP stage may lack some of them
     # src_data_rank=None: every rank built identical weights from the seed, so each keeps
-    # its own shard; the default (0) would scatter rank 0's copy, an init-time collective.
-    parallelize_module(model, tp_mesh, top, src_data_rank=None)
+    # its own shard; the default (0) would scatter rank 0's copy, an init-time collective
+    # (torch 2.6 and older know no src_data_rank and always scatter: same weights).
+    parallelize_module(model, tp_mesh, top, **parallelize_kwargs())
     for block in model.layers.values():
         moe = hasattr(block.feed_forward, "router")
-        parallelize_module(block, tp_mesh, block_plan(moe), src_data_rank=None)
+        parallelize_module(block, tp_mesh, block_plan(moe), **parallelize_kwargs())
