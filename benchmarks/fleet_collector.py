@@ -10,8 +10,14 @@ steps of 80 all_reduces in its TP group (8 ranks, within a node) and 20 in its D
 own work (following their ranks' logs, building digests) is theirs, on their own machines:
 here the simulator builds the digests' JSON itself, in this process, not in the collector.
 
+Reports that come late or sparse (a busy node, a congested management network) must not
+make hangs: --late-node N delays node N's digests by --late-s seconds, --thin K sends
+every node's digests K times sparser (as a loaded machine did); the hang is still named
+once, for the rank that stopped, and no running rank is called hung.
+
     python benchmarks/fleet_collector.py [--nodes 64] [--ranks-per-node 64]
-                                         [--hang-timeout 10] [--seconds 40]
+                                         [--hang-timeout auto|S] [--seconds 40]
+                                         [--late-node 62 --late-s 10] [--thin 10]
 """
 
 from __future__ import annotations
@@ -41,6 +47,8 @@ class Node:
         self.node, self.per_node, self.nodes = node, per_node, nodes
         self.ranks = [node * per_node + i for i in range(per_node)]
         self.groups_sent = False
+        self.prev = 0  # ops done at its last digest
+        self.held: list[tuple[float, bytes]] = []  # digests sent late: (when, frame)
 
     def connect(self, port: int) -> Node:
         per_node = self.per_node
@@ -112,8 +120,11 @@ class Node:
                 latest = last = _row(done_ops - 1, *self._op(r, done_ops - 1, per_step),
                                      now_ns - 2_000_000, True)
                 issued = self._issued(r, done_ops, per_step)
+            stopped_s = None
+            if r == culprit and at is not None and done_ops >= at:
+                stopped_s = max(0.0, (now_ns - t0_ns) / 1e9 - at / per_step)
             ranks.append([r, latest, last, issued, now_ns, None, False,
-                          self._state(r, issued, per_step)])
+                          self._state(r, issued, per_step, stopped_s)])
         payload = {"host": f"node{self.node:03d}", "ranks": ranks,
                    "groups": {} if self.groups_sent else self.groups(),
                    "sigs": {"0": _sig_row(64), "1": _sig_row(65)} if not self.groups_sent
@@ -121,11 +132,16 @@ class Node:
         self.groups_sent = True
         return payload
 
-    def _state(self, r: int, issued: dict, per_step: int) -> dict:
-        """What a node's engine says of a rank beyond its position (Engine.rank_summary)."""
+    def _state(self, r: int, issued: dict, per_step: int, stopped_s: float | None) -> dict:
+        """What a node's engine says of a rank beyond its position (Engine.rank_summary),
+        its progress as its node read it included: the rank that stopped is idle since."""
         tp, dp = issued[self.tp(r)], issued[self.dp(r)]
         steps = dp // DP_OPS
+        progress = ([True, 0.0, None, "busy: 97% CPU", 0.2, False] if stopped_s is None
+                    else [False, round(stopped_s, 1), None, "idle: 0% CPU",
+                          round(stopped_s, 1), False])
         return {"failed": False, "span": f"step {steps}", "steps": steps,
+                "progress": progress,
                 "split": {"steps": 10, "wall_ms": 1000.0, "collective_ms": 180.5,
                           "data_ms": 20.25, "compute_ms": 799.25},
                 "late_ms": 0.4, "hb_age_s": 0.3,
@@ -198,10 +214,10 @@ def _findings(copy: str) -> list[dict]:
 
 
 class CollectorProcess:
-    def __init__(self, port: int, copy: str, hang_timeout: float):
+    def __init__(self, port: int, copy: str, hang_timeout: str):
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "distdoctor", "watch", "--listen", f"127.0.0.1:{port}",
-             copy, "--hang-timeout", str(hang_timeout)],
+             copy, "--hang-timeout", hang_timeout],
             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
             env=dict(os.environ, PYTHONUNBUFFERED="1"), start_new_session=True)
         self.lines: list[tuple[float, str]] = []
@@ -241,8 +257,15 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--nodes", type=int, default=64)
     ap.add_argument("--ranks-per-node", type=int, default=64)
-    ap.add_argument("--hang-timeout", type=float, default=10.0)
+    ap.add_argument("--hang-timeout", default="auto", help="auto (by progress) or seconds")
     ap.add_argument("--seconds", type=float, default=40.0)
+    ap.add_argument("--late-node", type=int, default=None,
+                    help="this node's digests arrive --late-s seconds late")
+    ap.add_argument("--late-s", type=float, default=10.0)
+    ap.add_argument("--late-from", type=float, default=8.0,
+                    help="seconds into the run when that node's reports start to lag")
+    ap.add_argument("--thin", type=int, default=1,
+                    help="every node sends a digest every THIN rounds (a loaded machine)")
     args = ap.parse_args()
     world = args.nodes * args.ranks_per_node
     port = free_port()
@@ -264,24 +287,32 @@ def main() -> None:
                   "straggler": (slow, 3 * per_s, 20.0)}
         blocked = blocked_after(stuck, faults["hang"][1], nodes, per_s)
         t0, t0_ns = time.monotonic(), time.monotonic_ns()
-        cpu0, prev, sent_mismatch_t, hang_t = collector.cpu_s(), 0, None, None
-        frames, bytes_sent, build_s = 0, 0, 0.0
+        cpu0, sent_mismatch_t, hang_t = collector.cpu_s(), None, None
+        frames, bytes_sent, build_s, rounds = 0, 0, 0.0, 0
         while time.monotonic() - t0 < args.seconds:
             tick = time.monotonic()
             done = int((tick - t0) * per_s)
             if hang_t is None and done >= faults["hang"][1]:
                 hang_t = t0 + faults["hang"][1] / per_s
                 faults["blocked"] = blocked
+            rounds += 1
             for node in nodes:
-                b0 = time.monotonic()
-                data = node.digest(done, prev, time.monotonic_ns(), t0_ns, faults)
-                build_s += time.monotonic() - b0
-                node.sock.sendall(data)
-                frames += 1
-                bytes_sent += len(data)
-            if sent_mismatch_t is None and done > faults["mismatch"][1]:
-                sent_mismatch_t = time.monotonic()
-            prev = done
+                if rounds % args.thin == 0:
+                    b0 = time.monotonic()
+                    data = node.digest(done, node.prev, time.monotonic_ns(), t0_ns, faults)
+                    build_s += time.monotonic() - b0
+                    node.prev = done
+                    late = (args.late_s if node.node == args.late_node
+                            and tick - t0 >= args.late_from else 0.0)
+                    node.held.append((time.monotonic() + late, data, done))
+                while node.held and node.held[0][0] <= time.monotonic():
+                    _, data, upto = node.held.pop(0)
+                    node.sock.sendall(data)
+                    frames += 1
+                    bytes_sent += len(data)
+                    if (sent_mismatch_t is None and odd in node.ranks
+                            and upto > faults["mismatch"][1]):
+                        sent_mismatch_t = time.monotonic()  # the digest that carried it
             collector.sample_rss()
             time.sleep(max(0.0, 0.5 - (time.monotonic() - tick)))
         wall = time.monotonic() - t0
@@ -289,6 +320,7 @@ def main() -> None:
         found_straggler = collector.wait_for("STRAGGLER", 1)
         found_mismatch = collector.wait_for("MISMATCH", 1)
         found_hang = collector.wait_for("HANG", 1)
+        hangs = [f for f in _findings(copy) if f["kind"] in ("hang", "deadlock")]
         print(f"{args.nodes} nodes x {args.ranks_per_node} ranks = {world:,} ranks, "
               f"{per_s} collectives/s a rank ({world * per_s:,}/s in all), digests twice a "
               f"second: {frames:,} frames, {bytes_sent / wall / 1e6:.1f} MB/s "
@@ -301,12 +333,19 @@ def main() -> None:
                   f"carried it")
         else:
             print("  mismatch: NOT FOUND")
+        if args.late_node is not None or args.thin > 1:
+            print(f"  reports: node{args.late_node:03d} {args.late_s:g} s late from "
+                  f"{args.late_from:g} s" if
+                  args.late_node is not None else "  reports: on time", end="")
+            print(f", every node's {args.thin}x sparser" if args.thin > 1 else "")
+        rule = (f"hang timeout {args.hang_timeout} s" if args.hang_timeout != "auto"
+                else "by progress, no timeout")
         if found_hang and hang_t:
-            print(f"  hang (rank {stuck} stops; hang timeout {args.hang_timeout:g} s): found "
-                  f"{found_hang - hang_t:.1f} s after it stopped "
-                  f"(timeout + {found_hang - hang_t - args.hang_timeout:.1f} s)")
+            print(f"  hang (rank {stuck} stops; {rule}): found "
+                  f"{found_hang - hang_t:.1f} s after it stopped; {len(hangs)} hang "
+                  f"finding(s), blaming {sorted({r for f in hangs for r in f['ranks']})}")
         else:
-            print("  hang: NOT FOUND")
+            print(f"  hang: NOT FOUND ({len(hangs)} hang finding(s))")
         if found_straggler:
             print(f"  straggler (rank {slow} keeps its DP group waiting 20 ms per DP "
                   f"collective from 3 s): found {found_straggler - t0 - 3:.1f} s after it "
@@ -315,8 +354,12 @@ def main() -> None:
             print("  straggler: NOT FOUND")
         if os.environ.get("PROFILE"):
             subprocess.run(["py-spy", "dump", "--pid", str(collector.proc.pid)])
+        late = [f for f in _findings(copy) if f["kind"] == "host"]
+        print(f"  nodes whose reports came late (host findings): {len(late)}"
+              + (f", e.g. {late[0]['summary'][:60]}" if late else ""))
         for f in _findings(copy):
-            print(f"    {f['kind'].upper()}: {f['summary'][:200]}")
+            if f["kind"] != "host":
+                print(f"    {f['kind'].upper()}: {f['summary'][:200]}")
     finally:
         collector.stop()
 

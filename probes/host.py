@@ -1,6 +1,11 @@
 """Host probe (psutil): the node's CPU, load, memory and network, and each rank process's
 liveness, state, CPU and resident memory. Snapshots are immutable; a probe keeps its
 `psutil.Process` objects between ticks so CPU percentages cover the time since the last one.
+
+For the machine's noise (diagnosis/host_noise.py): the steal time, the other processes
+that use a good part of a core (not the ranks, their children or distdoctor), with the
+cores they may run on, and each rank process's run queue delay: how long all its threads
+(gloo's workers too) waited for a CPU per second, from /proc/PID/task/*/schedstat.
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ class ProcessSnapshot:
     cpu_pct: float | None = None  # of one core, since the previous tick
     rss_bytes: int | None = None
     threads: int | None = None
+    runq_ms_per_s: float | None = None  # all its threads' wait for a CPU, per second
 
     def to_json(self) -> dict:
         return {f.name: getattr(self, f.name) for f in fields(self)}
@@ -51,22 +57,39 @@ class HostSnapshot:
     mem_available_bytes: int | None
     net_sent_bytes: int | None  # cumulative since boot
     net_recv_bytes: int | None
+    steal_pct: float | None = None  # of all cores, since the previous tick (VMs)
+    # other processes using >= BUSY_PCT of a core: {pid, name, cpu_pct, cpus}
+    busy: tuple = ()
 
     def to_json(self) -> dict:
         return {f.name: getattr(self, f.name) for f in fields(self)}
 
     @classmethod
     def from_json(cls, d: dict) -> HostSnapshot:
+        d = {**d, "busy": tuple(d.get("busy") or ())}
         return cls(**{f.name: d.get(f.name) for f in fields(cls)})
+
+
+BUSY_PCT = 20.0  # another process named as busy from this share of a core
+MAX_BUSY = 8
 
 
 class HostProbe:
     def __init__(self):
         self.host = socket.gethostname()
         self._procs: dict[int, psutil.Process] = {}
+        self._runq: dict[int, tuple[float, int]] = {}  # pid -> (time, run queue ns)
         psutil.cpu_percent(interval=None)  # prime: the first real reading covers a tick
+        try:
+            psutil.cpu_times_percent(interval=None)
+        except Exception:
+            pass
+        self._others: dict[int, psutil.Process] = {}  # pid -> process, for cpu_percent
+        self._ranks_cpu_pct = 0.0  # the rank processes' CPU at the last tick
 
-    def host_snapshot(self) -> HostSnapshot:
+    def host_snapshot(self, job_pids=()) -> HostSnapshot:
+        """`job_pids`: the ranks' processes (they, their children and this process are
+        not "other" processes)."""
         try:
             load = os.getloadavg()
         except (OSError, AttributeError):
@@ -81,11 +104,69 @@ class HostProbe:
             sent, recv = (net.bytes_sent, net.bytes_recv) if net else (None, None)
         except Exception:
             sent = recv = None
+        try:
+            steal = getattr(psutil.cpu_times_percent(interval=None), "steal", None)
+        except Exception:
+            steal = None
+        cpu_pct = psutil.cpu_percent(interval=None)
+        # the processes are looked through (~0.1 ms each) only when the node's cores are
+        # busier than the ranks keep them (their use at the last tick)
+        cores_used = cpu_pct * (psutil.cpu_count() or 1) / 100
+        others_used = cores_used - self._ranks_cpu_pct / 100
+        busy = self.busy_others(job_pids) if others_used >= BUSY_PCT / 100 else ()
         return HostSnapshot(t=time.time(), host=self.host,
-                            cpu_pct=psutil.cpu_percent(interval=None),
+                            cpu_pct=cpu_pct,
                             cpu_count=psutil.cpu_count(), load1=load[0], load5=load[1],
                             load15=load[2], mem_total_bytes=total, mem_available_bytes=avail,
-                            net_sent_bytes=sent, net_recv_bytes=recv)
+                            net_sent_bytes=sent, net_recv_bytes=recv, steal_pct=steal,
+                            busy=busy)
+
+    def busy_others(self, job_pids) -> tuple:
+        """Processes outside the job using >= BUSY_PCT of a core since the last call."""
+        ours = {os.getpid(), *job_pids}
+        parents: dict[int, int] = {}
+        seen: dict[int, psutil.Process] = {}
+        try:
+            for p in psutil.process_iter(["ppid"]):
+                parents[p.pid] = p.info.get("ppid") or 0
+                seen[p.pid] = self._others.get(p.pid) or p
+        except Exception:
+            return ()
+        out = []
+        for pid, proc in seen.items():
+            fresh = pid not in self._others
+            self._others[pid] = proc
+            if _descends(pid, ours, parents):
+                continue
+            try:
+                pct = proc.cpu_percent(interval=None)
+                if fresh or pct < BUSY_PCT:
+                    continue
+                try:
+                    cpus = sorted(proc.cpu_affinity())
+                except (AttributeError, psutil.Error):
+                    cpus = None
+                out.append({"pid": pid, "name": proc.name(), "cpu_pct": round(pct, 1),
+                            "cpus": cpus})
+            except psutil.Error:
+                continue
+        for pid in [p for p in self._others if p not in seen]:
+            del self._others[pid]
+        out.sort(key=lambda b: -b["cpu_pct"])
+        return tuple(out[:MAX_BUSY])
+
+    def runq_ms_per_s(self, pid: int) -> float | None:
+        """How long the process' threads waited for a CPU per second since the last call
+        (the sum of /proc/PID/task/*/schedstat's second field); None on the first."""
+        total = _runq_ns(pid)
+        if total is None:
+            return None
+        now = time.monotonic()
+        last = self._runq.get(pid)
+        self._runq[pid] = (now, total)
+        if last is None or now <= last[0]:
+            return None
+        return max(0.0, (total - last[1]) / 1e6 / (now - last[0]))
 
     def process_snapshot(self, rank: int, pid: int) -> ProcessSnapshot:
         proc = self._procs.get(pid)
@@ -103,7 +184,7 @@ class HostProbe:
                     return ProcessSnapshot(rank, pid, False, status)
                 cpu = None if first else proc.cpu_percent(interval=None)
                 return ProcessSnapshot(rank, pid, True, status, cpu, proc.memory_info().rss,
-                                       proc.num_threads())
+                                       proc.num_threads(), self.runq_ms_per_s(pid))
         except psutil.ZombieProcess:
             return ProcessSnapshot(rank, pid, False, "zombie")
         except psutil.NoSuchProcess:
@@ -114,9 +195,11 @@ class HostProbe:
 
     def processes(self, rank_pids: dict[int, int]) -> tuple[ProcessSnapshot, ...]:
         snaps = tuple(self.process_snapshot(r, p) for r, p in sorted(rank_pids.items()))
+        self._ranks_cpu_pct = sum(p.cpu_pct or 0.0 for p in snaps)
         live = set(rank_pids.values())
         for pid in [p for p in self._procs if p not in live]:
             del self._procs[pid]
+            self._runq.pop(pid, None)
         return snaps
 
 
@@ -128,3 +211,29 @@ def process_alive(pid: int) -> bool:
         return False
     except psutil.AccessDenied:
         return True
+
+
+def _descends(pid: int, ancestors: set, parents: dict[int, int]) -> bool:
+    """`pid` is one of `ancestors` or below one of them."""
+    for _ in range(64):
+        if pid in ancestors:
+            return True
+        pid = parents.get(pid, 0)
+        if pid <= 1:
+            return False
+    return False
+
+
+def _runq_ns(pid: int) -> int | None:
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return None
+    total = 0
+    for tid in tids:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/schedstat", "rb") as f:
+                total += int(f.read().split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+    return total

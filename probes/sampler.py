@@ -177,7 +177,7 @@ class Sampler:
         nvml = self.nvml.source if self.nvml.available else (
             self.nvml.unavailable_reason or "no NVIDIA driver")
         return NodeSample(t=self.clock(), host=self.host, nvml=nvml,
-                          host_stats=self.host_probe.host_snapshot(),
+                          host_stats=self.host_probe.host_snapshot(pids.values()),
                           processes=self.host_probe.processes(pids), gpus=gpus,
                           gpu_of_rank=mapping)
 

@@ -14,6 +14,7 @@ import sys
 
 import pytest
 from conftest import JOBS, marker_lines, run_cli, run_job
+from hogs import cpu_hogs
 
 pytestmark = pytest.mark.timeout(200)
 
@@ -65,21 +66,30 @@ def test_straggler_without_spans_is_found_with_its_cause(job, tmp_path):
 
 
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs a core per rank")
-def test_a_rank_starved_of_cpu_is_told_from_one_that_works_more(tmp_path):
+def test_a_rank_starved_of_cpu_is_its_hosts_finding_not_a_straggler(tmp_path):
     """Rank 1 does the same work as rank 0, on a core two other processes spin on: late
-    because it waits for its CPU (its run queue delay), and said so."""
+    because it waits for its CPU (its run queue delay). The machine's noise: a host
+    finding naming the node and the rank it slows, never a straggler of the program."""
     run_dir = tmp_path / "run"
-    res = run_job("stragglers/cpu_starved.py", 2, run_dir, timeout=120)
+    core = sorted(os.sched_getaffinity(0))[1]  # the job pins rank 1 there
+    with cpu_hogs([core] * 4) as hogs:  # rank 1 gets at most a fifth of its core
+        res = run_job("stragglers/cpu_starved.py", 2, run_dir, timeout=120)
     assert res.returncode == 0, res.stderr[-3000:]
     findings = json.loads((run_dir / "findings.json").read_text())["findings"]
-    assert [f["ranks"] for f in findings] == [[1]], findings
-    d = findings[0]["details"]
-    assert d["cause"] == "cpu" and "for a CPU" in findings[0]["summary"], findings[0]
-    assert d["breakdown"]["1"]["runq_ms"] > 5 * d["breakdown"]["0"]["runq_ms"]
-    # where its samples fell, when enough stood out (~1 a step here): its work
-    for top in d["top_frames"][:1]:
-        assert (top["function"], top["line"]) == (
-            "work", marker_lines("stragglers/cpu_starved.py")["slow_line"]), d["top_frames"]
+    # Said as the CPU wait it is: a host finding (the node's other processes named when
+    # the node sampler has seen them busy twice, 1 Hz), else a straggler whose cause is
+    # the wait for a CPU; never a program straggler with another cause. (Which of the two
+    # depends on whether the sampler named the hogs in this short job: issue 30's note.)
+    assert findings, "rank 1's wait for a CPU was not reported"
+    for f in findings:
+        assert f["kind"] == "host" or (f["kind"] == "straggler" and f["ranks"] == [1]
+                                       and f["details"].get("cause") == "cpu"), f
+        assert "rank 1" in f["summary"] and "for a CPU" in f["summary"], f["summary"]
+    for f in findings:
+        if f["kind"] == "host":
+            assert f["details"]["slowed_ranks"] == [1], f
+            busy = {b["pid"] for b in f["details"]["busy_processes"]}
+            assert not busy or set(hogs) & busy, f["details"]
 
 
 def test_a_slow_link_in_one_tp_pair_is_named_as_that_groups_link(tmp_path):
@@ -148,5 +158,7 @@ def test_healthy_trainer_modes_have_no_straggler(mode, tmp_path):
     assert res.returncode == 0, res.stderr[-3000:]
     findings = json.loads((run_dir / "findings.json").read_text())["findings"]
     # A rank told apart only by its wait for a CPU is this machine's doing (more ranks
-    # and processes than its 2 cores), said as such: never the program's
-    assert [f for f in findings if f["details"].get("cause") != "cpu"] == [], findings
+    # and processes than its 2 cores), said as such: the host's finding (other processes
+    # busy there) or the job's own oversubscription (cause cpu), never the program's work
+    assert [f for f in findings if f["kind"] != "host"
+            and f["details"].get("cause") != "cpu"] == [], findings

@@ -12,7 +12,7 @@ from distdoctor.diagnosis.report import rank_ranges, site_text
 from distdoctor.diagnosis.snapshot import GroupRow, JobSnapshot, OpRow, RankRow
 
 STATE_STYLE = {
-    "running": "green", "in collective": "cyan", "starting": "dim",
+    "running": "green", "in collective": "cyan", "starting": "dim", "long wait": "yellow",
     "hung": "bold red", "no heartbeat": "bold yellow", "failed": "bold red", "exited": "dim",
 }
 SEVERITY_STYLE = {"error": "bold red", "warning": "bold yellow", "info": "cyan"}
@@ -30,8 +30,8 @@ RANK_WIDTHS = {"rank": 5, "host": 10, "state": 13, "where": 52, "line": 22, "las
 # Textual's table costs ~0.3 ms a row: 4,096 rows would not refresh once a second)
 FULL_TABLE = 256
 NOTABLE_MAX = 200
-STATE_ORDER = ("failed", "hung", "no heartbeat", "in collective", "running", "starting",
-               "exited")
+STATE_ORDER = ("failed", "hung", "no heartbeat", "long wait", "in collective", "running",
+               "starting", "exited")
 
 # A rank whose mean per-step lateness is above this is worth the reader's eye (the
 # straggler detector itself also asks for a t-statistic; this is only a colour)

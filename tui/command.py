@@ -80,7 +80,7 @@ def run(args) -> int:
         raise UserError("watch: the dashboard needs a terminal; use --once to print one "
                         "snapshot", 2)
     info = open_run_dir(args.run_dir)
-    hang_timeout = args.hang_timeout if args.hang_timeout is not None else info.hang_timeout_s
+    hang_timeout = common.hang_timeout_s(args.hang_timeout, info.hang_timeout_s)
     backlog = (args.backlog if args.backlog is not None
                else default_backlog(info.meta.get("world_size")))
     if args.once:
@@ -113,7 +113,7 @@ def _collect(args) -> int:
     if token is None and not is_loopback(host):
         raise UserError(f"watch: listening on {host} (not loopback) needs a shared token: "
                         f"set DISTDOCTOR_TOKEN here and on every node", 2)
-    hang_timeout = args.hang_timeout or 60.0
+    hang_timeout = common.hang_timeout_s(args.hang_timeout)  # None: by progress
     listener = listen((host, port))
     metrics = None
     if args.metrics:
@@ -168,7 +168,7 @@ def _collect(args) -> int:
                           highlight=False)
 
 
-def show(run_dir, hang_timeout_s: float, backlog: int = DEFAULT_BACKLOG,
+def show(run_dir, hang_timeout_s: float | None, backlog: int = DEFAULT_BACKLOG,
          refresh_s: float = 0.5, metrics=None, fleet=None) -> None:
     """The dashboard of `run_dir` until the user quits it (also `distdoctor demo`'s);
     `metrics`: a bound MetricsServer to serve the same view; `fleet`: the collector's
@@ -193,7 +193,7 @@ def _serve_metrics(metrics, live, fleet=None) -> None:
     err_console.print(f"distdoctor: metrics at {metrics.url}", highlight=False)
 
 
-def _viewer(run_dir, hang_timeout_s: float, backlog: int | None, on_finding=None):
+def _viewer(run_dir, hang_timeout_s: float | None, backlog: int | None, on_finding=None):
     from distdoctor.diagnosis.live import LiveDiagnosis
 
     return LiveDiagnosis(run_dir, hang_timeout_s, stacks="none", owner=False, backlog=backlog,

@@ -34,12 +34,35 @@ def incarnation_line(run_, who: str) -> str | None:
             f"{run_.incarnations} times; pick one with `distdoctor {who} --incarnation K`)")
 
 
+AUTO = "auto"
+
+
+def hang_timeout_arg(text: str) -> float | str:
+    """`--hang-timeout auto|S`: "auto" (hangs decided by progress) or seconds."""
+    if text.strip().lower() == AUTO:
+        return AUTO
+    try:
+        return float(text)
+    except ValueError:
+        import argparse
+
+        raise argparse.ArgumentTypeError(f"expected 'auto' or seconds, got {text!r}") from None
+
+
 def add_run_hang_timeout(parser) -> None:
     """--hang-timeout for a command that reads a run: the run's own is the default."""
-    parser.add_argument("--hang-timeout", type=float, metavar="S",
-                        help="seconds in flight that make a hang (default: the run's, or 60)")
+    parser.add_argument("--hang-timeout", type=hang_timeout_arg, metavar="auto|S",
+                        help="how a wait becomes a hang: 'auto' (by progress) or a fixed "
+                        "number of seconds in flight (default: the run's own)")
 
 
-def check_hang_timeout(value: float | None, command: str) -> None:
-    if value is not None and value <= 0:
-        raise UserError(f"{command}: --hang-timeout must be positive", 2)
+def hang_timeout_s(value: float | str | None, default: float | None = None) -> float | None:
+    """The timeout a --hang-timeout value means: None for auto (by progress)."""
+    if value is None:
+        return default
+    return None if value == AUTO else float(value)
+
+
+def check_hang_timeout(value: float | str | None, command: str) -> None:
+    if value is not None and value != AUTO and value <= 0:
+        raise UserError(f"{command}: --hang-timeout must be 'auto' or positive", 2)

@@ -58,7 +58,7 @@ def run(args) -> int:
         from distdoctor.runlog.run import read_incarnations
 
         runs = read_incarnations(args.run_dir)
-        found, run_notes = diagnose_runs(runs, args.hang_timeout)
+        found, run_notes = diagnose_runs(runs, args.hang_timeout)  # None: the run's
         findings += found
         notes += run_notes
         several = f" ({len(runs)} incarnations)" if len(runs) > 1 else ""
@@ -88,5 +88,5 @@ def _from_fr(prefix: str, hang_timeout, notes: list[str]):
     # still in flight when the dump was taken counts as hung whatever its age (dumps are
     # usually taken on a timeout), unless --hang-timeout asks for more.
     engine = diagnose_events(dumps.events, dumps.headers(), {},
-                             hang_timeout if hang_timeout else 0.0)
+                             hang_timeout if isinstance(hang_timeout, float) else 0.0)
     return engine.findings()

@@ -34,10 +34,15 @@ def register(sub) -> None:
     p.add_argument("--nproc", type=int, metavar="N", help="launch N local ranks")
     p.add_argument("--run-dir", metavar="DIR", help="where to write (default: a new dir "
                    "under ./distdoctor-runs)")
-    p.add_argument("--hang-timeout", type=float, default=60.0, metavar="S",
-                   help="seconds a collective may be in flight before it is a hang (60)")
+    p.add_argument("--hang-timeout", type=common.hang_timeout_arg, default=common.AUTO,
+                   metavar="auto|S",
+                   help="auto (the default): a hang is a rank that others wait for and "
+                   "that makes no progress (no CPU, no I/O, its line not moving), named "
+                   "within seconds; a busy rank keeping others waiting is a long wait, "
+                   "never a hang. S: the fixed rule, a collective in flight S seconds")
     p.add_argument("--on-hang", choices=["report", "kill"], default="report",
-                   help="what to do once a hang is diagnosed (report)")
+                   help="what to do once a hang or deadlock is diagnosed (report); never "
+                   "done on a long wait")
     p.add_argument("--stacks", choices=["culprits", "all"], default="culprits",
                    help="whose Python stacks a hang finding carries (culprits)")
     p.add_argument("--grace", type=float, default=5.0, metavar="S",
@@ -96,7 +101,8 @@ def run(args) -> int:
         run_dir = rundir.claim_run_dir(args.run_dir, "run")
         rundir.write_run_meta(run_dir, launcher="distdoctor run", command=cmd,
                               nproc=args.nproc, world_size=args.nproc,
-                              hang_timeout_s=args.hang_timeout, on_hang=args.on_hang)
+                              hang_timeout_s=common.hang_timeout_s(args.hang_timeout),
+                              on_hang=args.on_hang)
     except OSError as exc:  # a full or read-only disk: the job still runs, as it would
         print(f"distdoctor: cannot write the run dir ({exc.strerror or exc}); the job runs "
               f"untraced", file=sys.stderr)
@@ -202,12 +208,13 @@ def _start_diagnosis(run_dir, args, holder: list):
         return {p.rank: (p.exit_code, p.stopped) for p in procs
                 if p.rank is not None and p.exit_code is not None}
 
-    return LiveDiagnosis(run_dir, args.hang_timeout, stacks=args.stacks,
+    return LiveDiagnosis(run_dir, common.hang_timeout_s(args.hang_timeout), stacks=args.stacks,
                          on_finding=lambda f: err_console.print(live_line(f)),
                          exits=exits).start()
 
 
 def _hang_found(live) -> bool:
+    """A hang or deadlock diagnosed (a long wait is never one)."""
     return any(f.kind in ("hang", "deadlock") or f.details.get("reason") == "wrong_group"
                for f in list(live.engine.found.values()))
 
@@ -264,7 +271,7 @@ def _start_forwarder(run_dir, address, args, live):
     from distdoctor.collect.forward import Forwarder
 
     return Forwarder(run_dir, address, os.environ.get("DISTDOCTOR_TOKEN"), run_meta={
-        "hang_timeout_s": args.hang_timeout, "run_dir": str(run_dir)},
+        "hang_timeout_s": common.hang_timeout_s(args.hang_timeout), "run_dir": str(run_dir)},
         live=live if args.forward_digest else None).start()
 
 

@@ -2,9 +2,12 @@
 thousands of ranks, followed live without reading every event of every rank.
 
 - Hangs and deadlocks: each rank's position (its newest op, its newest finished op, what
-  it issued per group, its clock) comes with every digest. The ops still in flight make
-  the open rendezvous, and diagnosis/hang.py finds the stuck ones, who never joined and
-  the cycles, as it does on one node.
+  it issued per group, its clock) and its progress as its own node read it (CPU, I/O,
+  sampled line) come with every digest. The ops still in flight make the open
+  rendezvous, and diagnosis/hang.py finds the stuck ones, who never joined and the
+  cycles, as it does on one node. A node whose digests come late is a state (a `host`
+  finding, once), never a hang: its ranks are judged on their own positions when its
+  reports resume, and waits are never extrapolated far past what a node reported.
 - Mismatches: the nodes report each collective once per signature with the ranks that
   entered it. Two signatures of one (group, seq) that differ (mismatch.py) are a
   mismatch after SETTLE_S (time for the other nodes' reports); mismatch.py words it.
@@ -24,14 +27,17 @@ from dataclasses import replace
 from distdoctor.collect import bounded
 from distdoctor.collect.digest import row_event
 from distdoctor.collect.lateness import WINDOW_S, FleetLateness
+from distdoctor.collect.reports import NodeReports, sent_progress
 from distdoctor.collect.wire import WireError
 from distdoctor.diagnosis.findings import Finding
 from distdoctor.diagnosis.hang import RankView, hang_findings
 from distdoctor.diagnosis.mismatch import mismatch_finding, signature
+from distdoctor.diagnosis.progress import UNKNOWN, Policy, Verdict
 from distdoctor.diagnosis.rendezvous import Rendezvous, key_of
 
 SETTLE_S = 1.0
-STALE_S = 10.0  # a node silent this long: its ranks are taken for gone
+STALE_S = 10.0  # a node silent this long: its ranks' clocks are no longer moved on
+AHEAD_S = 2.0  # a rank's clock is moved on at most this far past its node's report
 MAX_OPEN = 200_000
 MAX_RUN = 1 << 16  # collectives in one run of a digest
 MAX_SIGS_PER_NODE = 1 << 17
@@ -101,8 +107,12 @@ class _Position:
 
 
 class FleetEngine:
-    def __init__(self, hang_timeout_s: float = 60.0, settle_s: float = SETTLE_S):
+    def __init__(self, hang_timeout_s: float | None = None, settle_s: float = SETTLE_S):
+        """`hang_timeout_s`: None decides hangs by the ranks' progress, a number by that
+        fixed timeout."""
         self.hang_timeout_s = hang_timeout_s
+        self.policy = Policy(hang_timeout_s)
+        self.reports = NodeReports()
         self.settle_s = settle_s
         self.lock = threading.Lock()
         self.groups: dict[str, tuple[str, tuple[int, ...]]] = {}
@@ -181,7 +191,16 @@ class FleetEngine:
                     self._arrive(group, seq + k, number, rs, now_s)
             self.lateness.add(host, waits, self.sizes, now_s)
             self._count_steps(positions.values(), now_s)
+            self._reported(host, now_s)
             self.digests += 1
+
+    def _reported(self, host: str, now_s: float) -> None:
+        late = self.reports.came(host, now_s)
+        if late is not None:
+            self._put(("host", host), late)
+
+    def late_hosts(self, now_s: float) -> set[str]:
+        return self.reports.late(now_s)
 
     def _count_steps(self, positions, now_s: float) -> None:
         second = int(now_s)
@@ -247,25 +266,35 @@ class FleetEngine:
 
     # --- analysis ----------------------------------------------------------------------
     def _now_ns(self, p: _Position, now_s: float) -> int | None:
-        """The rank's clock now: as its node last said, moved on since."""
+        """The rank's clock now: as its node last said, moved on since by at most
+        AHEAD_S (a late node's waits do not grow while it is silent)."""
         if p.now_ns is None or p.exit is not None or now_s - p.got_s > STALE_S:
             return p.now_ns
-        return p.now_ns + int((now_s - p.got_s) * 1e9)
+        return p.now_ns + int(min(now_s - p.got_s, AHEAD_S) * 1e9)
 
     def views(self, now_s: float) -> dict[int, RankView]:
         out = {}
         for r, p in self.positions.items():
-            stale = now_s - p.got_s > STALE_S
-            exit_ = p.exit or (f"its node {p.host} stopped reporting" if stale else None)
             latest, last_done = p.ops()
-            out[r] = RankView(r, latest, last_done, self._now_ns(p, now_s), exit_, p.issued,
-                              p.stopped)
+            clean = p.exit is not None and not p.stopped and not p.state.get("failed")
+            out[r] = RankView(r, latest, last_done, self._now_ns(p, now_s), p.exit, p.issued,
+                              p.stopped, clean)
         return out
 
+    def judge(self, rank: int, rv, waited_s: float, now_s: float) -> Verdict:
+        """A rank others wait for, by the progress its own node read and sent."""
+        p = self.positions.get(rank)
+        if p is None:
+            return self.policy.judge(waited_s, UNKNOWN, None, False, None)
+        progress, fixed, in_data = sent_progress(p.state.get("progress"),
+                                                 min(now_s - p.got_s, AHEAD_S))
+        return self.policy.judge(waited_s, progress, fixed, in_data, None)
+
     def _anything_stuck(self, now_s: float) -> bool:
-        """Whether a rank's newest op has been in flight past the timeout (or failed):
-        only then are the positions decoded and the hang detector run."""
-        timeout = self.hang_timeout_s
+        """Whether a rank's newest op has been in flight past the timeout, or a moment
+        when judged by progress (or failed): only then are the positions decoded and
+        the hang detector run."""
+        timeout = self.policy.confirm_s()
         return any(p.stuck_s(self._now_ns(p, now_s)) >= timeout
                    for p in self.positions.values())
 
@@ -317,8 +346,14 @@ class FleetEngine:
         def known(rv) -> bool:  # a stuck collective a mismatch already explains
             return ("mismatch", (rv.group, rv.seq)) in self.found
 
-        for f in hang_findings(list(in_flight.values()), views, self.hang_timeout_s,
-                               known=known):
+        # ranks on a node whose reports are late are not judged: their position is old
+        late = self.late_hosts(now_s)
+        unheard = {r for r, p in self.positions.items() if p.host in late}
+        for f in hang_findings(list(in_flight.values()), views, self.policy, unheard,
+                               known=known,
+                               judge=lambda r, rv, waited: self.judge(r, rv, waited, now_s)):
+            if f.kind == "long_wait":
+                continue  # a state: a node's own run shows it
             self._put((f.kind, tuple(f.ranks)), f)  # one finding per set of culprits
 
     def _mismatch(self, key: tuple, entry: _Open, now_s: float) -> Finding | None:

@@ -5,7 +5,7 @@ the same wording and states as a rank followed event by event (diagnosis/snapsho
 from __future__ import annotations
 
 from distdoctor.collect.fleet import STALE_S
-from distdoctor.diagnosis.snapshot import RankRow, rank_state, split_text
+from distdoctor.diagnosis.snapshot import RankRow, judged_states, rank_state, split_text
 from distdoctor.export.metrics import RankMetrics, rank_metrics, summary_split
 
 
@@ -20,7 +20,7 @@ def _state(fleet, p, view, now_s: float) -> tuple[str, str, str | None]:
     if now_s - p.got_s > STALE_S and not p.exit:
         return "no heartbeat", f"its node {p.host} sent nothing for {now_s - p.got_s:.0f} s", None
     return rank_state(view, bool(p.state.get("failed")), _heartbeat_age(p, now_s),
-                      fleet.hang_timeout_s)
+                      fleet.hang_timeout_s, judged_states(fleet.found.values()))
 
 
 def _ranks(fleet, now_s: float, skip):

@@ -30,7 +30,7 @@ HOST_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,252}\Z")
 class Mirror:
     """The copy: which node sends which rank, and the exit codes of all."""
 
-    def __init__(self, run_dir: str | Path, on_finding=None, hang_timeout_s: float = 60.0):
+    def __init__(self, run_dir: str | Path, on_finding=None, hang_timeout_s: float | None = None):
         """`on_finding(f)`: called once per finding a node forwards (a service prints it)."""
         from distdoctor.collect.fleet import FleetEngine
 

@@ -58,7 +58,7 @@ def listen(address: tuple[str, int]) -> socket.socket:
 class Collector:
     def __init__(self, run_dir: str | Path, listener: socket.socket, token: str | None,
                  say: Callable[[str], None], on_finding: Callable | None = None,
-                 hang_timeout_s: float = 60.0):
+                 hang_timeout_s: float | None = None):
         """`say`: one line of news (a node came, went, was refused); `on_finding`: each
         finding a node forwards (the errors in its job's output)."""
         self.mirror = Mirror(run_dir, on_finding, hang_timeout_s)

@@ -24,6 +24,7 @@ import statistics
 SHARE = 0.5  # a category explains the lateness when it holds at least this share of it
 GROUP_SHARE = 0.8  # lateness "in one group only"
 TOP_FRAMES = 3
+CPU_OVER_WORK = 2.0  # cause "cpu": the extra CPU wait this many times the extra work on it
 
 REMEDY = {
     "input": "The rank waits for its data: look at its DataLoader (num_workers, pin_memory, "
@@ -83,7 +84,10 @@ def explain(rank: int, lateness_ms: float, keys, time: dict, other_keys: dict,
         out["cause"] = "input"
         out["text"] = (f"its DataLoader takes {mine['data_ms'] / batches:.1f} ms per batch "
                        f"(the others {typical('data_ms') / others_batches:.1f} ms){at}")
-    elif cpu_extra >= SHARE * lateness_ms:
+    elif cpu_extra >= SHARE * lateness_ms and cpu_extra >= CPU_OVER_WORK * (
+            compute_extra - cpu_extra):
+        # the wait for a CPU, not more work: a rank that works more on a busy node also
+        # waits more (it is runnable longer); its work beyond that wait must stay small
         out["cause"] = "cpu"
         out["text"] = (f"it waited {mine['runq_ms']:.1f} ms per step for a CPU (the others "
                        f"{typical('runq_ms'):.1f} ms){at}: its node is oversubscribed")

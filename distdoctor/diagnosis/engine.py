@@ -15,12 +15,14 @@ from dataclasses import dataclass, field, replace
 from itertools import islice
 
 from distdoctor.diagnosis.crash import ExitInfo, crash_findings, merge_crashes
+from distdoctor.diagnosis.engine_waits import WaitJudge
 from distdoctor.diagnosis.findings import Finding, error_text
 from distdoctor.diagnosis.hang import RankView, hang_findings
 from distdoctor.diagnosis.mismatch import habit, mismatch_finding, p2p_signature, signature
+from distdoctor.diagnosis.progress import Policy, ProgressTracker
 from distdoctor.diagnosis.rendezvous import Rendezvous, key_of
-from distdoctor.diagnosis.stackframes import user_frame
 from distdoctor.diagnosis.straggler import StragglerTracker
+from distdoctor.diagnosis.waits import Gaps
 from distdoctor.runlog.reader import Event
 from distdoctor.runlog.run import span_name
 
@@ -42,6 +44,7 @@ class _Rank:
     issued: dict[str, int] = field(default_factory=dict)
     spans: dict[int, str] = field(default_factory=dict)  # span_index -> name
     newest_span: str | None = None  # the span begun last (where a rank outside ops is)
+    span_open: bool = False  # and it has not ended yet
     hb_ns: int = 0  # the rank's clock at its last heartbeat
     hb_seen_s: float | None = None  # engine clock when that heartbeat was first seen
     max_t_ns: int = 0  # the latest time seen in any of its events
@@ -50,11 +53,25 @@ class _Rank:
     exit: ExitInfo | None = None
 
 
-class Engine:
-    def __init__(self, hang_timeout_s: float = 60.0, settle_s: float = SETTLE_S,
+class Engine(WaitJudge):
+    def __init__(self, hang_timeout_s: float | None = 60.0, settle_s: float = SETTLE_S,
                  straggler_min_ms: float | None = None,
-                 stacks: Callable[[list[int]], dict[int, str]] | None = None):
+                 stacks: Callable[[list[int]], dict[int, str]] | None = None,
+                 postmortem: bool = False):
+        """`hang_timeout_s`: None decides hangs by progress (progress.Policy), a number
+        by that fixed timeout (`--hang-timeout S`)."""
         self.hang_timeout_s = hang_timeout_s
+        self.policy = Policy(hang_timeout_s, postmortem=postmortem)
+        # readings of the ranks' processes (fed by the owner, `distdoctor run`), and
+        # where each rank's main thread was between its ops (the tracer's samples)
+        self.progress = ProgressTracker()
+        self.gaps = Gaps()
+        self.site_wait: dict[tuple, float] = {}  # call site -> longest completed wait
+        self._now_s: float | None = None
+        self._spin_stacks: dict[int, tuple[float, str]] = {}  # rank -> (when, stack)
+        # read every local rank's progress, not only while some rank waits: a node that
+        # sends digests, for a collector judging waits across nodes
+        self.watch_all_progress = False
         self.settle_s = settle_s
         self.stacks = stacks
         self.open: dict[tuple, Rendezvous] = {}
@@ -102,12 +119,17 @@ class Engine:
                 st.spans[ev.index + 1] = name
             if st.latest is None or ev.index > st.latest.index:
                 st.newest_span = name
+                st.span_open = t_end is None
             self.straggler.time_event(ev)
             return
         if kind == "sample":  # where the main thread was between ops: for stragglers
             self.straggler.time_event(ev)
+            self.gaps.sample(ev.rank, ev.callsite, ev.t_enter_ns)
             return
+        self.straggler.op(ev)  # its activity: how long its p2p ops blocked it
         if st.latest is None or ev.index >= st.latest.index:
+            if st.latest is None or ev.index > st.latest.index:
+                self.gaps.op(ev.rank, ev.index)
             st.latest = ev
         if t_end is not None:
             if st.last_done is None or ev.index >= st.last_done.index:
@@ -150,6 +172,7 @@ class Engine:
         if rv.done >= len(rv.members) and rv.complete:
             del self.open[key]
             self.straggler.observe(rv)
+            self._completed(rv)
             if rv.mismatch_since_s is not None:
                 self._report_mismatch(rv)
             elif not rv.is_p2p:
@@ -187,10 +210,14 @@ class Engine:
                 "split": None if split is None else {k: round(split[k], 3) for k in SPLIT},
                 "late_ms": score["step_lateness_ms"] if score else None,
                 "hb_age_s": self.heartbeat_age_s(rank, now_s),
+                "progress": self.progress_summary(rank, now_s),
                 "done": [[g, d, op, n, sec] for (g, d, op), (n, sec) in st.completed.items()]}
 
     def exited(self, rank: int, info: ExitInfo) -> None:
         st = self._rank(rank)
+        if (info.how == "stopped" and st.exit is not None and not st.exit.failed
+                and st.exit.how != "stopped"):
+            return  # its log was closed on a normal exit: stopped while it tore down
         if st.exit is not None and st.exit.how == "vanished" and not info.failed:
             # "vanished" was a guess (pid gone, heartbeat stale); the launcher's word on the
             # exit (stopped by distdoctor, exit 0) replaces it, and its crash finding goes
@@ -217,7 +244,9 @@ class Engine:
     def views(self, now_s: float | None) -> dict[int, RankView]:
         return {r: RankView(r, st.latest, st.last_done, self._now_ns(st, now_s),
                             st.exit.describe() if st.exit else None, st.issued,
-                            st.exit is not None and st.exit.how == "stopped")
+                            st.exit is not None and st.exit.how == "stopped",
+                            st.exit is not None and not st.exit.failed
+                            and st.exit.how != "stopped")
                 for r, st in self.ranks.items()}
 
     def span_of(self, ev: Event) -> str | None:
@@ -238,10 +267,22 @@ class Engine:
                                 views, self.open.values(),
                                 {(k[1], k[2]) for k in self.found if k[0] == "mismatch"}):
             self._put(("crash", f.ranks[0]), f, quiet_update=True)
-        for f in hang_findings(self.open.values(), views, self.hang_timeout_s, failed,
-                               known=lambda rv: rv.reported, familiar=self._familiar):
+        self._now_s = now_s
+        for f in hang_findings(self.open.values(), views, self.policy, failed,
+                               known=lambda rv: rv.reported, familiar=self._familiar,
+                               judge=self.judge, normal=self.normal_wait):
             self._annotate_spans(f)
+            if f.kind == "long_wait":
+                if ("hang", f.group, f.seq) in self.found:
+                    continue  # already called a hang: that stands while it is in flight
+                self._place_busy(f)
+                self._put(("long_wait", f.group, f.seq), f, quiet_update=True)
+                continue
             key = (f.kind, f.group, f.seq) if f.kind == "hang" else (f.kind, tuple(f.ranks))
+            lw = self.found.get(("long_wait", f.group, f.seq))
+            if lw is not None and lw.details.get("in_flight"):
+                del self.found[("long_wait", f.group, f.seq)]  # it escalated
+                f.details["was_long_wait"] = lw.summary
             old = self.found.get(key)
             if old is None:
                 self._take_stacks(f)
@@ -249,14 +290,15 @@ class Engine:
                 f.stacks = old.stacks
             self._place_culprits_by_stack(f)
             self._put(key, f, quiet_update=True)
-        stragglers = self.straggler.findings()
+        stragglers = self.straggler.findings(self.samples)
         if self.gpu_findings is not None and self.samples:
             try:
                 stragglers = self.gpu_findings(list(self.samples), stragglers)
             except Exception as exc:  # probe data must never stop the diagnosis
                 self.gpu_error = repr(exc)
         for f in stragglers:
-            key = (f.kind, f.ranks[0] if f.ranks else f.summary)
+            # one finding per slow rank: the latest verdict (its program's or its host's)
+            key = ("slow", tuple(f.ranks or f.details.get("slowed_ranks") or ()) or f.summary)
             old = self.found.get(key)
             # a straggler that turns out to sit on a throttled GPU is news worth printing
             joined = old is not None and "GPU" in f.summary and "GPU" not in old.summary
@@ -298,37 +340,6 @@ class Engine:
         if spans:
             f.details["span_by_rank"] = spans
 
-    def _take_stacks(self, f: Finding) -> None:
-        if self.stacks is None or not f.ranks:
-            return
-        try:
-            f.stacks = {str(r): text for r, text in self.stacks(f.ranks).items()}
-        except Exception as exc:  # a failed stack dump must not lose the finding
-            f.details["stacks_error"] = repr(exc)
-
-    def _place_culprits_by_stack(self, f: Finding) -> None:
-        """A culprit outside any collective: its stack tells the line it is stuck on."""
-        if not f.stacks:
-            return
-        for r in f.ranks:
-            st = self.ranks.get(r)
-            text = f.stacks.get(str(r))
-            if not text or st is None or (st.latest is not None and st.latest.t_end_ns is None):
-                continue
-            frame = user_frame(text)
-            if frame is not None and not frame["file"].startswith("/"):
-                # py-spy shortens paths; the rank's own call sites know the full one
-                known = [e.callsite.get("file") for e in (st.latest, st.last_done)
-                         if e is not None and e.callsite and e.callsite.get("file")]
-                full = [k for k in known if k.endswith("/" + frame["file"])]
-                if full:
-                    frame = {**frame, "file": full[0]}
-            if frame is not None:
-                f.callsites.insert(0, {"rank": r, **frame, "source": "stack"})
-                where = f"{frame['file']}:{frame['line']} in {frame['function']}"
-                f.details.setdefault("stuck_at", {})[str(r)] = where
-                f.summary += f"; rank {r}'s stack is at {where}"
-
     def _put(self, key: tuple, f: Finding, quiet_update: bool = False) -> None:
         old = self.found.get(key)
         if old is not None:
@@ -367,7 +378,7 @@ class Engine:
     def findings(self) -> list[Finding]:
         """Every finding so far, most severe kinds first."""
         order = {"mismatch": 0, "deadlock": 1, "hang": 2, "crash": 3, "comm_error": 4,
-                 "throttle": 5, "straggler": 6}
+                 "long_wait": 5, "throttle": 6, "straggler": 7}
         severity = {"error": 0, "warning": 1, "info": 2}
         # a hang blamed on ranks later found dead is that death, not a second problem
         # (also when the death was itself a consequence: its cause is reported already)
@@ -375,9 +386,13 @@ class Engine:
         crashes = [f for f in found if f.kind == "crash"]
         died = {r for f in crashes for r in f.ranks}
         dead = {r for f in crashes if f.severity == "error" for r in f.ranks}
+        # (not a rank left alone in an extra collective: it died of being left alone)
         kept = [f for f in found
-                if not (f.kind == "hang" and f.ranks and set(f.ranks) <= died)]
-        if dead:  # "lost a peer" in the job's output is that crash seen from the others
+                if not (f.kind == "hang" and f.ranks and set(f.ranks) <= died
+                        and f.details.get("reason") != "extra_collective")]
+        if dead or any(f.details.get("reason") == "extra_collective" for f in kept):
+            # "lost a peer" in the job's output is that crash (or that exit) seen from
+            # the others
             kept = [_as_consequence(f) if f.kind == "comm_error" and not f.ranks
                     and f.severity == "error" and f.details.get("source") == "log" else f
                     for f in kept]

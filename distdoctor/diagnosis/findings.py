@@ -12,7 +12,8 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-KINDS = ("mismatch", "hang", "deadlock", "straggler", "crash", "throttle", "comm_error")
+KINDS = ("mismatch", "hang", "deadlock", "long_wait", "straggler", "host", "crash",
+         "throttle", "comm_error")
 SEVERITIES = ("error", "warning", "info")
 FINDINGS_FILE = "findings.json"
 

@@ -15,7 +15,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from distdoctor.diagnosis.findings import Finding, callsite_of, error_text
+from distdoctor.diagnosis.progress import UNKNOWN, Policy, Verdict
 from distdoctor.diagnosis.rendezvous import Rendezvous
+from distdoctor.diagnosis.waits import (
+    dropped_sends,
+    extra_collective,
+    long_wait_finding,
+    skipped_finding,
+)
 from distdoctor.runlog.reader import Event
 
 
@@ -30,6 +37,7 @@ class RankView:
     exit: str | None  # "exited with code 1", "killed by SIGKILL", or None while alive
     issued: dict[str, int]  # group -> collectives issued
     stopped: bool = False  # stopped by distdoctor: it was where it is when it was stopped
+    clean_exit: bool = False  # it exited and its exit is not a failure (status 0, closed)
 
     def waited_s(self, ev: Event) -> float:
         if self.now_ns is None:
@@ -145,47 +153,112 @@ def _cycles(edges: dict[int, tuple[Rendezvous, list[int]]]) -> list[list[int]]:
     return out
 
 
-def hang_findings(open_rv, views: dict[int, RankView], timeout_s: float,
+def hang_findings(open_rv, views: dict[int, RankView], policy: Policy | float,
                   skip_ranks: set[int] = frozenset(),
                   known: Callable[[Rendezvous], bool] = lambda rv: False,
-                  familiar: Callable[[Event], bool] = lambda ev: True) -> list[Finding]:
-    """Hang, deadlock and wrong-group findings for the rendezvous stuck past the timeout.
+                  familiar: Callable[[Event], bool] = lambda ev: True,
+                  judge: Callable[[int, Rendezvous, float], Verdict] | None = None,
+                  normal: Callable[[Rendezvous], float | None] = lambda rv: None
+                  ) -> list[Finding]:
+    """Hang, deadlock, wrong-group and long-wait findings for the rendezvous in flight.
 
+    `policy`: the progress rule (progress.Policy) or a fixed timeout in seconds.
+    `judge(rank, rv, waited_s)`: the verdict on a rank the others wait for, from its
+    progress (engine); without one, the rank's progress is unknown.
+    `normal(rv)`: the longest completed wait seen at this rendezvous' call site.
     `skip_ranks`: ranks already reported as crashed (the crash finding names who waits for
     them). `known(rv)`: True for rendezvous already explained (e.g. by a mismatch finding).
     `familiar(ev)`: whether a call like this one (op and line) was seen on its group before.
     """
+    if not isinstance(policy, Policy):
+        policy = Policy(float(policy))
+    if judge is None:
+        def judge(rank, rv, waited):
+            return policy.judge(waited, UNKNOWN, None, False, normal(rv))
     open_rv = list(open_rv)
-    stuck = stuck_rendezvous(open_rv, views, timeout_s)
-    if not stuck:
-        return []
+    if policy.auto:
+        decided = None
+    else:  # the fixed rule: only rendezvous in flight past the timeout are looked at
+        decided = stuck_rendezvous(open_rv, views, policy.fixed_s)
+        if not decided:
+            return []
     edges = _waits_for(open_rv, views)
-    stuck_ranks = {r for rv in stuck for r in rv.arrivals}
     findings: list[Finding] = []
+    # a send dropped without wait(): its receiver waits for a message that never comes
+    dropped, explained = dropped_sends(open_rv, views, policy)
+    findings += dropped
+    for r in explained:
+        edges.pop(r, None)
+    confirm = policy.confirm_s()
+    stuck_ranks = ({r for rv in decided for r in rv.arrivals} if decided is not None
+                   else None)
     in_cycle: set[int] = set()
     for comp in _cycles(edges):
-        if not stuck_ranks & set(comp):
-            continue  # a wait cycle younger than the timeout: not yet reported
+        if stuck_ranks is not None:
+            if not stuck_ranks & set(comp):
+                continue  # a wait cycle younger than the timeout: not yet reported
+        elif min(views[r].waited_s(edges[r][0].arrivals[r]) for r in comp) < confirm:
+            continue  # every rank of it must have waited a moment (the logs lag)
         in_cycle.update(comp)
         findings.append(_cycle_finding(comp, edges, views, familiar))
-    # roots: ranks somebody waits for that wait for nothing themselves
     by_rv: dict[tuple, tuple[Rendezvous, list[int]]] = {}
-    for rv in stuck:
+    for rv in decided if decided is not None else open_rv:
+        waiters = [r for r in _blocked(rv, views) if r not in explained]
+        waited = max((views[r].waited_s(rv.arrivals[r]) for r in waiters), default=0.0)
         missing = rv.missing
         if not missing or known(rv):
-            findings.append(_all_joined_finding(rv, views, known(rv)))
+            if decided is not None or (known(rv) and waited >= confirm) or (
+                    waiters and waited >= policy.all_joined_bound(normal(rv))):
+                if not (set(rv.arrivals) & explained):
+                    findings.append(_all_joined_finding(rv, views, known(rv)))
             continue
         roots = [r for r in missing if r not in edges and r not in skip_ranks]
-        if roots and not (set(missing) & in_cycle):
-            by_rv[rv.key] = (rv, roots)
+        if not roots or set(missing) & in_cycle:
+            continue
+        if decided is None and not waiters and not _failed(rv):
+            continue  # nobody is blocked in it (async work not waited yet)
+        left = extra_collective(rv, roots, views, waited, confirm, familiar)
+        if left is not None:
+            findings.append(left)
+            continue
+        if decided is None and not _failed(rv):
+            if not policy.postmortem and any(r in views and views[r].exit for r in roots):
+                continue  # stopped by distdoctor: judged while it ran
+            verdicts = {r: judge(r, rv, waited) for r in roots}
+            hung = [r for r in roots if verdicts[r].state == "hang"]
+            if not hung:
+                if all(v.state == "long_wait" for v in verdicts.values()):
+                    lw = long_wait_finding(rv, roots, waiters, waited, views, verdicts)
+                    if lw is not None:
+                        findings.append(lw)
+                continue
+            roots = hung
+            why = {str(r): verdicts[r].why for r in hung}
+        else:
+            why = None
+        by_rv[rv.key] = (rv, roots, why)
     # one finding per set of culprits, on the collective with the most ranks waiting
-    by_culprits: dict[tuple, list[tuple[Rendezvous, list[int]]]] = {}
-    for rv, roots in by_rv.values():
-        by_culprits.setdefault(tuple(sorted(roots)), []).append((rv, roots))
+    by_culprits: dict[tuple, list] = {}
+    for rv, roots, why in by_rv.values():
+        by_culprits.setdefault(tuple(sorted(roots)), []).append((rv, roots, why))
     for roots, items in by_culprits.items():
         items.sort(key=lambda it: -len(it[0].arrivals))
-        findings.append(_hang_finding(list(roots), items, views))
+        f = _hang_finding(list(roots), items, views)
+        if items[0][2]:
+            f.details["progress"] = items[0][2]
+        findings.append(f)
     return findings
+
+
+def _blocked(rv: Rendezvous, views: dict[int, RankView]) -> list[int]:
+    """Ranks blocked in this rendezvous: in flight in it, and it is their newest op."""
+    out = []
+    for r, e in rv.arrivals.items():
+        v = views.get(r)
+        if (e.t_end_ns is None and v is not None and v.latest is not None
+                and v.latest.index == e.index and (v.exit is None or v.stopped)):
+            out.append(r)
+    return sorted(out)
 
 
 def _waiters(rv: Rendezvous) -> list[int]:
@@ -288,7 +361,7 @@ def _cycle_finding(comp: list[int], edges, views, familiar) -> Finding:
         rv, _ = edges[r]
         main = rvs[next(iter(others))]
         if familiar(rv.arrivals[r]):
-            return _skipped_finding(r, rv, main, views, callsites, details)
+            return skipped_finding(r, rv, main, views, callsites, details)
         summary = (f"rank {r} called {rv.arrivals[r].op} on group {rv.group} while ranks "
                    f"{', '.join(map(str, _waiters(main)))} wait for it in "
                    f"{main.label()}: rank {r} used the wrong process group")
@@ -304,31 +377,6 @@ def _cycle_finding(comp: list[int], edges, views, familiar) -> Finding:
                    remedy="The ranks issue the same ops in different orders: make every "
                    "rank issue p2p sends/recvs in a matching order (or use batch_isend_irecv) "
                    "and collectives of overlapping groups in the same order on all ranks.")
-
-
-def _skipped_finding(r: int, rv: Rendezvous, main: Rendezvous, views, callsites,
-                     details) -> Finding:
-    """The lone rank's call is an ordinary one for its group: it did not pick the wrong
-    group, it skipped the collective the others wait in and went on to its next op."""
-    ev = rv.arrivals[r]
-    waiters = _waiters(main)
-    issued = views[r].issued.get(main.group, 0) if r in views else None
-    others = sorted({views[w].issued.get(main.group, 0) for w in waiters if w in views})
-    summary = (f"hang: rank {r} skipped {main.label()} that ranks "
-               f"{', '.join(map(str, waiters))} wait in, and went on to {ev.op} #{rv.seq} "
-               f"in group {rv.group}")
-    if issued is not None and others:
-        summary += (f" (it has issued {issued} collective(s) on group {main.group}, the "
-                    f"others {others[-1]})")
-    details.update(reason="skipped_collective", waiting_ranks=waiters,
-                   issued_in_group={str(r): issued})
-    main_first = main.arrivals[waiters[0]] if waiters else None
-    if main_first is not None and main_first.callsite:
-        callsites.append(callsite_of(waiters[0], main_first.callsite))
-    return Finding("hang", "error", summary, [r], main.group, main.seq, callsites,
-                   details=details, remedy="A rank-dependent branch or one batch fewer made "
-                   "this rank skip a collective: every rank must issue the same collectives "
-                   "on a group, in the same order.")
 
 
 _HANG_REMEDY = ("Look at the culprit's stack: it is stuck in compute, I/O or a rank-dependent "

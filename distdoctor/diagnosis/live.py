@@ -25,6 +25,13 @@ from pathlib import Path
 from distdoctor.diagnosis.crash import ExitInfo
 from distdoctor.diagnosis.engine import Engine
 from distdoctor.diagnosis.findings import Finding, write_findings
+from distdoctor.diagnosis.optional import (
+    gpu_findings_fn,
+    log_scanner,
+    progress_reader,
+    sample_tail,
+    start_sampler,
+)
 from distdoctor.priority import lower_this_thread
 from distdoctor.runlog.follow import RunFollower
 from distdoctor.runlog.reader import Event
@@ -60,7 +67,7 @@ def relax_gc() -> None:
 
 
 class LiveDiagnosis:
-    def __init__(self, run_dir: str | Path, hang_timeout_s: float = 60.0,
+    def __init__(self, run_dir: str | Path, hang_timeout_s: float | None = None,
                  on_finding: Callable[[Finding], None] | None = None,
                  stacks: str = "culprits",
                  exits: Callable[[], dict[int, tuple[int, bool]]] | None = None,
@@ -88,12 +95,14 @@ class LiveDiagnosis:
         self.error: str | None = None
         # the job's output lines, for the comm-error scanner (bounded: never hold the job)
         self._lines: deque[tuple[int | None, str]] = deque(maxlen=MAX_PENDING_LINES)
-        self._scanner = _log_scanner()
+        self._scanner = log_scanner()
         self.sampler = None
+        self._progress = None  # the owner's reader of its local ranks' /proc (progress)
+        self._stopped_by_us = False  # after `stopping`: the job's output is its reaction
         # a viewer's newest ops per rank (its rank detail); the owner keeps none
         self.recent: dict[int, dict[int, Event]] | None = None if owner else {}
         # a viewer's reader of the owner's probe files
-        self._sample_tail = None if owner else _sample_tail(self.run_dir)
+        self._sample_tail = None if owner else sample_tail(self.run_dir)
         self._last_sample_t = None
         self._gpu_findings = gpu_findings_fn()
         # each pass's events of the newest incarnation, under the lock (a node's digest)
@@ -126,7 +135,8 @@ class LiveDiagnosis:
     def start(self) -> LiveDiagnosis:
         relax_gc()
         if self.owner:
-            self.sampler = _start_sampler(self.run_dir, self._local_pids)
+            self.sampler = start_sampler(self.run_dir, self._local_pids)
+            self._progress = progress_reader()
         self._thread = threading.Thread(target=self._loop, name="distdoctor-diagnosis",
                                         daemon=True)
         self._thread.start()
@@ -151,6 +161,7 @@ class LiveDiagnosis:
         """The owner is about to stop the job: a rank still alive now is stopped, not
         crashed, whatever its launcher reports of it (a wrapped torchrun reports nothing
         per rank). Ranks already gone are found so first."""
+        self._stopped_by_us = True
         with self._lock:
             self._check_ranks(time.monotonic())
             for i, engine in self.engines.items():
@@ -207,8 +218,10 @@ class LiveDiagnosis:
         return self._scanner is not None
 
     def feed_line(self, rank: int | None, text: str) -> None:
-        """A line of the job's output (any thread); scanned on the next pass."""
-        if self._scanner is not None:
+        """A line of the job's output (any thread); scanned on the next pass. Once
+        distdoctor stops the job, what it prints is its reaction to that stop (a
+        launcher's "received signal 15", a peer's "connection closed"): not scanned."""
+        if self._scanner is not None and not self._stopped_by_us:
             self._lines.append((rank, text))
 
     # --- one pass ----------------------------------------------------------------------
@@ -245,6 +258,7 @@ class LiveDiagnosis:
                 held = next((e for e in self.engines.values() if sig in e.found), engine)
                 held.add_finding(f)
         self._check_ranks(now_s)
+        self._read_progress(engine)
         if self.exits is not None:  # the launcher's ranks: each in its newest incarnation
             for rank, (code, stopped) in self.exits().items():
                 newest = max((i for i, e in self.engines.items() if rank in e.ranks),
@@ -325,6 +339,18 @@ class LiveDiagnosis:
         elif hb_age_s > STALE_HEARTBEAT_S:
             engine.exited(rank, ExitInfo(None, "vanished"))
 
+    def _read_progress(self, engine: Engine) -> None:
+        """Evidence of progress of the local ranks that others may be waiting for."""
+        if self._progress is None:
+            return
+        engine.watch_all_progress = self.on_batch is not None  # a node sending digests
+        wanted = engine.wanted_progress()
+        if not wanted:
+            return
+        pids = {r: p for r, p in self._local_pids().items() if r in wanted}
+        for rank, reading in self._progress.read(pids).items():
+            engine.progress.add(rank, reading)
+
     def _local_pids(self) -> dict[int, int]:
         """This node's rank pids in the newest incarnation (for the per-node sampler)."""
         out = {}
@@ -349,46 +375,6 @@ class LiveDiagnosis:
             return {}
         dumps = dump_stacks(pids)
         return {r: f"[{d.method}]\n{d.text or d.error or ''}" for r, d in dumps.items()}
-
-
-def _start_sampler(run_dir, rank_pids):
-    """The node's probe sampler (host, rank processes, GPUs) at 1 Hz, if the probes are
-    installed; None otherwise. Its samples go to RUN_DIR/probes/."""
-    try:
-        from distdoctor.probes.sampler import Sampler
-
-        return Sampler(run_dir, rank_pids).start()
-    except Exception:
-        return None
-
-
-def _sample_tail(run_dir):
-    try:
-        from distdoctor.probes.sampler import SampleTail
-    except ImportError:
-        return None
-    return SampleTail(run_dir)
-
-
-def gpu_findings_fn():
-    """throttle findings from probe samples, joined to the stragglers (probes.throttle)."""
-    try:
-        from distdoctor.probes.throttle import join_with_straggler, throttle_findings
-    except ImportError:
-        return None
-
-    def gpu_findings(samples, stragglers):
-        return join_with_straggler(throttle_findings(samples), stragglers)
-
-    return gpu_findings
-
-
-def _log_scanner():
-    try:
-        from distdoctor.diagnosis.logs.scanner import LogScanner
-    except ImportError:
-        return None
-    return LogScanner()
 
 
 def _pid_alive(pid) -> bool:

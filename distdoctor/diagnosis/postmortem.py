@@ -59,15 +59,18 @@ ONSET_CHECKS = 50  # straggler verdicts taken while the events go in (see diagno
 
 
 def diagnose_events(events: dict[int, list], headers: dict, exits: dict[int, ExitInfo],
-                    hang_timeout_s: float, samples: list = ()) -> Engine:
+                    hang_timeout_s: float | None, samples: list = ()) -> Engine:
     """Run every detector over complete event streams (clocks stop at the last heartbeat).
 
-    A rank's clock is known only up to its last heartbeat (one a second), so a wait that
+    `hang_timeout_s`: None decides hangs by progress (the sampled lines in the log, as
+    there are no readings of the processes post-mortem), a number by that fixed rule. A
+    rank's clock is known only up to its last heartbeat (one a second), so a wait that
     the live engine saw pass the timeout may end a heartbeat short of it here.
     """
     from distdoctor.diagnosis.live import gpu_findings_fn
 
-    engine = Engine(max(0.0, hang_timeout_s - HEARTBEAT_SLACK_S))
+    engine = Engine(None if hang_timeout_s is None
+                    else max(0.0, hang_timeout_s - HEARTBEAT_SLACK_S), postmortem=True)
     engine.samples.extend(samples)
     engine.gpu_findings = gpu_findings_fn()
     every = max(100, sum(map(len, events.values())) // ONSET_CHECKS)
@@ -97,17 +100,18 @@ def diagnose_runs(runs: list[Run], hang_timeout_s: float | None = None
     several = len(runs) > 1
     findings: list[Finding] = []
     notes: list[str] = []
+    completed: set = set()
     newest = {r: run.incarnation for run in runs for r in run.events}  # rank -> newest
     for run in runs:
-        found, run_notes = _diagnose_one(run, hang_timeout_s, newest)
+        found, run_notes = _diagnose_one(run, hang_timeout_s, newest, completed)
         if several:
             found = [label_incarnation(f, run.incarnation) for f in found]
             run_notes = [f"{run.label}: {n}" for n in run_notes]
         findings += found
         notes += [n for n in run_notes if n not in notes]
     ranks = {r for run in runs for r in run.events}
-    return merge_crashes(merge_findings(findings, _live_findings(runs[0].path, notes)),
-                         ranks), notes
+    return merge_crashes(agree_with_live(findings, _live_findings(runs[0].path, notes),
+                                         completed), ranks), notes
 
 
 def diagnose_run(run: Run, hang_timeout_s: float | None = None) -> tuple[list[Finding], list[str]]:
@@ -115,18 +119,40 @@ def diagnose_run(run: Run, hang_timeout_s: float | None = None) -> tuple[list[Fi
     of the same incarnation."""
     from distdoctor.diagnosis.live import label_incarnation
 
-    found, notes = _diagnose_one(run, hang_timeout_s, {r: run.incarnation for r in run.events})
+    completed: set = set()
+    found, notes = _diagnose_one(run, hang_timeout_s, {r: run.incarnation for r in run.events},
+                                 completed)
     written = _live_findings(run.path, notes)
     if run.incarnations > 1:
         found = [label_incarnation(f, run.incarnation) for f in found]
         written = [f for f in written if f.details.get("incarnation") == run.incarnation]
-    return merge_crashes(merge_findings(found, written), set(run.events)), notes
+    return merge_crashes(agree_with_live(found, written, completed), set(run.events)), notes
 
 
-def _diagnose_one(run: Run, hang_timeout_s: float | None,
-                  newest: dict[int, int]) -> tuple[list[Finding], list[str]]:
-    if hang_timeout_s is None:
-        hang_timeout_s = run.info.hang_timeout_s
+def agree_with_live(found: list[Finding], written: list[Finding],
+                    completed: set) -> list[Finding]:
+    """The recomputed findings merged with the live ones. A wait that completed in the
+    log (`completed`: (incarnation, group, seq)) is never a hang, whatever was written
+    while it was in flight; a wait the live engine saw as a long wait (it had the busy
+    rank's CPU and I/O, which the log lacks) stays one."""
+    def where(f: Finding) -> tuple:
+        return f.details.get("incarnation"), f.group, f.seq
+
+    written = [f for f in written if not (f.kind in ("hang", "deadlock")
+                                          and f.seq is not None and where(f) in completed)]
+    long_live = {where(f) for f in written if f.kind == "long_wait"}
+    found = [f for f in found if not (f.kind == "hang" and f.seq is not None
+                                      and where(f) in long_live)]
+    return merge_findings(found, written)
+
+
+def _diagnose_one(run: Run, hang_timeout_s: float | str | None, newest: dict[int, int],
+                  completed: set) -> tuple[list[Finding], list[str]]:
+    """`completed` receives the (incarnation, group, seq) of every collective that
+    completed in this incarnation's logs."""
+    from distdoctor.cli.common import hang_timeout_s as timeout_of
+
+    hang_timeout_s = timeout_of(hang_timeout_s, run.info.hang_timeout_s)
     all_exits, notes = read_exits(run.path)
     # exits.json has each process's last exit: a rank's belongs to its newest incarnation
     exits = {r: e for r, e in all_exits.items() if newest.get(r) == run.incarnation}
@@ -136,11 +162,18 @@ def _diagnose_one(run: Run, hang_timeout_s: float | None,
             if rank not in exits and not header.closed:
                 exits[rank] = ExitInfo(None, "vanished")
     last = run.incarnation == max(newest.values(), default=0)
-    engine = diagnose_events({r: evs + run.stack_samples.get(r, [])
+    # each rank's samples in its own order among its ops: where it was between them
+    engine = diagnose_events({r: sorted(evs + run.stack_samples.get(r, []),
+                                        key=lambda e: e.index)
                               for r, evs in run.events.items()}, run.headers, exits,
                              hang_timeout_s,
                              samples=_samples(run.path, notes) if last else ())
     findings = engine.findings()
+    label = run.incarnation if run.incarnations > 1 else None
+    still_open = {(rv.group, rv.seq) for rv in engine.open.values()}
+    completed.update((label, ev.group, ev.seq) for evs in run.events.values() for ev in evs
+                     if ev.kind == "collective" and ev.t_end_ns is not None
+                     and (ev.group, ev.seq) not in still_open)
     for rank, why in sorted(run.unreadable.items()):
         notes.append(f"rank {rank}: {why}; its part is unknown")
     ws = run.world_size

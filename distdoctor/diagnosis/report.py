@@ -81,7 +81,8 @@ def print_report(findings: list[Finding], console, notes: list[str] = (),
         console.print(f"[{style}]{i}. {f.kind.upper()}[/] [dim]({f.severity})[/] "
                       f"{escape(f.summary)}")
         if f.ranks:
-            console.print(f"   culprit rank(s): {', '.join(map(str, f.ranks))}")
+            who = "busy rank(s)" if f.kind == "long_wait" else "culprit rank(s)"
+            console.print(f"   {who}: {', '.join(map(str, f.ranks))}")
         for cs in f.callsites[:8]:
             console.print(f"   [dim]at[/] {escape(site_text(cs))}")
         for rank, stack in sorted(f.stacks.items(), key=lambda kv: int(kv[0])):

@@ -211,6 +211,7 @@ class SnapshotTaker:
         rows = []
         late_why = {r: f.summary for f in engine.found.values() if f.kind == "straggler"
                     for r in f.ranks}  # rank -> the straggler finding that blames it
+        judged = judged_states(engine.found.values())
         for r in sorted(engine.ranks):
             st, view = engine.ranks[r], views[r]
             m = meta.get(r) or {}
@@ -219,7 +220,7 @@ class SnapshotTaker:
                     self._groups[ev.group] = (ev.group_desc, ev.group_ranks)
             state, where, site = rank_state(view, st.exit is not None and st.exit.failed,
                                             engine.heartbeat_age_s(r, now),
-                                            engine.hang_timeout_s)
+                                            engine.hang_timeout_s, judged)
             score = engine.straggler.score(r)
             rows.append(RankRow(
                 rank=r, host=m.get("host"), pid=m.get("pid") if isinstance(m.get("pid"), int)
@@ -280,10 +281,26 @@ def _op_row(ev, view) -> OpRow:
     return OpRow(ev.index, ev.op, ev.group, ev.seq, tensors, ev.status, ms, _site(ev.callsite))
 
 
+def judged_states(findings) -> dict[int, str]:
+    """rank -> "hung" or "long wait", as the current findings judge it: while a hang or
+    deadlock stands, every rank blocked in a collective is hung (-1: any rank); the
+    busy rank of a long wait in flight keeps the others waiting, a state."""
+    out: dict[int, str] = {}
+    for f in findings:
+        if f.kind in ("hang", "deadlock") and f.severity == "error":
+            out[-1] = "hung"
+        elif f.kind == "long_wait" and f.details.get("in_flight"):
+            for r in f.ranks:
+                out.setdefault(r, "long wait")
+    return out
+
+
 def rank_state(view, failed: bool, hb_age_s: float | None,
-               hang_timeout_s: float) -> tuple[str, str, str | None]:
+               hang_timeout_s: float | None,
+               judged: dict[int, str] | None = None) -> tuple[str, str, str | None]:
     """(state, what it is doing, call site) of one rank, from its RankView (hang.py);
-    `failed`: its exit, if it has one, is a failure."""
+    `failed`: its exit, if it has one, is a failure; `judged`: judged_states()."""
+    judged = judged or {}
     latest = view.latest
     site = _site(latest.callsite) if latest is not None else None
     if view.exit is not None:
@@ -294,11 +311,15 @@ def rank_state(view, failed: bool, hb_age_s: float | None,
         return "starting", "no collective yet", None
     if latest.t_end_ns is None:
         waited = view.waited_s(latest)
-        state = "hung" if waited >= hang_timeout_s else "in collective"
+        hung = judged.get(-1) == "hung" or (hang_timeout_s is not None
+                                            and waited >= hang_timeout_s)
+        state = "hung" if hung else "in collective"
         return state, f"{_op_text(latest)} for {waited:.1f} s", site
     since = ""
     if view.now_ns is not None and latest.t_end_ns:
         since = f" for {max(0.0, (view.now_ns - latest.t_end_ns) / 1e9):.1f} s"
+    if judged.get(view.rank) == "long wait":
+        return "long wait", f"keeps others waiting, outside collectives{since}", site
     return "running", f"outside collectives{since}", site
 
 

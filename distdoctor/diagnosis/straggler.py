@@ -29,18 +29,23 @@ import math
 from collections import Counter, OrderedDict, deque
 from dataclasses import dataclass, field
 
-from distdoctor.diagnosis import cause
+from distdoctor.diagnosis import cause, host_noise
 from distdoctor.diagnosis.findings import Finding, callsite_of
 from distdoctor.diagnosis.rendezvous import Rendezvous
 from distdoctor.diagnosis.steptime import RankSteps
+from distdoctor.diagnosis.waitgraph import Activity, WaitGraph, delays_text
 
 WINDOW = 400  # recent collectives per rank kept for the report
 STEPS = 60  # recent steps per rank that the verdicts look at
 MIN_STEPS = 8  # no verdict on fewer
 MIN_T = 4.0  # how many standard errors the mean per-step lateness must stand above zero
 MIN_ONSET_T = 5.0  # ... and above the rank's own earlier steps (more splits are tried)
+STEADY_SHARE = 0.6  # of its steps a straggler is late in (by the floor, at least)
 MIN_SIDE = 5  # steps on each side of an onset
+MAX_GROUPS = 4096  # collective groups whose members are kept
+MAX_PENDING_P2P = 4096  # completed p2p pairings awaiting their ranks' next activity
 MAX_KEYS = 200_000  # span-less collectives given a step key, awaiting their rendezvous
+VICTIM_SHARE = 0.25  # a rank that waits this share of the root's lateness per step on it
 MIN_LATENESS_MS = 5.0  # per step; below this, lateness is noise (scheduling, logging) or
 # a fixed offset by design (a pipeline stage that always ends its step 2 ms after the other)
 
@@ -85,8 +90,8 @@ class _Steps:
 # One rank's part in one collective, kept as a plain tuple: one is made per member of
 # every collective (256 for a 256-rank all-reduce), and a tuple costs a fifth of an object.
 # (lateness_ms: how long the others waited for it, negative when it waited; last: it
-# arrived last; group; callsite)
-_LATENESS, _LAST, _GROUP, _CALLSITE = range(4)
+# arrived last; group; callsite; p2p: a send/recv pairing)
+_LATENESS, _LAST, _GROUP, _CALLSITE, _P2P = range(5)
 
 
 class StragglerTracker:
@@ -104,6 +109,11 @@ class StragglerTracker:
         # step keys of span-less collectives, given in each rank's own order (assign)
         self._keys: OrderedDict = OrderedDict()  # (rank, event index) -> key
         self._assigned: dict[int, int] = {}  # rank -> the last event index given a key
+        self._turn: dict[int, int] = {}  # rank -> the step key of its latest collective
+        self.graph = WaitGraph()  # who waited on whom, per step (waitgraph.py)
+        self.activity = Activity()  # when each rank last did something (p2p waits)
+        self._p2p: deque[Rendezvous] = deque()  # completed pairings awaiting that
+        self.members: dict[str, frozenset] = {}  # collective group -> its ranks
 
     def assign(self, ev) -> None:
         """A collective with no span, seen in its rank's own order (the engine's ingest):
@@ -113,7 +123,8 @@ class StragglerTracker:
         self._assigned[ev.rank] = ev.index
         t = self.time.get(ev.rank) or self._time(ev.rank)
         keys = self._keys
-        keys[(ev.rank, ev.index)] = t.pattern.key(_pattern_sig(ev))
+        key = keys[(ev.rank, ev.index)] = t.pattern.key(_pattern_sig(ev))
+        self._turn[ev.rank] = key
         if len(keys) > MAX_KEYS:
             keys.popitem(last=False)
 
@@ -122,6 +133,10 @@ class StragglerTracker:
         if t is None:
             t = self.time[rank] = RankSteps()
         return t
+
+    def op(self, ev) -> None:
+        """A collective or p2p op of a rank (new, or its completion), in its own order."""
+        self.activity.op(ev)
 
     def time_event(self, ev) -> None:
         """A span or sample event of a rank, for where its steps go (steptime.py); spans
@@ -132,28 +147,64 @@ class StragglerTracker:
             self._time(ev.rank).span(ev)
 
     def observe(self, rv: Rendezvous) -> None:
-        """Feed one completed collective (every member arrived and finished)."""
-        arrivals = rv.arrivals
-        if rv.is_p2p or len(arrivals) < 2:
+        """Feed one completed rendezvous (every member arrived and finished). A p2p one
+        waits until both ranks have done something since (their blocked time is known)."""
+        if len(rv.arrivals) < 2:
             return
-        waits = [(e.t_end_ns - e.t_enter_ns, r, e) for r, e in arrivals.items()]
+        if rv.is_p2p:
+            self._p2p.append(rv)
+            if len(self._p2p) > MAX_PENDING_P2P:
+                self._judge(self._p2p.popleft())
+            self._drain()
+            return
+        self._judge(rv)
+
+    def _drain(self, all_: bool = False) -> None:
+        pending, newest = self._p2p, self.activity.newest
+        while pending:
+            rv = pending[0]
+            if not all_ and any(newest(r) <= e.t_end_ns for r, e in rv.arrivals.items()):
+                return  # in order: a pairing waits for the ones before it
+            self._judge(pending.popleft())
+
+    def _judge(self, rv: Rendezvous) -> None:
+        arrivals = rv.arrivals
+        p2p = rv.is_p2p
+        if p2p:  # a send and its recv: leave together only when both block (Activity)
+            blocked = self.activity.blocked_ns
+            waits = [(blocked(e), r, e) for r, e in arrivals.items()]
+        else:  # every member leaves a collective at about the same moment
+            if rv.group not in self.members and len(self.members) < MAX_GROUPS:
+                self.members[rv.group] = frozenset(rv.members)
+            waits = [(e.t_end_ns - e.t_enter_ns, r, e) for r, e in arrivals.items()]
         waits.sort(key=_first)
         w_last, last = waits[0][0], waits[0][1]
         gap = (waits[1][0] - w_last) / 1e6
         obs, steps, group = self.obs, self.steps, rv.group
+        via = "p2p" if p2p else (rv.group_desc or f"group {group}")
         for w, rank, ev in waits:
             q = obs.get(rank)
             if q is None:
                 q = obs[rank] = deque(maxlen=self.window)
                 steps[rank] = _Steps()
             lateness = gap if rank == last else (w_last - w) / 1e6
-            q.append((lateness, rank == last, group, ev.callsite))
+            q.append((lateness, rank == last, group, ev.callsite, p2p))
             t = self.time.get(rank) or self._time(rank)
-            key = ev.span_index or self._keys.pop((rank, ev.index), None)
-            if key is None:  # not seen through assign (a tracker fed rendezvous directly)
-                key = t.pattern.key(_pattern_sig(ev))
+            key = ev.span_index or self._key_of(rank, ev, p2p)
             steps[rank].add(key, lateness)
             t.collective(key, ev)
+            if rank != last and lateness < 0:  # it waited on the last to arrive
+                self.graph.add(rank, last, key, -lateness, via)
+
+    def _key_of(self, rank: int, ev, p2p: bool) -> int:
+        """The step of a span-less op: a collective's turn of the rank's pattern (given in
+        its own order by assign); a p2p op's, the turn of the rank's latest collective."""
+        if p2p:
+            return self._turn.get(rank, -1)
+        key = self._keys.pop((rank, ev.index), None)
+        if key is None:  # not seen through assign (a tracker fed rendezvous directly)
+            key = self._turn[rank] = self._time(rank).pattern.key(_pattern_sig(ev))
+        return key
 
     def score(self, rank: int) -> dict | None:
         q, steps = self.obs.get(rank), self.steps.get(rank)
@@ -179,32 +230,55 @@ class StragglerTracker:
         return out
 
     def is_straggler(self, s: dict) -> bool:
-        steady = s["step_lateness_ms"] >= self.min_lateness_ms and s["t"] >= self.min_t
+        floor = self.min_lateness_ms
+        steady = (s["step_lateness_ms"] >= floor and s["t"] >= self.min_t
+                  and self._steady(s["series"]))
         split = s.get("onset_split", 0)
         recent = s["series"][split:]
         # a rise, and the steps since it a straggler's by themselves (a rank that only
         # waits less than it did, as the others slow, has risen but is not late)
-        risen = (s.get("rise_ms", 0) >= self.min_lateness_ms
+        risen = (s.get("rise_ms", 0) >= floor
                  and s.get("onset_t", 0) >= MIN_ONSET_T
-                 and sum(recent) / len(recent) >= self.min_lateness_ms
-                 and _t(recent) >= self.min_t)
+                 and sum(recent) / len(recent) >= floor
+                 and _t(recent) >= self.min_t and self._steady(recent))
         if risen:
             s["onset"] = split  # late since then; else since the first step kept
         return steady or risen
 
-    def findings(self) -> list[Finding]:
-        out = []
-        scores = {r: self.score(r) for r in sorted(self.obs)}
-        for rank, s in scores.items():
-            if s is None or not self.is_straggler(s):
-                self.onsets.pop(rank, None)
-                continue
-            out.append(self._finding(rank, s, scores))
-        return out
+    def _steady(self, xs: list) -> bool:
+        """Late in most steps, not in a few long ones: lateness that comes and goes
+        (another process taking the rank's core now and then) is noise, whatever its
+        mean. A rank slow by its program is late step after step."""
+        late = sum(1 for x in xs if x >= self.min_lateness_ms)
+        return late >= STEADY_SHARE * len(xs)
 
-    def _finding(self, rank: int, s: dict, scores: dict) -> Finding:
+    def findings(self, samples=()) -> list[Finding]:
+        """One finding per root cause: a late rank whose lateness it mostly waited for
+        on another late rank is that rank's victim (waitgraph.py), named in its finding.
+        A rank late because its cores are busy is its host's finding (host_noise.py).
+        `samples`: the probe samples of the ranks' nodes, where a front end has them."""
+        self._drain()
+        scores = {r: self.score(r) for r in sorted(self.obs)}
+        late = {r: s for r, s in scores.items() if s is not None and self.is_straggler(s)}
+        for rank in [r for r in self.onsets if r not in late]:
+            del self.onsets[rank]
+        lateness = {r: s["step_lateness_ms"] for r, s in scores.items() if s is not None}
+        roots: dict[int, list[int]] = {}
+        for rank in late:
+            roots.setdefault(self.graph.root_of(rank, lateness, late, STEPS), []).append(rank)
+        out = []
+        for root, chain in sorted(roots.items()):
+            f = self._finding(root, late[root], scores, lateness)
+            also = sorted(r for r in chain if r != root)
+            if also:  # late too, but through the root: its victims, not culprits
+                f.details["late_through_root"] = also
+            out.append(f)
+        return host_noise.separate(out, samples, self.time)
+
+    def _finding(self, rank: int, s: dict, scores: dict, lateness: dict) -> Finding:
         late = [o for o in self.obs[rank] if o[_LATENESS] > 0]
-        groups = Counter(o[_GROUP] for o in late)
+        # a pipeline stage's lateness always shows in its p2p ops: not a link's sign
+        groups = Counter(o[_GROUP] for o in late if not o[_P2P])
         group = groups.most_common(1)[0][0] if groups else None
         sites = Counter((o[_CALLSITE].get("file"), o[_CALLSITE].get("line"))
                         for o in late if o[_CALLSITE])
@@ -225,17 +299,22 @@ class StragglerTracker:
         early, later = s["early_mean_ms"], s["late_mean_ms"]
         trend = ("rising" if later > 1.25 * early + 0.1 else
                  "falling" if early > 1.25 * later + 0.1 else "steady")
+        peers = self._peers(rank)
         why = cause.explain(rank, per_step, since, self.time,
                             {r: sc["keys"][-len(since):] for r, sc in scores.items()
-                             if sc is not None and r != rank},
+                             if sc is not None and r in peers},
                             {g: n / max(len(late), 1) for g, n in groups.items()},
                             self._groups_of(rank))
         when = (f"since {since_label}" if rank in self.onsets
                 else f"over its last {len(recent)} steps")
+        direct, through = self.graph.victims(
+            rank, max(self.min_lateness_ms, VICTIM_SHARE * per_step), lateness, STEPS)
+        delays = delays_text(self.graph, rank, direct, through)
         summary = (f"straggler: rank {rank} keeps the others waiting {per_step:.1f} ms per "
                    f"step {when}" + (f": {why['text']}" if why["text"] else "")
+                   + (f"; {delays}" if delays else "")
                    + f" (last to arrive in {s['last_fraction']:.0%} of its collectives; "
-                   f"{s['lateness_ms']:.2f} ms per collective; {trend})")
+                   f"{trend})")
         details = {"lateness_ms": round(s["lateness_ms"], 3),
                    "step_lateness_ms": round(per_step, 3), "steps": len(recent),
                    "onset_step": since_label, "onset_index": onset,
@@ -243,7 +322,14 @@ class StragglerTracker:
                    "t_statistic": round(s["t"], 1), "last_fraction": round(s["last_fraction"], 3),
                    "collectives": s["collectives"], "trend": trend, "groups": dict(groups),
                    "cause": why["cause"], "breakdown": why["breakdown"],
-                   "top_frames": why["frames"]}
+                   "top_frames": why["frames"],
+                   # the ranks it slows (DESIGN: in details, never in `ranks`)
+                   "victims": sorted((*direct, *through)),
+                   "delays": {"direct_ms_per_step": {str(r): round(ms, 1)
+                                                     for r, ms in sorted(direct.items())},
+                              "through_ms_per_step": {str(r): round(ms, 1)
+                                                      for r, ms in sorted(through.items())},
+                              "via": {str(r): self.graph.how(r, rank) for r in direct}}}
         if "onset_t" in s:
             details["onset_t_statistic"] = round(s["onset_t"], 1)
         if why.get("slow_group"):  # the group whose collectives are slow: the finding's
@@ -251,6 +337,17 @@ class StragglerTracker:
         return Finding("straggler", "warning", summary, [rank], group, None,
                        [callsite_of(rank, callsite)] + why["callsites"], details=details,
                        remedy=cause.REMEDY.get(why["cause"], cause.REMEDY["unknown"]))
+
+    def _peers(self, rank: int) -> set[int]:
+        """The ranks that do the same work as `rank`: its groups' members, but for groups
+        of every rank (a pipeline's stages differ in work; its DP and TP peers do not)."""
+        world = set(self.obs)
+        peers = set()
+        for members in self.members.values():
+            if rank in members and len(members) < len(world):
+                peers.update(members)
+        peers.discard(rank)
+        return peers or world - {rank}
 
     def _groups_of(self, rank: int) -> set:
         return {o[_GROUP] for o in self.obs.get(rank, ())}

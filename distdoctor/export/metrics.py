@@ -20,10 +20,10 @@ from dataclasses import dataclass
 
 from distdoctor.diagnosis.engine import SPLIT
 from distdoctor.diagnosis.probe_columns import gpu_key
-from distdoctor.diagnosis.snapshot import rank_state
+from distdoctor.diagnosis.snapshot import judged_states, rank_state
 
-RANK_STATES = ("starting", "running", "in_collective", "hung", "no_heartbeat", "exited",
-               "failed")
+RANK_STATES = ("starting", "running", "in_collective", "long_wait", "hung", "no_heartbeat",
+               "exited", "failed")
 MAX_CULPRITS = 64  # per finding: a hang of 4,096 ranks names its few culprits, not all
 
 # name, type, help (the README's metric list is this table)
@@ -94,11 +94,12 @@ def gather(live, job: str, now_s: float | None = None, fleet=None) -> list[_Fami
         engine = live.engine
         meta = live.follower.meta_of(live.follower.newest)
         views = engine.views(now_s)
+        judged = judged_states(engine.found.values())
         for r in sorted(engine.ranks):
             m = meta.get(r) or {}
             summary = engine.rank_summary(r, now_s)
             state, _, _ = rank_state(views[r], summary["failed"], summary["hb_age_s"],
-                                     engine.hang_timeout_s)
+                                     engine.hang_timeout_s, judged)
             _rank_samples(fam, job, local_rank=m.get("local_rank"), m=rank_metrics(
                 r, _text(m.get("host")), state, views[r], summary, summary["hb_age_s"]))
         here = set(engine.ranks)

@@ -140,10 +140,11 @@ class RunInfo:
     logs: dict[int, list[int]] = field(default_factory=dict)  # rank -> its log numbers
 
     @property
-    def hang_timeout_s(self) -> float:
-        """The hang timeout the run was started with, or the default of 60 s."""
+    def hang_timeout_s(self) -> float | None:
+        """The fixed hang timeout the run was started with (`--hang-timeout S`), or None:
+        hangs decided by progress (`auto`, the default)."""
         t = self.meta.get("hang_timeout_s")
-        return float(t) if isinstance(t, (int, float)) and t > 0 else 60.0
+        return float(t) if isinstance(t, (int, float)) and t > 0 else None
 
 
 def open_run_dir(path: str | os.PathLike | None) -> RunInfo:

@@ -1,0 +1,231 @@
+"""Waits that are not plain hangs: a long wait (a busy rank keeps the others waiting), a
+rank left alone in a collective after the others exited cleanly (one collective too
+many), and a send dropped without wait() (its receiver waits for a message that never
+comes). Used by hang.py for the rendezvous in flight and by the engine for the ones that
+completed; pure functions over rendezvous and rank views.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from distdoctor.diagnosis.findings import Finding, callsite_of
+from distdoctor.diagnosis.progress import LONG_WAIT_MIN_S, STALL_S, Policy
+from distdoctor.diagnosis.rendezvous import Rendezvous
+
+MAX_SITES = 64  # distinct sampled lines counted per gap between a rank's ops
+
+
+def _who(ranks) -> str:
+    ranks = sorted(ranks)
+    return f"rank{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))}"
+
+
+def long_wait_finding(rv: Rendezvous, roots: list[int], waiters: list[int], waited: float,
+                      views: dict, verdicts: dict) -> Finding | None:
+    """A wait in flight for ranks that are busy: a state (info), never an error."""
+    if waited < LONG_WAIT_MIN_S:
+        return None
+    evidence = "; ".join(f"rank {r} {verdicts[r].why}" for r in roots if verdicts[r].why)
+    summary = (f"long wait: {_who(roots)} {'has' if len(roots) == 1 else 'have'} kept "
+               f"{len(waiters)} rank(s) waiting {waited:.0f} s in {rv.label()}"
+               + (f"; {evidence}" if evidence else ""))
+    callsites = [callsite_of(w, rv.arrivals[w].callsite) for w in waiters[:1]]
+    return Finding("long_wait", "info", summary, sorted(roots), rv.group, rv.seq, callsites,
+                   details={"waiting_ranks": waiters, "waited_s": round(waited, 1),
+                            "in_flight": True,
+                            "progress": {str(r): verdicts[r].why for r in roots}},
+                   remedy=_LONG_WAIT_REMEDY)
+
+
+def completed_wait(rv: Rendezvous, where: dict[int, dict | None]) -> Finding | None:
+    """A rendezvous that completed after a long wait: who kept whom waiting, how long and
+    where (from each rank's own durations: no clocks are compared). `where`: the late
+    rank's sampled position before it arrived."""
+    durations = {r: (e.t_end_ns - e.t_enter_ns) / 1e9 for r, e in rv.arrivals.items()
+                 if e.t_end_ns is not None}
+    if len(durations) < 2:
+        return None
+    waited = max(durations.values())
+    late_s = min(durations.values())
+    if waited - late_s < LONG_WAIT_MIN_S:
+        return None
+    late = sorted(r for r, d in durations.items() if d - late_s < 1.0)
+    waiters = sorted(r for r, d in durations.items() if d - late_s >= 1.0)
+    summary = (f"long wait: {_who(late)} kept {len(waiters)} rank(s) waiting "
+               f"{waited - late_s:.0f} s in {rv.label()} (it completed)")
+    callsites = []
+    for r in late:
+        pos = where.get(r)
+        if pos:
+            callsites.append({"rank": r, **pos, "source": "sample"})
+            summary += (f"; rank {r} was in {pos.get('function')} "
+                        f"({pos.get('file')}:{pos.get('line')})")
+    callsites += [callsite_of(r, rv.arrivals[r].callsite) for r in late[:4]]
+    if waiters:
+        callsites.append(callsite_of(waiters[0], rv.arrivals[waiters[0]].callsite))
+    return Finding("long_wait", "info", summary, late, rv.group, rv.seq, callsites,
+                   details={"waiting_ranks": waiters, "waited_s": round(waited - late_s, 1),
+                            "in_flight": False},
+                   remedy=_LONG_WAIT_REMEDY)
+
+
+_LONG_WAIT_REMEDY = ("Not an error: the ranks waited while these worked (a checkpoint, an "
+                     "evaluation or data preparation on one rank). To shorten it, spread the "
+                     "work over the ranks or make it asynchronous (torch.distributed.checkpoint "
+                     "async_save).")
+
+
+def extra_collective(rv: Rendezvous, roots: list[int], views: dict, waited: float,
+                     confirm_s: float, familiar) -> Finding | None:
+    """The ranks the others wait for have all exited cleanly: those left in the collective
+    issued one the others never did (a collective inside `if is_global_zero:`), when
+    they are the odd ones out: fewer than those that exited, or in a call never seen
+    to complete on this group before. Else the exited ranks skipped one (None)."""
+    if not roots or not all(r in views and views[r].clean_exit and (
+            views[r].latest is None or views[r].latest.status == "ok") for r in roots):
+        return None  # (a rank whose last op failed left because of that failure)
+    inside = sorted(rv.arrivals)
+    if len(inside) >= len(roots) and familiar(rv.arrivals[inside[0]]):
+        return None  # the usual call, most ranks in it: the ones that left skipped it
+    failed = [r for r, e in rv.arrivals.items() if e.status in ("error", "timeout")]
+    if not failed and waited < confirm_s:
+        return None
+    first = rv.arrivals[inside[0]]
+    where = ""
+    if first.callsite:
+        where = f" at {first.callsite.get('file')}:{first.callsite.get('line')}"
+    summary = (f"hang: {_who(inside)} {'is' if len(inside) == 1 else 'are'} left alone in "
+               f"{rv.label()}{where} after {_who(roots)} exited normally: "
+               f"{_who(inside)} issued one collective too many (a collective inside a "
+               f"rank-dependent branch, e.g. `if trainer.is_global_zero:` or "
+               f"`if accelerator.is_main_process:`)")
+    issued = {str(r): views[r].issued.get(rv.group, 0) for r in (*inside, *roots)
+              if r in views}
+    return Finding("hang", "error", summary, inside, rv.group, rv.seq,
+                   [callsite_of(r, rv.arrivals[r].callsite) for r in inside],
+                   details={"reason": "extra_collective", "exited_ranks": sorted(roots),
+                            "failed_ranks": sorted(failed), "issued_in_group": issued,
+                            "waited_s": round(waited, 1)},
+                   remedy="Every rank must issue the same collectives: move the collective "
+                   "out of the branch that runs on some ranks only (call all_gather / "
+                   "gather_object on every rank, then use the result on rank 0).")
+
+
+def dropped_sends(open_rv, views: dict, policy: Policy) -> tuple[list[Finding], set[int]]:
+    """Sends in flight whose sender has moved on and is blocked elsewhere (an isend whose
+    work was never waited on) while the receiver waits in the matching recv. Returns the
+    findings and the ranks they explain."""
+    out: list[Finding] = []
+    explained: set[int] = set()
+    bound = policy.fixed_s if policy.fixed_s is not None else STALL_S
+    for rv in open_rv:
+        if not rv.is_p2p or rv.missing:
+            continue
+        src, dst = rv.key[2], rv.key[3]
+        send, recv = rv.arrivals.get(src), rv.arrivals.get(dst)
+        sv, dv = views.get(src), views.get(dst)
+        if (send is None or recv is None or sv is None or dv is None or sv.latest is None
+                or dv.latest is None or send.t_end_ns is not None
+                or recv.t_end_ns is not None or send.op != "send"):
+            continue
+        if sv.latest.index == send.index or dv.latest.index != recv.index:
+            continue  # the sender waits in it (a slow transport), or nobody waits for it
+        if sv.exit is None and sv.latest.t_end_ns is not None:
+            continue  # the sender computes: its wait() may still come
+        waited = dv.waited_s(recv)
+        if waited < bound:
+            continue
+        cs = send.callsite or {}
+        summary = (f"hang: rank {src}'s isend #{rv.seq} to rank {dst} in group {rv.group}"
+                   f"{' at ' + str(cs.get('file')) + ':' + str(cs.get('line')) if cs else ''}"
+                   f" never completed and its request was never waited on (dropped): rank "
+                   f"{dst} has waited {waited:.0f} s in the matching recv")
+        if sv.latest.t_end_ns is None:
+            summary += f"; rank {src} went on and waits in {sv.latest.op} #{sv.latest.seq}"
+        out.append(Finding(
+            "hang", "error", summary, [src], rv.group, rv.seq,
+            [callsite_of(src, send.callsite), callsite_of(dst, recv.callsite)],
+            details={"reason": "dropped_send", "receiver": dst, "waited_s": round(waited, 1),
+                     "waiting_ranks": [dst]},
+            remedy="Keep the request every isend/irecv returns and call wait() on it (or on "
+                   "every work of batch_isend_irecv) before the tensor is reused or the "
+                   "request goes out of scope: a dropped request can lose the message."))
+        explained.update((src, dst))
+    return out, explained
+
+
+def skipped_finding(r: int, rv: Rendezvous, main: Rendezvous, views, callsites,
+                     details) -> Finding:
+    """The lone rank's call is an ordinary one for its group: it did not pick the wrong
+    group, it skipped the collective the others wait in and went on to its next op."""
+    ev = rv.arrivals[r]
+    waiters = sorted(r for r, e in main.arrivals.items() if e.t_end_ns is None)
+    issued = views[r].issued.get(main.group, 0) if r in views else None
+    others = sorted({views[w].issued.get(main.group, 0) for w in waiters if w in views})
+    summary = (f"hang: rank {r} skipped {main.label()} that ranks "
+               f"{', '.join(map(str, waiters))} wait in, and went on to {ev.op} #{rv.seq} "
+               f"in group {rv.group}")
+    if issued is not None and others:
+        summary += (f" (it has issued {issued} collective(s) on group {main.group}, the "
+                    f"others {others[-1]})")
+    details.update(reason="skipped_collective", waiting_ranks=waiters,
+                   issued_in_group={str(r): issued})
+    main_first = main.arrivals[waiters[0]] if waiters else None
+    if main_first is not None and main_first.callsite:
+        callsites.append(callsite_of(waiters[0], main_first.callsite))
+    return Finding("hang", "error", summary, [r], main.group, main.seq, callsites,
+                   details=details, remedy="A rank-dependent branch or one batch fewer made "
+                   "this rank skip a collective: every rank must issue the same collectives "
+                   "on a group, in the same order.")
+
+
+
+class Gaps:
+    """Where each rank's main thread was between its ops: the tracer's sampled lines
+    since its previous op, counted; kept for its last few ops (bounded)."""
+
+    KEEP = 16
+
+    def __init__(self):
+        self.open: dict[int, Counter] = {}  # rank -> lines since its newest op
+        self.last: dict[int, tuple] = {}  # rank -> newest sampled (file, line, function)
+        self.moved_ns: dict[int, int] = {}  # rank -> its clock when that line changed
+        self.seen_ns: dict[int, int] = {}  # rank -> its clock at its newest sample
+        self.before: dict[int, dict[int, Counter]] = {}  # rank -> op index -> lines
+
+    def sample(self, rank: int, callsite: dict | None, t_ns: int) -> None:
+        if not callsite:
+            return
+        site = (callsite.get("file"), callsite.get("line"), callsite.get("function"))
+        c = self.open.get(rank)
+        if c is None:
+            c = self.open[rank] = Counter()
+        if site in c or len(c) < MAX_SITES:
+            c[site] += 1
+        if self.last.get(rank) != site:
+            self.last[rank] = site
+            self.moved_ns[rank] = t_ns
+        self.seen_ns[rank] = t_ns
+
+    def op(self, rank: int, index: int) -> None:
+        """The rank issued op `index`: the lines counted so far were before it."""
+        c = self.open.pop(rank, None)
+        if c:
+            held = self.before.setdefault(rank, {})
+            held[index] = c
+            if len(held) > self.KEEP:
+                del held[min(held)]
+
+    def where_before(self, rank: int, index: int) -> dict | None:
+        return _top(self.before.get(rank, {}).get(index))
+
+    def where_now(self, rank: int) -> dict | None:
+        return _top(self.open.get(rank))
+
+
+def _top(c: Counter | None) -> dict | None:
+    if not c:
+        return None
+    (file, line, function), _ = c.most_common(1)[0]
+    return {"file": file, "line": line, "function": function}
