@@ -71,6 +71,8 @@ class HostSnapshot:
 
 
 BUSY_PCT = 20.0  # another process named as busy from this share of a core
+FRESH_LOOK_S = 0.2  # the second look at processes seen for the first time
+MAX_FRESH = 2000  # ... skipped past this many (a node with a huge process table)
 MAX_BUSY = 8
 
 
@@ -132,7 +134,7 @@ class HostProbe:
                 seen[p.pid] = self._others.get(p.pid) or p
         except Exception:
             return ()
-        out = []
+        out, fresh_ones = [], []
         for pid, proc in seen.items():
             fresh = pid not in self._others
             self._others[pid] = proc
@@ -140,16 +142,24 @@ class HostProbe:
                 continue
             try:
                 pct = proc.cpu_percent(interval=None)
-                if fresh or pct < BUSY_PCT:
-                    continue
-                try:
-                    cpus = sorted(proc.cpu_affinity())
-                except (AttributeError, psutil.Error):
-                    cpus = None
-                out.append({"pid": pid, "name": proc.name(), "cpu_pct": round(pct, 1),
-                            "cpus": cpus})
+                if fresh:
+                    fresh_ones.append(proc)  # psutil needs a second look for a rate
+                elif pct >= BUSY_PCT:
+                    out.append(_busy_entry(proc, pct))
             except psutil.Error:
                 continue
+        if fresh_ones and len(fresh_ones) <= MAX_FRESH:
+            # processes seen for the first time (the first busy tick, or new ones): one
+            # short second look now rather than a whole period later, so a short job's
+            # noisy neighbours are named (this thread is the sampler's own)
+            time.sleep(FRESH_LOOK_S)
+            for proc in fresh_ones:
+                try:
+                    pct = proc.cpu_percent(interval=None)
+                    if pct >= BUSY_PCT:
+                        out.append(_busy_entry(proc, pct))
+                except psutil.Error:
+                    continue
         for pid in [p for p in self._others if p not in seen]:
             del self._others[pid]
         out.sort(key=lambda b: -b["cpu_pct"])
@@ -237,3 +247,11 @@ def _runq_ns(pid: int) -> int | None:
         except (OSError, ValueError, IndexError):
             continue
     return total
+
+
+def _busy_entry(proc, pct: float) -> dict:
+    try:
+        cpus = sorted(proc.cpu_affinity())
+    except (AttributeError, psutil.Error):
+        cpus = None
+    return {"pid": proc.pid, "name": proc.name(), "cpu_pct": round(pct, 1), "cpus": cpus}

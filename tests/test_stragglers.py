@@ -72,24 +72,16 @@ def test_a_rank_starved_of_cpu_is_its_hosts_finding_not_a_straggler(tmp_path):
     finding naming the node and the rank it slows, never a straggler of the program."""
     run_dir = tmp_path / "run"
     core = sorted(os.sched_getaffinity(0))[1]  # the job pins rank 1 there
-    with cpu_hogs([core] * 4) as hogs:  # rank 1 gets at most a fifth of its core
+    with cpu_hogs([core, core]) as hogs:
         res = run_job("stragglers/cpu_starved.py", 2, run_dir, timeout=120)
     assert res.returncode == 0, res.stderr[-3000:]
     findings = json.loads((run_dir / "findings.json").read_text())["findings"]
-    # Said as the CPU wait it is: a host finding (the node's other processes named when
-    # the node sampler has seen them busy twice, 1 Hz), else a straggler whose cause is
-    # the wait for a CPU; never a program straggler with another cause. (Which of the two
-    # depends on whether the sampler named the hogs in this short job: issue 30's note.)
-    assert findings, "rank 1's wait for a CPU was not reported"
-    for f in findings:
-        assert f["kind"] == "host" or (f["kind"] == "straggler" and f["ranks"] == [1]
-                                       and f["details"].get("cause") == "cpu"), f
-        assert "rank 1" in f["summary"] and "for a CPU" in f["summary"], f["summary"]
-    for f in findings:
-        if f["kind"] == "host":
-            assert f["details"]["slowed_ranks"] == [1], f
-            busy = {b["pid"] for b in f["details"]["busy_processes"]}
-            assert not busy or set(hogs) & busy, f["details"]
+    assert [(f["kind"], f["ranks"]) for f in findings] == [("host", [])], findings
+    f = findings[0]
+    assert f["details"]["slowed_ranks"] == [1], f
+    # the busy processes named, by pid: the hogs (on the shared machine, maybe others)
+    assert set(hogs) & {b["pid"] for b in f["details"]["busy_processes"]}, f["details"]
+    assert "rank 1 waited" in f["summary"] and "for a CPU" in f["summary"], f["summary"]
 
 
 def test_a_slow_link_in_one_tp_pair_is_named_as_that_groups_link(tmp_path):
