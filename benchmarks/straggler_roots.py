@@ -24,19 +24,12 @@ import sys
 import tempfile
 import time
 
+from distdoctor.reference_trainer.config import PARALLEL_MODES
+
 SMALL = ["--layers", "4", "--dim", "32", "--heads", "2", "--seq-len", "16", "--vocab", "64",
          "--batch-size", "8", "--log-every", "1000", "--timeout-s", "90"]
-MODES = {  # mode -> (nproc, flags)
-    "DDP": (2, ["--dp", "2"]),
-    "FSDP2": (2, ["--fsdp", "2"]),
-    "HSDP": (4, ["--dp", "2", "--fsdp", "2"]),
-    "TP+SP": (2, ["--tp", "2"]),
-    "PP gpipe": (2, ["--pp", "2", "--schedule", "gpipe"]),
-    "PP 1f1b": (2, ["--pp", "2", "--schedule", "1f1b"]),
-    "PP interleaved": (2, ["--pp", "2", "--schedule", "interleaved1f1b"]),
-    "DDP+EP": (2, ["--dp", "2", "--experts", "4", "--ep", "2"]),
-    "8-rank": (8, ["--dp", "2", "--tp", "2", "--pp", "2", "--experts", "4", "--ep", "2"]),
-}
+# mode -> (nproc, flags): the trainer's modes but the two-mode combinations
+MODES = {name: mode for name, mode in PARALLEL_MODES.items() if name not in ("DP x PP", "DP x TP")}
 # (mode, position, slow rank)
 ROWS = [("DDP", "DP rank", 1), ("FSDP2", "FSDP shard", 1), ("HSDP", "shard of replica 1", 3),
         ("TP+SP", "TP member", 1), ("PP gpipe", "first stage", 0),

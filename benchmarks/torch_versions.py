@@ -24,6 +24,8 @@ import tempfile
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
+from distdoctor.reference_trainer.config import PARALLEL_MODES
+
 ROOT = Path(__file__).resolve().parents[1]
 
 # feature -> test id prefixes in the smoke set (all must pass; all skipped = n/a)
@@ -45,19 +47,8 @@ FEATURES = {
     "demo": ["test_demo.py::"],
 }
 
-# trainer mode -> (flags, ranks)
-MODES = {
-    "trainer: DDP": (["--dp", "2"], 2),
-    "trainer: FSDP2": (["--fsdp", "2"], 2),
-    "trainer: HSDP": (["--dp", "2", "--fsdp", "2"], 4),
-    "trainer: TP+SP": (["--tp", "2"], 2),
-    "trainer: PP gpipe": (["--pp", "2", "--schedule", "gpipe"], 2),
-    "trainer: PP 1f1b": (["--pp", "2", "--schedule", "1f1b"], 2),
-    "trainer: PP interleaved": (["--pp", "2", "--schedule", "interleaved1f1b"], 2),
-    "trainer: DP x PP": (["--dp", "2", "--pp", "2"], 4),
-    "trainer: DP x TP": (["--dp", "2", "--tp", "2"], 4),
-    "trainer: DDP + EP": (["--dp", "2", "--experts", "4", "--ep", "2"], 2),
-}
+# row -> (ranks, flags): the trainer's modes on 2 or 4 ranks
+MODES = {f"trainer: {name}": mode for name, mode in PARALLEL_MODES.items() if mode[0] <= 4}
 
 
 def env_for(venv: Path) -> dict:
@@ -136,7 +127,7 @@ def main() -> int:
         results = smoke(venv)
         cells = {name: feature_cell(results, prefixes) for name, prefixes in FEATURES.items()}
         if not args.no_modes:
-            for name, (flags, nproc) in MODES.items():
+            for name, (nproc, flags) in MODES.items():
                 cells[name] = mode_cell(venv, flags, nproc)
         columns[version] = cells
     order = sorted(columns, key=lambda v: tuple(int(p) for p in v.split("+")[0].split(".")[:2]))

@@ -185,6 +185,23 @@ def _check_shapes(cfg: TrainConfig) -> None:
             raise ValueError(message)
 
 
+# Every parallel mode of the trainer, smallest layout each: name -> (ranks, degree flags).
+# The one list tests and benchmarks run the modes from (stragglers, torch versions).
+PARALLEL_MODES = {
+    "DDP": (2, ["--dp", "2"]),
+    "FSDP2": (2, ["--fsdp", "2"]),
+    "HSDP": (4, ["--dp", "2", "--fsdp", "2"]),
+    "TP+SP": (2, ["--tp", "2"]),
+    "PP gpipe": (2, ["--pp", "2", "--schedule", "gpipe"]),
+    "PP 1f1b": (2, ["--pp", "2", "--schedule", "1f1b"]),
+    "PP interleaved": (2, ["--pp", "2", "--schedule", "interleaved1f1b"]),
+    "DP x PP": (4, ["--dp", "2", "--pp", "2"]),
+    "DP x TP": (4, ["--dp", "2", "--tp", "2"]),
+    "DDP+EP": (2, ["--dp", "2", "--experts", "4", "--ep", "2"]),
+    "8-rank": (8, ["--dp", "2", "--tp", "2", "--pp", "2", "--experts", "4", "--ep", "2"]),
+}
+
+
 def demo_degrees(world_size: int) -> list[str]:
     """Degree flags that exercise as many parallelisms as `world_size` ranks allow on the
     installed torch.
