@@ -11,14 +11,12 @@ dir's findings.json until the finding is there.
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import subprocess
-import sys
 import tempfile
 import textwrap
-import time
 from pathlib import Path
+
+from hang_detection import time_to_finding  # this folder: run as a script
 
 JOB = textwrap.dedent("""
     import datetime, os, sys, time
@@ -39,30 +37,11 @@ JOB = textwrap.dedent("""
 
 
 def one(kind: str, hang_timeout: float, tmp: Path) -> float:
-    job, mark, run_dir = tmp / "job.py", tmp / "mark", tmp / f"run-{kind}-{time.time_ns()}"
+    job = tmp / "job.py"
     job.write_text(JOB)
-    mark.unlink(missing_ok=True)
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "distdoctor", "run", "--nproc", "4", "--run-dir", str(run_dir),
-         "--hang-timeout", str(hang_timeout), "--on-hang", "kill", "--grace", "1", "--",
-         str(job), kind, str(mark)],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL)
-    found_at = None
-    try:
-        deadline = time.time() + 120
-        while time.time() < deadline and found_at is None:
-            try:
-                findings = json.loads((run_dir / "findings.json").read_text())["findings"]
-                if any(f["kind"] == kind and 1 in f["ranks"] for f in findings):
-                    found_at = time.time()
-            except (OSError, ValueError, KeyError):
-                pass
-            time.sleep(0.01)
-    finally:
-        proc.wait(timeout=120)
-    if found_at is None:
-        raise SystemExit(f"{kind}: no finding within 120 s")
-    return found_at - float(mark.read_text())
+    return time_to_finding(job, kind, tmp, str(hang_timeout),
+                           lambda f: f["kind"] == kind and 1 in f["ranks"],
+                           nproc=4, limit_s=120, poll_s=0.01)
 
 
 def main() -> None:

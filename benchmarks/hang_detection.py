@@ -63,11 +63,12 @@ HANGS = ("compute", "sleep", "lock", "queue", "dead", "deadlock", "wrong_group",
 LONG = ("checkpoint", "evaluate", "prepare", "warmup", "dataloader", "generate")
 
 
-def _start(run_dir: Path, cmd: list[str], timeout: str | None) -> subprocess.Popen:
+def _start(run_dir: Path, cmd: list[str], timeout: str | None,
+           nproc: int = 2) -> subprocess.Popen:
     extra = ["--hang-timeout", timeout] if timeout else []
     return subprocess.Popen(
-        [sys.executable, "-m", "distdoctor", "run", "--nproc", "2", "--run-dir", str(run_dir),
-         *extra, "--on-hang", "kill", "--grace", "1", "--", *cmd],
+        [sys.executable, "-m", "distdoctor", "run", "--nproc", str(nproc), "--run-dir",
+         str(run_dir), *extra, "--on-hang", "kill", "--grace", "1", "--", *cmd],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL)
 
 
@@ -78,24 +79,33 @@ def _findings(run_dir: Path) -> list[dict]:
         return []
 
 
-def detect(kind: str, tmp: Path, timeout: str | None) -> float:
-    job, mark = tmp / "job.py", tmp / f"mark-{kind}"
-    run_dir = tmp / f"run-{kind}-{time.time_ns()}"
-    job.write_text(JOB)
+def time_to_finding(job: Path, kind: str, tmp: Path, timeout: str | None, found,
+                    nproc: int = 2, limit_s: float = 180, poll_s: float = 0.02) -> float:
+    """Run `job KIND MARK` under `distdoctor run`; seconds from the wall time the job wrote
+    to MARK (just before it diverges) to the first finding on disk that `found` accepts.
+    Also detection_latency.py's."""
+    mark, run_dir = tmp / f"mark-{kind}", tmp / f"run-{kind}-{time.time_ns()}"
     mark.unlink(missing_ok=True)
-    proc = _start(run_dir, [str(job), kind, str(mark)], timeout)
+    proc = _start(run_dir, [str(job), kind, str(mark)], timeout, nproc)
     found_at = None
     try:
-        deadline = time.time() + 180
+        deadline = time.time() + limit_s
         while time.time() < deadline and found_at is None:
-            if any(f["severity"] == "error" and 1 in f["ranks"] for f in _findings(run_dir)):
+            if any(found(f) for f in _findings(run_dir)):
                 found_at = time.time()
-            time.sleep(0.02)
+            time.sleep(poll_s)
     finally:
         proc.wait(timeout=120)
     if found_at is None:
-        raise SystemExit(f"{kind}: no finding within 180 s")
+        raise SystemExit(f"{kind}: no finding within {limit_s:g} s")
     return found_at - float(mark.read_text())
+
+
+def detect(kind: str, tmp: Path, timeout: str | None) -> float:
+    job = tmp / "job.py"
+    job.write_text(JOB)
+    return time_to_finding(job, kind, tmp, timeout,
+                           lambda f: f["severity"] == "error" and 1 in f["ranks"])
 
 
 def healthy(kind: str, tmp: Path, seconds: float) -> tuple[int, str]:
