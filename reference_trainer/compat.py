@@ -90,12 +90,6 @@ def no_forward_buffer_sync() -> dict:
     return {"broadcast_buffers": False}
 
 
-def device_mesh_can(method: str) -> bool:
-    from torch.distributed.device_mesh import DeviceMesh
-
-    return hasattr(DeviceMesh, method)
-
-
 def stage_needs_example_inputs() -> bool:
     """torch 2.4's PipelineStage requires `input_args` (later ones infer shapes at run time)."""
     from torch.distributed.pipelining import PipelineStage
