@@ -200,7 +200,7 @@ class Reasoner:
         # the root-cause entry; with no table, the one rank the launcher reports failed
         roots = [e for e in alive if e.get("root_cause")] or (alive if len(alive) == 1 else [])
         failed = [e for e in roots if e["rank"] not in ranked]
-        orphans = [f for _, f in out if not f.ranks and f.kind in ("crash", "mismatch")
+        orphans = [f for _, f in out if not f.ranks and f.kind == "crash"
                    and f.details.get("rule") != "launcher_signaled"]
         if len(failed) == 1 and len(orphans) == 1:
             rank = failed[0]["rank"]
