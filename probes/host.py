@@ -2,8 +2,9 @@
 liveness, state, CPU and resident memory. Snapshots are immutable; a probe keeps its
 `psutil.Process` objects between ticks so CPU percentages cover the time since the last one.
 
-For the machine's noise (diagnosis/host_noise.py): the steal time, the other processes
-that use a good part of a core (not the ranks, their children or distdoctor), with the
+For the machine's noise (diagnosis/host_noise.py): the steal time, the CPU all other
+processes use (not the ranks, their children or distdoctor) and the busiest of them,
+grouped by name (twenty small workers of one program are one busy program), with the
 cores they may run on, and each rank process's run queue delay: how long all its threads
 (gloo's workers too) waited for a CPU per second, from /proc/PID/task/*/schedstat.
 """
@@ -58,8 +59,11 @@ class HostSnapshot:
     net_sent_bytes: int | None  # cumulative since boot
     net_recv_bytes: int | None
     steal_pct: float | None = None  # of all cores, since the previous tick (VMs)
-    # other processes using >= BUSY_PCT of a core: {pid, name, cpu_pct, cpus}
+    # the other processes' busiest programs, by name: {name, pid (the busiest), pids,
+    # count, cpu_pct (all of them, % of one core), cpus}
     busy: tuple = ()
+    others_pct: float | None = None  # all other processes' CPU, % of one core
+
 
     def to_json(self) -> dict:
         return {f.name: getattr(self, f.name) for f in fields(self)}
@@ -70,7 +74,8 @@ class HostSnapshot:
         return cls(**{f.name: d.get(f.name) for f in fields(cls)})
 
 
-BUSY_PCT = 20.0  # another process named as busy from this share of a core
+BUSY_PCT = 20.0  # the other processes are looked through from this share of a core
+NOTED_PCT = 1.0  # a process counted among the others' CPU (below: idle daemons)
 FRESH_LOOK_S = 0.2  # the second look at processes seen for the first time
 MAX_FRESH = 2000  # ... skipped past this many (a node with a huge process table)
 MAX_BUSY = 8
@@ -115,16 +120,18 @@ class HostProbe:
         # busier than the ranks keep them (their use at the last tick)
         cores_used = cpu_pct * (psutil.cpu_count() or 1) / 100
         others_used = cores_used - self._ranks_cpu_pct / 100
-        busy = self.busy_others(job_pids) if others_used >= BUSY_PCT / 100 else ()
+        busy, others_pct = (self.busy_others(job_pids) if others_used >= BUSY_PCT / 100
+                            else ((), None))
         return HostSnapshot(t=time.time(), host=self.host,
                             cpu_pct=cpu_pct,
                             cpu_count=psutil.cpu_count(), load1=load[0], load5=load[1],
                             load15=load[2], mem_total_bytes=total, mem_available_bytes=avail,
                             net_sent_bytes=sent, net_recv_bytes=recv, steal_pct=steal,
-                            busy=busy)
+                            busy=busy, others_pct=others_pct)
 
-    def busy_others(self, job_pids) -> tuple:
-        """Processes outside the job using >= BUSY_PCT of a core since the last call."""
+    def busy_others(self, job_pids) -> tuple[tuple, float]:
+        """(the busiest programs outside the job since the last call, grouped by name;
+        all their CPU, % of one core)."""
         ours = {os.getpid(), *job_pids}
         parents: dict[int, int] = {}
         seen: dict[int, psutil.Process] = {}
@@ -133,7 +140,7 @@ class HostProbe:
                 parents[p.pid] = p.info.get("ppid") or 0
                 seen[p.pid] = self._others.get(p.pid) or p
         except Exception:
-            return ()
+            return (), None
         out, fresh_ones = [], []
         for pid, proc in seen.items():
             fresh = pid not in self._others
@@ -144,8 +151,8 @@ class HostProbe:
                 pct = proc.cpu_percent(interval=None)
                 if fresh:
                     fresh_ones.append(proc)  # psutil needs a second look for a rate
-                elif pct >= BUSY_PCT:
-                    out.append(_busy_entry(proc, pct))
+                elif pct >= NOTED_PCT:
+                    out.append((proc, pct))
             except psutil.Error:
                 continue
         if fresh_ones and len(fresh_ones) <= MAX_FRESH:
@@ -156,14 +163,14 @@ class HostProbe:
             for proc in fresh_ones:
                 try:
                     pct = proc.cpu_percent(interval=None)
-                    if pct >= BUSY_PCT:
-                        out.append(_busy_entry(proc, pct))
+                    if pct >= NOTED_PCT:
+                        out.append((proc, pct))
                 except psutil.Error:
                     continue
         for pid in [p for p in self._others if p not in seen]:
             del self._others[pid]
-        out.sort(key=lambda b: -b["cpu_pct"])
-        return tuple(out[:MAX_BUSY])
+        total = round(sum(pct for _, pct in out), 1)
+        return _by_name(out)[:MAX_BUSY], total
 
     def runq_ms_per_s(self, pid: int) -> float | None:
         """How long the process' threads waited for a CPU per second since the last call
@@ -249,9 +256,24 @@ def _runq_ns(pid: int) -> int | None:
     return total
 
 
-def _busy_entry(proc, pct: float) -> dict:
-    try:
-        cpus = sorted(proc.cpu_affinity())
-    except (AttributeError, psutil.Error):
-        cpus = None
-    return {"pid": proc.pid, "name": proc.name(), "cpu_pct": round(pct, 1), "cpus": cpus}
+def _by_name(found: list) -> tuple:
+    """(process, cpu %) pairs -> one entry per program name, busiest first."""
+    groups: dict[str, list] = {}
+    for proc, pct in sorted(found, key=lambda pp: -pp[1]):
+        try:
+            name = proc.name()
+        except psutil.Error:
+            continue
+        groups.setdefault(name, []).append((proc, pct))
+    out = []
+    for name, members in groups.items():
+        top = members[0][0]
+        try:
+            cpus = sorted(top.cpu_affinity())
+        except (AttributeError, psutil.Error):
+            cpus = None
+        out.append({"name": name, "pid": top.pid, "pids": [p.pid for p, _ in members[:8]],
+                    "count": len(members), "cpu_pct": round(sum(x for _, x in members), 1),
+                    "cpus": cpus})
+    out.sort(key=lambda b: -b["cpu_pct"])
+    return tuple(out)

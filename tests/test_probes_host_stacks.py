@@ -132,3 +132,21 @@ def test_dead_pid_is_unavailable_quickly():
 def test_install_is_safe_without_sigusr2(monkeypatch):
     monkeypatch.delattr(signal, "SIGUSR2")
     assert install_stack_dump_handler("/nonexistent/dir/x.txt") is False
+
+
+def test_many_small_processes_of_one_program_are_one_busy_program():
+    """Six processes of one program, each busy ~10% of the time: none is busy alone, the
+    program is (its processes' CPU summed), and all of the others' CPU is counted."""
+    from hogs import cpu_hogs
+
+    probe = HostProbe()
+    with cpu_hogs(["any"] * 6, duty=0.1, name="ddprobehog", detached=True) as hogs:
+        time.sleep(0.5)
+        probe.busy_others([])  # the first look: a rate needs two
+        time.sleep(1.0)
+        busy, others_pct = probe.busy_others([])
+    mine = [b for b in busy if b["name"] == "ddprobehog"]
+    assert len(mine) == 1, busy
+    assert mine[0]["count"] == 6 and set(mine[0]["pids"]) == set(hogs), mine
+    assert mine[0]["cpu_pct"] >= 20, mine  # ~60% of a core on an idle machine
+    assert others_pct >= mine[0]["cpu_pct"]

@@ -72,21 +72,28 @@ def test_check_warns_of_a_torch_below_the_floor():
 
 
 def _one_rank(tmp_path, prelude: str) -> subprocess.CompletedProcess:
-    """A one-rank gloo job with the tracer installed after `prelude`."""
+    """A one-rank gloo job with the tracer installed after `prelude`.
+
+    It meets itself through a TCP store on a port of its own choosing (what torchrun
+    uses), and dumps its stacks and exits if it is still running after 60 s, so that a
+    hang on some torch of the matrix fails with where it stood instead of a bare timeout."""
     script = textwrap.dedent(f"""
+        import datetime, faulthandler
+        faulthandler.dump_traceback_later(60, exit=True)
         import torch
         {prelude}
         import distdoctor
         distdoctor.install(run_dir={str(tmp_path / "run")!r})
         import torch.distributed as dist
-        dist.init_process_group("gloo", init_method="file://{tmp_path / 'store'}",
-                                rank=0, world_size=1)
+        store = dist.TCPStore("127.0.0.1", 0, world_size=1, is_master=True,
+                              timeout=datetime.timedelta(seconds=30))
+        dist.init_process_group("gloo", store=store, rank=0, world_size=1)
         dist.all_reduce(torch.ones(2))
         print("group", type(dist.group.WORLD).__name__)
         dist.destroy_process_group()
     """)
     return subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
-                          timeout=120)
+                          stdin=subprocess.DEVNULL, timeout=90)
 
 
 def test_a_torch_below_the_floor_runs_untraced_with_one_line(tmp_path):

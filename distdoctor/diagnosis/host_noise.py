@@ -28,8 +28,10 @@ from distdoctor.diagnosis.findings import Finding
 RECENT_SAMPLES = 30  # node samples (1 Hz) looked at: the recent steps' time
 SHARE = 0.5  # the CPU wait must hold this share of the lateness
 MAIN_SHARE = 0.25  # ... and the main thread's own wait at least this share
-BUSY_PCT = 20.0  # another process counts as busy at this much of a core
+BUSY_PCT = 20.0  # the other processes together make the node busy from this share of a core
+NAMED_PCT = 5.0  # a program (all its processes) named among them from this share
 TOP = 5  # busy processes named
+NODE_SPAN_S = 3.0  # the node sampler's reading judges steps that span this long at least
 STEAL_PCT = 5.0  # steal time that counts as the hypervisor's load
 
 REMEDY = ("The rank waits for a CPU, not for its own work: other processes use its cores. "
@@ -40,27 +42,35 @@ REMEDY = ("The rank waits for a CPU, not for its own work: other processes use i
 
 
 def node_view(samples, rank: int) -> dict | None:
-    """What the recent samples of the node running `rank` say: {host, busy (pid ->
-    {name, cpu_pct}), busy_cores, steal_pct, runq_ms_per_s (rank -> its process' CPU
-    wait per second)}; None when no sample covers the rank."""
+    """What the recent samples of the node running `rank` say: {host, busy (program name
+    -> {name, pid, pids, count, cpu_pct}), busy_cores (all other processes' CPU, in
+    cores), steal_pct, runq_ms_per_s (rank -> its process' CPU wait per second)}; None
+    when no sample covers the rank."""
     mine = [s for s in list(samples)[-4 * RECENT_SAMPLES:]
             if any(getattr(p, "rank", None) == rank for p in getattr(s, "processes", ()))]
     mine = mine[-RECENT_SAMPLES:]
     if not mine:
         return None
     host = mine[-1].host
-    busy: dict[int, dict] = {}
-    steal, runq = [], {}
+    busy: dict[str, dict] = {}
+    steal, runq, others = [], {}, []
     for s in mine:
         hs = s.host_stats
         if hs is None:
             continue
         if getattr(hs, "steal_pct", None) is not None:
             steal.append(hs.steal_pct)
+        if getattr(hs, "others_pct", None) is not None:
+            others.append(hs.others_pct)
         for b in getattr(hs, "busy", None) or ():
-            d = busy.setdefault(b["pid"], {"name": b.get("name"), "cpu_pct": 0.0,
-                                           "cpus": b.get("cpus")})
+            # by program name: run dirs written before the probe grouped (one entry a
+            # process) read the same way
+            name = b.get("name") or f"pid {b['pid']}"
+            d = busy.setdefault(name, {"name": b.get("name"), "pid": b["pid"], "pids": [],
+                                       "count": 0, "cpu_pct": 0.0, "cpus": b.get("cpus")})
             d["cpu_pct"] += b.get("cpu_pct") or 0.0
+            d["pids"] = sorted({*d["pids"], *(b.get("pids") or [b["pid"]])})
+            d["count"] = max(d["count"], b.get("count") or 1, len(d["pids"]))
         for p in s.processes:
             q = getattr(p, "runq_ms_per_s", None)
             if q is not None:
@@ -68,16 +78,19 @@ def node_view(samples, rank: int) -> dict | None:
     n = len(mine)
     for d in busy.values():
         d["cpu_pct"] = round(d["cpu_pct"] / n, 1)
-    busy = {pid: d for pid, d in busy.items() if d["cpu_pct"] >= BUSY_PCT}
-    return {"host": host, "busy": busy,
-            "busy_cores": round(sum(d["cpu_pct"] for d in busy.values()) / 100, 2),
+    # all other processes' CPU, small ones too (a hundred workers at 5% each are 5 cores)
+    total = sum(others) / n if others else sum(d["cpu_pct"] for d in busy.values())
+    busy = {k: d for k, d in busy.items() if d["cpu_pct"] >= NAMED_PCT}
+    return {"host": host, "busy": busy, "busy_cores": round(total / 100, 2),
             "steal_pct": round(statistics.mean(steal), 1) if steal else None,
             "runq_ms_per_s": {r: statistics.mean(v) for r, v in runq.items()}}
 
 
 def _cpu_wait(f: Finding, node: dict | None, time: dict) -> tuple[float, float] | None:
     """(the rank's CPU wait per step, the other ranks' typical) from the node sampler's
-    whole-process reading, scaled by the rank's step time; None without it."""
+    whole-process reading, scaled by the rank's step time; None without it, or when the
+    steps the rank is late in last less than a few of its 1 Hz samples (the reading
+    covers the last 30 s: it would speak of other steps than the late ones)."""
     if node is None:
         return None
     rank = f.ranks[0]
@@ -89,6 +102,8 @@ def _cpu_wait(f: Finding, node: dict | None, time: dict) -> tuple[float, float] 
     if not recent or not recent.get("wall_ms"):
         return None
     per_step = recent["wall_ms"] / 1000
+    if (f.details.get("steps") or 0) * per_step < NODE_SPAN_S:
+        return None  # steps too short a time for the 1 Hz sampler to see them
     others = [v for r, v in runq.items() if r != rank]
     return runq[rank] * per_step, statistics.median(others) * per_step
 
@@ -114,7 +129,8 @@ def separate(stragglers: list[Finding], samples, time: dict) -> list[Finding]:
                     and _extra(f, "runq_ms") >= MAIN_SHARE * lateness)
         # busy cores: other processes' or the hypervisor's, where the sampler saw the node
         # (a node that only the job's own threads oversubscribe stays the program's)
-        others = node is None or node["busy"] or (node["steal_pct"] or 0) >= STEAL_PCT
+        others = (node is None or node["busy_cores"] * 100 >= BUSY_PCT
+                  or (node["steal_pct"] or 0) >= STEAL_PCT)
         # the node sampler's reading of all the rank's threads, where there is one, has
         # the last word over its main thread's (a window of steps mixed across an onset
         # can make the latter look like a CPU wait)
@@ -145,8 +161,15 @@ def _compute_extra(f: Finding) -> float:
 
 
 def _busy_list(node: dict) -> list[dict]:
-    top = sorted(node["busy"].items(), key=lambda kv: -kv[1]["cpu_pct"])[:TOP]
-    return [{"pid": pid, **d} for pid, d in top]
+    return sorted(node["busy"].values(), key=lambda d: -d["cpu_pct"])[:TOP]
+
+
+def _program_text(b: dict) -> str:
+    name = b["name"] or "?"
+    if b.get("count", 1) > 1:
+        return f"{name} x{b['count']} (pids {', '.join(map(str, b['pids'][:4]))}" \
+            f"{', ...' if b['count'] > 4 else ''}; {b['cpu_pct']:.0f}% of a core)"
+    return f"{name} (pid {b['pid']}, {b['cpu_pct']:.0f}% of a core)"
 
 
 def _host_finding(host: str, items: list) -> Finding:
@@ -168,8 +191,9 @@ def _host_finding(host: str, items: list) -> Finding:
     busy = _busy_list(node) if node else []
     what = ""
     if busy:
-        what = "; busy there: " + ", ".join(
-            f"{b['name'] or '?'} (pid {b['pid']}, {b['cpu_pct']:.0f}% of a core)" for b in busy)
+        what = "; busy there: " + ", ".join(map(_program_text, busy))
+        if node["busy_cores"] * 100 > 1.5 * sum(b["cpu_pct"] for b in busy):
+            what += f" (other processes: {node['busy_cores']:.1f} cores in all)"
     steal = node.get("steal_pct") if node else None
     if steal:
         what += f"; steal time {steal:.0f}%"
