@@ -4,7 +4,7 @@ liveness, state, CPU and resident memory. Snapshots are immutable; a probe keeps
 
 For the machine's noise (diagnosis/host_noise.py): the steal time, the CPU all other
 processes use (not the ranks, their children or distdoctor) and the busiest of them,
-grouped by name (twenty small workers of one program are one busy program), with the
+grouped by program (twenty small workers of one parent are one busy program), with the
 cores they may run on, and each rank process's run queue delay: how long all its threads
 (gloo's workers too) waited for a CPU per second, from /proc/PID/task/*/schedstat.
 """
@@ -59,8 +59,8 @@ class HostSnapshot:
     net_sent_bytes: int | None  # cumulative since boot
     net_recv_bytes: int | None
     steal_pct: float | None = None  # of all cores, since the previous tick (VMs)
-    # the other processes' busiest programs, by name: {name, pid (the busiest), pids,
-    # count, cpu_pct (all of them, % of one core), cpus}
+    # the other processes' busiest programs (one name, one parent): {name, pid (the
+    # busiest), pids, count, cpu_pct (all of them, % of one core), cpus}
     busy: tuple = ()
     others_pct: float | None = None  # all other processes' CPU, % of one core
 
@@ -170,7 +170,7 @@ class HostProbe:
         for pid in [p for p in self._others if p not in seen]:
             del self._others[pid]
         total = round(sum(pct for _, pct in out), 1)
-        return _by_name(out)[:MAX_BUSY], total
+        return _by_program(out, parents)[:MAX_BUSY], total
 
     def runq_ms_per_s(self, pid: int) -> float | None:
         """How long the process' threads waited for a CPU per second since the last call
@@ -256,17 +256,19 @@ def _runq_ns(pid: int) -> int | None:
     return total
 
 
-def _by_name(found: list) -> tuple:
-    """(process, cpu %) pairs -> one entry per program name, busiest first."""
-    groups: dict[str, list] = {}
+def _by_program(found: list, parents: dict[int, int]) -> tuple:
+    """(process, cpu %) pairs -> one entry per program, busiest first: processes of one
+    name and one parent (a pool of workers) are one program; unrelated processes that
+    share a name (every `python`) stay apart."""
+    groups: dict[tuple, list] = {}
     for proc, pct in sorted(found, key=lambda pp: -pp[1]):
         try:
             name = proc.name()
         except psutil.Error:
             continue
-        groups.setdefault(name, []).append((proc, pct))
+        groups.setdefault((name, parents.get(proc.pid, 0)), []).append((proc, pct))
     out = []
-    for name, members in groups.items():
+    for (name, _), members in groups.items():
         top = members[0][0]
         try:
             cpus = sorted(top.cpu_affinity())

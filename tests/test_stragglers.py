@@ -73,16 +73,16 @@ def test_a_rank_starved_of_cpu_is_its_hosts_finding_not_a_straggler(tmp_path):
     finding naming the node and the rank it slows, never a straggler of the program."""
     run_dir = tmp_path / "run"
     core = sorted(os.sched_getaffinity(0))[1]  # the job pins rank 1 there
-    with cpu_hogs([core, core]) as hogs:
+    with cpu_hogs([core, core], name="ddstarvehog") as hogs:
         res = run_job("stragglers/cpu_starved.py", 2, run_dir, timeout=120)
     assert res.returncode == 0, res.stderr[-3000:]
     findings = json.loads((run_dir / "findings.json").read_text())["findings"]
     assert [(f["kind"], f["ranks"]) for f in findings] == [("host", [])], findings
     f = findings[0]
     assert f["details"]["slowed_ranks"] == [1], f
-    # the busy processes named, by pid: the hogs (on the shared machine, maybe others)
-    named = {p for b in f["details"]["busy_processes"] for p in b["pids"]}
-    assert set(hogs) & named, f["details"]
+    # the busy programs named: the hogs (on the shared machine, maybe others too)
+    named = {b["name"]: b for b in f["details"]["busy_processes"]}
+    assert "ddstarvehog" in named and set(named["ddstarvehog"]["pids"]) <= set(hogs), named
     assert "rank 1 waited" in f["summary"] and "for a CPU" in f["summary"], f["summary"]
 
 

@@ -42,8 +42,8 @@ REMEDY = ("The rank waits for a CPU, not for its own work: other processes use i
 
 
 def node_view(samples, rank: int) -> dict | None:
-    """What the recent samples of the node running `rank` say: {host, busy (program name
-    -> {name, pid, pids, count, cpu_pct}), busy_cores (all other processes' CPU, in
+    """What the recent samples of the node running `rank` say: {host, busy (a pid of it ->
+    a program: {name, pid, pids, count, cpu_pct}), busy_cores (all other processes' CPU, in
     cores), steal_pct, runq_ms_per_s (rank -> its process' CPU wait per second)}; None
     when no sample covers the rank."""
     mine = [s for s in list(samples)[-4 * RECENT_SAMPLES:]
@@ -52,7 +52,7 @@ def node_view(samples, rank: int) -> dict | None:
     if not mine:
         return None
     host = mine[-1].host
-    busy: dict[str, dict] = {}
+    busy: dict[int, dict] = {}
     steal, runq, others = [], {}, []
     for s in mine:
         hs = s.host_stats
@@ -63,13 +63,16 @@ def node_view(samples, rank: int) -> dict | None:
         if getattr(hs, "others_pct", None) is not None:
             others.append(hs.others_pct)
         for b in getattr(hs, "busy", None) or ():
-            # by program name: run dirs written before the probe grouped (one entry a
-            # process) read the same way
-            name = b.get("name") or f"pid {b['pid']}"
-            d = busy.setdefault(name, {"name": b.get("name"), "pid": b["pid"], "pids": [],
-                                       "count": 0, "cpu_pct": 0.0, "cpus": b.get("cpus")})
+            # one program across samples: the entries that share a process (its busiest
+            # may change between samples); run dirs written before the probe grouped
+            # processes hold one each
+            pids = set(b.get("pids") or [b["pid"]])
+            d = next((d for d in busy.values() if pids & set(d["pids"])), None)
+            if d is None:
+                d = busy[b["pid"]] = {"name": b.get("name"), "pid": b["pid"], "pids": [],
+                                      "count": 0, "cpu_pct": 0.0, "cpus": b.get("cpus")}
             d["cpu_pct"] += b.get("cpu_pct") or 0.0
-            d["pids"] = sorted({*d["pids"], *(b.get("pids") or [b["pid"]])})
+            d["pids"] = sorted({*d["pids"], *pids})
             d["count"] = max(d["count"], b.get("count") or 1, len(d["pids"]))
         for p in s.processes:
             q = getattr(p, "runq_ms_per_s", None)
