@@ -3,8 +3,9 @@
 There is no GPU on the test machine. The fixtures in tests/fixtures/nvml/ are CONSTRUCTED, not
 recorded: raw NVML answers built from nvml.h's documented units and bit values and an H100's
 published limits (tests/fixtures/nvml/make_constructed.py). They go through the very probe
-code the live probe runs (`NvmlProbe(ReplayNvml(file))`). Replace them with recordings from
-`python -m distdoctor.probes.record_nvml` when a GPU machine is at hand.
+code the live probe runs (`NvmlProbe(ReplayNvml(file))`). Real recordings go beside them, in
+tests/fixtures/nvml_recorded/ (benchmarks/gpu_suite.py writes them on a GPU machine;
+tests/gpu/test_nvml_recorded_replay.py replays them); these constructed ones stay.
 """
 
 from __future__ import annotations
