@@ -28,7 +28,7 @@ def test_a_script_that_launches_its_ranks_again_and_again(tmp_path):
     """The loop that killed `distdoctor run` with SIGBUS (each launch truncated the same
     log files under its reader): every phase is an incarnation, nothing mixed."""
     run_dir = tmp_path / "run"
-    phases = 5
+    phases = 3  # (5 in the field report; 3 already reuse the same log files twice)
     loop = (f"for i in $(seq {phases}); do {' '.join(TORCHRUN)} {RESTARTS / 'phase.py'}"
             f" || exit 1; done")
     res = run_cli(["run", "--run-dir", str(run_dir), "--", "bash", "-c", loop],
