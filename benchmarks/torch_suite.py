@@ -1,5 +1,5 @@
 """PyTorch's own distributed test suite, bare and under `distdoctor run` (numbers go in
-the README).
+docs/benchmarks.md).
 
 The wider sibling of tests/test_torch_suite.py: every test of torch's `_DistTestBase`
 (tests/jobs/torch_suite/dist_suite.py, gloo, 2 ranks) whose name is a collective, p2p,

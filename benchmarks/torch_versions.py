@@ -5,7 +5,7 @@ editable: `pip install torch==X` then `pip install -e ".[test]"`), runs the smok
 (`pytest -m matrix`, tests/conftest.py) and the reference trainer's parallel modes, each
 for 3 steps under `distdoctor run` (2 or 4 gloo ranks), and prints one Markdown table:
 feature x torch -> works / n/a (this torch lacks it, with the trainer's own one line) /
-FAIL. What the README's table shows.
+FAIL. What docs/torch-versions.md's table shows.
 
     python benchmarks/torch_versions.py --venv .venv --venv /path/venv-torch2.4.1 ...
         [--json out.json] [--no-modes]

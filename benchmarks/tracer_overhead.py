@@ -1,4 +1,4 @@
-"""Tracing overhead, as ratios measured in one run (numbers go in the README).
+"""Tracing overhead, as ratios measured in one run (numbers go in docs/benchmarks.md).
 
 1. Paired, 2 gloo ranks, 1-element all_reduce: in ONE pair of traced processes, blocks
    of 100 ops alternate between the traced world group and a plain twin of it that

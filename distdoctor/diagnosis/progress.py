@@ -7,7 +7,7 @@ the rank's threads and child processes such as DataLoader workers, their I/O, th
 in disk sleep) and what the tracer already writes (its sampler's line of the main
 thread, its heartbeat). Nothing here touches the ranks.
 
-The rule (the `auto` policy; README "Hangs and long waits"):
+The rule (the `auto` policy; docs/hangs.md):
 - idle (no CPU, no I/O) for STALL_S while others wait: a hang, named at once;
 - busy on one sampled line with no I/O, its other threads idle, for SPIN_S: a hang (a
   loop that never ends), once two stacks of it a second apart agree (engine_waits.py);

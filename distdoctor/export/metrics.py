@@ -1,7 +1,7 @@
 """Prometheus metrics of a live job: `distdoctor run --metrics` (a node's ranks) and
 `distdoctor watch --listen ... --metrics` (the collector: every rank).
 
-Metric names are a contract (DESIGN.md), listed in METRICS and in the README. Values are
+Metric names are a contract (DESIGN.md), listed in METRICS and in docs/metrics.md. Values are
 read from the live engine at scrape time, under its lock, as plain numbers: nothing is
 kept between scrapes, so a job's series are as many as its ranks and (group, op) pairs
 (`series_count` says how many), never one per collective.
@@ -26,7 +26,7 @@ RANK_STATES = ("starting", "running", "in_collective", "long_wait", "hung", "no_
                "exited", "failed")
 MAX_CULPRITS = 64  # per finding: a hang of 4,096 ranks names its few culprits, not all
 
-# name, type, help (the README's metric list is this table)
+# name, type, help (docs/metrics.md lists this table)
 METRICS = (
     ("distdoctor_collectives_total", "counter",
      "Collectives and p2p ops completed, per rank, group and op"),

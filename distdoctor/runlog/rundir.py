@@ -1,4 +1,4 @@
-"""Run directory layout, version 1 (documented in the README):
+"""Run directory layout, version 1 (documented in docs/run-dir.md):
 
     RUN_DIR/
       run.json                 job: format, version, command, world size, created
