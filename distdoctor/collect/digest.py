@@ -15,11 +15,13 @@ the node's own `run`, which follows its ranks anyway, sends instead, twice a sec
 - each rank's state beyond its position (exit, span, steps and where their time goes,
   ops completed per group and op): the collector's dashboard rows and /metrics;
 - for a group with members on other nodes, once all its local members finished one of
-  its collectives: how many did, the shortest wait among them, whose it was, and the
-  next shortest (waits are clock-independent: each is measured on its rank's own clock).
-  The rank with the shortest wait over all nodes arrived last, by the gap to the next
-  one; the node whose shortest wait is shortest kept the others waiting, by the gap to
-  the next node's (collect/lateness.py). A group wholly on the node needs none of this:
+  its collectives: how many did, the shortest wait among them, whose it was, the next
+  shortest, and what it was (op, elements) (waits are clock-independent: each is
+  measured on its rank's own clock). The rank with the shortest wait over all nodes
+  arrived last, by the gap to the next one; the node whose shortest wait is shortest
+  kept the others waiting, by the gap to the next node's (collect/lateness.py); the
+  shortest wait over all nodes is the collective's own time, which a slow link between
+  the nodes stretches for everyone (collect/links.py). A group wholly on the node needs none of this:
   the node's own engine completes its collectives and finds its stragglers.
 
 A digest is one JSON object (the DIGEST frame). Groups (name, description, global ranks)
@@ -111,7 +113,8 @@ class DigestBuilder:
         self._sent_sigs: set[int] = set()
         self._sig_base = 0  # numbers go on rising when the table starts over
         self._done_seen: dict[int, int] = {}  # rank -> the newest finished event fed
-        # (group, seq) -> [local members finished, shortest wait, its rank, next shortest]
+        # (group, seq) -> [local members finished, shortest wait, its rank, next shortest,
+        # [op, elements]]
         self._waits: dict[tuple, list] = {}
         self._local: dict[str, int] = {}  # group -> its members on this node (or 0: all)
         self.dropped = 0
@@ -170,7 +173,7 @@ class DigestBuilder:
         if entry is None:
             if len(self._waits) >= MAX_WAITS:
                 del self._waits[next(iter(self._waits))]  # the oldest: a member never came
-            self._waits[key] = [1, wait, ev.rank, None]
+            self._waits[key] = [1, wait, ev.rank, None, [ev.op, ev.numel_in]]
             return
         entry[0] += 1
         if wait < entry[1]:
@@ -189,13 +192,14 @@ class DigestBuilder:
                 self._local[g] = sum(r in here for r in members)
 
     def _take_waits(self) -> list[list]:
-        """[group, seq, members finished, shortest wait ns, its rank, next shortest] of
-        each collective all this node's members finished since the last digest."""
+        """[group, seq, members finished, shortest wait ns, its rank, next shortest,
+        [op, elements]] of each collective all this node's members finished since the
+        last digest."""
         out = []
         for key in [k for k, e in self._waits.items()
                     if e[0] >= self._local.get(k[0], 1 << 30)]:
-            n, low, rank, second = self._waits.pop(key)
-            out.append([key[0], key[1], n, low, rank, second])
+            n, low, rank, second, what = self._waits.pop(key)
+            out.append([key[0], key[1], n, low, rank, second, what])
         return out
 
     def take(self, engine, now_s: float, host: str) -> dict:
@@ -221,3 +225,27 @@ class DigestBuilder:
         return {"host": host, "ranks": ranks, "groups": groups, "sigs": sigs,
                 "arrivals": arrivals, "waits": self._take_waits(), "dropped": self.dropped}
 
+
+def waits_of(items) -> list:
+    """A digest's waits (`DigestBuilder._take_waits`) as the collector takes them in,
+    checked whole: WireError when malformed."""
+    if not isinstance(items, list):
+        raise WireError("DIGEST frame has malformed waits")
+    out = []
+    for item in items:
+        try:
+            # (a node of the previous version sends no 7th item: what the collective was)
+            group, seq, n, low, rank, second = item[:6]
+            what = item[6] if len(item) == 7 else None
+            if not (isinstance(n, int) and isinstance(low, int) and isinstance(rank, int)
+                    and (second is None or isinstance(second, int)) and 0 < n <= 1 << 24
+                    and (what is None or (isinstance(what, list) and len(what) == 2
+                                          and isinstance(what[0], str)
+                                          and isinstance(what[1], int)))
+                    and len(item) <= 7):
+                raise ValueError
+            out.append((str(group), int(seq), n, low, rank, second,
+                        None if what is None else (what[0][:64], what[1])))
+        except (TypeError, ValueError):
+            raise WireError("DIGEST frame has a malformed wait") from None
+    return out

@@ -11,7 +11,11 @@ thousands of ranks, followed live without reading every event of every rank.
 - Mismatches: the nodes report each collective once per signature with the ranks that
   entered it. Two signatures of one (group, seq) that differ (mismatch.py) are a
   mismatch after SETTLE_S (time for the other nodes' reports); mismatch.py words it.
-- Stragglers across nodes: from the waits the nodes report (collect/lateness.py).
+- Stragglers across nodes: from the waits the nodes report (collect/lateness.py), and
+  slow links between nodes from the same waits (collect/links.py).
+- A node that falls silent while the others wait for its ranks: its ranks are not judged
+  on their stale positions here; the collector names the node lost (collect/lost.py,
+  from `lost_positions`).
 
 What it keeps is bounded: one position per rank, and the collectives still open (each
 forgotten once every member reported it, or past MAX_OPEN, oldest first).
@@ -25,7 +29,7 @@ from collections import deque
 from dataclasses import replace
 
 from distdoctor.collect import bounded
-from distdoctor.collect.digest import row_event
+from distdoctor.collect.digest import row_event, waits_of
 from distdoctor.collect.lateness import WINDOW_S, FleetLateness
 from distdoctor.collect.reports import NodeReports, sent_progress
 from distdoctor.collect.wire import WireError
@@ -107,9 +111,11 @@ class _Position:
 
 
 class FleetEngine:
-    def __init__(self, hang_timeout_s: float | None = None, settle_s: float = SETTLE_S):
+    def __init__(self, hang_timeout_s: float | None = None, settle_s: float = SETTLE_S,
+                 links=None):
         """`hang_timeout_s`: None decides hangs by the ranks' progress, a number by that
-        fixed timeout."""
+        fixed timeout; `links`: the collector's LinkWatch (links.py), fed the cross-node
+        collectives' own times."""
         self.hang_timeout_s = hang_timeout_s
         self.policy = Policy(hang_timeout_s)
         self.reports = NodeReports()
@@ -127,7 +133,8 @@ class FleetEngine:
         self.open: dict[tuple, _Open] = {}
         self.found: dict[tuple, Finding] = {}
         self._changed: list[Finding] = []
-        self.lateness = FleetLateness()
+        self.links = links
+        self.lateness = FleetLateness(links=links)
         self.version = 0  # rises whenever findings() would say something else
         self._judged_s = 0.0
         # rank -> (second, steps finished) as its digests said, the newest WINDOW_S + 2
@@ -143,7 +150,7 @@ class FleetEngine:
         host = payload.get("host")
         groups, sigs = payload.get("groups"), payload.get("sigs")
         ranks, arrivals = payload.get("ranks"), payload.get("arrivals")
-        waits = _waits(payload.get("waits", []))
+        waits = waits_of(payload.get("waits", []))
         if not (isinstance(host, str) and isinstance(groups, dict) and isinstance(sigs, dict)
                 and isinstance(ranks, list) and isinstance(arrivals, list)):
             raise WireError("DIGEST frame lacks host, groups, sigs, ranks or arrivals")
@@ -189,7 +196,8 @@ class FleetEngine:
                     continue  # a signature this collector no longer holds
                 for k in range(count):
                     self._arrive(group, seq + k, number, rs, now_s)
-            self.lateness.add(host, waits, self.sizes, now_s)
+            self.lateness.add(host, waits, self.sizes, now_s, self.groups,
+                              _callsites(positions.values()) if waits else None)
             self._count_steps(positions.values(), now_s)
             self._reported(host, now_s)
             self.digests += 1
@@ -332,11 +340,19 @@ class FleetEngine:
     def _find_hangs(self, now_s: float) -> None:
         """hang.py over every rank: the open rendezvous are the ops still in flight."""
         views = self.views(now_s)
+        # ranks on a node whose reports are late are not judged: their position is old,
+        # nor one whose position is older than a digest or two: a node whose link went
+        # down a moment ago shows its ranks where they were then (a stale op in flight
+        # would even close a wait cycle with the ranks that wait for them). collect/
+        # lost.py names such a node once it stays silent while the others wait for it
+        late = self.late_hosts(now_s)
+        unheard = {r for r, p in self.positions.items()
+                   if p.host in late or now_s - p.got_s > AHEAD_S}
         in_flight: dict[tuple, Rendezvous] = {}
         for view in views.values():
             ev = view.latest
             key = key_of(ev) if ev is not None and ev.t_end_ns is None else None
-            if key is None:
+            if key is None or view.rank in unheard:
                 continue
             rv = in_flight.get(key)
             if rv is None:
@@ -346,9 +362,6 @@ class FleetEngine:
         def known(rv) -> bool:  # a stuck collective a mismatch already explains
             return ("mismatch", (rv.group, rv.seq)) in self.found
 
-        # ranks on a node whose reports are late are not judged: their position is old
-        late = self.late_hosts(now_s)
-        unheard = {r for r, p in self.positions.items() if p.host in late}
         for f in hang_findings(list(in_flight.values()), views, self.policy, unheard,
                                known=known,
                                judge=lambda r, rv, waited: self.judge(r, rv, waited, now_s)):
@@ -386,19 +399,34 @@ class FleetEngine:
         with self.lock:
             return list(self.found.values())
 
+    def host_of(self) -> dict[int, str]:
+        with self.lock:
+            return {r: p.host for r, p in self.positions.items()}
 
-def _waits(items) -> list:
-    """A digest's waits (digest.py), checked whole: WireError when malformed."""
-    if not isinstance(items, list):
-        raise WireError("DIGEST frame has malformed waits")
-    out = []
-    for item in items:
-        try:
-            group, seq, n, low, rank, second = item
-            if not (isinstance(n, int) and isinstance(low, int) and isinstance(rank, int)
-                    and (second is None or isinstance(second, int)) and 0 < n <= 1 << 24):
-                raise ValueError
-            out.append((str(group), int(seq), n, low, rank, second))
-        except (TypeError, ValueError):
-            raise WireError("DIGEST frame has a malformed wait") from None
+    def lost_positions(self, now_s: float | None = None) -> dict:
+        """Every rank's newest op and how long it has waited in it (lost.py's Position):
+        a silent node's as last reported, the others' now."""
+        from distdoctor.collect.lost import Position
+
+        now_s = time.monotonic() if now_s is None else now_s
+        out = {}
+        with self.lock:
+            for r, p in self.positions.items():
+                latest = p.ops()[0]
+                now_ns = self._now_ns(p, now_s)
+                waited = 0.0
+                if latest is not None and latest.t_end_ns is None and now_ns is not None:
+                    waited = max(0.0, (now_ns - latest.t_enter_ns) / 1e9)
+                out[r] = Position(r, p.host, latest, waited)
+        return out
+
+
+def _callsites(positions) -> dict:
+    """group -> the call site of the newest finished op the positions show in it."""
+    out = {}
+    for p in positions:
+        row = p.rows[1]  # (digest.event_row: [.., group (4), .., callsite (12), ..])
+        if row is not None and isinstance(row[12], list) and len(row[12]) == 3:
+            out[str(row[4])] = {"file": row[12][0], "line": row[12][1],
+                                "function": row[12][2]}
     return out

@@ -38,11 +38,12 @@ MAX_PENDING = 100_000
 
 
 class _Pending:
-    __slots__ = ("count", "lows")
+    __slots__ = ("count", "lows", "what")
 
     def __init__(self):
         self.count = 0
         self.lows: list[tuple] = []  # (shortest wait, its rank, next shortest, host)
+        self.what: tuple | None = None  # (op, elements), from nodes that say
 
 
 class _Series:
@@ -74,17 +75,22 @@ class _Series:
 
 
 class FleetLateness:
-    def __init__(self, min_lateness_ms: float = MIN_LATENESS_MS):
+    def __init__(self, min_lateness_ms: float = MIN_LATENESS_MS, links=None):
+        """`links`: a LinkWatch (links.py) given each merged collective's own time."""
         self.min_lateness_ms = min_lateness_ms
+        self.links = links
         self.pending: dict[tuple, _Pending] = {}
         self.ranks: dict[int, _Series] = {}
         self.nodes: dict[str, _Series] = {}
         self.merged = 0  # collectives whose every member was accounted for
 
-    def add(self, host: str, waits: list, sizes: dict, now_s: float) -> None:
-        """One node's waits (digest: [group, seq, finished, shortest ns, rank, next ns]),
-        already checked; `sizes`: group -> members."""
-        for group, seq, n, low, rank, second in waits:
+    def add(self, host: str, waits: list, sizes: dict, now_s: float,
+            groups: dict | None = None, callsites: dict | None = None) -> None:
+        """One node's waits (digest: [group, seq, finished, shortest ns, rank, next ns,
+        (op, elements)]), already checked; `sizes`: group -> members; for the links'
+        watch, `groups`: group -> (description, members), `callsites`: group -> the line
+        of one of its collectives."""
+        for group, seq, n, low, rank, second, what in waits:
             size = sizes.get(group)
             if not size:
                 continue
@@ -92,9 +98,15 @@ class FleetLateness:
             entry = bounded.entry(self.pending, key, MAX_PENDING, _Pending)
             entry.count += n
             entry.lows.append((low, rank, second, host))
+            entry.what = entry.what or what
             if entry.count >= size:
                 del self.pending[key]
                 self._merge(entry.lows, int(now_s))
+                if self.links is not None and entry.what is not None and groups:
+                    # the shortest wait over every node: the collective's own time
+                    members = groups.get(group, ("", ()))[1]
+                    self.links.add(group, entry.what[0], entry.what[1], members,
+                                   entry.lows[0][0] / 1e6, (callsites or {}).get(group))
 
     def _merge(self, lows: list[tuple], second: int) -> None:
         self.merged += 1

@@ -11,10 +11,13 @@ from __future__ import annotations
 
 import re
 import threading
+import time
 from pathlib import Path
 
 from distdoctor.collect import wire
+from distdoctor.errors import UserError
 from distdoctor.runlog import format as F
+from distdoctor.runlog.reader import RankLog
 from distdoctor.runlog.ring import RingWriter
 from distdoctor.runlog.rundir import rank_meta_path, ring_path, write_json_atomic
 
@@ -24,6 +27,8 @@ MAX_LOGS_PER_NODE = 1024
 MAX_FINISHED = 1 << 16
 MAX_EXITS = 1 << 20
 MAX_STRINGS_BYTES = 64 << 20
+MAX_COMPLETED = 1 << 16  # completed collectives of a log awaiting its next STATE frame
+_SLOT_KIND = 8  # a slot's kind byte, after its event number
 HOST_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,252}\Z")
 
 
@@ -33,9 +38,12 @@ class Mirror:
     def __init__(self, run_dir: str | Path, on_finding=None, hang_timeout_s: float | None = None):
         """`on_finding(f)`: called once per finding a node forwards (a service prints it)."""
         from distdoctor.collect.fleet import FleetEngine
+        from distdoctor.collect.links import CopyWaits, LinkWatch
 
         self.run_dir = Path(run_dir)
-        self.fleet = FleetEngine(hang_timeout_s)  # from nodes that send digests
+        self.links = LinkWatch()  # slow links between nodes, from logs or digests
+        self.copy_waits = CopyWaits(self.links)
+        self.fleet = FleetEngine(hang_timeout_s, links=self.links)  # from digests
         self.on_finding = on_finding
         self._told: set[tuple] = set()
         (self.run_dir / "ranks").mkdir(parents=True, exist_ok=True)
@@ -72,6 +80,21 @@ class Mirror:
             self._rings[(rank, log)] = (layout, ring)
             return ring
 
+    def host_of(self) -> dict[int, str]:
+        """rank -> the node that sends it."""
+        with self._lock:
+            return {r: node.host for r, node in self._senders.items()}
+
+    def newest_logs(self) -> dict[int, tuple[int, str]]:
+        """rank -> (the number of its newest log in the copy, the node that sends it)."""
+        with self._lock:
+            out: dict[int, tuple[int, str]] = {}
+            for rank, log in self._rings:
+                node = self._senders.get(rank)
+                if node is not None and (rank not in out or log > out[rank][0]):
+                    out[rank] = (log, node.host)
+            return out
+
     def set_findings(self, host: str, findings: list) -> None:
         """The copy's findings.json: every node's own, which the viewer merges with the
         ones its engine finds over all the ranks."""
@@ -85,6 +108,8 @@ class Mirror:
             self._told.update((host, _ident(f)) for f in new)
         if self.on_finding is not None:
             for f in new:
+                if _seen_from_a_receiver(f):
+                    continue  # in findings.json: the collector names the culprit itself
                 self.on_finding(f)
 
     def close(self) -> None:
@@ -129,8 +154,14 @@ class NodeMirror:
         self.ended = False  # its exit codes came: the job on the node is over
         self.closed = False
         self._probes = None
+        self.last_frame_s = time.monotonic()  # when it last sent anything
+        # completed collectives (event numbers) per log, read back from the copy once
+        # the STATE frame after them has counted the strings they name
+        self._completed: dict[tuple[int, int], list[int]] = {}
+        self._readers: dict[tuple[int, int], RankLog] = {}
 
     def apply(self, kind: int, rank: int, arg: int, payload: bytes, log: int = 0) -> None:
+        self.last_frame_s = time.monotonic()
         if kind == wire.SAMPLES:
             return self._samples(payload)
         if kind == wire.EXITS:
@@ -171,14 +202,20 @@ class NodeMirror:
                     raise wire.WireError(f"STRINGS frame past rank {rank}'s string table")
                 ring.put_strings(arg, payload)
             elif kind == wire.SLOTS:
-                self._slots(ring, rank, arg, payload)
+                self._slots(ring, rank, arg, payload, log)
             elif kind == wire.STATE:
-                if self._state(ring, rank, payload):
+                closed = self._state(ring, rank, payload)
+                self._read_completed(rank, log)
+                if closed:
                     self._finish((rank, log))
 
     def _finish(self, key: tuple[int, int]) -> None:
         """Let a log's copy go: the file stays, this connection writes no more of it."""
         self.rings.pop(key, None)
+        self._completed.pop(key, None)
+        reader = self._readers.pop(key, None)
+        if reader is not None:
+            reader.close()
         self.finished[key] = None
         while len(self.finished) > MAX_FINISHED:
             del self.finished[next(iter(self.finished))]
@@ -196,9 +233,12 @@ class NodeMirror:
         self.ranks.add(rank)
         self.rings[(rank, log)] = self.mirror.ring_for(
             rank, log, self, (capacity, strings_size, pid), launch)
+        reader = self._readers.pop((rank, log), None)  # the copy may be a new file now
+        if reader is not None:
+            reader.close()
 
-    @staticmethod
-    def _slots(ring: RingWriter, rank: int, first: int, payload: bytes) -> None:
+    def _slots(self, ring: RingWriter, rank: int, first: int, payload: bytes,
+               log: int) -> None:
         if not payload or len(payload) % F.SLOT_SIZE:
             raise wire.WireError("SLOTS frame is not whole slots")
         records = [payload[at:at + F.SLOT_SIZE] for at in range(0, len(payload), F.SLOT_SIZE)]
@@ -207,9 +247,41 @@ class NodeMirror:
                 raise wire.WireError(f"SLOTS frame of rank {rank}: slot {i} does not hold "
                                      f"event {first + i}")
         head = ring.head()
+        done = self._completed.setdefault((rank, log), [])
         for i, rec in enumerate(records):
             if first + i + ring.capacity > head:  # older: its slot holds a newer event
                 ring.put_slot(first + i, rec)
+                if (rec[_SLOT_KIND] == F.KIND_COLLECTIVE
+                        and rec[F.OFF_SLOT_STATUS] == F.STATUS_OK
+                        and F.U64.unpack_from(rec, F.OFF_SLOT_END)[0]
+                        and len(done) < MAX_COMPLETED):
+                    done.append(first + i)
+
+    def _read_completed(self, rank: int, log: int) -> None:
+        """The collectives of this log completed since its last STATE, decoded from the
+        copy (their strings are in now), to the links' watch (links.py)."""
+        done = self._completed.get((rank, log))
+        if not done:
+            return
+        reader = self._readers.get((rank, log))
+        if reader is None:
+            try:
+                reader = self._readers[(rank, log)] = RankLog(
+                    ring_path(self.mirror.run_dir, rank, log))
+            except UserError:
+                done.clear()
+                return
+        lo, hi = min(done), max(done)
+        if hi - lo < 4 * len(done):  # mostly consecutive: one read (a tenth the cost)
+            wanted = set(done)
+            events = [ev for ev in reader.read_range(lo, hi + 1)
+                      if ev is not None and ev.index in wanted]
+        else:
+            events = [reader.read_one(e) for e in done]
+        for ev in events:
+            if ev is not None:  # (None: overwritten already, in a small copy)
+                self.mirror.copy_waits.completed(ev, self.host)
+        done.clear()
 
     @staticmethod
     def _state(ring: RingWriter, rank: int, payload: bytes) -> bool:
@@ -247,6 +319,9 @@ class NodeMirror:
         """The connection ended; the copies of its logs stay (the Mirror closes them)."""
         self.closed = True
         self.rings.clear()
+        for reader in self._readers.values():
+            reader.close()
+        self._readers.clear()
         if self._probes is not None:
             self._probes.close()
 
@@ -274,3 +349,10 @@ def _node_findings(payload: bytes) -> list:
     except (KeyError, TypeError, ValueError, AttributeError):
         raise wire.WireError("FINDINGS frame holds something that is not a finding") from None
     return [f for f in found if f.details.get("source") == "log" or f.kind in wire.NODE_KINDS]
+
+
+def _seen_from_a_receiver(f) -> bool:
+    """A mismatch a node's job output told with no culprit (gloo's "received more than
+    the buffer holds", printed by the rank that received): the collector, which sees every
+    node's ops, announces the traced mismatch that names the rank instead."""
+    return f.kind == "mismatch" and not f.ranks and f.details.get("source") == "log"

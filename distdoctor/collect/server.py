@@ -1,9 +1,11 @@
 """The collector: accepts the nodes' forwarding streams and keeps their copy (mirror.py).
 
 One thread per node (a job has tens to hundreds of nodes; each sends a few hundred KiB/s
-at most). A node must say HELLO first, with the token when the collector has one; a node
-that sends a malformed frame, a wrong token, or nothing for IDLE_S is dropped with one
-line, and what it sent before stays.
+at most), and one for what only the collector sees: the digests' findings, slow links
+between nodes (links.py) and nodes lost while the others wait for them (lost.py).
+A node must say HELLO first, with the token when the collector has one; a node that sends
+a malformed frame, a wrong token, or nothing for IDLE_S is dropped with one line, and what
+it sent before stays.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ IDLE_S = 60.0  # a node sends its logs' state 4 times a second: this much silenc
 HELLO_S = 10.0  # from connecting to a whole HELLO: a peer that dribbles is dropped
 MAX_CONNECTIONS = 1024
 FLEET_TICK_S = 0.5
+LOST_CHECK_S = 1.0  # while a node is silent: how often the others' positions are read
 
 
 def parse_address(text: str, what: str) -> tuple[str, int]:
@@ -65,6 +68,10 @@ class Collector:
         self.token = token
         self.say = say
         self.nodes: dict[str, int] = {}  # host -> connections so far
+        self.streams: dict[str, NodeMirror] = {}  # host -> its newest connection
+        self.hang_timeout_s = hang_timeout_s
+        self._lost: dict[str, object] = {}  # host -> its lost-node finding (kept)
+        self._lost_checked_s = 0.0
         self._lock = threading.Lock()
         self._conns: set[socket.socket] = set()
         self._stopping = False
@@ -72,7 +79,7 @@ class Collector:
         self.address = listener.getsockname()[:2]
         self._thread = threading.Thread(target=self._accept, name="distdoctor-collector",
                                         daemon=True)
-        self._fleet_thread = threading.Thread(target=self._diagnose_digests, daemon=True,
+        self._fleet_thread = threading.Thread(target=self._diagnose, daemon=True,
                                               name="distdoctor-fleet")
 
     def start(self) -> Collector:
@@ -80,14 +87,15 @@ class Collector:
         self._fleet_thread.start()
         return self
 
-    def _diagnose_digests(self) -> None:
-        """The findings over the digests' ranks, into the copy's findings.json (and
-        printed, by a service) as they appear."""
+    def _diagnose(self) -> None:
+        """What only the collector sees, into the copy's findings.json (and printed, by a
+        service) as it appears: the findings over the digests' ranks, slow links between
+        nodes (links.py), nodes lost while the others wait for them (lost.py)."""
         from distdoctor.priority import lower_this_thread
 
         lower_this_thread()
-        fleet = self.mirror.fleet
-        written = 0
+        fleet, links = self.mirror.fleet, self.mirror.links
+        written, said = 0, []
         while not self._stopping:
             time.sleep(FLEET_TICK_S)
             try:
@@ -96,9 +104,42 @@ class Collector:
                 if fleet.version != written:
                     written = fleet.version
                     self.mirror.set_findings("(digests)", fleet.findings())
+                self._find_lost_nodes()
+                ours = (links.findings({**self.mirror.host_of(), **fleet.host_of()})
+                        + list(self._lost.values()))
+                now = [f.to_json() for f in ours]
+                if now != said:  # new, or a slow link's newest numbers
+                    said = now
+                    self.mirror.set_findings("(collector)", ours)
             except Exception as exc:  # a bug of ours must not end the collection
-                self.say(f"digest diagnosis stopped: {exc!r}")
+                self.say(f"the collector's diagnosis stopped: {exc!r}")
                 return
+
+    def _silent(self) -> dict[str, tuple[float, bool]]:
+        """Nodes that sent nothing for LOST_S and whose job has not ended: host ->
+        (seconds, whether their stream ended)."""
+        from distdoctor.collect.lost import LOST_S
+
+        now = time.monotonic()
+        with self._lock:
+            streams = list(self.streams.values())
+        return {n.host: (now - n.last_frame_s, n.closed) for n in streams
+                if not n.ended and now - n.last_frame_s >= LOST_S}
+
+    def _find_lost_nodes(self) -> None:
+        from distdoctor.collect import lost
+        from distdoctor.diagnosis.progress import STALL_S
+
+        silent = {h: v for h, v in self._silent().items() if h not in self._lost}
+        now = time.monotonic()
+        if not silent or now - self._lost_checked_s < LOST_CHECK_S:
+            return
+        self._lost_checked_s = now  # (reads every rank's log tail: not every tick)
+        positions = lost.copy_positions(self.mirror.run_dir, self.mirror.newest_logs())
+        positions.update(self.mirror.fleet.lost_positions())  # nodes that send digests
+        wait_s = self.hang_timeout_s if self.hang_timeout_s is not None else STALL_S
+        for f in lost.lost_node_findings(silent, positions, wait_s):
+            self._lost[f.details["host"]] = f
 
     def stop(self) -> None:
         self._stopping = True
@@ -158,6 +199,7 @@ class Collector:
             who = f"node {node.host} ({who})"
             with self._lock:
                 self.nodes[node.host] = self.nodes.get(node.host, 0) + 1
+                self.streams[node.host] = node
             self.say(f"{who} connected")
             conn.settimeout(IDLE_S)
             reader = conn.makefile("rb")
