@@ -148,3 +148,15 @@ def test_bad_input_never_gives_a_traceback(tmp_path, junk):
     proc = run_cli(["diagnose", "--log", str(path), "--json"], timeout=60)
     assert proc.returncode in (0, 1) and "Traceback" not in proc.stderr
     json.loads(proc.stdout)
+
+
+def test_gloo_receiving_more_than_it_posted_is_a_mismatch_that_blames_no_receiver():
+    """Real output of torch 2.9.1 (tests/fixtures/logs/other_torch/README.md): the C++
+    enforce text, unprefixed, is why rank 1 aborted. Rank 1 *received* the oversized
+    message: where the mismatch was seen, not its cause (the sender's op, or its own, had
+    another size), so no culprit is named; one finding, not a mismatch and a crash."""
+    found = _loud(_scan(LOGS / "other_torch" / "torch2.9.1_pipelining_gloo_size_mismatch.log"))
+    assert [(f.kind, f.ranks) for f in found] == [("mismatch", [])], found
+    assert found[0].details["received_on"] == [1]
+    assert "8 bytes arrived for a 4-byte buffer" in found[0].summary
+    assert "rank 1 received it and aborted" in found[0].summary

@@ -34,6 +34,9 @@ MAX_SPANS = 4096  # span names remembered per rank
 MAX_HABITS = 256  # (op, line) pairs remembered per group
 MAX_SAMPLES = 3600  # probe samples kept (an hour at 1 Hz on one node)
 SETTLE_S = 1.0  # how long a disagreement waits for more ranks before it is reported
+# how long a mismatch the job's output tells with no culprit waits for the traced one
+# (across nodes, the collector's: digests every 0.5 s, then its own settle time)
+HOLD_LOG_MISMATCH_S = 5.0
 
 
 @dataclass
@@ -82,6 +85,7 @@ class Engine(WaitJudge):
         self._changed: list[Finding] = []
         self._mismatch_groups: dict[str, int] = {}  # group -> mismatches after the first
         self._errors: dict[str, list[Event]] = {}
+        self._held: list[tuple[Finding, float | None]] = []  # (log mismatch, since): add_finding
         self._habits: dict[str, set] = {}  # group -> habit()s of agreeing collectives
         # probe samples (GPU clocks, reasons) and the detector that joins them to the
         # stragglers: injected by the front end, so the engine does not import the probes
@@ -305,6 +309,8 @@ class Engine(WaitJudge):
             self._put(key, f, quiet_update=not joined)
         for f in self._error_findings():
             self._put(("comm_error", f.summary), f, quiet_update=True)
+        if self._held:
+            self._release_held(None if final else now_s)
         changed, self._changed = self._changed, []
         return changed
 
@@ -372,8 +378,26 @@ class Engine(WaitJudge):
 
     def add_finding(self, f: Finding) -> None:
         """A finding from another source (the job's log): kept and reported like ours.
-        A source that updates a finding (more ranks report it) keeps `details.signature`."""
+        A source that updates a finding (more ranks report it) keeps `details.signature`.
+        A mismatch the log tells with no culprit (seen by the rank that received too
+        much) waits a few seconds, where ranks are traced, for the traced mismatch that
+        names the rank: then it is said as that one's consequence."""
+        if f.kind == "mismatch" and not f.ranks and self.ranks:
+            self._held.append((f, self._now_s))
+            return
         self._put(("external", f.kind, f.details.get("signature") or f.summary), f)
+
+    def _release_held(self, now_s: float | None) -> None:
+        traced = any(k[0] == "mismatch" for k in self.found)
+        keep = []
+        for f, since in self._held:
+            if traced:
+                f = _as_consequence(f, "consequence_of_mismatch")
+            elif now_s is not None and (since is None or now_s - since < HOLD_LOG_MISMATCH_S):
+                keep.append((f, since if since is not None else now_s))
+                continue
+            self._put(("external", f.kind, f.details.get("signature") or f.summary), f)
+        self._held = keep
 
     def findings(self) -> list[Finding]:
         """Every finding so far, most severe kinds first."""
@@ -382,7 +406,10 @@ class Engine(WaitJudge):
         severity = {"error": 0, "warning": 1, "info": 2}
         # a hang blamed on ranks later found dead is that death, not a second problem
         # (also when the death was itself a consequence: its cause is reported already)
-        found = merge_crashes(list(self.found.values()), set(self.ranks))
+        traced = any(k[0] == "mismatch" for k in self.found)
+        held = [_as_consequence(f, "consequence_of_mismatch") if traced else f
+                for f, _ in self._held]  # (not yet settled: see add_finding)
+        found = merge_crashes(list(self.found.values()) + held, set(self.ranks))
         crashes = [f for f in found if f.kind == "crash"]
         died = {r for f in crashes for r in f.ranks}
         dead = {r for f in crashes if f.severity == "error" for r in f.ranks}
@@ -400,6 +427,7 @@ class Engine(WaitJudge):
                       key=lambda f: (severity.get(f.severity, 3), order.get(f.kind, 9)))
 
 
-def _as_consequence(f: Finding) -> Finding:
-    """A log error that blames no rank, once a rank is known dead: a warning, not a cause."""
-    return replace(f, severity="warning", details={**f.details, "consequence_of_crash": True})
+def _as_consequence(f: Finding, of: str = "consequence_of_crash") -> Finding:
+    """A log error that blames no rank, once its cause is known (a rank dead, a traced
+    mismatch): a warning, not a cause."""
+    return replace(f, severity="warning", details={**f.details, of: True})

@@ -209,6 +209,18 @@ class Reasoner:
             f.summary = f"rank {rank}: {f.summary}"
             out[:] = [(o, g) for o, g in out if not (g.details.get("rule") == "rank_exit"
                                                      and g.ranks == [rank])]
+            return
+        # a message larger than the posted buffer aborts the rank that *received* it: its
+        # exit is the mismatch's doing, and it is where the mismatch was seen, not its cause
+        seen = [f for _, f in out if not f.ranks and "received_on" in f.details
+                and not f.details["received_on"]]
+        if len(failed) == 1 and len(seen) == 1:
+            rank = failed[0]["rank"]
+            f = seen[0]
+            f.details["received_on"] = [rank]
+            f.summary += f"; rank {rank} received it and aborted"
+            out[:] = [(o, g) for o, g in out if not (g.details.get("rule") == "rank_exit"
+                                                     and g.ranks == [rank])]
 
     # --- timeouts ----------------------------------------------------------------------
     def _timeout_finding(self, p: Problem, cause_ranks: set[int], first_cause: Finding | None,

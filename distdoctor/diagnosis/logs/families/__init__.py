@@ -68,6 +68,7 @@ ANCHORS: tuple[bytes, ...] = (
     b"store based barrier", b"ncclUniqueId", b"by peer", b"Broken pipe", b"Timed out waiting",
     b"Connection refused", b"Connect timeout", b"getaddrinfo", b"No route to host",
     b"resolve hostname", b"connectFullMesh", b"Unable to find address",
+    b"Received data size",
     # DETAIL mode, monitored barrier, DDP, argparse
     b"Detected mismatch", b"monitoredBarrier", b"DDP expects", b": error: ",
     # evidence: the world, the ranks, progress bars

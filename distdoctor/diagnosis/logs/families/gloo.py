@@ -34,6 +34,11 @@ RULES = (
          r"No route to host|connectFullMesh failed)"),
     rule("gloo_connect", NAME, CAUSE,
          r"Unable to resolve hostname to a \(local\) address"),
+    # gloo/transport/tcp/pair.cc: a message longer than the buffer the receiver posted (the
+    # ranks disagree on an op's size); an enforce failure that aborts the receiving rank
+    rule("gloo_size_mismatch", NAME, CAUSE,
+         r"(?:(?P<got>\d+) vs (?P<want>\d+)\. )?Received data size doesn't match expected size",
+         ints=("got", "want")),
     # gloo/transport/tcp/device.cc: GLOO_SOCKET_IFNAME names an interface this host lacks
     rule("gloo_iface", NAME, CAUSE, r"Unable to find address for: (?P<iface>[\w.:@-]+)"),
 )
@@ -46,7 +51,7 @@ _PEER_CALL = re.compile(r"\b(?:i?recv|i?send|broadcast|scatter|gather)\(\s*[^,()
 class GlooFamily(Family):
     name = NAME
     anchors = (b"Timed out waiting", b"by peer", b"Broken pipe", b"connectFullMesh",
-               b"Unable to find address",
+               b"Unable to find address", b"Received data size",
                b"Connection refused", b"Connect timeout", b"getaddrinfo", b"No route to host",
                b"resolve hostname")
     rules = RULES
@@ -64,6 +69,20 @@ def describe(p: Problem, ctx) -> Finding:
                           "addr` lists them; the one that reaches the other nodes), or unset "
                           "it. `distdoctor check` tests it before the job starts.")
         fnd.details["variable"] = "GLOO_SOCKET_IFNAME"
+        return fnd
+    if p.rule == "gloo_size_mismatch":
+        # printed by the rank that *received*: a victim of the sender (or of the rank whose
+        # op had another size), so it names no culprit; the receiver goes in details
+        sizes = (f" ({p.field('got')} bytes arrived for a {p.field('want')}-byte buffer)"
+                 if p.field("want") is not None else "")
+        where = f" on rank{'s' if len(p.ranks) > 1 else ''} {', '.join(map(str, sorted(p.ranks)))}" \
+            if p.ranks else ""
+        fnd = ctx.finding(p, "mismatch", "error", f"Gloo received more data than the "
+                          f"receiving buffer holds{sizes}{where}: the ranks disagree on an "
+                          "op's size (a collective or send/recv mismatch); the rank that "
+                          "sent it, or whose op had another size, is the cause", [],
+                          R.MISMATCH)
+        fnd.details["received_on"] = sorted(p.ranks)
         return fnd
     return ctx.finding(p, "comm_error", "error", f"Gloo could not connect to a peer"
                        f"{on(sorted(p.ranks))}", sorted(p.ranks), R.SOCKET)
