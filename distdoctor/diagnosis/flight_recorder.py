@@ -37,6 +37,7 @@ _OPS = {
     "all_reduce_barrier": "barrier",  # NCCL's barrier is an all_reduce named so
     "_broadcast_oop": "broadcast", "_reduce_oop": "reduce",
     "allgather": "all_gather", "_allgather_base": "all_gather_into_tensor",
+    "_all_gather_base": "all_gather_into_tensor",  # NCCL's name for it
     "all_gather_base": "all_gather_into_tensor", "all_gather_single": "all_gather_into_tensor",
     "allgather_coalesced": "all_gather_coalesced",
     "allgather_into_tensor_coalesced": "all_gather_into_tensor_coalesced",
