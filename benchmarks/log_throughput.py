@@ -38,7 +38,7 @@ ANCHORS = (b"NCCL", b"rror", b"xception", b"imeout", b"imed out", b"Traceback", 
 
 _READER = """
 import sys, time
-from distdoctor.diagnosis.logs.reader import LogReader
+from distdoctor.logs.reader import LogReader
 t = time.perf_counter()
 r = LogReader([sys.argv[1]])
 hits = sum(1 for _ in r.lines({anchors!r}))

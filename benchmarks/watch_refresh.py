@@ -21,8 +21,8 @@ from diagnosis_ingest import RingJob, synthetic
 from distdoctor.tui.app import REFRESH_S, WatchApp
 
 from distdoctor.diagnosis.live import LiveDiagnosis
-from distdoctor.diagnosis.snapshot import SnapshotTaker
 from distdoctor.runlog.rundir import write_run_meta
+from distdoctor.views.snapshot import SnapshotTaker
 
 
 def _moved_on(snap):

@@ -10,6 +10,10 @@
         ...
 
 Importing this package is cheap (no torch import); the tracer loads when installed.
+
+This package owns that API; its subpackages are layered (docs/architecture.md).
+Layer: sensors (tests/test_layers.py), with the tracer it fronts. May import the tracer
+and `spans.py` only.
 """
 
 from distdoctor.spans import trace

@@ -89,8 +89,8 @@ def draw(run_dir: Path, shown_as: str) -> str:
 
     from distdoctor.diagnosis.live import LiveDiagnosis
     from distdoctor.diagnosis.postmortem import read_exits
-    from distdoctor.diagnosis.snapshot import SnapshotTaker
     from distdoctor.runlog.rundir import open_run_dir
+    from distdoctor.views.snapshot import SnapshotTaker
 
     info = open_run_dir(str(run_dir))
     exits = {r: (e.code, e.how == "stopped") for r, e in read_exits(run_dir)[0].items()}

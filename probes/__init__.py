@@ -1,1 +1,12 @@
-"""Hardware and system probes (NVML, psutil, py-spy), installed as `distdoctor.probes`."""
+"""Hardware and system probes (NVML, psutil, py-spy), installed as `distdoctor.probes`.
+
+The node sampler (`sampler.py`: host, rank processes and GPUs at 1 Hz, written to
+RUN_DIR/probes/), every NVML call through one module (`nvml.py`, `nvml_values.py`,
+`nvml_replay.py` for recorded readings), the ranks' stacks (`stacks.py`) and their
+progress read from /proc (`progress.py`). What the readings mean is the detectors' part
+(diagnosis/progress.py, diagnosis/throttle.py).
+
+Layer: sensors (tests/test_layers.py). May import the base modules only (errors,
+priority). The tracer and the detectors import the probes, guarded, never the other
+way round.
+"""

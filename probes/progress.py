@@ -14,12 +14,25 @@ from __future__ import annotations
 
 import os
 import time
-
-from distdoctor.diagnosis.progress import Reading
+from dataclasses import dataclass
 
 READ_PERIOD_S = 0.5
 _TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 MAX_CHILDREN = 64
+
+
+@dataclass(frozen=True)
+class Reading:
+    """One look at a rank's process from outside; counters are cumulative (what
+    diagnosis/progress.py judges)."""
+
+    t: float  # monotonic seconds (the reader's clock)
+    cpu_s: float  # the main thread's CPU time
+    runq_s: float  # the main thread's time runnable but waiting for a CPU
+    tree_cpu_s: float  # every thread of the rank and of its child processes
+    io_bytes: int  # bytes read and written by them (rchar + wchar)
+    state: str  # the main thread: R running, S sleeping, D disk sleep, T stopped, ...
+    disk_wait: bool = False  # a thread of the rank or a child is in disk sleep
 
 
 def _read(path: str) -> str | None:

@@ -5,6 +5,10 @@
     main(["--dp", "2", "--steps", "5"])                 # -> exit code (run under torchrun env)
 
 Importing this package does not import torch; `main` does.
+
+Layer: front ends (tests/test_layers.py). May import the Python API (`distdoctor.trace`)
+and the launcher's environment helpers; it is a job like a user's, and nothing but the
+CLI's `demo` imports it.
 """
 
 

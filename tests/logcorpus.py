@@ -57,7 +57,7 @@ def judge(entry: dict, findings) -> list[str]:
 
 
 def main() -> int:
-    from distdoctor.diagnosis.logs import scan_logs
+    from distdoctor.logs import scan_logs
 
     ok = 0
     all_cases = cases()

@@ -229,7 +229,7 @@ def test_a_node_reconnects_after_its_link_drops_and_the_copy_catches_up(tmp_path
 def test_the_errors_a_node_read_in_its_job_output_reach_the_copy_and_nothing_else(tmp_path):
     """A node's `run` alone sees its job's output (an NCCL error line); its own hang
     findings come from a partial view of the ranks and stay on the node."""
-    from distdoctor.diagnosis.findings import Finding, read_findings, write_findings
+    from distdoctor.findings import Finding, read_findings, write_findings
 
     _ring_with_events(tmp_path / "node", 3)
     nccl = Finding("comm_error", "error", "NCCL error: unhandled system error", [],

@@ -8,7 +8,7 @@ import pytest
 
 from distdoctor.diagnosis.crash import ExitInfo
 from distdoctor.diagnosis.engine import Engine
-from distdoctor.diagnosis.findings import Finding, write_findings
+from distdoctor.findings import Finding, write_findings
 from distdoctor.runlog.reader import Event
 
 S = 1_000_000_000  # ns per second

@@ -12,8 +12,8 @@ from collections import Counter, defaultdict
 import pytest
 from conftest import run_cli
 
-from distdoctor.diagnosis.findings import Finding
 from distdoctor.export.perfetto import rank_ranges, write_perfetto
+from distdoctor.findings import Finding
 from distdoctor.runlog.reader import Event, RingHeader
 from distdoctor.runlog.run import Run, read_run
 from distdoctor.runlog.rundir import RunInfo

@@ -231,7 +231,7 @@ def test_a_job_that_keeps_time_has_no_straggler():
 
 
 def test_the_collector_shows_the_digests_ranks_as_rows_and_metrics():
-    from distdoctor.collect.fleet_view import metric_ranks, rank_rows
+    from distdoctor.views.fleet_view import metric_ranks, rank_rows
 
     fleet = _late_job({5: 30.0}, seconds=12)
     rows = rank_rows(fleet, 12.0, skip=set(), rates={})

@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import os
 
-from distdoctor.probes.progress import read_progress
+from distdoctor.probes.progress import Reading, read_progress
 
 from distdoctor.collect.fleet import FleetEngine
-from distdoctor.diagnosis.progress import SPIN_S, STALL_S, Policy, ProgressTracker, Reading
+from distdoctor.diagnosis.progress import SPIN_S, STALL_S, Policy, ProgressTracker
 from distdoctor.runlog.reader import Event
 
 
@@ -129,10 +129,10 @@ def test_a_late_node_is_a_state_and_its_ranks_are_judged_when_it_reports_again()
 
 
 def test_watch_and_metrics_show_a_long_wait_as_a_state_and_hung_ranks_only_on_a_hang():
-    from distdoctor.diagnosis.findings import Finding
     from distdoctor.diagnosis.hang import RankView
-    from distdoctor.diagnosis.snapshot import judged_states, rank_state
     from distdoctor.export.metrics import RANK_STATES
+    from distdoctor.findings import Finding
+    from distdoctor.views.snapshot import judged_states, rank_state
 
     s = 1_000_000_000
     waiting = RankView(1, _op(1, 5, False, 10 * s), _op(1, 4, True, 9 * s), 40 * s, None, {})

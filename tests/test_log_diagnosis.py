@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from distdoctor.diagnosis.logs import scan_logs
-from distdoctor.diagnosis.logs.scanner import MAX_SIGNALS, LogScanner
 from distdoctor.errors import UserError
+from distdoctor.logs import scan_logs
+from distdoctor.logs.scanner import MAX_SIGNALS, LogScanner
 from tests.conftest import run_cli, run_job
 from tests.logcorpus import cases, judge, specs_of
 
@@ -40,7 +40,7 @@ def test_corpus(name, entry):
                          ids=[f"{n}/{e['log'] if isinstance(e['log'], str) else e['log'][0]}"
                               for n, e in CASES[::3]])
 def test_the_readers_short_anchor_list_loses_no_line_a_family_reads(name, entry):
-    from distdoctor.diagnosis.logs.families import ROUTES
+    from distdoctor.logs.families import ROUTES
 
     fast, _ = scan_logs(specs_of(name, entry))
     every, _ = scan_logs(specs_of(name, entry), anchors=ROUTES)

@@ -9,7 +9,7 @@ import gzip
 
 import pytest
 
-from distdoctor.diagnosis.logs import scan_logs
+from distdoctor.logs import scan_logs
 from tests import logshapes
 from tests.logcorpus import LOGS, cases, judge
 

@@ -1,4 +1,4 @@
-"""Reading logs in every shape real jobs print them (diagnosis/logs/lines.py, reader.py).
+"""Reading logs in every shape real jobs print them (distdoctor/logs/lines.py, reader.py).
 
 What a user sees through `diagnose --log`: the right rank, host and message for each line
 whatever prefixes, colours, redraws, wraps and files it came in; every line that holds an
@@ -12,16 +12,16 @@ import os
 
 import pytest
 
-from distdoctor.diagnosis.logs.lines import (
+from distdoctor.errors import UserError
+from distdoctor.logs.lines import (
     LogLine,
     parse_line,
     parse_raw,
     split_interleaved,
     split_segments,
 )
-from distdoctor.diagnosis.logs.reader import LogReader
-from distdoctor.diagnosis.logs.wraps import detect_width
-from distdoctor.errors import UserError
+from distdoctor.logs.reader import LogReader
+from distdoctor.logs.wraps import detect_width
 from tests import logshapes
 
 WATCHDOG = ("[Rank {r}] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=1580, "

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from distdoctor.diagnosis.logs import scan_logs
-from distdoctor.diagnosis.logs.lines import parse_line
+from distdoctor.logs import scan_logs
+from distdoctor.logs.lines import parse_line
 from tests.conftest import run_cli
 
 LOGS = Path(__file__).parent / "fixtures" / "logs"

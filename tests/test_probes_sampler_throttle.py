@@ -16,10 +16,10 @@ import pytest
 from distdoctor.probes.nvml import NvmlProbe
 from distdoctor.probes.nvml_replay import ReplayNvml
 from distdoctor.probes.sampler import Sampler, read_samples, samples_path
-from distdoctor.probes.throttle import join_with_straggler, throttle_findings
 
-from distdoctor.diagnosis.findings import Finding
+from distdoctor.diagnosis.throttle import join_with_straggler, throttle_findings
 from distdoctor.errors import UserError
+from distdoctor.findings import Finding
 
 FIX = Path(__file__).parent / "fixtures" / "nvml"
 EIGHT = {r: {"local_rank": r, "cuda_visible_devices": None} for r in range(8)}

@@ -20,7 +20,7 @@ import pytest
 from conftest import JOBS, _kill_ranks, marker_lines, run_cli, run_job
 
 from distdoctor.diagnosis.live import LiveDiagnosis
-from distdoctor.diagnosis.snapshot import SnapshotTaker
+from distdoctor.views.snapshot import SnapshotTaker
 
 HANG_TIMEOUT_S = 3
 

@@ -9,9 +9,9 @@ from distdoctor.probes.sampler import SampleTail, samples_path
 from distdoctor.tui import cells
 from test_probes_sampler_throttle import replayed_run
 
-from distdoctor.diagnosis.findings import Finding
-from distdoctor.diagnosis.probe_columns import with_probes
-from distdoctor.diagnosis.snapshot import JobSnapshot, OpRow, RankRow
+from distdoctor.findings import Finding
+from distdoctor.views.probe_columns import with_probes
+from distdoctor.views.snapshot import JobSnapshot, OpRow, RankRow
 
 
 def _row(rank: int, **kw) -> RankRow:

@@ -20,7 +20,7 @@ from textual.binding import Binding
 from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.widgets import DataTable, Footer, Header, Input, Static
 
-from distdoctor.diagnosis.snapshot import JobSnapshot, SnapshotTaker
+from distdoctor.views.snapshot import JobSnapshot, SnapshotTaker
 
 REFRESH_S = 0.5
 

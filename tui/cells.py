@@ -1,15 +1,15 @@
 """How the dashboard writes a snapshot's values: rich Text per cell, colour by meaning.
 
-Plain functions of `distdoctor.diagnosis.snapshot` rows, so the colours and wording are
+Plain functions of `distdoctor.views.snapshot` rows, so the colours and wording are
 tested without a terminal."""
 
 from __future__ import annotations
 
 from rich.text import Text
 
-from distdoctor.diagnosis.findings import Finding
 from distdoctor.diagnosis.report import rank_ranges, site_text
-from distdoctor.diagnosis.snapshot import GroupRow, JobSnapshot, OpRow, RankRow
+from distdoctor.findings import Finding
+from distdoctor.views.snapshot import GroupRow, JobSnapshot, OpRow, RankRow
 
 STATE_STYLE = {
     "running": "green", "in collective": "cyan", "starting": "dim", "long wait": "yellow",

@@ -175,7 +175,7 @@ def show(run_dir, hang_timeout_s: float | None, backlog: int = DEFAULT_BACKLOG,
     engine over the nodes that send digests."""
     from distdoctor.tui.app import WatchApp
 
-    from distdoctor.diagnosis.snapshot import SnapshotTaker
+    from distdoctor.views.snapshot import SnapshotTaker
 
     live = _viewer(run_dir, hang_timeout_s, backlog).start()
     if metrics is not None:
@@ -213,7 +213,7 @@ def _print_once(live) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    from distdoctor.diagnosis.snapshot import SnapshotTaker
+    from distdoctor.views.snapshot import SnapshotTaker
 
     try:
         live.pass_once()

@@ -7,4 +7,10 @@ an all-reduce whose answer is known, the clock offsets, a pairwise bandwidth swe
 facts of every rank reach every node; `rules.py` (and `settings.py` for the NCCL/gloo
 variables) judge them into rows of one table (`table.py`); `preflight.py` checks the
 rendezvous before anything starts.
+
+Layer: front ends (tests/test_layers.py). May import the launcher (to start the check's
+job), the bandwidth sweep's pieces (nccltest: its collectives helpers, the pairwise sweep
+and its report), the detectors (the job-output reader for a failed check job, the
+report's rank ranges), the probes (NVML), the tracer's table of supported torch releases
+and the base modules.
 """

@@ -64,7 +64,7 @@ def _diagnose(tmp: str, n: int) -> tuple[str, str] | None:
     """(the top finding of the check's own output, its remedy), or None when the log
     diagnosis finds nothing in it. One file per process: a file per rank when the check
     started them, the launcher's combined output otherwise."""
-    from distdoctor.diagnosis.logs import scan_logs
+    from distdoctor.logs import scan_logs
 
     logs = [str(Path(tmp) / f"{i}.log") for i in range(n)
             if (Path(tmp) / f"{i}.log").is_file() and (Path(tmp) / f"{i}.log").stat().st_size]

@@ -3,6 +3,12 @@
 Each subcommand module exposes `register(subparsers)`, which adds its parser and sets
 `func` to a `run(args) -> int`. Modules import torch and friends inside `run`, so
 `distdoctor --help` stays instant.
+
+Layer: front ends (tests/test_layers.py), the top. May import every other part: the
+other front ends it starts (launch, collect, export, check, nccltest, reference_trainer),
+the views, the detectors and everything below. Commands of other parts of the
+distribution (the dashboard's `watch`) come through entry points (distdoctor/plugins.py),
+never an import.
 """
 
 from __future__ import annotations

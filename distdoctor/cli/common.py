@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+# what --hang-timeout's value means is the detectors' rule; the flag is worded here
+from distdoctor.diagnosis.progress import AUTO
+from distdoctor.diagnosis.progress import hang_timeout_s as hang_timeout_s
 from distdoctor.errors import UserError
 
 
@@ -34,8 +37,6 @@ def incarnation_line(run_, who: str) -> str | None:
             f"{run_.incarnations} times; pick one with `distdoctor {who} --incarnation K`)")
 
 
-AUTO = "auto"
-
 
 def hang_timeout_arg(text: str) -> float | str:
     """`--hang-timeout auto|S`: "auto" (hangs decided by progress) or seconds."""
@@ -54,13 +55,6 @@ def add_run_hang_timeout(parser) -> None:
     parser.add_argument("--hang-timeout", type=hang_timeout_arg, metavar="auto|S",
                         help="how a wait becomes a hang: 'auto' (by progress) or a fixed "
                         "number of seconds in flight (default: the run's own)")
-
-
-def hang_timeout_s(value: float | str | None, default: float | None = None) -> float | None:
-    """The timeout a --hang-timeout value means: None for auto (by progress)."""
-    if value is None:
-        return default
-    return None if value == AUTO else float(value)
 
 
 def check_hang_timeout(value: float | str | None, command: str) -> None:

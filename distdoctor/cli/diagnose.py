@@ -34,7 +34,7 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
-    from distdoctor.diagnosis.findings import Finding
+    from distdoctor.findings import Finding
 
     common.check_hang_timeout(args.hang_timeout, "diagnose")
     findings: list[Finding] = []
@@ -44,7 +44,7 @@ def run(args) -> int:
         findings += _from_fr(args.fr_dump, args.hang_timeout, notes)
         sources.append(f"Flight Recorder dumps {args.fr_dump}*")
     if args.log:
-        from distdoctor.diagnosis.logs import scan_logs
+        from distdoctor.logs import scan_logs
 
         found, read = scan_logs(args.log)
         findings += found

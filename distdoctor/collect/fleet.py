@@ -33,11 +33,11 @@ from distdoctor.collect.digest import row_event, waits_of
 from distdoctor.collect.lateness import WINDOW_S, FleetLateness
 from distdoctor.collect.reports import NodeReports, sent_progress
 from distdoctor.collect.wire import WireError
-from distdoctor.diagnosis.findings import Finding
 from distdoctor.diagnosis.hang import RankView, hang_findings
 from distdoctor.diagnosis.mismatch import mismatch_finding, signature
 from distdoctor.diagnosis.progress import UNKNOWN, Policy, Verdict
 from distdoctor.diagnosis.rendezvous import Rendezvous, key_of
+from distdoctor.findings import Finding
 
 SETTLE_S = 1.0
 STALE_S = 10.0  # a node silent this long: its ranks' clocks are no longer moved on
@@ -111,6 +111,8 @@ class _Position:
 
 
 class FleetEngine:
+    stale_s = STALE_S  # for the views (views/fleet_view.py), which never import collect
+
     def __init__(self, hang_timeout_s: float | None = None, settle_s: float = SETTLE_S,
                  links=None):
         """`hang_timeout_s`: None decides hangs by the ranks' progress, a number by that

@@ -366,7 +366,7 @@ class Forwarder:
         """The errors `run` read from this node's job output: only this node has them.
         With digests also the node's stragglers: its engine completes the collectives of
         the groups wholly on the node, and no others (collect/digest.py)."""
-        from distdoctor.diagnosis.findings import FINDINGS_FILE, read_findings
+        from distdoctor.findings import FINDINGS_FILE, read_findings
 
         try:
             mtime = os.stat(self.run_dir / FINDINGS_FILE).st_mtime_ns

@@ -29,8 +29,8 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 
-from distdoctor.diagnosis.findings import Finding
 from distdoctor.diagnosis.straggler import MIN_LATENESS_MS
+from distdoctor.findings import Finding
 
 BLOCK = 8  # collectives per median
 # The newest block this many times the best one: a slow link. Gloo on a busy 2-core

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from distdoctor.diagnosis.findings import Finding, callsite_of
+from distdoctor.findings import Finding, callsite_of
 from distdoctor.runlog.reader import Event
 
 LOST_S = 5.0  # silent this long while others wait for it: lost

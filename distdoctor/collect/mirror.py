@@ -98,7 +98,7 @@ class Mirror:
     def set_findings(self, host: str, findings: list) -> None:
         """The copy's findings.json: every node's own, which the viewer merges with the
         ones its engine finds over all the ranks."""
-        from distdoctor.diagnosis.findings import write_findings
+        from distdoctor.findings import write_findings
 
         with self._lock:
             self._findings[host] = findings
@@ -336,7 +336,7 @@ def _node_findings(payload: bytes) -> list:
     """A FINDINGS frame's findings that came from the job's output, and (from a node that
     sends digests) its stragglers (a node's own engine saw only its own ranks: its other
     findings are the collector's to make)."""
-    from distdoctor.diagnosis.findings import Finding
+    from distdoctor.findings import Finding
 
     items = wire.json_payload(wire.FINDINGS, payload).get("findings")
     if not isinstance(items, list):

@@ -1,5 +1,15 @@
-"""Diagnosis: detectors over the ranks' event streams, and the findings they produce.
+"""Diagnosis: detectors over the ranks' event streams, the engine that runs them, and its
+two drivers.
 
-Detectors are pure functions of the events (plus process exits and log text), so the same
-code serves the live engine in `distdoctor run` and the post-mortem `distdoctor diagnose`.
+Detectors are pure functions of the events (plus process exits and probe readings), so
+the same code serves the live engine in `distdoctor run` and the post-mortem `distdoctor
+diagnose`. The engine (`engine.py`) runs them over the run log; the live loop
+(`live.py`: a thread for `run` and `watch`) and the post-mortem pass (`postmortem.py`)
+drive it. `report.py` words findings for a terminal; `flight_recorder.py` reads
+PyTorch's Flight Recorder dumps; `throttle.py` judges the probes' GPU readings.
+
+Layer: detectors (tests/test_layers.py). May import the findings (distdoctor/findings.py),
+the log reader (distdoctor/logs: the live loop's output scanner), the sensors (the probes,
+optionally: each such import is guarded), the run log and the base modules. Never a view
+(distdoctor/views) nor a front end.
 """

@@ -5,9 +5,9 @@ from __future__ import annotations
 import signal
 from dataclasses import dataclass
 
-from distdoctor.diagnosis.findings import Finding, callsite_of, error_text
 from distdoctor.diagnosis.hang import RankView, _fmt_op
-from distdoctor.launch.reaper import signal_name
+from distdoctor.exits import signal_name
+from distdoctor.findings import Finding, callsite_of, error_text
 
 
 @dataclass(frozen=True)

@@ -16,13 +16,13 @@ from itertools import islice
 
 from distdoctor.diagnosis.crash import ExitInfo, crash_findings, merge_crashes
 from distdoctor.diagnosis.engine_waits import WaitJudge
-from distdoctor.diagnosis.findings import Finding, error_text
 from distdoctor.diagnosis.hang import RankView, hang_findings
 from distdoctor.diagnosis.mismatch import habit, mismatch_finding, p2p_signature, signature
 from distdoctor.diagnosis.progress import Policy, ProgressTracker
 from distdoctor.diagnosis.rendezvous import Rendezvous, key_of
 from distdoctor.diagnosis.straggler import StragglerTracker
 from distdoctor.diagnosis.waits import Gaps
+from distdoctor.findings import Finding, error_text
 from distdoctor.runlog.reader import Event
 from distdoctor.runlog.run import span_name
 

@@ -10,11 +10,11 @@ from __future__ import annotations
 from dataclasses import replace
 from itertools import islice
 
-from distdoctor.diagnosis.findings import Finding
 from distdoctor.diagnosis.progress import LONG_WAIT_MIN_S, Progress, Verdict
 from distdoctor.diagnosis.rendezvous import Rendezvous
 from distdoctor.diagnosis.stackframes import user_frame
 from distdoctor.diagnosis.waits import completed_wait
+from distdoctor.findings import Finding
 
 MAX_SITES = 4096  # call sites whose longest wait is remembered
 GPU_BUSY_PCT = 10  # a rank whose GPU is this busy is making progress

@@ -14,7 +14,6 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from distdoctor.diagnosis.findings import Finding, callsite_of, error_text
 from distdoctor.diagnosis.progress import UNKNOWN, Policy, Verdict
 from distdoctor.diagnosis.rendezvous import Rendezvous
 from distdoctor.diagnosis.waits import (
@@ -23,6 +22,7 @@ from distdoctor.diagnosis.waits import (
     long_wait_finding,
     skipped_finding,
 )
+from distdoctor.findings import Finding, callsite_of, error_text
 from distdoctor.runlog.reader import Event
 
 

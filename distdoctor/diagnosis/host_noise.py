@@ -23,7 +23,7 @@ from __future__ import annotations
 import statistics
 
 from distdoctor.diagnosis.cause import CPU_OVER_WORK
-from distdoctor.diagnosis.findings import Finding
+from distdoctor.findings import Finding
 
 RECENT_SAMPLES = 30  # node samples (1 Hz) looked at: the recent steps' time
 SHARE = 0.5  # the CPU wait must hold this share of the lateness

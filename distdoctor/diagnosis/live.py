@@ -24,7 +24,6 @@ from pathlib import Path
 
 from distdoctor.diagnosis.crash import ExitInfo
 from distdoctor.diagnosis.engine import Engine
-from distdoctor.diagnosis.findings import Finding, write_findings
 from distdoctor.diagnosis.optional import (
     gpu_findings_fn,
     log_scanner,
@@ -32,6 +31,7 @@ from distdoctor.diagnosis.optional import (
     sample_tail,
     start_sampler,
 )
+from distdoctor.findings import Finding, write_findings
 from distdoctor.priority import lower_this_thread
 from distdoctor.runlog.follow import RunFollower
 from distdoctor.runlog.reader import Event

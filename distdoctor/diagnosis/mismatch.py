@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from collections import defaultdict
 
-from distdoctor.diagnosis.findings import Finding, callsite_of
 from distdoctor.diagnosis.rendezvous import Rendezvous
+from distdoctor.findings import Finding, callsite_of
 from distdoctor.runlog.reader import Event
 
 # op -> which sizes must agree across ranks ("in", "out", or none)

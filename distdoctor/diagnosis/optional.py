@@ -33,9 +33,10 @@ def sample_tail(run_dir):
 
 
 def gpu_findings_fn():
-    """throttle findings from probe samples, joined to the stragglers (probes.throttle)."""
+    """throttle findings from probe samples, joined to the stragglers (throttle.py: it
+    reads the probes' GPU readings)."""
     try:
-        from distdoctor.probes.throttle import join_with_straggler, throttle_findings
+        from distdoctor.diagnosis.throttle import join_with_straggler, throttle_findings
     except ImportError:
         return None
 
@@ -47,7 +48,7 @@ def gpu_findings_fn():
 
 def log_scanner():
     try:
-        from distdoctor.diagnosis.logs.scanner import LogScanner
+        from distdoctor.logs.scanner import LogScanner
     except ImportError:
         return None
     return LogScanner()

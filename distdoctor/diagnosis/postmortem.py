@@ -7,7 +7,8 @@ from pathlib import Path
 
 from distdoctor.diagnosis.crash import ExitInfo, merge_crashes
 from distdoctor.diagnosis.engine import Engine
-from distdoctor.diagnosis.findings import FINDINGS_FILE, Finding, merge_findings, read_findings
+from distdoctor.diagnosis.progress import hang_timeout_s as timeout_of
+from distdoctor.findings import FINDINGS_FILE, Finding, merge_findings, read_findings
 from distdoctor.runlog.run import Run
 
 HEARTBEAT_SLACK_S = 1.5
@@ -150,8 +151,6 @@ def _diagnose_one(run: Run, hang_timeout_s: float | str | None, newest: dict[int
                   completed: set) -> tuple[list[Finding], list[str]]:
     """`completed` receives the (incarnation, group, seq) of every collective that
     completed in this incarnation's logs."""
-    from distdoctor.cli.common import hang_timeout_s as timeout_of
-
     hang_timeout_s = timeout_of(hang_timeout_s, run.info.hang_timeout_s)
     all_exits, notes = read_exits(run.path)
     # exits.json has each process's last exit: a rank's belongs to its newest incarnation

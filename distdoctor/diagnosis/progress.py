@@ -26,6 +26,10 @@ from __future__ import annotations
 import os
 from collections import deque
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # the probes are optional: the readings come from whoever has them
+    from distdoctor.probes.progress import Reading
 
 
 def _env_s(name: str, default: float) -> float:
@@ -52,19 +56,14 @@ BUSY_WANT = 0.6  # CPU + run-queue wait of the main thread: it would compute if 
 BUSY_TREE = 0.3  # of one core, all threads and child processes (DataLoader workers)
 IO_MIN_BPS = 256 * 1024  # bytes a second read or written: it does I/O
 KEEP_S = 60.0  # readings kept per rank
+AUTO = "auto"  # `--hang-timeout auto`: the rule above
 
 
-@dataclass(frozen=True)
-class Reading:
-    """One look at a rank's process from outside; counters are cumulative."""
-
-    t: float  # monotonic seconds (the reader's clock)
-    cpu_s: float  # the main thread's CPU time
-    runq_s: float  # the main thread's time runnable but waiting for a CPU
-    tree_cpu_s: float  # every thread of the rank and of its child processes
-    io_bytes: int  # bytes read and written by them (rchar + wchar)
-    state: str  # the main thread: R running, S sleeping, D disk sleep, T stopped, ...
-    disk_wait: bool = False  # a thread of the rank or a child is in disk sleep
+def hang_timeout_s(value: float | str | None, default: float | None = None) -> float | None:
+    """The timeout a --hang-timeout value means: None for auto (by progress)."""
+    if value is None:
+        return default
+    return None if value == AUTO else float(value)
 
 
 @dataclass(frozen=True)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from rich.markup import escape
 from rich.text import Text
 
-from distdoctor.diagnosis.findings import Finding
+from distdoctor.findings import Finding
 
 STYLE = {"error": "bold red", "warning": "bold yellow", "info": "bold cyan"}
 STACK_LINES = 25  # per rank in the full report; the JSON keeps them whole

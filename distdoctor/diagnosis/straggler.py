@@ -30,10 +30,10 @@ from collections import Counter, OrderedDict, deque
 from dataclasses import dataclass, field
 
 from distdoctor.diagnosis import cause, host_noise
-from distdoctor.diagnosis.findings import Finding, callsite_of
 from distdoctor.diagnosis.rendezvous import Rendezvous
 from distdoctor.diagnosis.steptime import RankSteps
 from distdoctor.diagnosis.waitgraph import Activity, WaitGraph, delays_text
+from distdoctor.findings import Finding, callsite_of
 
 WINDOW = 400  # recent collectives per rank kept for the report
 STEPS = 60  # recent steps per rank that the verdicts look at

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from collections import Counter
 
-from distdoctor.diagnosis.findings import Finding, callsite_of
 from distdoctor.diagnosis.progress import LONG_WAIT_MIN_S, STALL_S, Policy
 from distdoctor.diagnosis.rendezvous import Rendezvous
+from distdoctor.findings import Finding, callsite_of
 
 MAX_SITES = 64  # distinct sampled lines counted per gap between a rank's ops
 

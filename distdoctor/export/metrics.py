@@ -2,8 +2,8 @@
 `distdoctor watch --listen ... --metrics` (the collector: every rank).
 
 Metric names are a contract (DESIGN.md), listed in METRICS and in docs/metrics.md. Values are
-read from the live engine at scrape time, under its lock, as plain numbers: nothing is
-kept between scrapes, so a job's series are as many as its ranks and (group, op) pairs
+read from the live engine at scrape time, under its lock, as plain numbers (the view in
+views/rank_metrics.py; this module names and renders them): nothing is kept between scrapes, so a job's series are as many as its ranks and (group, op) pairs
 (`series_count` says how many), never one per collective.
 
 GPU readings go out under dcgm-exporter's own names and labels (`gpu`, `UUID`, `device`,
@@ -18,9 +18,8 @@ import os
 import time
 from dataclasses import dataclass
 
-from distdoctor.diagnosis.engine import SPLIT
-from distdoctor.diagnosis.probe_columns import gpu_key
-from distdoctor.diagnosis.snapshot import judged_states, rank_state
+from distdoctor.views.probe_columns import gpu_key
+from distdoctor.views.rank_metrics import RankMetrics, job_metrics
 
 RANK_STATES = ("starting", "running", "in_collective", "long_wait", "hung", "no_heartbeat",
                "exited", "failed")
@@ -86,36 +85,17 @@ class _Family:
 
 
 def gather(live, job: str, now_s: float | None = None, fleet=None) -> list[_Family]:
-    """Every metric of the job as it stands, read under the live engine's lock; `fleet`:
-    the collector's engine, for the ranks whose nodes send digests."""
+    """Every metric of the job as it stands (views/rank_metrics.py reads it under the live
+    engine's lock); `fleet`: the collector's engine, for the ranks whose nodes send
+    digests."""
     now_s = time.monotonic() if now_s is None else now_s
     fam = {name: _Family(name, kind, text, []) for name, kind, text in METRICS}
-    with live._lock:
-        engine = live.engine
-        meta = live.follower.meta_of(live.follower.newest)
-        views = engine.views(now_s)
-        judged = judged_states(engine.found.values())
-        for r in sorted(engine.ranks):
-            m = meta.get(r) or {}
-            summary = engine.rank_summary(r, now_s)
-            state, _, _ = rank_state(views[r], summary["failed"], summary["hb_age_s"],
-                                     engine.hang_timeout_s, judged)
-            _rank_samples(fam, job, local_rank=m.get("local_rank"), m=rank_metrics(
-                r, _text(m.get("host")), state, views[r], summary, summary["hb_age_s"]))
-        here = set(engine.ranks)
-        findings = live.findings()
-        ingested = sum(e.ingested for e in live.engines.values())
-        samples = list(engine.samples)[-64:]
-    if fleet is not None:
-        from distdoctor.collect.fleet_view import metric_ranks
-
-        for rm in metric_ranks(fleet, now_s, here):
-            _rank_samples(fam, job, (meta.get(rm.rank) or {}).get("local_rank"), rm)
-        have = {f.key for f in findings}
-        findings = findings + [f for f in fleet.findings() if f.key not in have]
+    job_now = job_metrics(live, now_s, fleet)
+    for local_rank, m in job_now.ranks:
+        _rank_samples(fam, job, local_rank, m)
     counts: dict[tuple[str, str], int] = {}
     culprits: dict[tuple[str, int], None] = {}  # two findings may blame one rank
-    for f in findings:
+    for f in job_now.findings:
         counts[(f.kind, f.severity)] = counts.get((f.kind, f.severity), 0) + 1
         culprits.update(((f.kind, r), None) for r in f.ranks[:MAX_CULPRITS])
     fam["distdoctor_culprit"].samples = [
@@ -123,55 +103,8 @@ def gather(live, job: str, now_s: float | None = None, fleet=None) -> list[_Fami
     for (kind, severity), n in sorted(counts.items()):
         fam["distdoctor_findings"].samples.append(
             ({"job": job, "kind": kind, "severity": severity}, n))
-    fam["distdoctor_events_ingested_total"].samples.append(({"job": job}, ingested))
-    return list(fam.values()) + _gpu_families(samples, job)
-
-
-@dataclass(frozen=True)
-class RankMetrics:
-    """One rank's values, whether its events are followed here or its node sends them
-    in digests."""
-
-    rank: int
-    host: str
-    state: str  # as the dashboard words it
-    in_collective_s: float
-    heartbeat_age_s: float | None
-    done: list  # [group, group desc, op, count, seconds]
-    steps: int
-    step_s: float | None
-    late_s: float | None
-
-
-def rank_metrics(rank: int, host: str, state: str, view, summary: dict,
-                 hb_age: float | None) -> RankMetrics:
-    """A rank's values from its RankView and its summary (Engine.rank_summary, here or
-    on its node); fields a digest sent malformed are left out."""
-    latest = view.latest
-    split = summary_split(summary)
-    late, steps, done = summary.get("late_ms"), summary.get("steps"), summary.get("done")
-    return RankMetrics(
-        rank=rank, host=host, state=state,
-        in_collective_s=(view.waited_s(latest)
-                         if latest is not None and latest.t_end_ns is None else 0.0),
-        heartbeat_age_s=hb_age,
-        done=[d for d in done if _is_done(d)] if isinstance(done, list) else [],
-        steps=steps if isinstance(steps, int) else 0,
-        step_s=split["wall_ms"] / 1e3 if split else None,
-        late_s=max(0.0, late) / 1e3 if isinstance(late, (int, float)) else None)
-
-
-def summary_split(summary: dict) -> dict | None:
-    """A rank summary's step breakdown, when it is whole."""
-    split = summary.get("split")
-    if isinstance(split, dict) and all(isinstance(split.get(k), (int, float)) for k in SPLIT):
-        return split
-    return None
-
-
-def _is_done(d) -> bool:
-    return (isinstance(d, list) and len(d) == 5 and all(isinstance(x, str) for x in d[:3])
-            and all(isinstance(x, (int, float)) for x in d[3:]))
+    fam["distdoctor_events_ingested_total"].samples.append(({"job": job}, job_now.ingested))
+    return list(fam.values()) + _gpu_families(job_now.samples, job)
 
 
 def _rank_samples(fam: dict, job: str, local_rank, m: RankMetrics) -> None:

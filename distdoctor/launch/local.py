@@ -20,6 +20,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from distdoctor.exits import signal_name
 from distdoctor.launch import reaper
 from distdoctor.launch.guardian import Guardian
 
@@ -34,7 +35,7 @@ class Proc:
     @property
     def signal_name(self) -> str | None:
         if self.exit_code is not None and self.exit_code < 0:
-            return reaper.signal_name(-self.exit_code)
+            return signal_name(-self.exit_code)
         return None
 
 

@@ -35,14 +35,6 @@ KILL_WAIT_S = 5.0  # after SIGKILL: how long to wait for what cannot die at once
 CAN_SCAN = os.path.isdir("/proc/self")
 
 
-def signal_name(signum: int) -> str:
-    """"SIGKILL" for 9; "signal N" for a number no signal has here."""
-    try:
-        return signal.Signals(signum).name
-    except ValueError:
-        return f"signal {signum}"
-
-
 class Member:
     """One process of the job. A plain class: dataclasses would double the guardian's
     start time."""

@@ -13,4 +13,7 @@ Layout (each module small, torch imported only where tensors are made):
 - `report`: nccl-tests' table and footer, and the JSON, CSV and plot twins.
 - `peak`: the NVLink peak of a GPU from NVML.
 - `worker`: one rank's entry point; `launch`: `--nproc N` local ranks.
+
+Layer: front ends (tests/test_layers.py). May import the launcher (`--nproc N`) and the
+base modules; it shares nothing with the tracer or the detectors.
 """

@@ -17,8 +17,6 @@ import threading
 
 import torch
 
-import distdoctor
-
 
 def _package_dir(name: str) -> str | None:
     """Where a subpackage lives without importing it: an editable install maps
@@ -30,9 +28,11 @@ def _package_dir(name: str) -> str | None:
     return os.path.dirname(spec.origin) if spec is not None and spec.origin else None
 
 
+# distdoctor's own directory is this file's parent's parent: importing the package here
+# would make the tracer depend on the API that is built on it
 _INTERNAL_DIRS = tuple(
     os.path.dirname(p) + os.sep
-    for p in (torch.__file__, distdoctor.__file__)
+    for p in (torch.__file__, os.path.dirname(__file__))
 ) + tuple(
     d + os.sep for d in map(_package_dir, ("distdoctor.probes", "distdoctor.tui")) if d
 ) + tuple(

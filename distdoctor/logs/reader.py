@@ -25,11 +25,11 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Iterator
 
-from distdoctor.diagnosis.logs.files import expand, numbers_in_names, open_log
-from distdoctor.diagnosis.logs.keys import Keys, Sniff, lines_at, sniff_file, unkeyed_ends
-from distdoctor.diagnosis.logs.lines import LogLine, RankActivity, parse_raw
-from distdoctor.diagnosis.logs.wraps import MAX_CARRY, logical_lines
 from distdoctor.errors import UserError
+from distdoctor.logs.files import expand, numbers_in_names, open_log
+from distdoctor.logs.keys import Keys, Sniff, lines_at, sniff_file, unkeyed_ends
+from distdoctor.logs.lines import LogLine, RankActivity, parse_raw
+from distdoctor.logs.wraps import MAX_CARRY, logical_lines
 
 CHUNK = 8 << 20
 LAST_TEXT = 300

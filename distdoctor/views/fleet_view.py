@@ -1,12 +1,14 @@
 """The collector's picture of the ranks whose nodes send digests: the dashboard's rows and
 the /metrics values, from each rank's newest position and state (collect/fleet.py), with
-the same wording and states as a rank followed event by event (diagnosis/snapshot.py)."""
+the same wording and states as a rank followed event by event (snapshot.py).
+
+`fleet` is the collector's FleetEngine, handed in by the front end that runs it: the
+views read its state (under its lock) and never import the collector."""
 
 from __future__ import annotations
 
-from distdoctor.collect.fleet import STALE_S
-from distdoctor.diagnosis.snapshot import RankRow, judged_states, rank_state, split_text
-from distdoctor.export.metrics import RankMetrics, rank_metrics, summary_split
+from distdoctor.views.rank_metrics import RankMetrics, rank_metrics, summary_split
+from distdoctor.views.snapshot import RankRow, judged_states, rank_state, split_text
 
 
 def _heartbeat_age(p, now_s: float) -> float | None:
@@ -17,7 +19,7 @@ def _heartbeat_age(p, now_s: float) -> float | None:
 
 
 def _state(fleet, p, view, now_s: float) -> tuple[str, str, str | None]:
-    if now_s - p.got_s > STALE_S and not p.exit:
+    if now_s - p.got_s > fleet.stale_s and not p.exit:
         return "no heartbeat", f"its node {p.host} sent nothing for {now_s - p.got_s:.0f} s", None
     return rank_state(view, bool(p.state.get("failed")), _heartbeat_age(p, now_s),
                       fleet.hang_timeout_s, judged_states(fleet.found.values()))

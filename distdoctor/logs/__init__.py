@@ -11,11 +11,16 @@ live scan of the output find.
   reasoning.py across ranks: the first failure is the cause, the rest its consequences
   scanner.py   lines in, findings out (live and post-mortem)
   remedies.py  what to try
+
+Layer: detectors (tests/test_layers.py), beside distdoctor/diagnosis: it reads text and
+needs no run dir. May import the findings (distdoctor/findings.py) and the base modules
+(errors, exits). Never distdoctor/diagnosis (whose live loop feeds this package the job's
+output), a view or a front end.
 """
 
 from __future__ import annotations
 
-from distdoctor.diagnosis.findings import Finding
+from distdoctor.findings import Finding
 
 
 def scan_logs(specs: list[str], anchors: tuple[bytes, ...] | None = None
@@ -23,9 +28,9 @@ def scan_logs(specs: list[str], anchors: tuple[bytes, ...] | None = None
     """`diagnose --log`: the findings of the logs `specs` names (paths, globs, .gz) and one
     line saying what was read. `anchors`: what the reader hands over (the default: the
     families' short cover)."""
-    from distdoctor.diagnosis.logs.families import ANCHORS
-    from distdoctor.diagnosis.logs.reader import LogReader
-    from distdoctor.diagnosis.logs.scanner import LogScanner
+    from distdoctor.logs.families import ANCHORS
+    from distdoctor.logs.reader import LogReader
+    from distdoctor.logs.scanner import LogScanner
 
     reader = LogReader(specs)
     scanner = LogScanner()

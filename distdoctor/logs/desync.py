@@ -9,7 +9,7 @@ one. Timeouts that name no culprit at all are folded into the earliest.
 
 from __future__ import annotations
 
-from distdoctor.diagnosis.logs.problems import plural, ranks_text
+from distdoctor.logs.problems import plural, ranks_text
 
 RULE = "watchdog_timeout"
 

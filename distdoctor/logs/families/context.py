@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import re
 
-from distdoctor.diagnosis.logs.lines import LogLine
-from distdoctor.diagnosis.logs.signals import CONTEXT, Family, Signal
+from distdoctor.logs.lines import LogLine
+from distdoctor.logs.signals import CONTEXT, Family, Signal
 
 NAME = "context"
 

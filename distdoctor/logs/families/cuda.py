@@ -16,10 +16,10 @@ from __future__ import annotations
 
 import re
 
-from distdoctor.diagnosis.findings import Finding
-from distdoctor.diagnosis.logs.lines import LogLine
-from distdoctor.diagnosis.logs.problems import Problem, clip, plural, ranks_text, short_path
-from distdoctor.diagnosis.logs.signals import CAUSE, Family, Signal
+from distdoctor.findings import Finding
+from distdoctor.logs.lines import LogLine
+from distdoctor.logs.problems import Problem, clip, plural, ranks_text, short_path
+from distdoctor.logs.signals import CAUSE, Family, Signal
 
 NAME = "exception"
 RULE = "cuda_error"
@@ -121,8 +121,8 @@ class CudaErrors(Family):
 
 def describe(p: Problem, ctx) -> Finding:
     """One rank's CUDA error (or the same one on several), with the assert that caused it."""
-    from distdoctor.diagnosis.logs import remedies as R
-    from distdoctor.diagnosis.logs.families.launcher import how_it_ended
+    from distdoctor.logs import remedies as R
+    from distdoctor.logs.families.launcher import how_it_ended
 
     ranks = sorted(p.ranks)
     f = p.fields()

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import re
 
-from distdoctor.diagnosis.findings import Finding
-from distdoctor.diagnosis.logs import remedies as R
-from distdoctor.diagnosis.logs.problems import (
+from distdoctor.findings import Finding
+from distdoctor.logs import remedies as R
+from distdoctor.logs.problems import (
     Problem,
     clip,
     on,
@@ -17,7 +17,7 @@ from distdoctor.diagnosis.logs.problems import (
     secs,
     short_path,
 )
-from distdoctor.diagnosis.logs.signals import CAUSE, TIMEOUT, VICTIM, Family, rule
+from distdoctor.logs.signals import CAUSE, TIMEOUT, VICTIM, Family, rule
 
 NAME = "gloo"
 

@@ -14,8 +14,8 @@ import os
 import time
 from dataclasses import dataclass, field, replace
 
-from distdoctor.diagnosis.findings import FINDINGS_FILE, Finding, merge_findings, read_findings
-from distdoctor.diagnosis.probe_columns import with_probes
+from distdoctor.findings import FINDINGS_FILE, Finding, merge_findings, read_findings
+from distdoctor.views.probe_columns import with_probes
 
 RECENT_SHOWN = 12  # a rank's newest ops in its detail
 HEARTBEAT_LATE_S = 3.0  # heartbeats come every second; this long without one is news
@@ -184,7 +184,7 @@ class SnapshotTaker:
 
     def _with_fleet(self, ranks: list[RankRow], groups: list[GroupRow], now: float):
         """The digests' ranks added to the rows, and their counts to the groups."""
-        from distdoctor.collect import fleet_view
+        from distdoctor.views import fleet_view
 
         fleet = self.fleet
         here = {r.rank for r in ranks}

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import re
 
-from distdoctor.diagnosis.findings import Finding
-from distdoctor.diagnosis.logs import remedies as R
-from distdoctor.diagnosis.logs.lines import LogLine
-from distdoctor.diagnosis.logs.problems import Problem, clip, on
-from distdoctor.diagnosis.logs.signals import CAUSE, CONTEXT, Family, Signal
+from distdoctor.findings import Finding
+from distdoctor.logs import remedies as R
+from distdoctor.logs.lines import LogLine
+from distdoctor.logs.problems import Problem, clip, on
+from distdoctor.logs.signals import CAUSE, CONTEXT, Family, Signal
 
 NAME = "ddp"
 

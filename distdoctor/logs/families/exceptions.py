@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import re
 
-from distdoctor.diagnosis.findings import Finding
-from distdoctor.diagnosis.logs import remedies as R
-from distdoctor.diagnosis.logs.families.launcher import how_it_ended
-from distdoctor.diagnosis.logs.lines import LogLine
-from distdoctor.diagnosis.logs.problems import Problem, clip, plural, ranks_text, short_path
-from distdoctor.diagnosis.logs.signals import (
+from distdoctor.findings import Finding
+from distdoctor.logs import remedies as R
+from distdoctor.logs.families.launcher import how_it_ended
+from distdoctor.logs.lines import LogLine
+from distdoctor.logs.problems import Problem, clip, plural, ranks_text, short_path
+from distdoctor.logs.signals import (
     BENIGN,
     CAUSE,
     TEARDOWN,
@@ -128,7 +128,7 @@ def describe(p: Problem, ctx) -> Finding:
     """An exception on some ranks; every rank failing the same way (before any collective: a
     start-up failure) is one finding."""
     if p.rule in ("cuda_error", "c_assert"):
-        from distdoctor.diagnosis.logs.families import cuda
+        from distdoctor.logs.families import cuda
 
         return cuda.describe(p, ctx)
     f = dict(p.first.fields)

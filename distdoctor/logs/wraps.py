@@ -10,7 +10,7 @@ import re
 from collections import Counter
 from collections.abc import Iterator
 
-from distdoctor.diagnosis.logs.lines import strip_ansi
+from distdoctor.logs.lines import strip_ansi
 
 MAX_LOGICAL = 64 << 10  # a rejoined line stops growing here
 MAX_CARRY = 4 << 20  # a "line" with no newline this long is cut (a binary file given by mistake)

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import re
 
-from distdoctor.diagnosis.findings import Finding
-from distdoctor.diagnosis.logs import remedies as R
-from distdoctor.diagnosis.logs.lines import LogLine
-from distdoctor.diagnosis.logs.problems import (
+from distdoctor.findings import Finding
+from distdoctor.logs import remedies as R
+from distdoctor.logs.lines import LogLine
+from distdoctor.logs.problems import (
     Problem,
     clip,
     exception_prefix,
@@ -16,7 +16,7 @@ from distdoctor.diagnosis.logs.problems import (
     plural,
     ranks_text,
 )
-from distdoctor.diagnosis.logs.signals import CAUSE, TIMEOUT, VICTIM, Family, Signal, rule
+from distdoctor.logs.signals import CAUSE, TIMEOUT, VICTIM, Family, Signal, rule
 
 NAME = "store"
 

@@ -13,7 +13,7 @@ Adding a family: a module with a `Family` subclass (its anchors and its rules) a
 meanings, listed in FAMILIES and MEANINGS here, with a cover string in ANCHORS.
 """
 
-from distdoctor.diagnosis.logs.families import (
+from distdoctor.logs.families import (
     ddp,
     exceptions,
     gloo,
@@ -23,17 +23,17 @@ from distdoctor.diagnosis.logs.families import (
     oom,
     store,
 )
-from distdoctor.diagnosis.logs.families.context import ContextFamily
-from distdoctor.diagnosis.logs.families.cuda import CudaErrors
-from distdoctor.diagnosis.logs.families.ddp import DdpFamily
-from distdoctor.diagnosis.logs.families.exceptions import Tracebacks, UsageErrors
-from distdoctor.diagnosis.logs.families.gloo import GlooFamily
-from distdoctor.diagnosis.logs.families.launcher import LauncherFamily
-from distdoctor.diagnosis.logs.families.mismatch import MismatchFamily
-from distdoctor.diagnosis.logs.families.nccl import NcclFamily
-from distdoctor.diagnosis.logs.families.oom import OomFamily
-from distdoctor.diagnosis.logs.families.progress import ProgressFamily
-from distdoctor.diagnosis.logs.families.store import StoreFamily
+from distdoctor.logs.families.context import ContextFamily
+from distdoctor.logs.families.cuda import CudaErrors
+from distdoctor.logs.families.ddp import DdpFamily
+from distdoctor.logs.families.exceptions import Tracebacks, UsageErrors
+from distdoctor.logs.families.gloo import GlooFamily
+from distdoctor.logs.families.launcher import LauncherFamily
+from distdoctor.logs.families.mismatch import MismatchFamily
+from distdoctor.logs.families.nccl import NcclFamily
+from distdoctor.logs.families.oom import OomFamily
+from distdoctor.logs.families.progress import ProgressFamily
+from distdoctor.logs.families.store import StoreFamily
 
 FAMILIES = (ProgressFamily, LauncherFamily, OomFamily, MismatchFamily, DdpFamily, StoreFamily,
             CudaErrors, NcclFamily, GlooFamily, UsageErrors, ContextFamily)

@@ -14,10 +14,9 @@ from __future__ import annotations
 import statistics
 from collections.abc import Iterable, Mapping, Sequence
 
+from distdoctor.findings import Finding
 from distdoctor.probes.nvml_values import REASON_LABELS, SLOWDOWN_REASONS, GpuSnapshot
 from distdoctor.probes.sampler import NodeSample, gpu_key
-
-from distdoctor.diagnosis.findings import Finding
 
 # most specific first: the headline names the first present
 _HEADLINE_ORDER = ("hw_thermal_slowdown", "hw_power_brake_slowdown", "sw_thermal_slowdown",

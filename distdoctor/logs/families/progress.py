@@ -7,8 +7,8 @@ from __future__ import annotations
 import re
 from collections import deque
 
-from distdoctor.diagnosis.logs.lines import LogLine
-from distdoctor.diagnosis.logs.signals import Family, Signal
+from distdoctor.logs.lines import LogLine
+from distdoctor.logs.signals import Family, Signal
 
 NAME = "progress"
 _PROGRESS = re.compile(r"\d+%\|.*?\|\s*\d+/\d+|\b(?:Running tokenizer|Tokeniz|Map(?: \(num_proc="

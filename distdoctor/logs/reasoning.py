@@ -20,12 +20,12 @@ from __future__ import annotations
 
 import re
 
-from distdoctor.diagnosis.findings import Finding
-from distdoctor.diagnosis.logs import remedies as R
-from distdoctor.diagnosis.logs.desync import fold_stuck_ranks, one_unexplained_watchdog
-from distdoctor.diagnosis.logs.families import MEANINGS
-from distdoctor.diagnosis.logs.families.launcher import collect_exits, describe_exit
-from distdoctor.diagnosis.logs.problems import (
+from distdoctor.findings import Finding
+from distdoctor.logs import remedies as R
+from distdoctor.logs.desync import fold_stuck_ranks, one_unexplained_watchdog
+from distdoctor.logs.families import MEANINGS
+from distdoctor.logs.families.launcher import collect_exits, describe_exit
+from distdoctor.logs.problems import (
     Evidence,
     Problem,
     clip,
@@ -35,7 +35,7 @@ from distdoctor.diagnosis.logs.problems import (
     problem_key,
     ranks_text,
 )
-from distdoctor.diagnosis.logs.signals import (
+from distdoctor.logs.signals import (
     BENIGN,
     CAUSE,
     CONTEXT,

@@ -7,9 +7,9 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-from distdoctor.diagnosis.findings import Finding
-from distdoctor.diagnosis.logs.lines import RankActivity
-from distdoctor.diagnosis.logs.signals import Signal
+from distdoctor.findings import Finding
+from distdoctor.logs.lines import RankActivity
+from distdoctor.logs.signals import Signal
 
 MAX_SAMPLE_LINES = 3
 MAX_SIGNALS_KEPT = 64  # per problem: enough to read it, bounded whatever the ranks

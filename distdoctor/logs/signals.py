@@ -16,7 +16,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-from distdoctor.diagnosis.logs.lines import LogLine
+from distdoctor.logs.lines import LogLine
 
 CAUSE, TIMEOUT, VICTIM, EXIT, TEARDOWN, BENIGN, CONTEXT = (
     "cause", "timeout", "victim", "exit", "teardown", "benign", "context")

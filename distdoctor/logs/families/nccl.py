@@ -12,11 +12,11 @@ from __future__ import annotations
 import re
 from collections import deque
 
-from distdoctor.diagnosis.findings import Finding
-from distdoctor.diagnosis.logs import remedies as R
-from distdoctor.diagnosis.logs.lines import LogLine
-from distdoctor.diagnosis.logs.problems import Problem, clip, on, secs
-from distdoctor.diagnosis.logs.signals import (
+from distdoctor.findings import Finding
+from distdoctor.logs import remedies as R
+from distdoctor.logs.lines import LogLine
+from distdoctor.logs.problems import Problem, clip, on, secs
+from distdoctor.logs.signals import (
     BENIGN,
     CAUSE,
     CONTEXT,

@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import re
 
-from distdoctor.diagnosis.findings import Finding
-from distdoctor.diagnosis.logs import remedies as R
-from distdoctor.diagnosis.logs.lines import LogLine
-from distdoctor.diagnosis.logs.problems import Problem
-from distdoctor.diagnosis.logs.signals import CAUSE, CONTEXT, EXIT, TEARDOWN, Family, Signal, rule
-from distdoctor.launch.reaper import signal_name
+from distdoctor.exits import signal_name
+from distdoctor.findings import Finding
+from distdoctor.logs import remedies as R
+from distdoctor.logs.lines import LogLine
+from distdoctor.logs.problems import Problem
+from distdoctor.logs.signals import CAUSE, CONTEXT, EXIT, TEARDOWN, Family, Signal, rule
 
 NAME = "launcher"
 

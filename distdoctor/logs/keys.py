@@ -9,9 +9,9 @@ import re
 from collections import Counter
 from dataclasses import dataclass
 
-from distdoctor.diagnosis.logs.files import open_log
-from distdoctor.diagnosis.logs.lines import LogLine, parse_raw, strip_ansi
-from distdoctor.diagnosis.logs.wraps import detect_width
+from distdoctor.logs.files import open_log
+from distdoctor.logs.lines import LogLine, parse_raw, strip_ansi
+from distdoctor.logs.wraps import detect_width
 
 SNIFF_BYTES = 1 << 20
 SNIFF_LINES = 20_000

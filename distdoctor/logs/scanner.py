@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import re
 
-from distdoctor.diagnosis.findings import Finding
-from distdoctor.diagnosis.logs.families import FAMILIES, ROUTES
-from distdoctor.diagnosis.logs.families.exceptions import Tracebacks
-from distdoctor.diagnosis.logs.families.progress import ProgressFamily
-from distdoctor.diagnosis.logs.lines import LogLine, RankActivity, parse_raw
-from distdoctor.diagnosis.logs.reasoning import Reasoner
-from distdoctor.diagnosis.logs.signals import CONTEXT, Signal
+from distdoctor.findings import Finding
+from distdoctor.logs.families import FAMILIES, ROUTES
+from distdoctor.logs.families.exceptions import Tracebacks
+from distdoctor.logs.families.progress import ProgressFamily
+from distdoctor.logs.lines import LogLine, RankActivity, parse_raw
+from distdoctor.logs.reasoning import Reasoner
+from distdoctor.logs.signals import CONTEXT, Signal
 
 MAX_SIGNALS = 50_000   # a log of thousands of failing ranks keeps the first ones of each kind
 MAX_PER_KIND = 4       # signals kept per (rule, process, problem)
