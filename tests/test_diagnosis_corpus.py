@@ -107,3 +107,17 @@ def test_rank_killed_under_a_wrapped_torchrun_is_the_crash(tmp_path):
     findings = json.loads((run_dir / "findings.json").read_text())["findings"]
     errors = [(f["kind"], f["ranks"]) for f in findings if f["severity"] == "error"]
     assert errors == [("crash", [2])], findings
+
+
+@pytest.mark.timeout(120)
+def test_a_job_that_ends_inside_an_op_is_never_said_to_have_completed_everything(tmp_path):
+    """No finding (a second's wait is no hang), but the post-mortem says which op was left
+    in flight and who never joined it, instead of "every traced collective completed"."""
+    run_dir = tmp_path / "run"
+    res = run_cli(["run", "--nproc", "2", "--run-dir", str(run_dir), "--grace", "2", "--",
+                   str(JOBS / "waits" / "ended_inside.py")], timeout=90, run_dir=run_dir)
+    assert "Traceback" not in res.stderr, res.stderr[-3000:]
+    out = run_cli(["diagnose", str(run_dir)])
+    assert "matched and completed" not in out.stdout, out.stdout
+    assert "all_reduce #3 in group 0" in out.stdout and "never completed" in out.stdout
+    assert "rank 1 never joined it" in out.stdout, out.stdout

@@ -173,6 +173,8 @@ def _diagnose_one(run: Run, hang_timeout_s: float | str | None, newest: dict[int
     completed.update((label, ev.group, ev.seq) for evs in run.events.values() for ev in evs
                      if ev.kind == "collective" and ev.t_end_ns is not None
                      and (ev.group, ev.seq) not in still_open)
+    if not findings:
+        notes += _unfinished(engine.open.values())
     for rank, why in sorted(run.unreadable.items()):
         notes.append(f"rank {rank}: {why}; its part is unknown")
     ws = run.world_size
@@ -189,3 +191,26 @@ def _diagnose_one(run: Run, hang_timeout_s: float | str | None, newest: dict[int
             notes.append(f"rank {rank}: its oldest {h.dropped} events were overwritten (ring "
                          f"full); findings about them are unknown")
     return findings, notes
+
+
+UNFINISHED_SHOWN = 3  # ops left in flight at the end, named in notes
+
+
+def _unfinished(open_rvs) -> list[str]:
+    """Ops still in flight when the ranks' logs end, which no finding explains (the wait
+    was too short for a hang, or the job ended inside them): said, so that "no findings"
+    never reads as "everything completed"."""
+    left = [rv for rv in open_rvs if any(e.t_end_ns is None for e in rv.arrivals.values())]
+    out = []
+    for rv in left[:UNFINISHED_SHOWN]:
+        inside = sorted(r for r, e in rv.arrivals.items() if e.t_end_ns is None)
+        missing = rv.missing
+        never = (f"; rank{'s' if len(missing) > 1 else ''} {', '.join(map(str, missing))} "
+                 "never joined it") if missing else ""
+        out.append(f"{rv.label()} never completed: rank{'s' if len(inside) > 1 else ''} "
+                   f"{', '.join(map(str, inside))} {'were' if len(inside) > 1 else 'was'} "
+                   f"still in it when the logs end{never} (the wait was too short to "
+                   "call a hang)")
+    if len(left) > UNFINISHED_SHOWN:
+        out.append(f"... and {len(left) - UNFINISHED_SHOWN} more ops left in flight")
+    return out

@@ -74,8 +74,10 @@ def print_report(findings: list[Finding], console, notes: list[str] = (),
                  traced: bool = True) -> None:
     """`traced`: the findings come from a run's event logs (else only from job output)."""
     if not findings:
+        # (ops left in flight, which no finding explains, are in the notes)
+        complete = traced and not any("never completed" in n for n in notes)
         console.print("[green]no findings[/]: every traced collective matched and completed"
-                      if traced else "[green]no findings[/]")
+                      if complete else "[green]no findings[/]")
     for i, f in enumerate(findings, 1):
         style = STYLE.get(f.severity, "bold")
         console.print(f"[{style}]{i}. {f.kind.upper()}[/] [dim]({f.severity})[/] "
