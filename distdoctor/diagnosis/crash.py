@@ -16,6 +16,8 @@ class ExitInfo:
     how: str = "exit"  # "exit": status known | "closed": exited through its atexit hook,
     #                    status unknown | "raised": an uncaught exception ended it
     #                    | "vanished": heartbeat stopped and the pid is gone
+    #                    | "unheard": a rank on another host whose heartbeat stopped (dead,
+    #                      or its node or the link to it is down: no one here can tell)
     #                    | "stopped": distdoctor stopped it (after a failure or a hang)
     exception: dict | None = None  # "raised": {type, message, file, line, function}
 
@@ -42,6 +44,9 @@ class ExitInfo:
             return "has exited (it shut down normally; exit status unknown)"
         if self.how == "vanished":
             return "died (its process is gone and its heartbeat stopped; exit status unknown)"
+        if self.how == "unheard":
+            return ("has not been heard from (its heartbeat stopped: it died, or its node "
+                    "or the link to that node is down)")
         if self.code is None:
             return "exited"
         if self.code < 0:
@@ -52,7 +57,7 @@ class ExitInfo:
 
     @property
     def failed(self) -> bool:
-        return self.how in ("vanished", "raised") or (
+        return self.how in ("vanished", "unheard", "raised") or (
             self.how == "exit" and self.code is not None and self.code != 0)
 
 
@@ -77,7 +82,7 @@ def crash_findings(exits: dict[int, ExitInfo], views: dict[int, RankView],
         # a rank that exits because its collective failed is a consequence, not a cause;
         # so is one that vanished after such a failure (under a wrapped torchrun there is
         # no exit code: the launcher tears the rank down once its error surfaced)
-        ended_by_failure = info.how in ("vanished", "raised") or (
+        ended_by_failure = info.how in ("vanished", "unheard", "raised") or (
             info.how == "exit" and (info.code or 0) > 0)
         consequence = (ended_by_failure and latest is not None
                        and latest.status in ("error", "timeout"))

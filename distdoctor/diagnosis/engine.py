@@ -222,7 +222,7 @@ class Engine(WaitJudge):
         if (info.how == "stopped" and st.exit is not None and not st.exit.failed
                 and st.exit.how != "stopped"):
             return  # its log was closed on a normal exit: stopped while it tore down
-        if st.exit is not None and st.exit.how == "vanished" and not info.failed:
+        if st.exit is not None and st.exit.how in ("vanished", "unheard") and not info.failed:
             # "vanished" was a guess (pid gone, heartbeat stale); the launcher's word on the
             # exit (stopped by distdoctor, exit 0) replaces it, and its crash finding goes
             self.found.pop(("crash", rank), None)

@@ -312,15 +312,16 @@ class LiveDiagnosis:
     def _check_alive(self, engine: Engine, meta: dict, rank: int, header,
                      now_s: float) -> None:
         """Without a launcher that reports exits: a closed log means the rank shut down; a
-        pid gone from this host (or, for another host, a heartbeat stale for a while)
-        without a closed log means it died."""
+        pid gone from this host without a closed log means it died; a rank on another
+        host whose heartbeat is stale for a while is unheard (dead, or its node or link
+        down)."""
         st = engine.ranks.get(rank)
         if st is None:
             return
         if st.exit is not None:
             # a remote rank taken for dead whose heartbeat came back: the link to its node
             # (a collector's) or the shared file system had stalled, the rank had not died
-            if (st.exit.how == "vanished" and rank not in engine.same_clock
+            if (st.exit.how in ("vanished", "unheard") and rank not in engine.same_clock
                     and (engine.heartbeat_age_s(rank, now_s) or 0.0) < POLL_S * 2):
                 engine.revive(rank)
             return
@@ -337,7 +338,8 @@ class LiveDiagnosis:
             if not _pid_alive(meta.get("pid")) and (self.owner or hb_age_s > LOCAL_STALE_S):
                 engine.exited(rank, ExitInfo(None, "vanished"))
         elif hb_age_s > STALE_HEARTBEAT_S:
-            engine.exited(rank, ExitInfo(None, "vanished"))
+            # another host's rank: its pid cannot be looked at from here
+            engine.exited(rank, ExitInfo(None, "unheard"))
 
     def _read_progress(self, engine: Engine) -> None:
         """Evidence of progress of the local ranks that others may be waiting for."""
