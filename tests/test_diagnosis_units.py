@@ -235,3 +235,26 @@ def test_a_rank_guessed_dead_that_the_launcher_says_it_stopped_is_no_crash():
     e.exited(1, ExitInfo(-15, "stopped"))
     e.tick(None, final=True)
     assert not any(f.kind == "crash" and f.ranks == [1] for f in e.findings())
+
+
+def test_a_short_rise_beside_busy_neighbours_waits_to_be_judged():
+    """A rise of a few steps on a node where other processes use a core and a half is the
+    neighbours' until it lasts; on a quiet node, or once it has lasted, or for a rank late
+    in most of its steps, it is judged at once (straggler.py)."""
+    from types import SimpleNamespace as NS
+
+    from distdoctor.diagnosis.straggler import BUSY_NODE_STEPS, _short_rise_beside_busy_neighbours
+
+    def samples(others_pct):
+        procs = (NS(rank=0, runq_ms_per_s=1.0), NS(rank=1, runq_ms_per_s=1.0))
+        stats = NS(steal_pct=0.0, others_pct=others_pct,
+                   busy=({"pid": 9, "pids": [9], "name": "spin", "cpu_pct": others_pct},))
+        return [NS(host="n0", processes=procs, host_stats=stats) for _ in range(5)]
+
+    rise = {"steady": False, "onset": 16, "series": [0.0] * 16 + [12.0] * 4}
+    assert _short_rise_beside_busy_neighbours(1, rise, samples(150.0))
+    assert not _short_rise_beside_busy_neighbours(1, rise, samples(2.0))  # a quiet node
+    assert not _short_rise_beside_busy_neighbours(1, rise, [])  # no node readings
+    lasted = {**rise, "series": [0.0] * 16 + [12.0] * BUSY_NODE_STEPS}
+    assert not _short_rise_beside_busy_neighbours(1, lasted, samples(150.0))
+    assert not _short_rise_beside_busy_neighbours(1, {**rise, "steady": True}, samples(150.0))

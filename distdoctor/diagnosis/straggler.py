@@ -46,6 +46,7 @@ MAX_GROUPS = 4096  # collective groups whose members are kept
 MAX_PENDING_P2P = 4096  # completed p2p pairings awaiting their ranks' next activity
 MAX_KEYS = 200_000  # span-less collectives given a step key, awaiting their rendezvous
 VICTIM_SHARE = 0.25  # a rank that waits this share of the root's lateness per step on it
+BUSY_NODE_STEPS = 10  # steps a rise must last on a node where other processes are busy
 MIN_LATENESS_MS = 5.0  # per step; below this, lateness is noise (scheduling, logging) or
 # a fixed offset by design (a pipeline stage that always ends its step 2 ms after the other)
 
@@ -243,6 +244,7 @@ class StragglerTracker:
                  and _t(recent) >= self.min_t and self._steady(recent))
         if risen:
             s["onset"] = split  # late since then; else since the first step kept
+        s["steady"] = steady
         return steady or risen
 
     def _steady(self, xs: list) -> bool:
@@ -259,7 +261,8 @@ class StragglerTracker:
         `samples`: the probe samples of the ranks' nodes, where a front end has them."""
         self._drain()
         scores = {r: self.score(r) for r in sorted(self.obs)}
-        late = {r: s for r, s in scores.items() if s is not None and self.is_straggler(s)}
+        late = {r: s for r, s in scores.items() if s is not None and self.is_straggler(s)
+                and not _short_rise_beside_busy_neighbours(r, s, samples)}
         for rank in [r for r in self.onsets if r not in late]:
             del self.onsets[rank]
         lateness = {r: s["step_lateness_ms"] for r, s in scores.items() if s is not None}
@@ -351,6 +354,20 @@ class StragglerTracker:
 
     def _groups_of(self, rank: int) -> set:
         return {o[_GROUP] for o in self.obs.get(rank, ())}
+
+
+def _short_rise_beside_busy_neighbours(rank: int, s: dict, samples) -> bool:
+    """A rank late only since a recent rise, for fewer than BUSY_NODE_STEPS steps, on a
+    node where other processes use its cores: such lateness comes and goes with the
+    neighbours (a spinning process the scheduler moved onto its core slows its own work,
+    with no CPU wait to show for it). It is judged once it has lasted; a rank late in
+    most of its steps, or on a quiet node, is judged at once."""
+    if s.get("steady") or not samples:
+        return False
+    if len(s["series"]) - s.get("onset", 0) >= BUSY_NODE_STEPS:
+        return False
+    node = host_noise.node_view(samples, rank)
+    return node is not None and node["busy_cores"] * 100 >= host_noise.BUSY_PCT
 
 
 def _pattern_sig(ev) -> tuple:
