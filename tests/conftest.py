@@ -88,10 +88,10 @@ def run_job(job: str, nproc: int, run_dir: Path, *job_args: str, timeout: float 
                    timeout=timeout, env=env, run_dir=run_dir)
 
 
-def marker_lines(job: str) -> dict[str, int]:
-    """`# expect: NAME` comments in a job file -> their line numbers."""
+def marker_lines(job: str, jobs: Path = JOBS) -> dict[str, int]:
+    """`# expect: NAME` comments in a job file (under `jobs`) -> their line numbers."""
     lines = {}
-    for no, text in enumerate((JOBS / job).read_text().splitlines(), start=1):
+    for no, text in enumerate((jobs / job).read_text().splitlines(), start=1):
         if "# expect:" in text:
             lines[text.split("# expect:")[1].strip()] = no
     return lines

@@ -12,6 +12,8 @@ import os
 import re
 from pathlib import Path
 
+import conftest  # the root tests/conftest.py (tests/ is on sys.path while pytest runs)
+
 JOBS = Path(__file__).parent / "jobs"
 RESULTS_ENV = "DISTDOCTOR_GPU_RESULTS"
 FIXTURES_ENV = "DISTDOCTOR_GPU_FIXTURES"
@@ -19,11 +21,7 @@ FIXTURES_ENV = "DISTDOCTOR_GPU_FIXTURES"
 
 def marker_lines(job: str) -> dict[str, int]:
     """`# expect: NAME` comments in tests/gpu/jobs/JOB -> their line numbers."""
-    lines = {}
-    for no, text in enumerate((JOBS / job).read_text().splitlines(), start=1):
-        if "# expect:" in text:
-            lines[text.split("# expect:")[1].strip()] = no
-    return lines
+    return conftest.marker_lines(job, JOBS)
 
 
 def printed_json(output: str, tag: str) -> list:
