@@ -385,18 +385,23 @@ class Engine(WaitJudge):
         if f.kind == "mismatch" and not f.ranks and self.ranks:
             self._held.append((f, self._now_s))
             return
-        self._put(("external", f.kind, f.details.get("signature") or f.summary), f)
+        self._put(_external_key(f), f)
+
+    def _held_as_settled(self, f: Finding) -> Finding:
+        """A held log mismatch, said as the traced one's consequence once there is one."""
+        if any(k[0] == "mismatch" for k in self.found):
+            return _as_consequence(f, "consequence_of_mismatch")
+        return f
 
     def _release_held(self, now_s: float | None) -> None:
-        traced = any(k[0] == "mismatch" for k in self.found)
         keep = []
         for f, since in self._held:
-            if traced:
-                f = _as_consequence(f, "consequence_of_mismatch")
-            elif now_s is not None and (since is None or now_s - since < HOLD_LOG_MISMATCH_S):
+            settled = self._held_as_settled(f)
+            if settled is f and now_s is not None and (
+                    since is None or now_s - since < HOLD_LOG_MISMATCH_S):
                 keep.append((f, since if since is not None else now_s))
                 continue
-            self._put(("external", f.kind, f.details.get("signature") or f.summary), f)
+            self._put(_external_key(settled), settled)
         self._held = keep
 
     def findings(self) -> list[Finding]:
@@ -406,9 +411,7 @@ class Engine(WaitJudge):
         severity = {"error": 0, "warning": 1, "info": 2}
         # a hang blamed on ranks later found dead is that death, not a second problem
         # (also when the death was itself a consequence: its cause is reported already)
-        traced = any(k[0] == "mismatch" for k in self.found)
-        held = [_as_consequence(f, "consequence_of_mismatch") if traced else f
-                for f, _ in self._held]  # (not yet settled: see add_finding)
+        held = [self._held_as_settled(f) for f, _ in self._held]  # (see add_finding)
         found = merge_crashes(list(self.found.values()) + held, set(self.ranks))
         crashes = [f for f in found if f.kind == "crash"]
         died = {r for f in crashes for r in f.ranks}
@@ -425,6 +428,11 @@ class Engine(WaitJudge):
                     for f in kept]
         return sorted(kept,
                       key=lambda f: (severity.get(f.severity, 3), order.get(f.kind, 9)))
+
+
+def _external_key(f: Finding) -> tuple:
+    """A source that updates a finding (more ranks report it) keeps `details.signature`."""
+    return ("external", f.kind, f.details.get("signature") or f.summary)
 
 
 def _as_consequence(f: Finding, of: str = "consequence_of_crash") -> Finding:

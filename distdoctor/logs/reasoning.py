@@ -207,8 +207,7 @@ class Reasoner:
             f = orphans[0]
             f.ranks = [rank]
             f.summary = f"rank {rank}: {f.summary}"
-            out[:] = [(o, g) for o, g in out if not (g.details.get("rule") == "rank_exit"
-                                                     and g.ranks == [rank])]
+            _drop_exit_of(out, rank)
             return
         # a message larger than the posted buffer aborts the rank that *received* it: its
         # exit is the mismatch's doing, and it is where the mismatch was seen, not its cause
@@ -219,8 +218,7 @@ class Reasoner:
             f = seen[0]
             f.details["received_on"] = [rank]
             f.summary += f"; rank {rank} received it and aborted"
-            out[:] = [(o, g) for o, g in out if not (g.details.get("rule") == "rank_exit"
-                                                     and g.ranks == [rank])]
+            _drop_exit_of(out, rank)
 
     # --- timeouts ----------------------------------------------------------------------
     def _timeout_finding(self, p: Problem, cause_ranks: set[int], first_cause: Finding | None,
@@ -400,3 +398,9 @@ def _moved_after(lines, first, files):
     after = [ln for ln in lines if ln.lineno > first.lineno and ln.file in files
              and ln.text not in before]
     return after[-1] if after else None
+
+
+def _drop_exit_of(out: list, rank: int) -> None:
+    """The launcher's bare "rank R exited" finding goes: another finding now says why."""
+    out[:] = [(o, g) for o, g in out
+              if not (g.details.get("rule") == "rank_exit" and g.ranks == [rank])]
