@@ -130,7 +130,7 @@ class HostProbe:
                             busy=busy, others_pct=others_pct)
 
     def busy_others(self, job_pids) -> tuple[tuple, float]:
-        """(the busiest programs outside the job since the last call, grouped by name;
+        """(the busiest programs outside the job since the last call (one name, one parent);
         all their CPU, % of one core)."""
         ours = {os.getpid(), *job_pids}
         parents: dict[int, int] = {}
