@@ -64,7 +64,8 @@ class ExitInfo:
 def crash_findings(exits: dict[int, ExitInfo], views: dict[int, RankView],
                    open_rv, mismatched: set = frozenset()) -> list[Finding]:
     """`mismatched`: (group, seq) of collectives reported as mismatched; a rank that dies
-    inside one (gloo aborts on a size mismatch) died of the mismatch."""
+    inside one, or inside a later op of that group (gloo aborts on a size mismatch, and
+    once the ranks' ops are out of step, on the ops after it), died of the mismatch."""
     open_rv = list(open_rv)
     out = []
     for rank in sorted(exits):
@@ -92,7 +93,8 @@ def crash_findings(exits: dict[int, ExitInfo], views: dict[int, RankView],
             m for rv in open_rv if rank in rv.arrivals
             and rv.arrivals[rank].index == (latest.index if latest else -1)
             for m in rv.missing if m != rank and m in exits and exits[m].failed})
-        if latest is not None and (latest.group, latest.seq) in mismatched:
+        if latest is not None and any(g == latest.group and latest.seq >= s
+                                      for g, s in mismatched):
             consequence = True
             last += " (a consequence of the mismatch there)"
         elif waited_for_dead and latest is not None and latest.t_end_ns is None:

@@ -15,12 +15,15 @@ from dataclasses import dataclass, field, replace
 from itertools import islice
 
 from distdoctor.diagnosis.crash import ExitInfo, crash_findings, merge_crashes
+from distdoctor.diagnosis.divergence import HISTORY
 from distdoctor.diagnosis.engine_waits import WaitJudge
 from distdoctor.diagnosis.hang import RankView, hang_findings
 from distdoctor.diagnosis.mismatch import habit, mismatch_finding, p2p_signature, signature
+from distdoctor.diagnosis.parted import explain_hang, explain_mismatch
 from distdoctor.diagnosis.progress import Policy, ProgressTracker
 from distdoctor.diagnosis.rendezvous import Rendezvous, key_of
 from distdoctor.diagnosis.straggler import StragglerTracker
+from distdoctor.diagnosis.threads import ThreadUse
 from distdoctor.diagnosis.waits import Gaps
 from distdoctor.findings import Finding, error_text
 from distdoctor.runlog.reader import Event
@@ -54,6 +57,8 @@ class _Rank:
     # (group, group desc, op) -> [ops completed, seconds inside them] (for /metrics)
     completed: dict[tuple, list] = field(default_factory=dict)
     exit: ExitInfo | None = None
+    # its last ops (every group): where it parted from the others, after a failure
+    recent: deque = field(default_factory=lambda: deque(maxlen=HISTORY))
 
 
 class Engine(WaitJudge):
@@ -87,6 +92,7 @@ class Engine(WaitJudge):
         self._errors: dict[str, list[Event]] = {}
         self._held: list[tuple[Finding, float | None]] = []  # (log mismatch, since): add_finding
         self._habits: dict[str, set] = {}  # group -> habit()s of agreeing collectives
+        self.thread_use = ThreadUse()  # groups that user threads take turns on
         # probe samples (GPU clocks, reasons) and the detector that joins them to the
         # stragglers: injected by the front end, so the engine does not import the probes
         self.samples: deque = deque(maxlen=MAX_SAMPLES)
@@ -134,6 +140,9 @@ class Engine(WaitJudge):
         if st.latest is None or ev.index >= st.latest.index:
             if st.latest is None or ev.index > st.latest.index:
                 self.gaps.op(ev.rank, ev.index)
+                st.recent.append(ev)
+                if kind == "collective":
+                    self.thread_use.op(ev)
             st.latest = ev
         if t_end is not None:
             if st.last_done is None or ev.index >= st.last_done.index:
@@ -293,7 +302,7 @@ class Engine(WaitJudge):
             elif old.stacks:  # the finding is rebuilt each tick; its stacks were taken once
                 f.stacks = old.stacks
             self._place_culprits_by_stack(f)
-            self._put(key, f, quiet_update=True)
+            self._put(key, explain_hang(f, self._histories()), quiet_update=True)
         stragglers = self.straggler.findings(self.samples)
         if self.gpu_findings is not None and self.samples:
             try:
@@ -309,6 +318,8 @@ class Engine(WaitJudge):
             self._put(key, f, quiet_update=not joined)
         for f in self._error_findings():
             self._put(("comm_error", f.summary), f, quiet_update=True)
+        for f in self.thread_use.findings():
+            self._put(("threads", f.group), f)
         if self._held:
             self._release_held(None if final else now_s)
         changed, self._changed = self._changed, []
@@ -326,7 +337,10 @@ class Engine(WaitJudge):
         first = next(iter(rv.arrivals.values()))
         f = mismatch_finding(rv, self.span_of(first), self._habits.get(rv.group, set()))
         if f is not None:
-            self._put(("mismatch", rv.group, rv.seq), f)
+            self._put(("mismatch", rv.group, rv.seq), explain_mismatch(f, rv, self._histories()))
+
+    def _histories(self) -> dict:
+        return {r: st.recent for r, st in self.ranks.items()}
 
     def _familiar(self, ev: Event) -> bool:
         return habit(ev) in self._habits.get(ev.group, ())
@@ -420,12 +434,20 @@ class Engine(WaitJudge):
         kept = [f for f in found
                 if not (f.kind == "hang" and f.ranks and set(f.ranks) <= died
                         and f.details.get("reason") != "extra_collective")]
-        if dead or any(f.details.get("reason") == "extra_collective" for f in kept):
+        # (or a hang whose waiters' op failed: the transport gave up on the rank that left)
+        if dead or any(f.details.get("reason") == "extra_collective" or (
+                f.kind == "hang" and f.severity == "error" and f.ranks
+                and f.details.get("failed_ranks")) for f in kept):
             # "lost a peer" in the job's output is that crash (or that exit) seen from
             # the others
             kept = [_as_consequence(f) if f.kind == "comm_error" and not f.ranks
                     and f.severity == "error" and f.details.get("source") == "log" else f
                     for f in kept]
+        # the hazard of two threads on a group, said once it failed: the failure says it
+        raced = {f.group for f in kept if f.severity == "error"
+                 and f.details.get("reason") == "threads_share_group"}
+        kept = [f for f in kept if not (f.severity == "info" and f.group in raced
+                                        and f.details.get("reason") == "threads_share_group")]
         return sorted(kept,
                       key=lambda f: (severity.get(f.severity, 3), order.get(f.kind, 9)))
 

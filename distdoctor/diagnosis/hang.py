@@ -21,6 +21,8 @@ from distdoctor.diagnosis.waits import (
     extra_collective,
     long_wait_finding,
     skipped_finding,
+    unmatched_p2p_finding,
+    wrong_peer_finding,
 )
 from distdoctor.findings import Finding, callsite_of, error_text
 from distdoctor.runlog.reader import Event
@@ -356,6 +358,11 @@ def _cycle_finding(comp: list[int], edges, views, familiar) -> Finding:
     others = {edges[r][0].key for r in comp if r not in lone}
     details = {"cycle": comp, "waits": parts,
                "rendezvous": [rv.label() for rv in rvs.values()]}
+    for w in comp:  # one waits in a send/recv whose peer went on to a collective
+        wrv = edges[w][0]
+        peer = (wrv.key[3] if w == wrv.key[2] else wrv.key[2]) if wrv.is_p2p else None
+        if peer in comp and not edges[peer][0].is_p2p:
+            return unmatched_p2p_finding(peer, edges[peer][0], wrv, callsites, details)
     if len(lone) == 1 and len(others) == 1 and len(comp) > 1:
         r = lone[0]
         rv, _ = edges[r]
@@ -370,6 +377,9 @@ def _cycle_finding(comp: list[int], edges, views, familiar) -> Finding:
                        details=details, remedy="Pass the same `group=` on every rank for "
                        "this collective (a sub-group created on some ranks only, or a "
                        "DeviceMesh axis mixed up).")
+    wrong = wrong_peer_finding(comp, edges, callsites, details)
+    if wrong is not None:
+        return wrong
     summary = "deadlock: " + "; ".join(parts)
     first_rv = edges[comp[0]][0]
     return Finding("deadlock", "error", summary, comp, first_rv.group, first_rv.seq,

@@ -120,7 +120,9 @@ def mismatch_finding(rv: Rendezvous, span_name=None,
     who = ", ".join(map(str, culprits))
     odd = vlist[1] if not tie else vlist[0]
     common = vlist[0] if not tie else None
-    if common is not None:
+    if rv.is_p2p:
+        summary = _p2p_summary(rv)
+    elif common is not None:
         summary = (f"rank{'s' if len(culprits) > 1 else ''} {who} issued {odd['describe']} "
                    f"where the others issued {common['describe']} ({rv.label()})")
     else:
@@ -135,6 +137,26 @@ def mismatch_finding(rv: Rendezvous, span_name=None,
         details["span"] = span_name
     return Finding("mismatch", "error", summary, culprits, rv.group, rv.seq, callsites,
                    details=details, remedy=_REMEDY)
+
+
+def _p2p_summary(rv: Rendezvous) -> str:
+    """'rank 0 sends 4x128 float32 to rank 1 at a.py:41; rank 1 receives 3x128 ... from
+    rank 0 at a.py:40: the sizes disagree (p2p 0 -> 1 #3 in group 0)'."""
+    src, dst = rv.key[2], rv.key[3]
+    parts = []
+    for rank, verb, prep, peer in ((src, "sends", "to", dst), (dst, "receives", "from", src)):
+        ev = rv.arrivals.get(rank)
+        if ev is None:
+            continue
+        shape = "+".join("x".join(map(str, s)) or "scalar" for s in ev.shapes[:2]) or (
+            f"{ev.numel_in or ev.numel_out} elements")
+        dtype = f" {ev.dtypes[0]}" if ev.dtypes else ""
+        cs = ev.callsite or {}
+        at = f" at {str(cs.get('file')).rsplit('/', 1)[-1]}:{cs.get('line')}" if cs else ""
+        parts.append(f"rank {rank} {verb} {shape}{dtype} {prep} rank {peer}{at}")
+    sigs = [p2p_signature(e) for e in rv.arrivals.values()]
+    what = "dtypes" if len({dict(g)["numel"] for g in sigs}) == 1 else "sizes"
+    return f"{'; '.join(parts)}: the {what} disagree ({rv.label()})"
 
 
 def _callsites(rv: Rendezvous, culprits: list[int]) -> list[dict]:

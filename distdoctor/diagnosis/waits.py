@@ -180,6 +180,86 @@ def skipped_finding(r: int, rv: Rendezvous, main: Rendezvous, views, callsites,
                    "on a group, in the same order.")
 
 
+def unmatched_p2p_finding(r: int, rv: Rendezvous, main: Rendezvous, callsites,
+                          details) -> Finding:
+    """The others wait in a send or receive with rank r, and r went on to a collective
+    without posting the matching op: an unmatched send/recv (batch_isend_irecv lists that
+    disagree, a wrong peer), said with both sides' lines."""
+    ev = rv.arrivals[r]
+    src, dst = main.key[2], main.key[3]
+    waiter = dst if r == src else src
+    wev = main.arrivals.get(waiter)
+    here = _at(wev)
+    if waiter == dst:
+        wait, posted = f"to receive from rank {r}", "posted no matching send"
+    else:
+        wait, posted = f"to send to rank {r}", "posted no matching receive"
+    summary = (f"hang: rank {waiter} waits {wait} ({wev.op if wev else 'p2p'} #{main.seq} in "
+               f"group {main.group}{here}); rank {r} {posted} and went on to {ev.op} "
+               f"#{rv.seq} in group {rv.group}{_at(ev)}")
+    details.update(reason="unmatched_p2p", waiting_ranks=[waiter],
+                   unmatched={"rank": waiter, "op": wev.op if wev else None,
+                              "peer": r, "seq": main.seq})
+    if wev is not None and wev.callsite:
+        callsites.insert(0, callsite_of(waiter, wev.callsite))
+    return Finding("hang", "error", summary, [r], main.group, main.seq, callsites,
+                   details=details, remedy="Every send needs a receive on its peer with the "
+                   "same size, and every receive a send: the ranks' lists for "
+                   "batch_isend_irecv (or their send/recv calls) must mirror each other, peer "
+                   "for peer and count for count.")
+
+
+def wrong_peer_finding(comp: list[int], edges: dict, callsites, details) -> Finding | None:
+    """In a cycle of ranks blocked in sends and receives: a rank that sends to a peer
+    waiting on someone else, while another rank waits to receive from it (or receives
+    from a peer that sends elsewhere while another sends to it), used the wrong peer."""
+    sends, recvs = {}, {}  # rank -> (its peer, its event)
+    for r in comp:
+        rv, _ = edges[r]
+        if not rv.is_p2p:
+            continue
+        src, dst = rv.key[2], rv.key[3]
+        if r == src:
+            sends[r] = (dst, rv.arrivals.get(r))
+        elif r == dst:
+            recvs[r] = (src, rv.arrivals.get(r))
+    for r, (peer, ev) in sends.items():
+        expecting = [x for x, (frm, _) in recvs.items() if frm == r and x != peer]
+        if peer in recvs and recvs[peer][0] != r and expecting:
+            x = expecting[0]
+            summary = (f"rank {r} sends to rank {peer}{_at(ev)}, but rank {peer} waits to "
+                       f"receive from rank {recvs[peer][0]}{_at(recvs[peer][1])}, and rank "
+                       f"{x} waits to receive from rank {r}{_at(recvs[x][1])}: rank {r} sent "
+                       f"to the wrong peer (rank {x} expects its message)")
+            return _peer_finding(r, ev, summary, callsites, details)
+    for r, (peer, ev) in recvs.items():
+        sending = [x for x, (to, _) in sends.items() if to == r and x != peer]
+        if peer in sends and sends[peer][0] != r and sending:
+            x = sending[0]
+            summary = (f"rank {r} waits to receive from rank {peer}{_at(ev)}, but rank {peer} "
+                       f"sends to rank {sends[peer][0]}{_at(sends[peer][1])}, and rank {x} "
+                       f"sends to rank {r}{_at(sends[x][1])}: rank {r} receives from the "
+                       f"wrong peer (rank {x} is sending to it)")
+            return _peer_finding(r, ev, summary, callsites, details)
+    return None
+
+
+def _peer_finding(r: int, ev, summary: str, callsites, details) -> Finding:
+    details["reason"] = "wrong_peer"
+    first = [c for c in callsites if c.get("rank") == r]
+    rest = [c for c in callsites if c.get("rank") != r]
+    rv_group = ev.group if ev is not None else None
+    return Finding("deadlock", "error", "deadlock: " + summary, [r], rv_group,
+                   ev.seq if ev is not None else None, first + rest, details=details,
+                   remedy="Check the peer each rank passes to send/recv (or P2POp): the "
+                   "stage layout (e.g. rank + 1 vs a mesh's next stage) must be computed the "
+                   "same way on every rank.")
+
+
+def _at(ev) -> str:
+    cs = (ev.callsite if ev is not None else None) or {}
+    return f" at {str(cs.get('file')).rsplit('/', 1)[-1]}:{cs.get('line')}" if cs else ""
+
 
 class Gaps:
     """Where each rank's main thread was between its ops: the tracer's sampled lines

@@ -18,9 +18,11 @@ What each entry holds, and where it comes from:
   failed (retired then, as the recorder retires an op that timed out);
   time_discovered_started_ns / completed_ns: when the call was entered / returned, and
   duration_ms; every time is wall clock (each rank's monotonic clock moved by its anchors);
-- frames: the user's call site only (pickle; the JSON variant has no frames, as torch's).
-What it cannot hold: the full stack, the thread's name and id, the group's timeout (torch's
-default for the backend is written), NCCL's communicator state.
+- frames: the user's call site, then up to three user frames that called it (pickle; the
+  JSON variant has no frames, as torch's); thread_name / thread_id: the user thread that
+  issued the op where it was not the main thread ("MainThread" otherwise).
+What it cannot hold: the full stack, the group's timeout (torch's default for the backend
+is written), NCCL's communicator state.
 """
 
 from __future__ import annotations
@@ -221,16 +223,15 @@ class _RankDump:
         done = ev.t_end_ns is not None and ev.status == "ok"
         started, ended = self.wall(ev.t_enter_ns), self.wall(ev.t_end_ns)
         e = {}
-        if ev.callsite:
-            cs = ev.callsite
-            e["frames"] = [{"name": str(cs.get("function") or ""),
-                            "filename": str(cs.get("file") or ""), "line": cs.get("line") or 0}]
-        else:
-            e["frames"] = []
+        cs = ev.callsite or {}
+        e["frames"] = [{"name": str(f.get("function") or ""), "filename": str(f.get("file") or ""),
+                        "line": f.get("line") or 0}
+                       for f in ([cs] if cs else []) + list(cs.get("callers") or ())]
         e.update(
             record_id=self.first_record + len(self.entries),
             pg_id=self.pg_id(group), process_group=(group, self.groups[group][0]),
-            thread_name="", thread_id="", collective_seq_id=self.coll_seq[group],
+            thread_name=str(cs.get("thread") if cs.get("thread_id") else "MainThread"),
+            thread_id=str(cs.get("thread_id") or ""), collective_seq_id=self.coll_seq[group],
             p2p_seq_id=self.p2p_seq[group], op_id=self.op_ids[group],
             profiling_name=f"{backend}:{fr_name}", time_created_ns=started)
         if done:

@@ -97,7 +97,13 @@ def group_label(ev) -> str:
 def callsite_text(cs) -> str:
     if not cs:
         return "?"
-    return f"{cs.get('file', '?')}:{cs.get('line', '?')} {cs.get('function') or ''}".rstrip()
+    text = f"{cs.get('file', '?')}:{cs.get('line', '?')} {cs.get('function') or ''}".rstrip()
+    callers = cs.get("callers") or ()
+    if callers:
+        text += f" (from {callers[0].get('file', '?')}:{callers[0].get('line', '?')})"
+    if cs.get("thread_id"):
+        text += f" [thread {cs.get('thread')}]"
+    return text
 
 
 def _cut(text: str, limit: int = _LIST_MAX) -> str:

@@ -299,7 +299,7 @@ static PyTypeObject SlotWriterType = {
     X(recorder)       /* passed to pg._dd_describe */                                   \
     X(pending)        /* PendingCompletions: ._pending looked at, .check() called */    \
     X(spans)          /* the open spans (list of event numbers) */                      \
-    X(callsites)      /* (id(code), lasti, False) -> (string id, code), this core's */  \
+    X(callsites)      /* site_key() -> (string id, code), this core's */               \
     X(tensor_ids)     /* (shape, dtype, device) -> string id, shared with Python */     \
     X(internal)       /* callsite._internal: id(code) -> (code, is_internal) */         \
     X(fields)         /* recorder._FIELDS: options type -> (reduceOp, rootRank, asyncOp) */ \
@@ -452,6 +452,80 @@ static long long tensors_id(Core *c, PyObject *tensors)
     return r;
 }
 
+/* Whether a code object is distdoctor's, torch's or the standard library's (cached in
+ * callsite._internal): 1, 0, or -1 with an exception set. */
+static int code_internal(Core *c, PyCodeObject *code)
+{
+    PyObject *key = PyLong_FromVoidPtr(code);
+    if (key == NULL)
+        return -1;
+    PyObject *hit = PyDict_GetItemWithError(c->internal, key);
+    Py_DECREF(key);
+    if (hit != NULL && PyTuple_Check(hit) && PyTuple_GET_SIZE(hit) == 2)
+        return PyTuple_GET_ITEM(hit, 1) == Py_True;
+    if (PyErr_Occurred())
+        return -1;
+    PyObject *r = PyObject_CallOneArg(c->is_internal, (PyObject *)code);
+    int internal = r == NULL ? -1 : PyObject_IsTrue(r);
+    Py_XDECREF(r);
+    return internal;
+}
+
+/* Up to MAX_CALLERS user frames that called the user's frame `f`, looked for within
+ * MAX_HOPS frames (callsite.CALLERS and callsite.CALLER_HOPS: the miss path walks the
+ * same way). They make the call site's key: a helper's barrier called from two places is
+ * two sites, which is what tells where two ranks' paths parted. */
+#ifndef MAX_CALLERS
+#define MAX_CALLERS 3
+#endif
+#define MAX_HOPS 32
+
+/* The key of the call site at user frame `f` (recorder.site_key): (id(code), lasti,
+ * False, thread ident or 0 on the main thread, then id(code), lasti of each caller). */
+static PyObject *site_key(Core *c, PyFrameObject *f, PyCodeObject *code)
+{
+    unsigned long me = PyThread_get_thread_ident();
+    PyObject *k = PyList_New(0);
+    if (k == NULL)
+        return NULL;
+    PyObject *items[4] = {PyLong_FromVoidPtr(code), PyLong_FromLong(PyFrame_GetLasti(f)),
+                          Py_NewRef(Py_False),
+                          PyLong_FromUnsignedLong(me == c->main_ident ? 0 : me)};
+    int bad = 0;
+    for (int i = 0; i < 4; i++) {
+        if (items[i] == NULL || PyList_Append(k, items[i]) < 0)
+            bad = 1;
+        Py_XDECREF(items[i]);
+    }
+    PyFrameObject *b = bad ? NULL : PyFrame_GetBack(f);
+    for (int found = 0, hops = 0; b != NULL && found < MAX_CALLERS && hops < MAX_HOPS; hops++) {
+        PyCodeObject *bc = PyFrame_GetCode(b);
+        int internal = code_internal(c, bc);
+        if (internal < 0) {
+            bad = 1;
+        } else if (!internal) {
+            PyObject *id = PyLong_FromVoidPtr(bc), *at = PyLong_FromLong(PyFrame_GetLasti(b));
+            if (id == NULL || at == NULL || PyList_Append(k, id) < 0 || PyList_Append(k, at) < 0)
+                bad = 1;
+            Py_XDECREF(id);
+            Py_XDECREF(at);
+            found++;
+        }
+        Py_DECREF(bc);
+        PyFrameObject *next = bad ? NULL : PyFrame_GetBack(b);
+        Py_DECREF(b);
+        b = next;
+    }
+    Py_XDECREF(b);
+    if (bad) {
+        Py_DECREF(k);
+        return NULL;
+    }
+    PyObject *t = PyList_AsTuple(k);
+    Py_DECREF(k);
+    return t;
+}
+
 /* The call site's string id (recorder._callsite_id); *from_main set when it is the main
  * thread's line (an op issued on a thread with no user frame). -1 on error. */
 static long long callsite_id(Core *c, int *from_main)
@@ -461,32 +535,14 @@ static long long callsite_id(Core *c, int *from_main)
     Py_XINCREF(f);
     while (f != NULL) {
         PyCodeObject *code = PyFrame_GetCode(f);
-        PyObject *key = PyLong_FromVoidPtr(code);
-        if (key == NULL) {
-            Py_DECREF(code);
-            Py_DECREF(f);
-            return -1;
-        }
-        PyObject *hit = PyDict_GetItemWithError(c->internal, key);
-        Py_DECREF(key);
-        int internal;
-        if (hit != NULL && PyTuple_Check(hit) && PyTuple_GET_SIZE(hit) == 2) {
-            internal = PyTuple_GET_ITEM(hit, 1) == Py_True;
-        } else if (PyErr_Occurred()) {
-            internal = -1;
-        } else {
-            PyObject *r = PyObject_CallOneArg(c->is_internal, (PyObject *)code);
-            internal = r == NULL ? -1 : PyObject_IsTrue(r);
-            Py_XDECREF(r);
-        }
+        int internal = code_internal(c, code);
         if (internal < 0) {
             Py_DECREF(code);
             Py_DECREF(f);
             return -1;
         }
         if (!internal) { /* the user's frame */
-            PyObject *k = Py_BuildValue("(NiO)", PyLong_FromVoidPtr(code),
-                                        PyFrame_GetLasti(f), Py_False);
+            PyObject *k = site_key(c, f, code);
             Py_DECREF(code);
             if (k == NULL) {
                 Py_DECREF(f);

@@ -82,6 +82,38 @@ def user_frame(frame):
     return None
 
 
+# How many of the user's frames that called the op's frame are part of its call site, and
+# within how many frames they are looked for (tracer/_fast.c walks the same way): a
+# helper's barrier called from two places is then two sites, and that is what tells
+# where two ranks' paths parted (diagnosis/divergence.py).
+CALLERS = 3
+CALLER_HOPS = 32
+
+
+def callers(frame) -> list:
+    """Up to CALLERS user frames above the user's frame `frame`, innermost first."""
+    out = []
+    frame = frame.f_back
+    for _ in range(CALLER_HOPS):
+        if frame is None or len(out) == CALLERS:
+            break
+        if not _is_internal(frame.f_code):
+            out.append(frame)
+        frame = frame.f_back
+    return out
+
+
+def thread_key() -> int:
+    """The current thread's ident, 0 on the main thread (the call-site key's 4th item)."""
+    ident = threading.get_ident()
+    return 0 if ident == _MAIN_THREAD_ID else ident
+
+
+def thread_name(ident: int) -> str:
+    thread = threading._active.get(ident)  # no lock: a dict read under the GIL
+    return thread.name if thread is not None else f"thread {ident}"
+
+
 def find_user_frame():
     """(frame, from_main_thread) for the current op; frame may be None."""
     frame = user_frame(sys._getframe(2))

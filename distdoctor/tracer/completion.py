@@ -47,6 +47,36 @@ def _done_work(work) -> BaseException | None | bool:
         return err
 
 
+class StreamEnd:
+    """The end of a CUDA op that returned no work: a synchronous NCCL collective on torch
+    2.8 and later is queued on the current stream and the call returns None, not done.
+    A CUDA event recorded on that stream right after the call stands for the op's end;
+    `is_completed()` answers as a Work's does."""
+
+    __slots__ = ("_event",)
+
+    def __init__(self, event):
+        self._event = event
+
+    def is_completed(self) -> bool:
+        return self._event.query()
+
+    @classmethod
+    def now(cls):
+        """A StreamEnd for what the current CUDA stream holds now, or None where there is
+        no such stream to look at (a graph being captured: no event may be queried then)."""
+        try:
+            import torch
+
+            if torch.cuda.is_current_stream_capturing():
+                return None
+            event = torch.cuda.Event()
+            event.record()
+            return cls(event)
+        except Exception:
+            return None
+
+
 class PendingCompletions:
     """CUDA ops in flight, whose completion is found by looking (see the module docstring)."""
 

@@ -30,7 +30,7 @@ from distdoctor.runlog import format as F
 from distdoctor.runlog.ring import RingWriter
 from distdoctor.runlog.slots import native_module
 from distdoctor.tracer import callsite, steps
-from distdoctor.tracer.completion import PendingCompletions
+from distdoctor.tracer.completion import PendingCompletions, StreamEnd
 from distdoctor.tracer.opfields import FIELDS, fields_of, numel, reduce_op_number
 from distdoctor.tracer.work import RecordingWork
 
@@ -56,6 +56,17 @@ def _begin_failed(spec, exc: BaseException) -> None:
 def _status_of(exc: BaseException) -> int:
     text = str(exc).lower()
     return F.STATUS_TIMEOUT if ("timed out" in text or "timeout" in text) else F.STATUS_ERROR
+
+
+def site_key(frame, from_main: bool, thread: int) -> tuple:
+    """A call site's key: (id(code), instruction offset, from_main, thread, then id(code)
+    and offset of each user frame that called it). Offsets, not line numbers: f_lineno
+    scans the line table on every access. Ids, not code objects: hashing a code object
+    hashes its whole bytecode."""
+    key = [id(frame.f_code), frame.f_lasti, from_main, thread]
+    for f in callsite.callers(frame):
+        key += (id(f.f_code), f.f_lasti)
+    return tuple(key)
 
 
 class Recorder:
@@ -126,31 +137,42 @@ class Recorder:
         frame, from_main = callsite.find_user_frame()
         if frame is None:
             return 0, False
-        return self._callsite_of(frame, from_main), from_main
+        return self._callsite_of(frame, from_main, 0 if from_main else None), from_main
 
-    def _callsite_of(self, frame, from_main: bool) -> int:
-        # Keyed by instruction offset: f_lineno scans the line table on every access,
-        # and hashing a code object hashes its bytecode. Both happen once per site here.
-        key = (id(frame.f_code), frame.f_lasti, from_main)
+    def _callsite_of(self, frame, from_main: bool, thread: int | None = None) -> int:
+        """The string id of the call site at user frame `frame`, interned on first sight.
+        `thread`: whose op it is (callsite.thread_key(); default: the calling thread)."""
+        key = site_key(frame, from_main, callsite.thread_key() if thread is None else thread)
         hit = self._callsites.get(key)
         return hit[0] if hit is not None else self._callsite_at(frame, key, self._callsites)
 
     def _callsite_at(self, frame, key, table: dict) -> int:
         """Intern a call site seen for the first time; `table[key]` remembers it (the C
-        path keys its own table by instruction index, this one by byte offset)."""
+        path keys its own table by instruction index, this one by byte offset; both keys
+        are site_key()'s shape). The site names the thread that issued the op where that
+        is not the main thread, and the user's frames that called it."""
         code = frame.f_code
-        sid = self.ring.add_string({
-            "file": code.co_filename, "line": frame.f_lineno,
-            "function": getattr(code, "co_qualname", code.co_name),
-            **({"thread": "main (op issued from another thread)"} if key[2] else {}),
-        })
-        table[key] = (sid, code)  # keeps the code (and so its id) alive
+        up = callsite.callers(frame)
+        site = {"file": code.co_filename, "line": frame.f_lineno,
+                "function": getattr(code, "co_qualname", code.co_name)}
+        if key[2]:
+            site["thread"] = "main (op issued from another thread)"
+        elif key[3]:
+            site["thread"] = callsite.thread_name(key[3])
+            site["thread_id"] = key[3]
+        if up:
+            site["callers"] = [{"file": f.f_code.co_filename, "line": f.f_lineno,
+                                "function": getattr(f.f_code, "co_qualname", f.f_code.co_name)}
+                               for f in up]
+        sid = self.ring.add_string(site)
+        # keeps the codes (and so their ids in the key) alive
+        table[key] = (sid, code, *(f.f_code for f in up))
         return sid
 
     def _callsite_off_main(self) -> tuple[int, bool]:
         """For the C path: an op on a thread with no user frame takes the main thread's."""
         frame = callsite.main_thread_user_frame()
-        return (0, False) if frame is None else (self._callsite_of(frame, True), True)
+        return (0, False) if frame is None else (self._callsite_of(frame, True, 0), True)
 
     def _tensors_id(self, tensors) -> int:
         if not tensors:
@@ -236,8 +258,13 @@ class Recorder:
         if work is not None and not on_cuda and not async_op:
             return self._wait_sync(e, work)
         try:
-            if work is None:  # synchronous ops (monitored_barrier) return nothing
-                self.ring.complete(e, F.STATUS_OK, time.monotonic_ns())
+            if work is None:  # synchronous ops (monitored_barrier) return nothing; so
+                # does a synchronous NCCL op on torch >= 2.8, queued, not done
+                end = StreamEnd.now() if on_cuda else None
+                if end is not None:
+                    self._pending.add_work(e, end)
+                else:
+                    self.ring.complete(e, F.STATUS_OK, time.monotonic_ns())
             elif on_cuda:
                 self._pending.add_work(e, work)
             elif method in self._futureless:
@@ -329,7 +356,7 @@ class Recorder:
     def sample(self, frame, t_ns: int, runq_us: int = 0) -> None:
         """The main thread was at `frame` (a user frame, outside ops) at `t_ns`, and had
         waited `runq_us` for a CPU since the previous sample (in the numel_in word)."""
-        site = self._callsite_of(frame, False)
+        site = self._callsite_of(frame, False, 0)
         spans = self._spans
         e = self.ring.append(F.KIND_SAMPLE, F.OP_CODE["sample"], F.REDOP_NONE, 0, 0, site,
                              0, -1, 0, runq_us, 0, t_ns, spans[-1] + 1 if spans else 0, 0)

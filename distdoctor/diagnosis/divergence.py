@@ -1,0 +1,276 @@
+"""Where the ranks parted: the first op at which their paths stopped lining up.
+
+A mismatch or a hang shows where the ranks' ops finally disagree; the cause is often
+earlier. A helper that calls `barrier()` on one rank only pairs its barrier with the
+others' next one (barriers are alike), and the ops disagree one or more ops later, at an
+innocent line. So after a failure, and only then (healthy code issues the same op from
+different lines on different ranks all the time: a rank-0 branch that broadcasts what the
+others receive, pipeline stages), each side's recent ops on the group are aligned by call
+site: the file, the line and the user's frames that called it (tracer/callsite.py). The
+parting is the first op one side issued that the other has no counterpart for, or the
+first pair that differs with nothing lined up after it. Ranks that issue one op from two
+lines and line up again right after did not part there.
+
+Which side strayed: the odd one out where there is a majority; else the evidence
+(`decide`): a call site the job has issued before is the path, a new one the detour; a
+rank further along the same function skipped what the other is still in. Else a tie.
+"""
+
+from __future__ import annotations
+
+import ast
+from dataclasses import dataclass
+
+from distdoctor.diagnosis.mismatch import signature
+from distdoctor.findings import callsite_of
+from distdoctor.runlog.reader import Event
+
+HISTORY = 128  # ops remembered per rank (every group), for this reasoning only
+# alignment costs: the same site is a match; the same op from another line nearly one (a
+# rank-0 branch); different ops cost more than one op left out, less than two
+SAME_OP, OTHER_OP, GAP = 0.75, 1.75, 1.0
+
+
+def site(ev: Event) -> tuple:
+    """The call site as the alignment compares it: file, line and the callers' lines."""
+    cs = ev.callsite or {}
+    return (cs.get("file"), cs.get("line"),
+            tuple((c.get("file"), c.get("line")) for c in cs.get("callers") or ()))
+
+
+def on_group(history, group: str, upto_seq: int) -> list[Event]:
+    """A rank's collectives on `group` up to `upto_seq`, one per seq, in order."""
+    by_seq = {ev.seq: ev for ev in history
+              if ev.kind == "collective" and ev.group == group and ev.seq <= upto_seq}
+    return [by_seq[s] for s in sorted(by_seq)]
+
+
+@dataclass
+class Parting:
+    how: str  # "extra": `ours` has no counterpart; "missing": `theirs` has none; "differ"
+    ours: Event | None  # the culprit side's op there (None: it issued none)
+    theirs: Event | None  # the other side's
+    after: Event | None  # the last op both issued alike before it (None: none seen)
+    next_ours: Event | None = None  # what each went on to (the op after the parting)
+    next_theirs: Event | None = None
+
+
+def _align(a: list[Event], b: list[Event]) -> list[tuple[int | None, int | None]]:
+    """Needleman-Wunsch over call sites: the columns (i, j), a gap being None."""
+    sa, sb = [site(e) for e in a], [site(e) for e in b]
+    ga, gb = [signature(e) for e in a], [signature(e) for e in b]
+    n, m = len(a), len(b)
+    cost = [[0.0] * (m + 1) for _ in range(n + 1)]
+    for i in range(1, n + 1):
+        cost[i][0] = i * GAP
+    for j in range(1, m + 1):
+        cost[0][j] = j * GAP
+
+    def pair(i, j):
+        if sa[i] == sb[j] and ga[i] == gb[j]:
+            return 0.0
+        return SAME_OP if ga[i] == gb[j] else OTHER_OP
+
+    for i in range(1, n + 1):
+        for j in range(1, m + 1):
+            cost[i][j] = min(cost[i - 1][j - 1] + pair(i - 1, j - 1),
+                             cost[i - 1][j] + GAP, cost[i][j - 1] + GAP)
+    # Walked back from the ends; on a tie an op left over goes last (the side that is
+    # behind has not issued it yet), taken from the side with more ops left
+    cols = []
+    i, j = n, m
+    while i or j:
+        up = i and cost[i][j] == cost[i - 1][j] + GAP
+        left = j and cost[i][j] == cost[i][j - 1] + GAP
+        if up and (not left or i >= j):
+            cols.append((i - 1, None))
+            i -= 1
+        elif left:
+            cols.append((None, j - 1))
+            j -= 1
+        else:
+            cols.append((i - 1, j - 1))
+            i, j = i - 1, j - 1
+    return cols[::-1]
+
+
+def parting(ours: list[Event], theirs: list[Event]) -> Parting | None:
+    """Where `ours` (the culprit side's ops on a group) parted from `theirs`; None when
+    the sequences line up to their ends (or there is nothing to compare)."""
+    if not ours or not theirs:
+        return None
+    # start where both histories still hold the ops (each keeps its last HISTORY)
+    start = max(ours[0].seq, theirs[0].seq)
+    ours = [e for e in ours if e.seq >= start]
+    theirs = [e for e in theirs if e.seq >= start]
+    cols = _align(ours, theirs)
+
+    def lined_up(col):
+        i, j = col
+        return i is not None and j is not None and signature(ours[i]) == signature(theirs[j])
+
+    for k, (i, j) in enumerate(cols):
+        if i is not None and j is not None:
+            if lined_up((i, j)):
+                continue  # the same op (from the same line, or another: a rank-0 branch)
+            if any(lined_up(c) for c in cols[k + 1:]):
+                continue  # one op from two lines, and in step again right after
+            how = "differ"
+        else:
+            how = "extra" if j is None else "missing"
+        before = [c for c in cols[:k] if c[0] is not None and c[1] is not None]
+        rest_ours = [c[0] for c in cols[k + 1:] if c[0] is not None]
+        rest_theirs = [c[1] for c in cols[k + 1:] if c[1] is not None]
+        return Parting(how, None if i is None else ours[i], None if j is None else theirs[j],
+                       ours[before[-1][0]] if before else None,
+                       ours[rest_ours[0]] if rest_ours else None,
+                       theirs[rest_theirs[0]] if rest_theirs else None)
+    return None
+
+
+def _chain(ev: Event | None) -> list[tuple]:
+    """The op's frames, outermost first: (file, function, line) of each caller, then its
+    own."""
+    if ev is None or not ev.callsite:
+        return []
+    cs = ev.callsite
+    frames = [(c.get("file"), c.get("function"), c.get("line"))
+              for c in reversed(cs.get("callers") or ())]
+    return frames + [(cs.get("file"), cs.get("function"), cs.get("line"))]
+
+
+def further_along(a: Event | None, b: Event | None) -> int:
+    """1 when `a` is further along the program than `b`, -1 when behind, 0 unknown: in
+    the outermost function both are in, the one at the later line is further along,
+    unless the two lines are the two arms of one branch (an if and its else, a try and
+    its handler), or they are the ops' own lines and the source cannot be read to tell."""
+    ca, cb = _chain(a), _chain(b)
+    for k, (fa, fb) in enumerate(zip(ca, cb, strict=False)):
+        if fa == fb:
+            continue
+        if fa[:2] != fb[:2] or fa[2] is None or fb[2] is None:
+            return 0
+        arms = branch_arms(fa[0], fa[2], fb[2])
+        innermost = k == len(ca) - 1 or k == len(cb) - 1
+        if arms or (arms is None and innermost):
+            return 0
+        return (fa[2] > fb[2]) - (fa[2] < fb[2])
+    return 0
+
+
+_ARMS_CACHE: dict = {}
+
+
+def branch_arms(path, line_a: int, line_b: int) -> bool | None:
+    """Whether two lines of a file lie in different arms of one `if`/`else`, `try`/
+    `except` or `match`; None when the file cannot be read or parsed."""
+    key = (path, line_a, line_b)
+    if key not in _ARMS_CACHE:
+        if len(_ARMS_CACHE) > 1024:
+            _ARMS_CACHE.clear()
+        _ARMS_CACHE[key] = _branch_arms(path, line_a, line_b)
+    return _ARMS_CACHE[key]
+
+
+def _branch_arms(path, line_a: int, line_b: int) -> bool | None:
+    try:
+        with open(path, encoding="utf-8") as fh:
+            tree = ast.parse(fh.read())
+    except (OSError, SyntaxError, ValueError, TypeError):
+        return None
+
+    def span(stmts):
+        return (stmts[0].lineno, max(getattr(x, "end_lineno", x.lineno) for x in stmts))
+
+    def inside(line, stmts):
+        if not stmts:
+            return False
+        lo, hi = span(stmts)
+        return lo <= line <= hi
+
+    exits = (ast.Return, ast.Raise, ast.Continue, ast.Break)
+    for node in ast.walk(tree):
+        for block in (getattr(node, f, None) for f in ("body", "orelse", "finalbody")):
+            if not isinstance(block, list):
+                continue
+            for i, stmt in enumerate(block):
+                # `if c: ...; return` and what follows it are the two arms of one branch
+                if (isinstance(stmt, ast.If) and not stmt.orelse and stmt.body
+                        and isinstance(stmt.body[-1], exits) and block[i + 1:]
+                        and inside(line_a, stmt.body) != inside(line_b, stmt.body)
+                        and (inside(line_a, block[i + 1:]) or inside(line_b, block[i + 1:]))):
+                    return True
+        arms = []
+        if isinstance(node, ast.If):
+            arms = [node.body, node.orelse]
+        elif isinstance(node, ast.Try):
+            arms = [node.body, *[h.body for h in node.handlers]]
+        elif hasattr(ast, "Match") and isinstance(node, ast.Match):
+            arms = [c.body for c in node.cases]
+        held = [i for i, arm in enumerate(arms) if inside(line_a, arm)]
+        other = [i for i, arm in enumerate(arms) if inside(line_b, arm)]
+        if held and other and held[0] != other[0]:
+            return True
+    return False
+
+
+def familiar(ev: Event | None, histories, before_seq: int) -> bool | None:
+    """Whether the job issued a call like `ev` (op and site) before seq `before_seq` on
+    its group, in the ranks' recent histories; None when they hold nothing that old."""
+    if ev is None:
+        return None
+    key, old = (ev.op, site(ev)), False
+    for history in histories:
+        for e in history:
+            if e.kind == "collective" and e.group == ev.group and e.seq < before_seq:
+                old = True
+                if (e.op, site(e)) == key:
+                    return True
+    return False if old else None
+
+
+def describe(ev: Event | None) -> str:
+    """'barrier #4 at utils.py:12 in ensure_on_disk (from train.py:40)'."""
+    if ev is None:
+        return "nothing"
+    text = f"{ev.op} #{ev.seq}"
+    cs = ev.callsite or {}
+    if cs.get("file"):
+        text += f" at {_short(cs.get('file'))}:{cs.get('line')}"
+        if cs.get("function"):
+            text += f" in {cs['function']}"
+    callers = cs.get("callers") or ()
+    if callers:
+        text += " (from " + ", from ".join(
+            f"{_short(c.get('file'))}:{c.get('line')}" for c in callers[:2]) + ")"
+    return text
+
+
+def _short(path) -> str:
+    return str(path).rsplit("/", 1)[-1] if path else "?"
+
+
+def site_entry(rank: int, ev: Event) -> dict:
+    """A finding's call-site entry for the op, with the line that called it."""
+    entry = callsite_of(rank, ev.callsite)
+    callers = (ev.callsite or {}).get("callers") or ()
+    if callers:
+        entry["called_from"] = {k: callers[0].get(k) for k in ("file", "line", "function")}
+    if (ev.callsite or {}).get("thread_id"):
+        entry["thread"] = ev.callsite.get("thread")
+    return entry
+
+
+def as_details(p: Parting, culprit: int, other: int) -> dict:
+    """`details.parted_at`: each side's op and call site where the paths parted."""
+    def side(rank, ev, nxt):
+        out = {"rank": rank, "op": None if ev is None else ev.op,
+               "seq": None if ev is None else ev.seq,
+               "callsite": None if ev is None else site_entry(rank, ev)}
+        if nxt is not None:
+            out["then"] = {"op": nxt.op, "seq": nxt.seq, "callsite": site_entry(rank, nxt)}
+        return out
+    return {"how": p.how, "group": (p.ours or p.theirs).group,
+            "culprit": side(culprit, p.ours, p.next_ours),
+            "other": side(other, p.theirs, p.next_theirs),
+            "after": None if p.after is None else {"op": p.after.op, "seq": p.after.seq}}

@@ -1,0 +1,110 @@
+"""One process group used from two user threads of a rank.
+
+Collectives are matched across ranks by their order on the group. Two threads issuing on
+one group (an async-checkpoint thread, a metrics thread beside the training loop) put
+their ops in whatever order the threads happen to run, which differs from rank to rank:
+the job dies in a mismatch or a deadlock that no rank-dependent branch explains. The
+tracer names the thread of every op issued from a user frame off the main thread
+(`callsite["thread"]`, `["thread_id"]`); torch's own threads (autograd's, DDP's reducer,
+FSDP's) have no user frame and take the main thread's line, so they count as the main
+thread here.
+
+`ThreadUse` watches this as ops arrive (a dictionary look-up an op): a group whose user
+threads take turns on a rank is a hazard worth saying before it fails (an info finding).
+`threads_on` answers the question after a failure, from the ranks' recent ops.
+"""
+
+from __future__ import annotations
+
+from distdoctor.findings import Finding
+from distdoctor.runlog.reader import Event
+
+MAX_GROUPS = 4096  # (rank, group) pairs followed
+
+
+def thread_of(ev: Event) -> int:
+    """The op's user thread: its ident, 0 for the main thread (and torch's threads)."""
+    cs = ev.callsite
+    return cs.get("thread_id", 0) if cs else 0
+
+
+def thread_label(ev: Event) -> str:
+    cs = ev.callsite or {}
+    return cs.get("thread") if cs.get("thread_id") else "the main thread"
+
+
+def threads_on(history, group: str) -> dict[int, Event]:
+    """The user threads that issued collectives on `group` in a rank's recent ops:
+    thread -> its latest op there."""
+    out: dict[int, Event] = {}
+    for ev in history:
+        if ev.kind == "collective" and ev.group == group:
+            out[thread_of(ev)] = ev
+    return out
+
+
+def where(ev: Event) -> str:
+    cs = ev.callsite or {}
+    file = str(cs.get("file") or "?").rsplit("/", 1)[-1]
+    return f"{thread_label(ev)} ({ev.op} in {cs.get('function') or '?'} at {file}:{cs.get('line')})"
+
+
+REMEDY = ("Issue a group's collectives from one thread only: give the background work "
+          "(checkpointing, metrics, logging) a process group of its own, created with "
+          "dist.new_group() on every rank in the same order, or hand its collectives to the "
+          "main thread. Across threads, the order of collectives is not defined, so each "
+          "rank interleaves them differently.")
+
+
+class ThreadUse:
+    """Per (rank, group): the user thread of the last op, and how often it changed."""
+
+    def __init__(self):
+        # (rank, group) -> [thread of the last op, turns, {thread: op at a turn}, last op]
+        self._last: dict[tuple, list] = {}
+        self.reported: set[str] = set()
+
+    def op(self, ev: Event) -> None:
+        tid = thread_of(ev)
+        key = (ev.rank, ev.group)
+        st = self._last.get(key)
+        if st is None:
+            if len(self._last) < MAX_GROUPS:
+                self._last[key] = [tid, 0, {}, ev]
+            return
+        if st[0] != tid:  # a turn: each thread is shown by its op at the hand-over
+            seen = st[2]
+            if len(seen) < 8:
+                seen.setdefault(st[0], st[3])
+                seen.setdefault(tid, ev)
+            st[0] = tid
+            st[1] += 1
+        st[3] = ev
+
+    def findings(self) -> list[Finding]:
+        """An info finding per group whose user threads took turns on a rank (A, B, A)."""
+        by_group: dict[str, list] = {}
+        for (rank, group), (_, turns, seen, _) in self._last.items():
+            if turns >= 2 and len(seen) >= 2 and group not in self.reported:
+                by_group.setdefault(group, []).append((rank, seen))
+        out = []
+        for group, users in by_group.items():
+            self.reported.add(group)
+            ranks = sorted(r for r, _ in users)
+            seen = users[0][1]
+            who = " and ".join(where(ev) for ev in seen.values())
+            first = next(iter(seen.values()))
+            desc = f" ({first.group_desc})" if first.group_desc else ""
+            summary = (f"group {group}{desc} is used from {len(seen)} threads of rank"
+                       f"{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))}: {who}; "
+                       f"the order of collectives across threads is not defined, so ranks "
+                       f"may issue them in different orders (a mismatch or a deadlock)")
+            out.append(Finding("mismatch", "info", summary, [], group, None,
+                               [{"rank": ranks[0], **{k: (ev.callsite or {}).get(k) for k in
+                                                      ("file", "line", "function", "thread")}}
+                                for ev in seen.values()],
+                               details={"reason": "threads_share_group", "ranks": ranks,
+                                        "threads": [
+                                   thread_label(ev) for ev in seen.values()]},
+                               remedy=REMEDY))
+        return out
