@@ -4,7 +4,9 @@ Walk out from the current frame past torch, distdoctor and the standard library;
 first frame left is the user's. Whether a code object is "internal" is decided once and
 cached, so the walk costs a few dictionary look-ups per frame. Ops issued where the
 current thread has no user frame (autograd's worker threads run DDP's and FSDP's hooks)
-take the main thread's innermost user frame: the line that called `backward()`.
+take the main thread's innermost user frame: the line that called `backward()`. Code torch
+generates (inductor's wrapper modules) stops the walk, so that each of its collectives
+is a site of its own; `tracer/compiled.py` maps it to the user's line.
 """
 
 from __future__ import annotations
@@ -50,12 +52,21 @@ _MAIN_THREAD_ID = threading.main_thread().ident
 def _is_internal(code) -> bool:
     hit = _internal.get(id(code))
     if hit is None:
-        name = code.co_filename
-        internal = name.startswith("<") or (
-            (name.startswith(_INTERNAL_DIRS) or os.path.realpath(name).startswith(_INTERNAL_DIRS))
-            and not _is_bundled_user_code(name))
-        hit = _internal[id(code)] = (code, internal)
+        hit = _internal[id(code)] = (code, is_internal_file(code.co_filename))
     return hit[1]
+
+
+def is_internal_file(name: str) -> bool:
+    """Code of torch's, distdoctor's or the standard library's, or code with no file
+    (`exec`, FX's `<eval_with_key>`, torch's `_codegen.py:codegen(...)`)."""
+    return name.startswith("<") or _is_pseudo_file(name) or (
+        (name.startswith(_INTERNAL_DIRS) or os.path.realpath(name).startswith(_INTERNAL_DIRS))
+        and not _is_bundled_user_code(name))
+
+
+def _is_pseudo_file(filename: str) -> bool:
+    """A name for code with no file of its own (torch's `_codegen.py:codegen(...)`)."""
+    return not os.path.isabs(filename) and not os.path.exists(filename)
 
 
 _TEST_CODE = (f"{os.sep}reference_trainer{os.sep}", f"{os.sep}torch{os.sep}testing{os.sep}")
@@ -110,3 +121,4 @@ def raise_site(tb) -> dict:
                     "function": getattr(code, "co_qualname", code.co_name)}
         tb = tb.tb_next
     return site
+

@@ -29,7 +29,7 @@ from functools import partial
 from distdoctor.runlog import format as F
 from distdoctor.runlog.ring import RingWriter
 from distdoctor.runlog.slots import native_module
-from distdoctor.tracer import callsite, steps
+from distdoctor.tracer import callsite, compiled, steps
 from distdoctor.tracer.completion import PendingCompletions
 from distdoctor.tracer.opfields import FIELDS, fields_of, numel, reduce_op_number
 from distdoctor.tracer.work import RecordingWork
@@ -139,10 +139,9 @@ class Recorder:
         """Intern a call site seen for the first time; `table[key]` remembers it (the C
         path keys its own table by instruction index, this one by byte offset)."""
         code = frame.f_code
+        site = compiled.site_of(frame)
         sid = self.ring.add_string({
-            "file": code.co_filename, "line": frame.f_lineno,
-            "function": getattr(code, "co_qualname", code.co_name),
-            **({"thread": "main (op issued from another thread)"} if key[2] else {}),
+            **site, **({"thread": "main (op issued from another thread)"} if key[2] else {}),
         })
         table[key] = (sid, code)  # keeps the code (and so its id) alive
         return sid
