@@ -1,0 +1,34 @@
+"""Steps as the user's framework counts them: a real 2-rank Lightning DDP job (with the
+sanity check's validation batches, which used to inflate the count) where rank 0 alone
+all-reduces at a step of Lightning's count. The finding gives Lightning's own
+`global_step`, the number the job printed at the bug, and says whose count it is."""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+
+import pytest
+from conftest import JOBS, marker_lines, run_cli
+
+JOB = "frameworks/lightning_steps.py"
+
+
+def test_lightning_mismatch_is_reported_at_lightnings_global_step(tmp_path):
+    pytest.importorskip("lightning")
+    run_dir = tmp_path / "run"
+    res = run_cli(["run", "--run-dir", str(run_dir), "--grace", "2", "--hang-timeout", "5",
+                   "--on-hang", "kill", "--", sys.executable, "-m", "torch.distributed.run",
+                   "--nproc-per-node", "2", str(JOBS / JOB)], timeout=180, run_dir=run_dir)
+    printed = re.search(r"bug at global_step (\d+)", res.stdout + res.stderr)
+    assert printed, res.stdout[-2000:] + res.stderr[-2000:]
+    findings = json.loads((run_dir / "findings.json").read_text())["findings"]
+    mismatch = [f for f in findings if f["kind"] == "mismatch" and f.get("seq") is not None]
+    assert mismatch, findings
+    f = mismatch[0]
+    assert f["ranks"] == [0]
+    assert f["details"]["span"] == f"global_step {printed.group(1)} (Lightning)", f["summary"]
+    assert f"in global_step {printed.group(1)} (Lightning)" in f["summary"]
+    culprit = [c for c in f["callsites"] if c["rank"] == 0]
+    assert culprit[0]["line"] == marker_lines(JOB)["culprit"]
