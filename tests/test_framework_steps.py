@@ -32,3 +32,12 @@ def test_lightning_mismatch_is_reported_at_lightnings_global_step(tmp_path):
     assert f"in global_step {printed.group(1)} (Lightning)" in f["summary"]
     culprit = [c for c in f["callsites"] if c["rank"] == 0]
     assert culprit[0]["line"] == marker_lines(JOB)["culprit"]
+
+    # what the launcher printed of the ranks' ends is the finding's word on them
+    out = res.stdout + res.stderr
+    for rank in re.findall(r"rank\s*:\s*(\d+) \(local_rank: \d+\)\s*\n\s*exitcode\s*:"
+                           r"\s*-6 \(pid", out):
+        crash = [x for x in findings if x["kind"] == "crash" and x["ranks"] == [int(rank)]]
+        assert crash and "killed by SIGABRT" in crash[0]["summary"], crash
+    # gloo's size error, read from the job's output, is said live once
+    assert out.count("distdoctor: MISMATCH Gloo received") <= 1, out[-3000:]
