@@ -1,13 +1,19 @@
 """Steps as the user's framework counts them: a real 2-rank Lightning DDP job (with the
 sanity check's validation batches, which used to inflate the count) where rank 0 alone
 all-reduces at a step of Lightning's count. The finding gives Lightning's own
-`global_step`, the number the job printed at the bug, and says whose count it is."""
+`global_step`, the number the job printed at the bug, and says whose count it is.
+
+Lightning runs from a checkout on PYTHONPATH (a copy of the installed package), not from
+beside the interpreter: whose code a frame is goes by package, so the other rank's site
+is still the user's line (`trainer.fit`), not Lightning's `LightningModule.backward`."""
 
 from __future__ import annotations
 
 import json
 import re
+import shutil
 import sys
+from pathlib import Path
 
 import pytest
 from conftest import JOBS, marker_lines, run_cli
@@ -16,11 +22,15 @@ JOB = "frameworks/lightning_steps.py"
 
 
 def test_lightning_mismatch_is_reported_at_lightnings_global_step(tmp_path):
-    pytest.importorskip("lightning")
+    lightning = pytest.importorskip("lightning")
+    checkout = tmp_path / "checkout"
+    shutil.copytree(Path(lightning.__file__).parent, checkout / "lightning")
     run_dir = tmp_path / "run"
     res = run_cli(["run", "--run-dir", str(run_dir), "--grace", "2", "--hang-timeout", "5",
                    "--on-hang", "kill", "--", sys.executable, "-m", "torch.distributed.run",
-                   "--nproc-per-node", "2", str(JOBS / JOB)], timeout=180, run_dir=run_dir)
+                   "--nproc-per-node", "2", str(JOBS / JOB)], timeout=180, run_dir=run_dir,
+                  env={"PYTHONPATH": str(checkout)})
+    assert str(checkout / "lightning") in res.stdout + res.stderr  # the copy ran
     printed = re.search(r"bug at global_step (\d+)", res.stdout + res.stderr)
     assert printed, res.stdout[-2000:] + res.stderr[-2000:]
     findings = json.loads((run_dir / "findings.json").read_text())["findings"]
@@ -30,8 +40,9 @@ def test_lightning_mismatch_is_reported_at_lightnings_global_step(tmp_path):
     assert f["ranks"] == [0]
     assert f["details"]["span"] == f"global_step {printed.group(1)} (Lightning)", f["summary"]
     assert f"in global_step {printed.group(1)} (Lightning)" in f["summary"]
-    culprit = [c for c in f["callsites"] if c["rank"] == 0]
-    assert culprit[0]["line"] == marker_lines(JOB)["culprit"]
+    sites = {c["rank"]: c for c in f["callsites"]}
+    assert sites[0]["line"] == marker_lines(JOB)["culprit"]
+    assert sites[1]["file"] == str(JOBS / JOB) and sites[1]["line"] == marker_lines(JOB)["fit"]
 
     # what the launcher printed of the ranks' ends is the finding's word on them
     out = res.stdout + res.stderr

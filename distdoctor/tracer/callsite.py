@@ -57,11 +57,36 @@ def _is_internal(code) -> bool:
 
 
 def is_internal_file(name: str) -> bool:
-    """Code of torch's, distdoctor's or the standard library's, or code with no file
-    (`exec`, FX's `<eval_with_key>`, torch's `_codegen.py:codegen(...)`)."""
-    return name.startswith("<") or _is_pseudo_file(name) or (
-        (name.startswith(_INTERNAL_DIRS) or os.path.realpath(name).startswith(_INTERNAL_DIRS))
-        and not _is_bundled_user_code(name))
+    """Code of torch's, distdoctor's, a training framework's or the standard library's,
+    or code with no file (`exec`, FX's `<eval_with_key>`, torch's `_codegen.py:...`)."""
+    if name.startswith("<") or _is_pseudo_file(name):
+        return True
+    dirs = _INTERNAL_DIRS + _framework_dirs()
+    return (name.startswith(dirs) or os.path.realpath(name).startswith(dirs)) and (
+        not _is_bundled_user_code(name))
+
+
+# Whose code a frame is, by package identity: the top-level packages of torch and of the
+# frameworks that issue collectives for the user, wherever they are installed (a user
+# site, a PYTHONPATH checkout, a conda env), not only beside the interpreter.
+FRAMEWORKS = ("torch", "lightning", "pytorch_lightning", "lightning_fabric", "transformers",
+              "accelerate", "deepspeed", "fairscale", "megatron", "apex", "composer",
+              "torchmetrics", "peft", "trl", "ray", "torchrec", "torchtune")
+_framework_cache: list = [frozenset(), ()]  # [names imported, their directories]
+
+
+def _framework_dirs() -> tuple:
+    """The directories of the framework packages imported so far (checked once per
+    code object the walk meets for the first time, never per op)."""
+    modules = sys.modules
+    loaded = frozenset(n for n in FRAMEWORKS if n in modules)
+    if loaded != _framework_cache[0]:
+        dirs = []
+        for name in loaded:
+            for path in getattr(modules[name], "__path__", None) or ():
+                dirs += {os.path.join(path, ""), os.path.join(os.path.realpath(path), "")}
+        _framework_cache[:] = [loaded, tuple(dirs)]
+    return _framework_cache[1]
 
 
 def _is_pseudo_file(filename: str) -> bool:

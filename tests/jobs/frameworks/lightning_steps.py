@@ -56,4 +56,4 @@ if __name__ == "__main__":
                       strategy=DDPStrategy(timeout=timedelta(seconds=120)), max_steps=10,
                       limit_val_batches=2, enable_progress_bar=False, logger=False,
                       enable_checkpointing=False, enable_model_summary=False)
-    trainer.fit(Tiny())
+    trainer.fit(Tiny())  # expect: fit
