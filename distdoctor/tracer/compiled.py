@@ -193,6 +193,10 @@ def _site_of_generated(frame) -> dict | None:
             entries[0] if entries else None)
         if site is not None:
             break
+    if site is None and not _runs_a_graph(compiled):
+        # not dynamo's frame: a graph run from the user's own line (a compiled backward
+        # from `loss.backward()`), which is the site
+        return _site(compiled)
     if site is None:  # torch kept no line inside: the call of the compiled function
         site = _site(caller) if caller is not None else _site(compiled)
         site["compiled"] = fn
