@@ -52,3 +52,23 @@ def test_lightning_mismatch_is_reported_at_lightnings_global_step(tmp_path):
         assert crash and "killed by SIGABRT" in crash[0]["summary"], crash
     # gloo's size error, read from the job's output, is said live once
     assert out.count("distdoctor: MISMATCH Gloo received") <= 1, out[-3000:]
+
+
+def test_hf_trainer_mismatch_is_reported_at_the_trainers_global_step(tmp_path):
+    """HF Trainer with gradient accumulation: a rank-0-only callback collective at the
+    Trainer's global_step (pip install -e .[frameworks] for transformers)."""
+    pytest.importorskip("transformers")
+    job = "frameworks/hf_trainer_steps.py"
+    run_dir = tmp_path / "run"
+    res = run_cli(["run", "--run-dir", str(run_dir), "--grace", "2", "--hang-timeout", "5",
+                   "--on-hang", "kill", "--", sys.executable, "-m", "torch.distributed.run",
+                   "--nproc-per-node", "2", str(JOBS / job)], timeout=180, run_dir=run_dir)
+    printed = re.search(r"bug at global_step (\d+)", res.stdout + res.stderr)
+    assert printed, res.stdout[-2000:] + res.stderr[-2000:]
+    findings = json.loads((run_dir / "findings.json").read_text())["findings"]
+    mismatch = [f for f in findings if f["kind"] == "mismatch" and f["ranks"] == [0]]
+    assert mismatch, findings
+    assert mismatch[0]["details"]["span"] == f"global_step {printed.group(1)} (HF Trainer)"
+    sites = {c["rank"]: c for c in mismatch[0]["callsites"]}
+    lines = marker_lines(job)
+    assert sites[0]["line"] == lines["culprit"] and sites[1]["line"] == lines["fit"], sites
