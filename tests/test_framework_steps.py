@@ -72,3 +72,24 @@ def test_hf_trainer_mismatch_is_reported_at_the_trainers_global_step(tmp_path):
     sites = {c["rank"]: c for c in mismatch[0]["callsites"]}
     lines = marker_lines(job)
     assert sites[0]["line"] == lines["culprit"] and sites[1]["line"] == lines["fit"], sites
+
+
+def test_accelerate_mismatch_is_reported_at_the_optimizer_steps_taken(tmp_path):
+    """Accelerate keeps no count of optimizer steps: the step is the optimizer's (its
+    accumulation steps are not steps), the count the job keeps as Accelerate's examples do;
+    each side is named at the user's line, not in accelerate's own code."""
+    pytest.importorskip("accelerate")
+    job = "frameworks/accelerate_steps.py"
+    run_dir = tmp_path / "run"
+    res = run_cli(["run", "--run-dir", str(run_dir), "--grace", "2", "--hang-timeout", "5",
+                   "--on-hang", "kill", "--", sys.executable, "-m", "torch.distributed.run",
+                   "--nproc-per-node", "2", str(JOBS / job)], timeout=180, run_dir=run_dir)
+    printed = re.search(r"bug after (\d+) optimizer steps", res.stdout + res.stderr)
+    assert printed, res.stdout[-2000:] + res.stderr[-2000:]
+    findings = json.loads((run_dir / "findings.json").read_text())["findings"]
+    mismatch = [f for f in findings if f["kind"] == "mismatch" and f["ranks"] == [0]]
+    assert mismatch, findings
+    assert mismatch[0]["details"]["span"] == f"step {printed.group(1)}"
+    sites = {c["rank"]: c for c in mismatch[0]["callsites"]}
+    assert sites[0]["file"] == sites[1]["file"] == str(JOBS / job), sites
+    assert sites[0]["line"] == marker_lines(job)["culprit"]
