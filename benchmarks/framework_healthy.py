@@ -1,7 +1,7 @@
 """Healthy framework jobs, traced: how many runs give an error or warning finding (a
 `host` finding for a busy machine is allowed: it names the machine, not the program).
 
-    python benchmarks/framework_healthy.py [--runs 20]
+    python benchmarks/framework_healthy.py [--runs 20] [--case NAME] [--iters N]
 
 Jobs: tests/jobs/frameworks/nanogpt_style.py (rank 0 alone evaluates and checkpoints
 every 25 iterations), lightning_steps.py --healthy (Lightning DDP, sanity check).
@@ -48,7 +48,9 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=20)
     ap.add_argument("--timeout", type=float, default=300)
     ap.add_argument("--case", choices=sorted(CASES), action="append")
+    ap.add_argument("--iters", type=int, default=150, help="nanogpt_style's iterations")
     args = ap.parse_args()
+    CASES["nanogpt_style"][2] = str(args.iters)
     for name in args.case or sorted(CASES):
         bad, kinds = 0, Counter()
         for _ in range(args.runs):

@@ -111,9 +111,12 @@ def _wrap_call_user_compiler(module) -> None:
 
 
 def _skip_distdoctor(module) -> None:
+    """The tracer and the spans run in the job's frames; the reference trainer, which
+    installs under distdoctor too, is the user's code and stays compilable."""
     add = getattr(module, "add", None)
     if callable(add):
-        add("distdoctor")
+        for name in ("distdoctor.tracer", "distdoctor.spans"):
+            add(name)
 
 
 # --- run time: a generated frame's site -------------------------------------------------
