@@ -37,9 +37,10 @@ def test_compiled_branch_mismatch_names_the_users_lines(tmp_path):
     # every op of the run, the healthy steps' included, is at a line of the job's own
     sites = _sites(run_dir)
     assert sites and all(s["file"].endswith("compiled_branch.py") for s in sites), sites
-    assert {s["line"] for s in sites} == {lines["healthy"], lines["other"], lines["culprit"]}
+    assert {s["line"] for s in sites} == {lines["healthy"], lines["graph_break"],
+                                          lines["other"], lines["culprit"]}
     assert {s.get("called_from", "").rsplit(":", 1)[-1] for s in sites
-            if s["line"] != lines["healthy"]} == {f"{lines['caller']} in main"}
+            if s["line"] in (lines["other"], lines["culprit"])} == {f"{lines['caller']} in main"}
 
     show = run_cli(["show", str(run_dir), "--rank", "1"], timeout=60, env={"COLUMNS": "200"})
     assert f"compiled_branch.py:{lines['culprit']}" in show.stdout

@@ -1,7 +1,8 @@
 """torch.compile with functional collectives, 2 ranks on gloo: a few healthy steps, then
 a compiled function that takes another branch on rank 1 (a flag computed per rank), so
 the ranks' compiled graphs issue different collectives. Each collective is issued by
-inductor's generated code; the finding must name the lines below.
+inductor's generated code; the finding must name the lines below. The broadcast is a
+graph break: dynamo calls the traced group's method eagerly (it once failed the job).
 
     distdoctor run --nproc 2 -- python compiled_branch.py [--healthy]
 """
@@ -21,6 +22,7 @@ BACKEND = os.environ.get("COMPILE_BACKEND", "inductor")
 def step(x):
     y = x * 2
     y = fc.all_reduce(y, "sum", dist.group.WORLD)  # expect: healthy
+    dist.broadcast(y, 0)  # expect: graph_break
     return y + 1
 
 
