@@ -3,8 +3,9 @@
 
     python benchmarks/framework_healthy.py [--runs 20] [--case NAME] [--iters N]
 
-Jobs: tests/jobs/frameworks/nanogpt_style.py (rank 0 alone evaluates and checkpoints
-every 25 iterations), lightning_steps.py --healthy (Lightning DDP, sanity check).
+Jobs (tests/jobs/frameworks/): nanogpt_style.py (rank 0 alone evaluates and checkpoints
+every 25 iterations), and the --healthy twins of lightning_steps.py (Lightning DDP, its
+sanity check), hf_trainer_steps.py (HF Trainer, accumulation) and accelerate_steps.py.
 """
 
 from __future__ import annotations
@@ -22,7 +23,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 JOBS = ROOT / "tests" / "jobs" / "frameworks"
 CASES = {"nanogpt_style": [str(JOBS / "nanogpt_style.py"), "--iters", "150"],
-         "lightning": [str(JOBS / "lightning_steps.py"), "--healthy"]}
+         "lightning": [str(JOBS / "lightning_steps.py"), "--healthy"],
+         "hf_trainer": [str(JOBS / "hf_trainer_steps.py"), "--healthy"],
+         "accelerate": [str(JOBS / "accelerate_steps.py"), "--healthy"]}
 
 
 def _once(job: list[str], timeout: float) -> list[dict]:
