@@ -84,6 +84,7 @@ class StepMarker:
         if value is not None:
             # the frameworks add one once optimizer.step() has returned, after this hook
             return counter.name, value + (source == "optimizer")
+        self.counter = None  # none, or its trainer is gone (a new one may be found)
         if source == "optimizer":
             return "step", self.step
         self.batches += 1
