@@ -91,7 +91,8 @@ def _framework_dirs() -> tuple:
 
 def _is_pseudo_file(filename: str) -> bool:
     """A name for code with no file of its own (torch's `_codegen.py:codegen(...)`)."""
-    return not os.path.isabs(filename) and not os.path.exists(filename)
+    return (not os.path.isabs(filename) and ("(" in filename or ":" in filename)
+            and not os.path.exists(filename))
 
 
 _TEST_CODE = (f"{os.sep}reference_trainer{os.sep}", f"{os.sep}torch{os.sep}testing{os.sep}")
