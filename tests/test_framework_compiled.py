@@ -7,7 +7,10 @@ from __future__ import annotations
 
 import json
 
+import pytest
 from conftest import JOBS, marker_lines, run_cli
+
+pytestmark = pytest.mark.timeout(420)  # a hard stop over run_cli's own (240 + 2 x 60)
 
 JOB = "frameworks/compiled_branch.py"
 

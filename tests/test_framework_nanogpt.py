@@ -9,7 +9,10 @@ import json
 import re
 import sys
 
+import pytest
 from conftest import JOBS, marker_lines, run_cli
+
+pytestmark = pytest.mark.timeout(300)  # a hard stop over run_cli's own
 
 JOB = "frameworks/nanogpt_style.py"
 

@@ -18,6 +18,8 @@ from pathlib import Path
 import pytest
 from conftest import JOBS, marker_lines, run_cli
 
+pytestmark = pytest.mark.timeout(300)  # a hard stop over run_cli's own
+
 JOB = "frameworks/lightning_steps.py"
 
 
