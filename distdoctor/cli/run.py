@@ -26,6 +26,7 @@ from pathlib import Path
 from distdoctor.cli import common
 from distdoctor.console import err_console
 from distdoctor.errors import UserError
+from distdoctor.launch.launcher_report import LauncherReport
 
 
 def register(sub) -> None:
@@ -116,14 +117,15 @@ def run(args) -> int:
 
     print(f"distdoctor: tracing into {run_dir}", file=sys.stderr)
     holder: list = []
-    live = _start_diagnosis(run_dir, args, holder)
+    report = LauncherReport()
+    live = _start_diagnosis(run_dir, args, holder, report)
     if metrics is not None:
         metrics.serve(live)
         print(f"distdoctor: metrics at {metrics.url}", file=sys.stderr)
     gate = _SignalGate()  # before the job starts: a signal while it starts is not lost
     try:
         job = Job.start(commands, grace_s=args.grace,
-                        on_line=live.feed_line if live.scans_output else None,
+                        on_line=_reader(live, report) if live.scans_output else None,
                         run_dir=run_dir, on_stop=live.stopping)  # alive now: stopped, not crashed
     except OSError as exc:
         gate.close()
@@ -151,7 +153,7 @@ def run(args) -> int:
         gate.close()
     finally:
         job.close()  # whatever happened above, nothing of the job outlives run
-    exits = _write_exits(run_dir, job, live)
+    exits = _write_exits(run_dir, job, live, report)
     findings = live.stop()
     if metrics is not None:
         metrics.stop()
@@ -198,15 +200,28 @@ def _run_untraced(cmd: list[str], args) -> int:
     return job.exit_code()
 
 
-def _start_diagnosis(run_dir, args, holder: list):
-    """The live engine; `holder` receives the Job once started (for the exit codes)."""
+def _reader(live, report):
+    def on_line(rank, text) -> None:
+        report.feed(text)
+        live.feed_line(rank, text)
+
+    return on_line
+
+
+def _start_diagnosis(run_dir, args, holder: list, report):
+    """The live engine; `holder` receives the Job once started (for the exit codes), and
+    `report` the statuses a wrapped launcher printed for its ranks."""
     from distdoctor.diagnosis.live import LiveDiagnosis
     from distdoctor.diagnosis.report import live_line
 
     def exits() -> dict[int, tuple[int, bool]]:
         procs = holder[0].procs if holder else ()
-        return {p.rank: (p.exit_code, p.stopped) for p in procs
-                if p.rank is not None and p.exit_code is not None}
+        known = {p.rank: (p.exit_code, p.stopped) for p in procs
+                 if p.rank is not None and p.exit_code is not None}
+        if holder and not holder[0].stopped:  # after a stop, its report is of our signal
+            known.update({r: (code, False) for r, (code, _pid) in list(report.exits.items())
+                          if r not in known and code != -signal.SIGTERM})
+        return known
 
     return LiveDiagnosis(run_dir, common.hang_timeout_s(args.hang_timeout), stacks=args.stacks,
                          on_finding=lambda f: err_console.print(live_line(f)),
@@ -275,15 +290,24 @@ def _start_forwarder(run_dir, address, args, live):
         live=live if args.forward_digest else None).start()
 
 
-def _write_exits(run_dir, job, live) -> list[dict]:
-    """Exit codes per process. Under a wrapped launcher only the launcher's is known: the
-    ranks the live engine saw alive when distdoctor stopped the job are listed as
-    stopped, so a post-mortem does not take them for crashes."""
+def _write_exits(run_dir, job, live, report) -> list[dict]:
+    """Exit codes per process. Under a wrapped launcher only the launcher's is known, and
+    those it printed for its failed ranks: the ranks the live engine saw alive when
+    distdoctor stopped the job are listed as stopped, so a post-mortem does not take them
+    for crashes."""
+    from distdoctor.exits import signal_name
     from distdoctor.runlog import rundir
 
     exits = [{"rank": p.rank, "pid": p.popen.pid, "exit_code": p.exit_code,
               "signal": p.signal_name, "stopped_by_distdoctor": p.stopped} for p in job.procs]
     known = {p.rank for p in job.procs}
+    if not job.stopped:
+        exits += [{"rank": r, "pid": pid, "exit_code": code,
+                   "signal": signal_name(-code) if code < 0 else None,
+                   "stopped_by_distdoctor": False, "from": "the launcher's report"}
+                  for r, (code, pid) in sorted(report.exits.items())
+                  if r not in known and code != -signal.SIGTERM]  # SIGTERM: the launcher's
+        known |= set(report.exits)
     exits += [{"rank": r, "pid": None, "exit_code": None, "signal": None,
                "stopped_by_distdoctor": True} for r in live.stopped_ranks() if r not in known]
     # every other process distdoctor had to signal (a launcher's workers, a daemon), and

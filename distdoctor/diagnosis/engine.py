@@ -399,7 +399,8 @@ class Engine(WaitJudge):
         if f.kind == "mismatch" and not f.ranks and self.ranks:
             self._held.append((f, self._now_s))
             return
-        self._put(_external_key(f), f)
+        # said live once: its updates (a rank more that reports it) go to findings.json
+        self._put(_external_key(f), f, quiet_update=True)
 
     def _held_as_settled(self, f: Finding) -> Finding:
         """A held log mismatch, said as the traced one's consequence once there is one."""
@@ -415,7 +416,7 @@ class Engine(WaitJudge):
                     since is None or now_s - since < HOLD_LOG_MISMATCH_S):
                 keep.append((f, since if since is not None else now_s))
                 continue
-            self._put(_external_key(settled), settled)
+            self._put(_external_key(settled), settled, quiet_update=True)
         self._held = keep
 
     def findings(self) -> list[Finding]:

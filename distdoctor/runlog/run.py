@@ -130,6 +130,8 @@ def traced_summary(path) -> str:
 
 def span_name(ev) -> str:
     """A span's name as shown: the tracer's implicit steps carry their number in `seq`."""
-    if ev.implicit and ev.name == "step":
-        return f"step {ev.seq}"
+    if ev.implicit and ev.name and ev.name != "data":
+        # "step 12", "batch 3", "global_step 25 (HF Trainer)": the count, its number, whose
+        head, _, whose = ev.name.partition(" ")
+        return f"{head} {ev.seq}" + (f" {whose}" if whose else "")
     return ev.name or "span"

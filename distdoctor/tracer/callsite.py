@@ -4,7 +4,9 @@ Walk out from the current frame past torch, distdoctor and the standard library;
 first frame left is the user's. Whether a code object is "internal" is decided once and
 cached, so the walk costs a few dictionary look-ups per frame. Ops issued where the
 current thread has no user frame (autograd's worker threads run DDP's and FSDP's hooks)
-take the main thread's innermost user frame: the line that called `backward()`.
+take the main thread's innermost user frame: the line that called `backward()`. Code torch
+generates (inductor's wrapper modules) stops the walk, so that each of its collectives
+is a site of its own; `tracer/compiled.py` maps it to the user's line.
 """
 
 from __future__ import annotations
@@ -50,12 +52,47 @@ _MAIN_THREAD_ID = threading.main_thread().ident
 def _is_internal(code) -> bool:
     hit = _internal.get(id(code))
     if hit is None:
-        name = code.co_filename
-        internal = name.startswith("<") or (
-            (name.startswith(_INTERNAL_DIRS) or os.path.realpath(name).startswith(_INTERNAL_DIRS))
-            and not _is_bundled_user_code(name))
-        hit = _internal[id(code)] = (code, internal)
+        hit = _internal[id(code)] = (code, is_internal_file(code.co_filename))
     return hit[1]
+
+
+def is_internal_file(name: str) -> bool:
+    """Code of torch's, distdoctor's, a training framework's or the standard library's,
+    or code with no file (`exec`, FX's `<eval_with_key>`, torch's `_codegen.py:...`)."""
+    if name.startswith("<") or _is_pseudo_file(name):
+        return True
+    dirs = _INTERNAL_DIRS + _framework_dirs()
+    return (name.startswith(dirs) or os.path.realpath(name).startswith(dirs)) and (
+        not _is_bundled_user_code(name))
+
+
+# Whose code a frame is, by package identity: the top-level packages of torch and of the
+# frameworks that issue collectives for the user, wherever they are installed (a user
+# site, a PYTHONPATH checkout, a conda env), not only beside the interpreter.
+FRAMEWORKS = ("torch", "lightning", "pytorch_lightning", "lightning_fabric", "transformers",
+              "accelerate", "deepspeed", "fairscale", "megatron", "apex", "composer",
+              "torchmetrics", "peft", "trl", "ray", "torchrec", "torchtune")
+_framework_cache: list = [frozenset(), ()]  # [names imported, their directories]
+
+
+def _framework_dirs() -> tuple:
+    """The directories of the framework packages imported so far (checked once per
+    code object the walk meets for the first time, never per op)."""
+    modules = sys.modules
+    loaded = frozenset(n for n in FRAMEWORKS if n in modules)
+    if loaded != _framework_cache[0]:
+        dirs = []
+        for name in loaded:
+            for path in getattr(modules[name], "__path__", None) or ():
+                dirs += {os.path.join(path, ""), os.path.join(os.path.realpath(path), "")}
+        _framework_cache[:] = [loaded, tuple(dirs)]
+    return _framework_cache[1]
+
+
+def _is_pseudo_file(filename: str) -> bool:
+    """A name for code with no file of its own (torch's `_codegen.py:codegen(...)`)."""
+    return (not os.path.isabs(filename) and ("(" in filename or ":" in filename)
+            and not os.path.exists(filename))
 
 
 _TEST_CODE = (f"{os.sep}reference_trainer{os.sep}", f"{os.sep}torch{os.sep}testing{os.sep}")
@@ -142,3 +179,4 @@ def raise_site(tb) -> dict:
                     "function": getattr(code, "co_qualname", code.co_name)}
         tb = tb.tb_next
     return site
+

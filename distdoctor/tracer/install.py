@@ -103,7 +103,10 @@ def _patch(c10d=None) -> None:
         print(f"distdoctor: torch {torch.__version__} has no _new_process_group_helper to "
               "build traced groups with; this job runs untraced", file=sys.stderr)
         return
+    from distdoctor.tracer import compiled
     from distdoctor.tracer.process_group import RealProcessGroup, TracingProcessGroup
+
+    compiled.install()  # torch.compile: skip distdoctor's frames, keep the user's lines
 
     def _new_process_group_helper(*args, **kwargs):
         backend = str(args[3] if len(args) > 3 else kwargs.get("backend", "")).lower()

@@ -29,7 +29,7 @@ from functools import partial
 from distdoctor.runlog import format as F
 from distdoctor.runlog.ring import RingWriter
 from distdoctor.runlog.slots import native_module
-from distdoctor.tracer import callsite, steps
+from distdoctor.tracer import callsite, compiled, steps
 from distdoctor.tracer.completion import PendingCompletions, StreamEnd
 from distdoctor.tracer.opfields import FIELDS, fields_of, numel, reduce_op_number
 from distdoctor.tracer.work import RecordingWork
@@ -153,8 +153,7 @@ class Recorder:
         is not the main thread, and the user's frames that called it."""
         code = frame.f_code
         up = callsite.callers(frame)
-        site = {"file": code.co_filename, "line": frame.f_lineno,
-                "function": getattr(code, "co_qualname", code.co_name)}
+        site = compiled.site_of(frame)  # for code torch generated, the user's line
         if key[2]:
             site["thread"] = "main (op issued from another thread)"
         elif key[3]:

@@ -4,9 +4,13 @@ A training loop marks its steps already: the optimizer steps once per step (torc
 global optimizer-step hooks see every optimizer), and a DataLoader hands out a batch per
 step. Each becomes an implicit span in the rank's log (flagged FLAG_IMPLICIT):
 
-- "step": from one optimizer step to the next; in a loop with no optimizer, from one
-  batch to the next. Its `seq` is the step's number. The collectives issued inside it
-  carry it as their span, so the straggler detector sums lateness per real step.
+- "step": from one optimizer step to the next. Its `seq` is the step's number as the
+  user counts it: the optimizer steps taken, or the framework's own counter (HF
+  Trainer's and Lightning's `global_step`, tracer/framework.py), and then its name says
+  which ("global_step (Lightning)"). Before the first optimizer step (and in a loop
+  with no optimizer), "batch": from one batch to the next, numbered by the batches
+  handed out before it. The collectives issued inside carry it as their span, so the
+  straggler detector sums lateness per real step.
 - "data": each wait for the next batch (`DataLoader.__next__`).
 
 The job's own spans win: once a boundary finds a span of the job's open, no implicit step
@@ -33,21 +37,28 @@ import threading
 import time
 
 from distdoctor.runlog import format as F
-from distdoctor.tracer import callsite, state
+from distdoctor.tracer import callsite, framework, state
 
 SAMPLE_HZ = 50.0
 _installed = False
 
 
 class StepMarker:
-    """Opens and closes the implicit "step" spans of one recorder."""
+    """Opens and closes the implicit "step" spans of one recorder. A step span's number
+    is the steps taken before it: the framework's counter where one is found
+    (tracer/framework.py), else the optimizer steps taken; before the first optimizer
+    step, batches: the batches handed out before it ("batch N", not a step's number:
+    a prefetched batch or a sanity check's would inflate it)."""
 
     def __init__(self, recorder):
         self.rec = recorder
         self.open = None  # the implicit step span's token
-        self.step = 0
+        self.step = 0  # optimizer steps taken
+        self.batches = 0  # batches handed out before the first optimizer step
         self.by_optimizer = False  # an optimizer step was seen: batches no longer mark steps
         self.job_spans = False  # the job marks its own spans: nothing implicit any more
+        self.counter = None  # the framework's counter, once found
+        self._searches = 0
 
     def boundary(self, source: str) -> None:
         rec = self.rec
@@ -55,13 +66,29 @@ class StepMarker:
             return
         if source == "optimizer":
             self.by_optimizer = True
+            self.step += 1
         if any(token != self.open for token in rec._spans):
             self.job_spans = True  # a span of the job's own is open
             self._close()
             return
         self._close()
-        self.step += 1
-        self.open = rec.span_begin("step", seq=self.step, flags=F.FLAG_IMPLICIT)
+        name, number = self._number(source)
+        self.open = rec.span_begin(name, seq=number, flags=F.FLAG_IMPLICIT)
+
+    def _number(self, source: str) -> tuple[str, int]:
+        counter = self.counter
+        if counter is None and self._searches < framework.SEARCHES:
+            self._searches += 1
+            counter = self.counter = framework.find_counter(sys._getframe(2))
+        value = counter.read() if counter is not None else None
+        if value is not None:
+            # the frameworks add one once optimizer.step() has returned, after this hook
+            return counter.name, value + (source == "optimizer")
+        self.counter = None  # none, or its trainer is gone (a new one may be found)
+        if source == "optimizer":
+            return "step", self.step
+        self.batches += 1
+        return "batch", self.batches - 1
 
     def _close(self) -> None:
         if self.open is not None:

@@ -27,7 +27,7 @@ def log_loss():
 
 
 threading.Thread(target=log_loss, name="loss-logger", daemon=True).start()
-for step in range(4):
+for _step in range(4):
     compute()
     g = grads()
     dist.all_reduce(g)  # expect: main

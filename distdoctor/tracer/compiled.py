@@ -1,0 +1,259 @@
+"""Call sites through compiled code: the user's line inside a `torch.compile`d function.
+
+A collective inside a compiled function is issued by code torch generated: inductor's
+wrapper module in its cache directory (`.../torchinductor_USER/wz/cwz....py`, in
+`Runner.call` or `call`), or an FX graph's `forward` (`<eval_with_key>.N`, internal to
+the walk already, as is `exec`'d code). The line of the user's that issued it is kept
+by torch in two places this module reads:
+
+- at compile time, dynamo's graph: each node's `meta["stack_trace"]` is the user's
+  stack at the moment dynamo traced it. `OutputGraph.call_user_compiler` is wrapped to
+  keep, for each collective node, the user's innermost frame (file, line, function),
+  keyed by the node's name. Once per compiled graph, a few microseconds a node.
+- at run time, inductor's wrapper names the graph nodes each line comes from in the
+  comment above it (`# Topologically Sorted Source Nodes: [y, tensor], ...`).
+
+So a generated frame's line is read once per call site (the recorder interns sites: the
+hot path never comes here) and its nodes looked up. Where torch kept neither (another
+backend, an older or newer comment), the site is the line that called the compiled
+function: a real line of the user's, never torch's generated file. Every step is feature
+detected and falls back; nothing here raises.
+
+Dynamo also must not compile distdoctor's own frames (the traced group's methods run
+inside a compiled function's graph breaks, and dynamo treats the group as an opaque
+object: its first attribute raised into the job). distdoctor is added to dynamo's skip
+list as torch's own files are, when torch._dynamo is imported: never imported by us.
+"""
+
+from __future__ import annotations
+
+import importlib.abc
+import importlib.util
+import linecache
+import os
+import re
+import sys
+import threading
+
+from distdoctor.tracer.callsite import is_internal_file, user_frame
+
+_MAX_NODES = 4096  # the node table's bound: a job compiles a few graphs, not thousands
+_nodes: dict = {}  # (file of the compiled function, node name) -> [site dict, ...]
+_FRAME_RE = re.compile(r'File "([^"]+)", line (\d+), in (\S+)')
+_SOURCE_RE = re.compile(r"Source Nodes: \[([^\]]*)\]")
+_lock = threading.Lock()
+_hooked: set = set()
+
+
+# --- which code is generated ----------------------------------------------------------
+def _cache_dirs() -> tuple:
+    dirs = [os.environ.get("TORCHINDUCTOR_CACHE_DIR")]
+    return tuple(os.path.realpath(d) + os.sep for d in dirs if d)
+
+
+_INDUCTOR_DIRS = _cache_dirs()
+
+
+def is_generated(filename: str) -> bool:
+    """Code torch wrote at run time (inductor's wrapper modules): not the user's line,
+    though its file is real. Checked once per code object."""
+    parts = filename.split(os.sep)
+    return any(p.startswith("torchinductor_") for p in parts[:-1]) or (
+        bool(_INDUCTOR_DIRS) and filename.startswith(_INDUCTOR_DIRS))
+
+
+# --- compile time: dynamo's nodes -----------------------------------------------------
+def _is_collective(target) -> bool:
+    text = getattr(target, "__module__", "") or ""
+    return "c10d" in str(target) or "distributed" in text
+
+
+def _user_frames(stack_trace: str, is_internal_file) -> tuple | None:
+    """(outermost frame, innermost user frame) of a node's stack trace, as site dicts."""
+    frames = [{"file": f, "line": int(n), "function": fn}
+              for f, n, fn in _FRAME_RE.findall(stack_trace or "")]
+    users = [f for f in frames if not is_internal_file(f["file"])]
+    return (frames[0], users[-1]) if users else None
+
+
+def remember_graph(gm) -> None:
+    """Keep the user's line of each collective node of a graph dynamo hands a backend."""
+    for node in gm.graph.nodes:
+        if len(_nodes) >= _MAX_NODES:
+            return
+        if node.op != "call_function" or not _is_collective(node.target):
+            continue
+        found = _user_frames(node.meta.get("stack_trace"), is_internal_file)
+        if found is None:
+            continue
+        outer, site = found
+        entries = _nodes.setdefault((outer["file"], node.name), [])
+        if site not in entries:
+            entries.append(dict(site, compiled=outer["function"]))
+
+
+def _wrap_call_user_compiler(module) -> None:
+    cls = getattr(module, "OutputGraph", None)
+    original = getattr(cls, "call_user_compiler", None)
+    if original is None or getattr(original, "_distdoctor", False):
+        return
+
+    def call_user_compiler(self, gm, *args, **kwargs):
+        try:
+            remember_graph(gm)
+        except Exception:
+            pass
+        return original(self, gm, *args, **kwargs)
+
+    call_user_compiler._distdoctor = True
+    call_user_compiler.__wrapped__ = original
+    cls.call_user_compiler = call_user_compiler
+
+
+def _skip_distdoctor(module) -> None:
+    """The tracer and the spans run in the job's frames; the reference trainer, which
+    installs under distdoctor too, is the user's code and stays compilable."""
+    add = getattr(module, "add", None)
+    if callable(add):
+        for name in ("distdoctor.tracer", "distdoctor.spans"):
+            add(name)
+
+
+# --- run time: a generated frame's site -------------------------------------------------
+def _source_nodes(filename: str, line: int) -> list[str]:
+    lines = linecache.getlines(filename)
+    for i in range(line - 2, max(line - 6, -1), -1):  # the comment sits just above
+        if i >= len(lines):
+            continue
+        m = _SOURCE_RE.search(lines[i])
+        if m:
+            return [n.strip() for n in m.group(1).split(",") if n.strip()]
+    return []
+
+
+def _site(frame) -> dict:
+    code = frame.f_code
+    return {"file": code.co_filename, "line": frame.f_lineno,
+            "function": getattr(code, "co_qualname", code.co_name)}
+
+
+def site_of(frame) -> dict:
+    """{file, line, function} of the frame the call-site walk stopped at; for code torch
+    generated (a compiled function's collective), the user's line it came from."""
+    code = frame.f_code
+    if is_generated(code.co_filename):
+        try:
+            site = _site_of_generated(frame)
+            if site is not None:
+                return site
+        except Exception:
+            pass
+    elif _runs_a_graph(frame):
+        # dynamo's frame of a compiled function, calling a graph that left no line of
+        # its own on the stack (FX code of an aot_eager or other backend): the frame
+        # stands at the function's first line, which issued nothing
+        caller = _past_generated(frame.f_back)
+        if caller is not None:
+            fn = code.co_name
+            site = _site(caller)
+            site.update(compiled=fn, called_from=_text(site))
+            return site
+    return _site(frame)
+
+
+def _runs_a_graph(frame) -> bool:
+    code = frame.f_code
+    return frame.f_lineno == code.co_firstlineno and any(
+        n.startswith("__compiled_fn") for n in code.co_names)
+
+
+def _text(site: dict) -> str:
+    return f"{site['file']}:{site['line']} in {site['function']}"
+
+
+def _past_generated(frame):
+    """The innermost user frame at or above `frame` that torch did not generate."""
+    frame = user_frame(frame)
+    while frame is not None and is_generated(frame.f_code.co_filename):
+        frame = user_frame(frame.f_back)
+    return frame
+
+
+def _site_of_generated(frame) -> dict | None:
+    """The user's site for an op issued from generated code `frame`: the line in the
+    compiled function when dynamo kept it, else the line that called the compiled
+    function; with `called_from`, that line. None when no user frame is found."""
+    compiled = _past_generated(frame.f_back)  # dynamo's frame of the compiled function
+    if compiled is None:
+        return None
+    caller = _past_generated(compiled.f_back)
+    names = _source_nodes(frame.f_code.co_filename, frame.f_lineno)
+    fn = compiled.f_code.co_name
+    site = None
+    for name in names:
+        entries = _nodes.get((compiled.f_code.co_filename, name)) or []
+        site = next((e for e in entries if e["compiled"] == fn), None) or (
+            entries[0] if entries else None)
+        if site is not None:
+            break
+    if site is None and not _runs_a_graph(compiled):
+        # not dynamo's frame: a graph run from the user's own line (a compiled backward
+        # from `loss.backward()`), which is the site
+        return _site(compiled)
+    if site is None:  # torch kept no line inside: the call of the compiled function
+        site = _site(caller) if caller is not None else _site(compiled)
+        site["compiled"] = fn
+    else:
+        site = dict(site)
+    if caller is not None:
+        site["called_from"] = _text(_site(caller))
+    return site
+
+
+# --- hooks, installed once, acting when torch imports the module ----------------------
+_AFTER = {"torch._dynamo.trace_rules": _skip_distdoctor,
+          "torch._dynamo.output_graph": _wrap_call_user_compiler}
+
+
+class _AfterImport(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        then = _AFTER.get(name)
+        if then is None or name in _hooked:
+            return None
+        _hooked.add(name)
+        spec = importlib.util.find_spec(name)
+        if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
+            return spec
+        exec_module = spec.loader.exec_module
+
+        def exec_and_hook(module):
+            exec_module(module)
+            _run(then, module)
+
+        spec.loader.exec_module = exec_and_hook
+        return spec
+
+
+def _run(then, module) -> None:
+    try:
+        then(module)
+    except Exception:
+        pass  # an older or newer torch without it: sites stay the caller's line
+
+
+def install() -> None:
+    """Once per process: hook dynamo now if imported, else when it is."""
+    with _lock:
+        if "installed" in _hooked:
+            return
+        _hooked.add("installed")
+        pending = False
+        for name, then in _AFTER.items():
+            module = sys.modules.get(name)
+            if module is not None:
+                _hooked.add(name)
+                _run(then, module)
+            else:
+                pending = True
+        if pending:
+            sys.meta_path.insert(0, _AfterImport())
