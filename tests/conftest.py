@@ -97,6 +97,16 @@ def marker_lines(job: str, jobs: Path = JOBS) -> dict[str, int]:
     return lines
 
 
+def own_sites(finding: dict) -> dict[int, dict]:
+    """Each rank's own call site in a finding: its first entry that is not a line that
+    called it (`"role": "caller"`, listed after it)."""
+    sites: dict[int, dict] = {}
+    for c in finding["callsites"]:
+        if c.get("role") != "caller":
+            sites.setdefault(c["rank"], c)
+    return sites
+
+
 def start_cli(args: list[str], env: dict | None = None) -> subprocess.Popen:
     """`python -m distdoctor ARGS` in the background, in its own session (stop_process)."""
     return subprocess.Popen([sys.executable, "-m", "distdoctor", *args],

@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import JOBS, marker_lines, run_cli
+from conftest import JOBS, marker_lines, own_sites, run_cli
 
 from distdoctor.diagnosis.flight_recorder import load_fr_dumps
 from distdoctor.diagnosis.postmortem import diagnose_events
@@ -75,7 +75,7 @@ def test_rank_that_skipped_a_collective_is_named_from_real_gloo_dumps(tmp_path):
     assert f["group"] == "0" and f["details"]["waiting_ranks"] == [0, 1]
     # the culprit's last op (it is stuck after it) and where the others wait
     lines = marker_lines(JOB)
-    by_rank = {c["rank"]: c for c in f["callsites"]}
+    by_rank = own_sites(f)
     assert by_rank[2]["line"] == lines["last"] and by_rank[2]["file"].endswith(JOB)
     assert by_rank[0]["line"] == lines["waiting"]
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from conftest import JOBS, marker_lines, run_cli
+from conftest import JOBS, marker_lines, own_sites, run_cli
 
 pytestmark = pytest.mark.timeout(420)  # a hard stop over run_cli's own (240 + 2 x 60)
 
@@ -32,7 +32,7 @@ def test_compiled_branch_mismatch_names_the_users_lines(tmp_path):
     findings = json.loads((run_dir / "findings.json").read_text())["findings"]
     mismatch = [f for f in findings if f["kind"] == "mismatch"]
     assert len(mismatch) == 1, res.stdout + res.stderr
-    by_rank = {c["rank"]: c for c in mismatch[0]["callsites"]}
+    by_rank = own_sites(mismatch[0])
     assert by_rank[0]["line"] == lines["other"] and by_rank[1]["line"] == lines["culprit"]
     assert all(c["file"].endswith("compiled_branch.py") and c["function"] == "sync_stats"
                for c in by_rank.values())

@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import JOBS, marker_lines, run_cli
+from conftest import JOBS, marker_lines, own_sites, run_cli
 
 pytestmark = pytest.mark.timeout(300)  # a hard stop over run_cli's own
 
@@ -42,7 +42,7 @@ def test_lightning_mismatch_is_reported_at_lightnings_global_step(tmp_path):
     assert f["ranks"] == [0]
     assert f["details"]["span"] == f"global_step {printed.group(1)} (Lightning)", f["summary"]
     assert f"in global_step {printed.group(1)} (Lightning)" in f["summary"]
-    sites = {c["rank"]: c for c in f["callsites"]}
+    sites = own_sites(f)
     assert sites[0]["line"] == marker_lines(JOB)["culprit"]
     assert sites[1]["file"] == str(JOBS / JOB) and sites[1]["line"] == marker_lines(JOB)["fit"]
 
@@ -71,7 +71,7 @@ def test_hf_trainer_mismatch_is_reported_at_the_trainers_global_step(tmp_path):
     mismatch = [f for f in findings if f["kind"] == "mismatch" and f["ranks"] == [0]]
     assert mismatch, findings
     assert mismatch[0]["details"]["span"] == f"global_step {printed.group(1)} (HF Trainer)"
-    sites = {c["rank"]: c for c in mismatch[0]["callsites"]}
+    sites = own_sites(mismatch[0])
     lines = marker_lines(job)
     assert sites[0]["line"] == lines["culprit"] and sites[1]["line"] == lines["fit"], sites
 
@@ -92,6 +92,6 @@ def test_accelerate_mismatch_is_reported_at_the_optimizer_steps_taken(tmp_path):
     mismatch = [f for f in findings if f["kind"] == "mismatch" and f["ranks"] == [0]]
     assert mismatch, findings
     assert mismatch[0]["details"]["span"] == f"step {printed.group(1)}"
-    sites = {c["rank"]: c for c in mismatch[0]["callsites"]}
+    sites = own_sites(mismatch[0])
     assert sites[0]["file"] == sites[1]["file"] == str(JOBS / job), sites
     assert sites[0]["line"] == marker_lines(job)["culprit"]

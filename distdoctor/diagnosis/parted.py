@@ -181,6 +181,8 @@ def explain_mismatch(f: Finding, rv: Rendezvous, histories: dict) -> Finding:
             f"{rv.group}: {_sentence(p, subject, others, skipped)}")
     if not majority:
         lead += f" ({f.details['evidence']})"
+    if f.details.get("span"):  # the step it happened in, as the user counts it
+        lead += f", in {f.details['span']}"
     f.summary = lead + ("" if _at_failure(p, rv) else f". It showed at #{rv.seq}: {f.summary}")
     f.callsites = _merge_sites(_culprit_sites(p, culprit, other),
                                [c for c in f.callsites if c.get("rank") == culprit]
@@ -218,7 +220,7 @@ def _tie(f: Finding, p: D.Parting, a: int, b: int, why: str, tail: str) -> Findi
     f.summary = (f"ranks {sides[0][0]} and {sides[1][0]} parted at collective #{where.seq} "
                  f"in group {where.group}, and it is a tie ({why}): "
                  + "; ".join(f"rank {r} issued {D.describe(ev)}" for r, ev, _ in sides)
-                 + tail)
+                 + (f", in {f.details['span']}" if f.details.get("span") else "") + tail)
     sites = []
     for r, ev, nxt in sides:
         sites += _culprit_sites(D.Parting(p.how, ev, None, None, nxt), r, r)

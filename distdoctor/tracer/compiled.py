@@ -148,7 +148,7 @@ def site_of(frame) -> dict:
                 return site
         except Exception:
             pass
-    elif _runs_a_graph(frame):
+    elif runs_a_graph(frame):
         # dynamo's frame of a compiled function, calling a graph that left no line of
         # its own on the stack (FX code of an aot_eager or other backend): the frame
         # stands at the function's first line, which issued nothing
@@ -161,7 +161,8 @@ def site_of(frame) -> dict:
     return _site(frame)
 
 
-def _runs_a_graph(frame) -> bool:
+def runs_a_graph(frame) -> bool:
+    """dynamo's frame of a compiled function: at its first line, calling its graph."""
     code = frame.f_code
     return frame.f_lineno == code.co_firstlineno and any(
         n.startswith("__compiled_fn") for n in code.co_names)
@@ -196,7 +197,7 @@ def _site_of_generated(frame) -> dict | None:
             entries[0] if entries else None)
         if site is not None:
             break
-    if site is None and not _runs_a_graph(compiled):
+    if site is None and not runs_a_graph(compiled):
         # not dynamo's frame: a graph run from the user's own line (a compiled backward
         # from `loss.backward()`), which is the site
         return _site(compiled)

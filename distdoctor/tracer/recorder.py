@@ -152,7 +152,9 @@ class Recorder:
         are site_key()'s shape). The site names the thread that issued the op where that
         is not the main thread, and the user's frames that called it."""
         code = frame.f_code
-        up = callsite.callers(frame)
+        walked = callsite.callers(frame)
+        # (not dynamo's frame of a compiled function, which stands at its first line)
+        up = [f for f in walked if not compiled.runs_a_graph(f)]
         site = compiled.site_of(frame)  # for code torch generated, the user's line
         if key[2]:
             site["thread"] = "main (op issued from another thread)"
@@ -165,7 +167,7 @@ class Recorder:
                                for f in up]
         sid = self.ring.add_string(site)
         # keeps the codes (and so their ids in the key) alive
-        table[key] = (sid, code, *(f.f_code for f in up))
+        table[key] = (sid, code, *(f.f_code for f in walked))
         return sid
 
     def _callsite_off_main(self) -> tuple[int, bool]:
