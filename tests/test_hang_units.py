@@ -132,7 +132,7 @@ def test_watch_and_metrics_show_a_long_wait_as_a_state_and_hung_ranks_only_on_a_
     from distdoctor.diagnosis.hang import RankView
     from distdoctor.export.metrics import RANK_STATES
     from distdoctor.findings import Finding
-    from distdoctor.views.snapshot import judged_states, rank_state
+    from distdoctor.views.rank import judged_states, rank_state
 
     s = 1_000_000_000
     waiting = RankView(1, _op(1, 5, False, 10 * s), _op(1, 4, True, 9 * s), 40 * s, None, {})

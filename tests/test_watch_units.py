@@ -11,7 +11,8 @@ from test_probes_sampler_throttle import replayed_run
 
 from distdoctor.findings import Finding
 from distdoctor.views.probe_columns import with_probes
-from distdoctor.views.snapshot import JobSnapshot, OpRow, RankRow
+from distdoctor.views.rank import RankRow
+from distdoctor.views.snapshot import JobSnapshot, OpRow
 
 
 def _row(rank: int, **kw) -> RankRow:

@@ -9,7 +9,8 @@ from rich.text import Text
 
 from distdoctor.diagnosis.report import rank_ranges, site_text
 from distdoctor.findings import Finding
-from distdoctor.views.snapshot import GroupRow, JobSnapshot, OpRow, RankRow
+from distdoctor.views.rank import RankRow
+from distdoctor.views.snapshot import GroupRow, JobSnapshot, OpRow
 
 STATE_STYLE = {
     "running": "green", "in collective": "cyan", "starting": "dim", "long wait": "yellow",

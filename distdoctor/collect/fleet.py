@@ -17,8 +17,8 @@ thousands of ranks, followed live without reading every event of every rank.
   on their stale positions here; the collector names the node lost (collect/lost.py,
   from `lost_positions`).
 
-What it keeps is bounded: one position per rank, and the collectives still open (each
-forgotten once every member reported it, or past MAX_OPEN, oldest first).
+What it keeps is bounded: one position per rank (position.py), and the collectives still
+open (each forgotten once every member reported it, or past MAX_OPEN, oldest first).
 """
 
 from __future__ import annotations
@@ -31,6 +31,7 @@ from dataclasses import replace
 from distdoctor.collect import bounded
 from distdoctor.collect.digest import row_event, waits_of
 from distdoctor.collect.lateness import WINDOW_S, FleetLateness
+from distdoctor.collect.position import RankPosition, finished_callsites, is_row
 from distdoctor.collect.reports import NodeReports, sent_progress
 from distdoctor.collect.wire import WireError
 from distdoctor.diagnosis.hang import RankView, hang_findings
@@ -48,14 +49,6 @@ MAX_SIGS_PER_NODE = 1 << 17
 MAX_SIGNATURES = 1 << 17  # distinct signatures over all nodes (shapes that keep changing)
 
 
-def _is_row(x) -> bool:
-    """An op row (digest.event_row) whose fields read before decoding are sound: its
-    status, enter time and end time (stuck_s); the rest is checked when it is decoded."""
-    return x is None or (isinstance(x, list) and len(x) == 16 and isinstance(x[3], str)
-                         and isinstance(x[13], int)
-                         and (x[14] is None or isinstance(x[14], int)))
-
-
 class _Open:
     """One collective as the nodes reported it: signature -> the ranks that entered."""
 
@@ -66,48 +59,6 @@ class _Open:
         self.count = 0
         self.since_s: float | None = None  # when two signatures were first seen
         self.reported = False
-
-
-class _Position:
-    """A rank's position from its node's newest digest; its ops are decoded only when a
-    detector needs them (thousands of ranks, a few digests a second each)."""
-
-    __slots__ = ("rank", "rows", "events", "issued", "now_ns", "got_s", "exit", "stopped",
-                 "host", "groups", "state")
-
-    def __init__(self, host, rank, latest, last_done, issued, now_ns, got_s, exit_, stopped,
-                 groups, state):
-        self.host, self.rank, self.rows, self.events = host, rank, (latest, last_done), None
-        self.issued, self.now_ns, self.got_s = issued, now_ns, got_s
-        self.exit, self.stopped, self.groups = exit_, stopped, groups
-        self.state = state  # digest.rank_state: exit failed, span, steps, ops completed
-
-    def ops(self) -> tuple:
-        """(newest op, newest finished op) as Events; an op the node sent malformed is
-        unknown (decoded here, after the digest was taken in, it cannot refuse it)."""
-        if self.events is None:
-            self.events = tuple(self._decode(row) for row in self.rows)
-        return self.events
-
-    def _decode(self, row):
-        if row is None:
-            return None
-        try:
-            return row_event(self.rank, row, self.groups)
-        except WireError:
-            return None
-
-    def stuck_s(self, now_ns: int | None) -> float:
-        """How long its newest op has been in flight (0 when it is not); any failed op
-        counts as stuck (the transport gave up first)."""
-        row = self.rows[0]
-        if row is None:
-            return 0.0
-        if row[3] in ("error", "timeout"):
-            return float("inf")
-        if row[14] is not None or now_ns is None:
-            return 0.0
-        return (now_ns - row[13]) / 1e9
 
 
 class FleetEngine:
@@ -131,7 +82,7 @@ class FleetEngine:
         self._sig_count: dict[str, int] = {}
         self.signatures: dict[tuple, int] = {}  # signature -> ours
         self.sig_events: dict[int, object] = {}  # ours -> an Event with that signature
-        self.positions: dict[int, _Position] = {}
+        self.positions: dict[int, RankPosition] = {}
         self.open: dict[tuple, _Open] = {}
         self.found: dict[tuple, Finding] = {}
         self._changed: list[Finding] = []
@@ -173,10 +124,10 @@ class FleetEngine:
                 try:
                     rank, latest, last_done, issued, now_ns, exit_, stopped = item[:7]
                     state = item[7] if len(item) > 7 else {}
-                    if not (isinstance(rank, int) and _is_row(latest) and _is_row(last_done)
+                    if not (isinstance(rank, int) and is_row(latest) and is_row(last_done)
                             and isinstance(state, dict) and len(item) <= 8):
                         raise ValueError
-                    positions[rank] = _Position(
+                    positions[rank] = RankPosition(
                         host, rank, latest, last_done,
                         {str(g): int(n) for g, n in issued.items()},
                         None if now_ns is None else int(now_ns), now_s,
@@ -199,7 +150,7 @@ class FleetEngine:
                 for k in range(count):
                     self._arrive(group, seq + k, number, rs, now_s)
             self.lateness.add(host, waits, self.sizes, now_s, self.groups,
-                              _callsites(positions.values()) if waits else None)
+                              finished_callsites(positions.values()) if waits else None)
             self._count_steps(positions.values(), now_s)
             self._reported(host, now_s)
             self.digests += 1
@@ -275,7 +226,7 @@ class FleetEngine:
             del self.open[key]  # everyone came, and agreed
 
     # --- analysis ----------------------------------------------------------------------
-    def _now_ns(self, p: _Position, now_s: float) -> int | None:
+    def _now_ns(self, p: RankPosition, now_s: float) -> int | None:
         """The rank's clock now: as its node last said, moved on since by at most
         AHEAD_S (a late node's waits do not grow while it is silent)."""
         if p.now_ns is None or p.exit is not None or now_s - p.got_s > STALE_S:
@@ -421,14 +372,3 @@ class FleetEngine:
                     waited = max(0.0, (now_ns - latest.t_enter_ns) / 1e9)
                 out[r] = Position(r, p.host, latest, waited)
         return out
-
-
-def _callsites(positions) -> dict:
-    """group -> the call site of the newest finished op the positions show in it."""
-    out = {}
-    for p in positions:
-        row = p.rows[1]  # (digest.event_row: [.., group (4), .., callsite (12), ..])
-        if row is not None and isinstance(row[12], list) and len(row[12]) == 3:
-            out[str(row[4])] = {"file": row[12][0], "line": row[12][1],
-                                "function": row[12][2]}
-    return out

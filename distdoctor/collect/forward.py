@@ -5,7 +5,9 @@ collector, which keeps a copy that `watch` and `diagnose` read like a local run 
 It runs in `distdoctor run`'s process, never in a rank: the ranks write their logs as
 always and the forwarder reads them the way the live engine does. The logs are the buffer:
 nothing is queued in memory, so a collector that is down or slow costs the job nothing;
-after a reconnect each log is sent again from its newest MIRROR_SLOTS events.
+after a reconnect each log is sent again from its newest MIRROR_SLOTS events. Here: the
+pass, finding the logs, the connection and its retries; what one log sends is
+log_source.py's.
 """
 
 from __future__ import annotations
@@ -19,9 +21,8 @@ import time
 from pathlib import Path
 
 from distdoctor.collect import wire
+from distdoctor.collect.log_source import LogSource
 from distdoctor.errors import UserError
-from distdoctor.runlog import format as F
-from distdoctor.runlog.reader import RankLog
 from distdoctor.runlog.rundir import rank_logs, rank_meta_path, ring_path
 
 INTERVAL_S = 0.25
@@ -29,45 +30,6 @@ DIGEST_INTERVAL_S = 0.5  # a digest is each rank's position: half as often as lo
 RETRY_S = (0.5, 1, 2, 5, 10, 30)  # waits between connection attempts; the last repeats
 STABLE_S = 30.0  # a connection that lasted this long resets the waits and the messages
 SEND_TIMEOUT_S = 5.0
-MAX_PENDING = 4096  # in-flight events whose completion is still to be sent, per rank
-RETIRE_S = 5.0  # a log left behind by a newer one of its rank, quiet this long, is done
-
-
-class _Source:
-    """One rank log, read-only, and how much of it the collector has."""
-
-    def __init__(self, path: Path, rank: int, number: int):
-        self.rank, self.number = rank, number
-        self.log = RankLog(path)
-        self.meta_mtime = None
-        self.quiet: tuple[int, float] | None = None  # heartbeat, seen unchanged since
-        self.reset()
-
-    def reset(self) -> None:
-        """The collector has nothing of this log (a new connection)."""
-        self.opened = False
-        self.sent_head = None
-        self.sent_strings = 0
-        self.pending: dict[int, None] = {}
-        self.stalled_at, self.stalls = -1, 0
-
-    def finished(self, superseded: bool) -> bool:
-        """All of it sent, and the rank closed it, or started again (a newer log) and this
-        one's heartbeat has not moved for RETIRE_S: nothing more will come."""
-        log = self.log
-        if self.pending or self.sent_head is None or self.sent_head < log.word(F.OFF_HEAD):
-            return False
-        if log.word(F.OFF_CLOSED) in F.CLOSED_WORDS:
-            return True
-        if not superseded:
-            return False
-        now, hb = time.monotonic(), log.word(F.OFF_HEARTBEAT_MONO, F.I64)
-        if self.quiet is None or self.quiet[0] != hb:
-            self.quiet = (hb, now)
-        return now - self.quiet[1] > RETIRE_S
-
-    def close(self) -> None:
-        self.log.close()
 
 
 class Forwarder:
@@ -87,7 +49,7 @@ class Forwarder:
 
             self.digest = DigestBuilder()
             live.on_batch = self._feed_digest
-        self.sources: dict[tuple[int, int], _Source] = {}  # (rank, log number) -> source
+        self.sources: dict[tuple[int, int], LogSource] = {}  # (rank, log number) -> source
         self.done: set[tuple[int, int]] = set()  # logs sent whole and let go
         self._sock: socket.socket | None = None
         self._connected_s = 0.0
@@ -196,7 +158,7 @@ class Forwarder:
                               f"times; its later logs are not forwarded")
                     continue
                 try:
-                    self.sources[key] = _Source(ring_path(self.run_dir, rank, number),
+                    self.sources[key] = LogSource(ring_path(self.run_dir, rank, number),
                                                 rank, number)
                 except UserError:
                     continue  # unreadable: tried again next pass
@@ -265,35 +227,11 @@ class Forwarder:
         self._sock.sendall(data)
         self.sent_bytes += len(data)
 
-    def _forward_log(self, src: _Source) -> None:
-        rank, number = src.rank, src.number
+    def _forward_log(self, src: LogSource) -> None:
         self._forward_meta(src)
-        log = src.log
-        if not src.opened:
-            launch = json.dumps(log.launch).encode() if log.launch else b""
-            self._send(wire.frame(wire.OPEN, wire.OPEN_BODY.pack(
-                log.capacity, log.strings_size, log.pid) + launch, rank, log=number))
-            src.opened = True
-        # the head first: the rank adds a string before the event that uses it, so the
-        # strings read after the head cover every event up to it. Sent in the rank's
-        # order, strings, then slots, then the header words that count them.
-        head = log.word(F.OFF_HEAD)
-        used = min(log.word(F.OFF_STRINGS_USED), log.strings_size)
-        while src.sent_strings < used:
-            n = min(used - src.sent_strings, wire.MAX_PAYLOAD)
-            self._send(wire.frame(wire.STRINGS, log.raw_strings(
-                src.sent_strings, src.sent_strings + n), rank, src.sent_strings, number))
-            src.sent_strings += n
-        count = log.word(F.OFF_STRINGS_COUNT)
-        self._forward_new_slots(src, head)
-        self._forward_completions(src)
-        self._send(wire.frame(wire.STATE, wire.STATE_BODY.pack(
-            src.sent_head, src.sent_strings, count, log.word(F.OFF_STRINGS_DROPPED),
-            log.word(F.OFF_HEARTBEAT_MONO, F.I64), log.word(F.OFF_HEARTBEAT_WALL, F.I64),
-            log.word(F.OFF_CLOSED) & 0xFF, log.word(F.OFF_EXIT_ERROR, F.U32),
-            log.word(F.OFF_EXIT_CODE, F.I64)), rank, log=number))
+        src.forward(self._send)
 
-    def _forward_meta(self, src: _Source) -> None:
+    def _forward_meta(self, src: LogSource) -> None:
         path = rank_meta_path(self.run_dir, src.rank, src.number)
         try:
             mtime = os.stat(path).st_mtime_ns
@@ -305,49 +243,6 @@ class Forwarder:
             return
         self._send(wire.frame(wire.META, data, src.rank, log=src.number))
         src.meta_mtime = mtime
-
-    def _forward_new_slots(self, src: _Source, head: int) -> None:
-        start = max(src.sent_head or 0, head - min(src.log.capacity, wire.MIRROR_SLOTS))
-        batch: list[bytes] = []
-        raw_slot = src.log.raw_slot  # once, not per event
-        first = e = start
-        while e < head:
-            rec = raw_slot(e)
-            if F.U64.unpack_from(rec, 0)[0] != e + 1:
-                # being written, or rewritten under a wrap: wait a pass or two, then skip
-                if src.stalled_at != e:
-                    src.stalled_at, src.stalls = e, 0
-                src.stalls += 1
-                if src.stalls < 3:
-                    break
-                self._send_slots(src, first, batch)
-                batch, first, e = [], e + 1, e + 1
-                continue
-            batch.append(rec)
-            if not _finished(rec):
-                src.pending[e] = None
-            if len(batch) == wire.SLOTS_PER_FRAME:
-                self._send_slots(src, first, batch)
-                batch, first = [], e + 1
-            e += 1
-        self._send_slots(src, first, batch)
-        src.sent_head = e
-        while len(src.pending) > MAX_PENDING:
-            del src.pending[next(iter(src.pending))]
-
-    def _forward_completions(self, src: _Source) -> None:
-        oldest = src.sent_head - wire.MIRROR_SLOTS  # older ones are gone from the copy
-        for e in list(src.pending):
-            rec = src.log.raw_slot(e)
-            if e < oldest or F.U64.unpack_from(rec, 0)[0] != e + 1:
-                del src.pending[e]  # past the copy's window, or overwritten here
-            elif _finished(rec):
-                del src.pending[e]
-                self._send_slots(src, e, [rec])
-
-    def _send_slots(self, src: _Source, first: int, batch: list[bytes]) -> None:
-        if batch:
-            self._send(wire.frame(wire.SLOTS, b"".join(batch), src.rank, first, src.number))
 
     def _forward_samples(self) -> None:
         from distdoctor.probes.sampler import SampleTail
@@ -392,13 +287,6 @@ class Forwarder:
             return
         self._said.add(key)
         print(f"distdoctor: {message}", file=sys.stderr)
-
-
-def _finished(rec: bytes) -> bool:
-    """Both halves of the completion are in (status, then end time: a slot copied
-    between the two stores is not finished yet)."""
-    return (rec[F.OFF_SLOT_STATUS] != F.STATUS_IN_FLIGHT
-            and F.I64.unpack_from(rec, F.OFF_SLOT_END)[0] != 0)
 
 
 def _where(address: tuple[str, int]) -> str:

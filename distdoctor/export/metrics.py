@@ -19,7 +19,8 @@ import time
 from dataclasses import dataclass
 
 from distdoctor.views.probe_columns import gpu_key
-from distdoctor.views.rank_metrics import RankMetrics, job_metrics
+from distdoctor.views.rank import RankMetrics
+from distdoctor.views.rank_metrics import job_metrics
 
 RANK_STATES = ("starting", "running", "in_collective", "long_wait", "hung", "no_heartbeat",
                "exited", "failed")

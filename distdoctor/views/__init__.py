@@ -4,8 +4,10 @@ live engine (under its lock), so a front end only draws or serves it.
   snapshot.py       `JobSnapshot` (per rank, group and finding): what `watch` draws and
                     `watch --once` prints
   probe_columns.py  each rank's process and GPU columns, from the probe samples
-  rank_metrics.py   the values `/metrics` reports per rank, the findings, the samples
-  fleet_view.py     the same rows and values for the ranks whose nodes send digests
+  rank_metrics.py   what `/metrics` reports of the job: every rank, the findings, the samples
+  fleet_view.py     the rows and values of the ranks whose nodes send digests
+  rank.py           one rank, whoever reads its events: its row and state in words, its
+                    `/metrics` values (what the three above share; imports none of them)
 
 Layer: views (tests/test_layers.py). May import the detectors (diagnosis/, logs/,
 findings.py), the sensors and the run log below them. Never imports a front end (tui/,

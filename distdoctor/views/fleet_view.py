@@ -7,8 +7,15 @@ views read its state (under its lock) and never import the collector."""
 
 from __future__ import annotations
 
-from distdoctor.views.rank_metrics import RankMetrics, rank_metrics, summary_split
-from distdoctor.views.snapshot import RankRow, judged_states, rank_state, split_text
+from distdoctor.views.rank import (
+    RankMetrics,
+    RankRow,
+    judged_states,
+    rank_metrics,
+    rank_state,
+    split_text,
+    summary_split,
+)
 
 
 def _heartbeat_age(p, now_s: float) -> float | None:

@@ -16,30 +16,9 @@ from dataclasses import dataclass, field, replace
 
 from distdoctor.findings import FINDINGS_FILE, Finding, merge_findings, read_findings
 from distdoctor.views.probe_columns import with_probes
+from distdoctor.views.rank import RankRow, judged_states, rank_state, site_text, split_text
 
 RECENT_SHOWN = 12  # a rank's newest ops in its detail
-HEARTBEAT_LATE_S = 3.0  # heartbeats come every second; this long without one is news
-
-
-@dataclass(frozen=True)
-class RankRow:
-    rank: int
-    host: str | None
-    pid: int | None
-    state: str  # starting | running | in collective | hung | no heartbeat | exited | failed
-    where: str  # what the state is about: "all_reduce #41 in group 0 for 2.1 s", an exit
-    callsite: str | None  # file:line of the op in flight, or of the last one finished
-    last_done: str | None  # "all_reduce #40 (0)"
-    collectives: int  # issued so far, over all its groups
-    rate: float | None  # collectives per second since the previous snapshot
-    span: str | None  # the span it began last ("step 12")
-    lateness_ms: float | None  # mean per-step lateness (straggler score), when scored
-    cpu_pct: float | None = None
-    rss_bytes: int | None = None
-    gpu: str | None = None  # "71 C 1980 MHz 96%", from the probe samples
-    # where its recent steps go: "42.1 ms a step: collectives 4.4, data 34.2, compute 3.5"
-    step_split: str | None = None
-    straggler: str | None = None  # the straggler finding that blames it, if any
 
 
 @dataclass(frozen=True)
@@ -88,26 +67,8 @@ class JobSnapshot:
         return out
 
 
-def _site(callsite: dict | None) -> str | None:
-    if not callsite or not callsite.get("file"):
-        return None
-    return f"{os.path.basename(callsite['file'])}:{callsite.get('line')}"
-
-
-def split_text(b: dict | None) -> str | None:
-    """Where a rank's last finished steps went (RankSteps.recent, diagnosis/steptime.py)."""
-    if b is None:
-        return None
-    return (f"{b['wall_ms']:.1f} ms a step (last {b['steps']}): collectives "
-            f"{b['collective_ms']:.1f}, data {b['data_ms']:.1f}, compute {b['compute_ms']:.1f}")
-
-
 def _recent(steps) -> dict | None:
     return steps.recent() if steps is not None else None
-
-
-def _op_text(ev) -> str:
-    return f"{ev.op} #{ev.seq} in group {ev.group}"
 
 
 class SnapshotTaker:
@@ -278,49 +239,7 @@ def _op_row(ev, view) -> OpRow:
         tensors += f", +{len(ev.shapes) - 2}"
     ms = (ev.duration_ms if ev.t_end_ns is not None else
           view.waited_s(ev) * 1e3 if view is not None else None)
-    return OpRow(ev.index, ev.op, ev.group, ev.seq, tensors, ev.status, ms, _site(ev.callsite))
-
-
-def judged_states(findings) -> dict[int, str]:
-    """rank -> "hung" or "long wait", as the current findings judge it: while a hang or
-    deadlock stands, every rank blocked in a collective is hung (-1: any rank); the
-    busy rank of a long wait in flight keeps the others waiting, a state."""
-    out: dict[int, str] = {}
-    for f in findings:
-        if f.kind in ("hang", "deadlock") and f.severity == "error":
-            out[-1] = "hung"
-        elif f.kind == "long_wait" and f.details.get("in_flight"):
-            for r in f.ranks:
-                out.setdefault(r, "long wait")
-    return out
-
-
-def rank_state(view, failed: bool, hb_age_s: float | None,
-               hang_timeout_s: float | None,
-               judged: dict[int, str] | None = None) -> tuple[str, str, str | None]:
-    """(state, what it is doing, call site) of one rank, from its RankView (hang.py);
-    `failed`: its exit, if it has one, is a failure; `judged`: judged_states()."""
-    judged = judged or {}
-    latest = view.latest
-    site = _site(latest.callsite) if latest is not None else None
-    if view.exit is not None:
-        return ("failed" if failed else "exited"), view.exit, site
-    if hb_age_s is not None and hb_age_s > HEARTBEAT_LATE_S:  # frozen, or dead unseen
-        return "no heartbeat", f"none for {hb_age_s:.0f} s", site
-    if latest is None:
-        return "starting", "no collective yet", None
-    if latest.t_end_ns is None:
-        waited = view.waited_s(latest)
-        hung = judged.get(-1) == "hung" or (hang_timeout_s is not None
-                                            and waited >= hang_timeout_s)
-        state = "hung" if hung else "in collective"
-        return state, f"{_op_text(latest)} for {waited:.1f} s", site
-    since = ""
-    if view.now_ns is not None and latest.t_end_ns:
-        since = f" for {max(0.0, (view.now_ns - latest.t_end_ns) / 1e9):.1f} s"
-    if judged.get(view.rank) == "long wait":
-        return "long wait", f"keeps others waiting, outside collectives{since}", site
-    return "running", f"outside collectives{since}", site
+    return OpRow(ev.index, ev.op, ev.group, ev.seq, tensors, ev.status, ms, site_text(ev.callsite))
 
 
 def _with_stuck_lines(rows: list[RankRow], findings: list[Finding]) -> list[RankRow]:
@@ -339,7 +258,7 @@ def _with_stuck_lines(rows: list[RankRow], findings: list[Finding]) -> list[Rank
         cs = stuck.get(row.rank)
         if cs is not None and row.state in ("running", "no heartbeat"):
             fn = f", in {cs['function']}" if cs.get("function") else ""
-            row = replace(row, callsite=_site(cs), where=f"{row.where}{fn}")
+            row = replace(row, callsite=site_text(cs), where=f"{row.where}{fn}")
         out.append(row)
     return out
 
