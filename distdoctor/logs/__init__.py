@@ -37,6 +37,7 @@ def scan_logs(specs: list[str], anchors: tuple[bytes, ...] | None = None
     for line in reader.lines(anchors or ANCHORS):
         scanner.feed_line(line)
     scanner.activity = reader.activity
+    scanner.file_lines = reader.file_lines
     found = scanner.findings()
     read = scanner.read_summary(reader.total_lines)
     if reader.wrapped_width:

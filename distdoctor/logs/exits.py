@@ -43,7 +43,10 @@ def _exit_is_a_cause(ctx, e: dict) -> bool:
         return False
     for p in ctx.problems.values():
         # a rank that timed out (or lost a peer) exits because of it
-        if p.role in (TIMEOUT, VICTIM, TEARDOWN) and e["rank"] in p.ranks:
+        # (the launcher's own "closing signal" lines name a pid, never a rank: a rank they
+        # seem to carry comes from a file's name)
+        if (p.role in (TIMEOUT, VICTIM, TEARDOWN) and e["rank"] in p.ranks
+                and p.rule != "teardown" and not p.field("in_launcher")):
             return False
         if p.role == TIMEOUT and e.get("signum") == 6:
             return False  # NCCL's watchdog aborts the process after a timeout

@@ -35,9 +35,9 @@ _MPI = re.compile(r"\[(?:\d+,)?(\d+)\]<std(?:out|err)>: ?")
 # glog inside brackets, as torch's C++ logs it: "[E1123 10:37:34.617383930 File.cpp:1234] ",
 # older "[E ProcessGroupNCCL.cpp:458] ", sometimes with a thread/pid number before the file.
 _GLOG_BRACKET = re.compile(
-    r"\[([EWIF])(?:\d{3,4} \d\d:\d\d:\d\d(?:\.\d+)?)?(?: +(\d+))? ?[^\s\]]+:\d+\] ?")
+    r"\[([EWIF])(\d{3,4} \d\d:\d\d:\d\d(?:\.\d+)?)?(?: +(\d+))? ?[^\s\]]+:\d+\] ?")
 # bare glog: "E0330 21:37:34.807000 140012 torch/distributed/elastic/.../api.py:869] "
-_GLOG = re.compile(r"([EWIF])\d{3,4} \d\d:\d\d:\d\d(?:\.\d+)? +(\d+) [^\s\]]+:\d+\] ?")
+_GLOG = re.compile(r"([EWIF])(\d{3,4} \d\d:\d\d:\d\d(?:\.\d+)?) +(\d+) [^\s\]]+:\d+\] ?")
 # a runner relaying a child's streams: "stderr: ", "stdout: "
 _STREAM = re.compile(r"std(?:err|out): ")
 # Python logging's default format "ERROR:torch.distributed.elastic.multiprocessing.api:"
@@ -81,6 +81,7 @@ class LogLine:
     level: str | None = None
     file: str = ""
     lineno: int = 0
+    when: str | None = None  # the time stamp or glog head's time, as printed
 
     @property
     def who(self) -> tuple | None:
@@ -176,7 +177,7 @@ def _parse(s: str, file: str, lineno: int, rank: int | None, host: str | None) -
         s = s.replace("\x00", "")
     if s[:1] == ">":
         s = s[_QUOTE.match(s).end():]
-    p_rank = local = pid = level = None
+    p_rank = local = pid = level = when = None
     p_host: str | None = None
     srun: int | None = None
     outer_ok = True  # srun/pdsh labels only outermost (a time stamp may precede them)
@@ -203,11 +204,13 @@ def _parse(s: str, file: str, lineno: int, rank: int | None, host: str | None) -
                     m = _GLOG_BRACKET.match(s)
                     if m is not None:
                         level = m.group(1)
-                        if m.group(2):
-                            pid = int(m.group(2))
+                        when = m.group(2) or when
+                        if m.group(3):
+                            pid = int(m.group(3))
                     else:
                         m = _STAMP.match(s)
                         if m is not None:
+                            when = m.group(0)
                             s, level = _after_stamp(s, m)
                             if level is None:
                                 continue  # a time stamp is no layer: srun may follow
@@ -224,6 +227,7 @@ def _parse(s: str, file: str, lineno: int, rank: int | None, host: str | None) -
         elif c.isdigit() or c == " ":
             m = _STAMP.match(s) if c != " " else None
             if m is not None:
+                when = m.group(0)
                 s, level = _after_stamp(s, m)
                 if level is None:
                     continue
@@ -240,7 +244,7 @@ def _parse(s: str, file: str, lineno: int, rank: int | None, host: str | None) -
             if c in "EWIF":
                 m = _GLOG.match(s)
                 if m is not None:
-                    level, pid = m.group(1), int(m.group(2))
+                    level, when, pid = m.group(1), m.group(2), int(m.group(3))
             if m is None and c in "CEWID":
                 m = _PYLOG.match(s) or _VLLM.match(s)
                 if m is not None:
@@ -276,7 +280,7 @@ def _parse(s: str, file: str, lineno: int, rank: int | None, host: str | None) -
         if m is not None and (m.group(1) is None or m.group(1) == "0"):
             p_rank = int(m.group(2))
     return LogLine(s, p_rank if p_rank is not None else rank,
-                   local, p_host if p_host is not None else host, pid, level, file, lineno)
+                   local, p_host if p_host is not None else host, pid, level, file, lineno, when)
 
 
 _EMPTY = re.compile("").match("")  # a match that peels nothing more

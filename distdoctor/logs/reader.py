@@ -34,9 +34,11 @@ from distdoctor.logs.wraps import MAX_CARRY, logical_lines
 CHUNK = 8 << 20
 LAST_TEXT = 300
 
-# anchors whose line's next line is handed over too: a traceback frame's source line (which
-# may name a peer: "dist.recv(tensor, 0)")
+# anchors whose line's next lines are handed over too: a traceback frame's source line (which
+# may name a peer: "dist.recv(tensor, 0)"), its carets, and after the last frame the
+# exception's line, whatever its name ("torch._dynamo.exc.Unsupported: ...")
 FOLLOW_NEXT = (b'File "',)
+FOLLOW_LINES = 3
 RARE = 0.002  # an anchor byte rarer than this in a chunk's sample filters the anchors
 SAMPLE = 16 << 10
 
@@ -50,6 +52,7 @@ class LogReader:
         self.exact = exact
         self.activity: dict[tuple, RankActivity] = {}
         self.total_lines = 0
+        self.file_lines: dict[str, int] = {}  # lines per file, once read
         self.total_bytes = 0
         self.truncated = False  # the last file ended mid-line
         self.truncated_files: list[str] = []
@@ -119,7 +122,8 @@ class LogReader:
         self._ended_mid_line = False
         with open_log(path) as fh:
             follow = tuple(a.decode() for a in FOLLOW_NEXT if a.decode() in texts)
-            after_frame = False
+            after_frame = 0  # lines still to hand over after a frame
+            lineno = 0
             for lineno, raw in logical_lines(fh, width, self):
                 seen: set = set()
                 next_too = False
@@ -132,7 +136,8 @@ class LogReader:
                     if after_frame or any(t in ll.text for t in texts):
                         yield ll
                     next_too = next_too or any(t in ll.text for t in follow)
-                after_frame = next_too
+                after_frame = FOLLOW_LINES if next_too else max(0, after_frame - 1)
+        self.file_lines[path] = lineno
         if self._ended_mid_line:
             self._mark_truncated(path)
 
@@ -164,8 +169,9 @@ class LogReader:
                                                file_line)
         if len(carry) > 1:
             self._mark_truncated(path)
-            yield from self._chunk(carry + b"\n", base, path, plan, texts, keys, file_who,
-                                   file_line)
+            base += yield from self._chunk(carry + b"\n", base, path, plan, texts, keys,
+                                           file_who, file_line)
+        self.file_lines[path] = base
         self._fold(keys, path)
 
     def _chunk(self, body: bytes, base: int, path: str, plan: _AnchorPlan,
@@ -194,9 +200,13 @@ class LogReader:
                 s = body.rfind(b"\n", 0, i) + 1
                 e = body.find(b"\n", i)
                 starts.add(s)
-                if follow and e < last:
-                    starts.add(e + 1)
-                    after.add(e + 1)
+                j = e
+                for _ in range(FOLLOW_LINES if follow else 0):
+                    if j >= last:
+                        break
+                    starts.add(j + 1)
+                    after.add(j + 1)
+                    j = body.find(b"\n", j + 1)
                 i = body.find(a, e)
         prev, lineno = 0, base
         for s in sorted(starts):

@@ -24,6 +24,7 @@ from distdoctor.findings import Finding
 from distdoctor.logs import remedies as R
 from distdoctor.logs.desync import fold_stuck_ranks, one_unexplained_watchdog
 from distdoctor.logs.exits import exit_findings, orphans_to_root_cause
+from distdoctor.logs.fallback import fallback_cause
 from distdoctor.logs.families import MEANINGS
 from distdoctor.logs.families.launcher import collect_exits
 from distdoctor.logs.problems import (
@@ -43,6 +44,7 @@ from distdoctor.logs.signals import (
     EXIT,
     TEARDOWN,
     TIMEOUT,
+    UNKNOWN,
     VICTIM,
     Signal,
 )
@@ -54,8 +56,10 @@ class Reasoner:
     """The whole log's signals, judged together (the `ctx` families describe against)."""
 
     def __init__(self, signals: list[Signal], activity: dict, known_ranks: set[int] = frozenset(),
-                 progress: dict | None = None):
+                 progress: dict | None = None, file_lines: dict | None = None):
         self.ev = Evidence(signals, activity, known_ranks)
+        self.file_lines = file_lines or {}
+        self.unknown: list[Signal] = []  # error lines no family knows (fallback.py)
         # live under `run`: the launcher's own ranks are known, and their exits are seen by the
         # engine itself (not printed in the output this scanner reads)
         self.live = bool(known_ranks)
@@ -69,6 +73,10 @@ class Reasoner:
                 continue
             if s.role == EXIT:
                 exits.append(s)
+                continue
+            if s.role == UNKNOWN:
+                if not s.fields.get("known"):  # (a family read its what() line)
+                    self.unknown.append(s)
                 continue
             if s.role == TEARDOWN and "pid" in s.fields:
                 teardown_pids.add(s.fields["pid"])
@@ -125,6 +133,7 @@ class Reasoner:
             out.append((p.first.order, f))
         exit_findings(self, out, cause_ranks)
         orphans_to_root_cause(self, out)
+        fallback_cause(self, self.unknown, out)
         first_order, first_cause = min(out, key=lambda t: t[0]) if out else (None, None)
         for p in self.problems.values():
             f = None

@@ -14,6 +14,7 @@ from distdoctor.findings import Finding
 from distdoctor.logs.families import FAMILIES, ROUTES
 from distdoctor.logs.families.exceptions import Tracebacks
 from distdoctor.logs.families.progress import ProgressFamily
+from distdoctor.logs.families.unknown import UnknownErrors
 from distdoctor.logs.lines import LogLine, RankActivity, parse_raw
 from distdoctor.logs.reasoning import Reasoner
 from distdoctor.logs.signals import CONTEXT, Signal
@@ -32,6 +33,8 @@ class LogScanner:
     def __init__(self):
         self.families = [cls() for cls in FAMILIES]
         self.tracebacks = Tracebacks()
+        self.unknown = UnknownErrors()
+        self.file_lines: dict[str, int] = {}  # lines read per file (the reader's count)
         self._routes = [(f, tuple(a.decode() for a in f.anchors)) for f in self.families]
         self.signals: list[Signal] = []
         self.activity: dict[tuple, RankActivity] = {}
@@ -46,9 +49,11 @@ class LogScanner:
     def feed(self, text: str, rank: int | None = None) -> None:
         """One line of the job's output (`rank`: the launcher's, when it knows)."""
         self._lineno += 1
+        self.file_lines[""] = self._lineno
         for line in parse_raw(text[:MAX_LINE_CHARS], lineno=self._lineno, rank=rank):
             self._count(line)
-            if _ANCHOR_RE.search(line.text):
+            # a traceback's last line may hold no anchor ("...BackendCompilerFailed: ...")
+            if _ANCHOR_RE.search(line.text) or self.tracebacks.holds(line.who):
                 self.feed_line(line)
 
     def changed(self) -> list[Finding]:
@@ -93,7 +98,13 @@ class LogScanner:
                 if claimed:
                     break
         causes = [s for s in claimed if s.role != CONTEXT]
-        for s in claimed + self.tracebacks.feed(line, causes):
+        in_traceback = self.tracebacks.holds(line.who)
+        found = claimed + self.tracebacks.feed(line, causes)
+        if not found and not in_traceback:
+            found = self.unknown.feed(line)  # an error line nothing above knows
+        elif claimed:
+            self.unknown.claimed(line)
+        for s in found:
             self._keep(s)
 
     def _keep(self, s: Signal) -> None:
@@ -116,7 +127,8 @@ class LogScanner:
             for s in fam.pending():
                 s.order = len(signals)
                 signals.append(s)
-        found = Reasoner(signals, self.activity, self.ranks_seen, progress).findings()
+        found = Reasoner(signals, self.activity, self.ranks_seen, progress,
+                         self.file_lines).findings()
         if self.dropped:
             for f in found:
                 f.details["signals_dropped"] = self.dropped

@@ -34,6 +34,7 @@ from distdoctor.logs.families.nccl import NcclFamily
 from distdoctor.logs.families.oom import OomFamily
 from distdoctor.logs.families.progress import ProgressFamily
 from distdoctor.logs.families.store import StoreFamily
+from distdoctor.logs.families.unknown import UnknownErrors
 
 FAMILIES = (ProgressFamily, LauncherFamily, OomFamily, MismatchFamily, DdpFamily, StoreFamily,
             CudaErrors, NcclFamily, GlooFamily, UsageErrors, ContextFamily)
@@ -44,7 +45,7 @@ MEANINGS = {"launcher": launcher, "oom": oom, "mismatch": mismatch, "ddp": ddp,
             "startup": exceptions}
 
 # every byte string some family routes on (a family reads only lines holding one of its own)
-ROUTES: tuple[bytes, ...] = tuple(sorted({a for f in FAMILIES + (Tracebacks,)
+ROUTES: tuple[bytes, ...] = tuple(sorted({a for f in FAMILIES + (Tracebacks, UnknownErrors)
                                           for a in f.anchors}))
 
 # What the reader searches big logs for: a short cover of ROUTES, so that every line a family
@@ -52,8 +53,11 @@ ROUTES: tuple[bytes, ...] = tuple(sorted({a for f in FAMILIES + (Tracebacks,)
 # Few and rare is fast: a search costs a pass over the log, except for strings with a byte
 # that is rare in it (capitals, '_', '"', digits), which the reader rules out almost free.
 ANCHORS: tuple[bytes, ...] = (
-    # exceptions and tracebacks; DDP's and the store's errors are exceptions too
+    # exceptions and tracebacks; DDP's and the store's errors are exceptions too; errors no
+    # family knows (unknown.py)
     b"Traceback", b'File "', b"Error", b"Exception", b"Expected to have", b"Parameter",
+    b"Failure", b"terminate called", b"what():", b"Fatal Python error", b"core dumped",
+    b"Segmentation fault",
     # launchers
     b"SIG", b"FAILED", b"Failures:", b"Root Cause", b"exitcode", b"host      :",
     b"local_rank", b"error_file", b"with PID", b"srun: error", b"death signal", b"time      :",

@@ -31,6 +31,8 @@ _START = "Traceback (most recent call last):"
 _FRAME = re.compile(r'^\s*File "(?P<file>[^"]+)", line (?P<line>\d+), in (?P<function>.+)$')
 _EXC = re.compile(r"^(?P<type>(?:[A-Za-z_]\w*\.)*[A-Z]\w*(?:Error|Exception|Interrupt|Exit|"
                   r"Iteration|Failure|Timeout|Warning|Fault))(?::\s?(?P<message>.*))?$")
+_OTHER_EXC = re.compile(r"^(?P<type>(?:[A-Za-z_]\w*\.)+[A-Z]\w*|[A-Z][a-z0-9]+(?:[A-Z][a-z0-9]*)+)"
+                        r"(?::\s?(?P<message>.*))?$")
 _CHAINED = ("During handling of the above exception", "The above exception was the direct")
 # frames that are never the user's line
 _LIBRARY = re.compile(r"/(?:site|dist)-packages/|/lib/python3\.\d+/|^<frozen |/torch/"
@@ -51,6 +53,10 @@ class Tracebacks:
 
     def __init__(self):
         self._open: dict[object, dict] = {}
+
+    def holds(self, who) -> bool:
+        """Whether a traceback of this process is open (its next lines are its)."""
+        return who in self._open
 
     def feed(self, line: LogLine, claimed: list[Signal]) -> list[Signal]:
         text = line.text
@@ -80,9 +86,21 @@ class Tracebacks:
             return []
         if any(c in text for c in _CHAINED):
             return []
-        m = _EXC.match(text.strip())
+        if "head" in tb:  # the message goes on from "... raised:" on this line
+            kind, msg = tb.pop("head")
+            joined = f"{kind}: {msg} {text.strip()}"
+            m = _EXC.match(joined) or _OTHER_EXC.match(joined)
+        else:
+            m = _EXC.match(text.strip())
+        if not m and tb["frames"]:
+            # a last line with a name of another shape ("torch._dynamo.exc.Unsupported: ...",
+            # "BackendCompilerFailed: ..."): qualified, or a class name of two words or more
+            m = _OTHER_EXC.match(text.strip())
         if not m:
             return []  # another line of this process (a progress bar) inside its traceback
+        if (m["message"] or "").rstrip().endswith(":") and tb["frames"] and "head" not in tb:
+            tb["head"] = (m["type"], m["message"].strip())  # dynamo's "backend=... raised:"
+            return []
         del self._open[who]
         if not tb["frames"]:
             return []
@@ -96,7 +114,7 @@ class Tracebacks:
         if claimed:
             return []
         f = {"exception": m["type"], "message": (m["message"] or "").strip()[:300],
-             "where": where}
+             "where": where, "in_launcher": launcher}
         role = TEARDOWN if _TEARDOWN.search(text) else CAUSE
         return [Signal("exception", NAME, role, line, f)]
 
