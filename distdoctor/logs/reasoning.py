@@ -37,6 +37,7 @@ from distdoctor.logs.problems import (
     problem_key,
     ranks_text,
 )
+from distdoctor.logs.restarts import fold_restarts
 from distdoctor.logs.signals import (
     BENIGN,
     CAUSE,
@@ -60,6 +61,7 @@ class Reasoner:
         self.ev = Evidence(signals, activity, known_ranks)
         self.file_lines = file_lines or {}
         self.unknown: list[Signal] = []  # error lines no family knows (fallback.py)
+        self.restarts = [s for s in signals if s.rule in ("restart", "membership")]
         # live under `run`: the launcher's own ranks are known, and their exits are seen by the
         # engine itself (not printed in the output this scanner reads)
         self.live = bool(known_ranks)
@@ -152,6 +154,7 @@ class Reasoner:
             if f is not None:
                 out.append((p.first.order, f))
         out = one_unexplained_watchdog(fold_stuck_ranks(out)) + aside
+        fold_restarts(out, self.restarts)
         out.sort(key=lambda t: (_SEVERITY[t[1].severity], t[0]))
         return [f for _, f in out]
 

@@ -14,6 +14,7 @@ from distdoctor.findings import Finding
 from distdoctor.logs.families import FAMILIES, ROUTES
 from distdoctor.logs.families.exceptions import Tracebacks
 from distdoctor.logs.families.progress import ProgressFamily
+from distdoctor.logs.families.ray import assign_ranks
 from distdoctor.logs.families.unknown import UnknownErrors
 from distdoctor.logs.lines import LogLine, RankActivity, parse_raw
 from distdoctor.logs.reasoning import Reasoner
@@ -127,6 +128,7 @@ class LogScanner:
             for s in fam.pending():
                 s.order = len(signals)
                 signals.append(s)
+        assign_ranks(signals)  # Ray workers' pids -> ranks, where the log tells
         found = Reasoner(signals, self.activity, self.ranks_seen, progress,
                          self.file_lines).findings()
         if self.dropped:

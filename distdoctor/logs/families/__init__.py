@@ -21,6 +21,9 @@ from distdoctor.logs.families import (
     mismatch,
     nccl,
     oom,
+    ras,
+    ray,
+    slurm,
     store,
 )
 from distdoctor.logs.families.context import ContextFamily
@@ -33,16 +36,20 @@ from distdoctor.logs.families.mismatch import MismatchFamily
 from distdoctor.logs.families.nccl import NcclFamily
 from distdoctor.logs.families.oom import OomFamily
 from distdoctor.logs.families.progress import ProgressFamily
+from distdoctor.logs.families.ras import RasFamily
+from distdoctor.logs.families.ray import RayFamily
+from distdoctor.logs.families.slurm import SlurmFamily
 from distdoctor.logs.families.store import StoreFamily
 from distdoctor.logs.families.unknown import UnknownErrors
 
 FAMILIES = (ProgressFamily, LauncherFamily, OomFamily, MismatchFamily, DdpFamily, StoreFamily,
-            CudaErrors, NcclFamily, GlooFamily, UsageErrors, ContextFamily)
+            CudaErrors, NcclFamily, GlooFamily, RayFamily, SlurmFamily, RasFamily, UsageErrors,
+            ContextFamily)
 
 # what each family's problems mean, by the family name its signals carry
 MEANINGS = {"launcher": launcher, "oom": oom, "mismatch": mismatch, "ddp": ddp,
             "store": store, "nccl": nccl, "gloo": gloo, "exception": exceptions,
-            "startup": exceptions}
+            "startup": exceptions, "ray": ray, "slurm": slurm, "ras": ras}
 
 # every byte string some family routes on (a family reads only lines holding one of its own)
 ROUTES: tuple[bytes, ...] = tuple(sorted({a for f in FAMILIES + (Tracebacks, UnknownErrors)
@@ -59,7 +66,7 @@ ANCHORS: tuple[bytes, ...] = (
     b"Failure", b"terminate called", b"what():", b"Fatal Python error", b"core dumped",
     b"Segmentation fault",
     # launchers
-    b"SIG", b"FAILED", b"Failures:", b"Root Cause", b"exitcode", b"host      :",
+    b"SIG", b"FAILED", b"Failures:", b"Root Cause", b"new nodes from", b"exitcode", b"host      :",
     b"local_rank", b"error_file", b"with PID", b"srun: error", b"death signal", b"time      :",
     # NCCL, CUDA, OOM
     b"NCCL", b"nccl", b"Watchdog", b"Heartbeat", b"Duplicate GPU", b"Cuda failure",
@@ -75,6 +82,15 @@ ANCHORS: tuple[bytes, ...] = (
     b"Received data size",
     # DETAIL mode, monitored barrier, DDP, argparse
     b"Detected mismatch", b"monitoredBarrier", b"DDP expects", b": error: ",
+    # orchestrators: Ray
+    b"A worker died or was killed", b"ActorDiedError", b"RayActorError", b"ActorUnavailable",
+    b"Worker exit type", b"Memory on the node", b"world_rank", b"world_size=", b"pid: ",
+    b"ip: ", b"class_name: ", b"pid=",
+    # Slurm, a launcher not found, NCCL RAS
+    b"CANCELLED AT", b"FAILED (non-zero", b"execve()", b"ommand not found", b": not found",
+    b"No such file or directory", b"operation counts", b"ranks have", b"has launched up to",
+    b"has not launched any", b"managed by process", b"considered dead", b"managing GPU",
+    b") MISMATCH", b") ERROR", b") INCOMPLETE",
     # evidence: the world, the ranks, progress bars
     b"WORLD_SIZE", b"orld_size", b"orld size", b"MEMBER:", b"Num processes", b"nRanks",
     b"Rank ", b"GLOBAL_RANK", b"Process rank", b"[rank: ", b"%|",
