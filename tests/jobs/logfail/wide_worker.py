@@ -55,19 +55,6 @@ def restart_recovers(args) -> None:
     dist.destroy_process_group()
 
 
-def restart_breaks_store(args) -> None:
-    """Rank `victim` is SIGKILLed mid-training on the first attempt; the restarted group
-    then fails to connect (what torch 2.13's restarted gloo group did here)."""
-    rank = init()
-    for step in range(4):
-        if rank == args.victim and step == 1 and attempt() == 0:
-            os.kill(os.getpid(), signal.SIGKILL)
-        dist.all_reduce(torch.ones(8))
-        if rank == 0:
-            print(f"attempt {attempt()} step {step} done", flush=True)
-        time.sleep(0.2)
-
-
 class Twice(torch.nn.Module):
     """One layer applied twice, each under a reentrant activation checkpoint."""
 
@@ -120,8 +107,7 @@ def compile_backend_raises(args) -> None:
     dist.barrier()
 
 
-SCENARIOS = {f.__name__: f for f in (restart_fails, restart_recovers, restart_breaks_store,
-                                     ready_twice,
+SCENARIOS = {f.__name__: f for f in (restart_fails, restart_recovers, ready_twice,
                                      checkpoint_unwritable, compile_backend_raises)}
 
 
