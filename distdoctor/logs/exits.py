@@ -63,7 +63,7 @@ def orphans_to_root_cause(ctx, out: list) -> None:
     roots = [e for e in alive if e.get("root_cause")] or (alive if len(alive) == 1 else [])
     failed = [e for e in roots if e["rank"] not in ranked]
     orphans = [f for _, f in out if not f.ranks and f.kind == "crash"
-               and f.details.get("rule") != "launcher_signaled"]
+               and f.details.get("rule") not in ("launcher_signaled", "launcher_missing")]
     if len(failed) == 1 and len(orphans) == 1:
         rank = failed[0]["rank"]
         f = orphans[0]

@@ -62,6 +62,9 @@ _NCCL = re.compile(r"([\w.-]+):(\d+):\d+ \[\d+\] (?=(?:[\w./-]+:\d+ )?NCCL )")
 # "[PG 0 Rank 3]". Only the default group's rank (or a bare "[Rank N]") is a global rank.
 _MSG_RANK = re.compile(r"\[(?:PG (?:ID )?(\d+) [^\]]*?)?Rank (\d+)\]")
 
+# kubectl logs --prefix: "[pod/NAME/CONTAINER] " (the pod is the host)
+_POD = re.compile(r"\[pod/([\w.-]+)/[\w.-]+\] ?")
+
 # a line quoted in a reply or an e-mail ("> ", "> > ", ">>"): only outermost, before any label
 _QUOTE = re.compile(r"(?:>[ \t]?)+")
 
@@ -215,6 +218,10 @@ def _parse(s: str, file: str, lineno: int, rank: int | None, host: str | None) -
                             if level is None:
                                 continue  # a time stamp is no layer: srun may follow
                             m = _EMPTY  # the level head was peeled with it
+                        elif s.startswith("[pod/"):
+                            m = _POD.match(s)
+                            if m is not None:
+                                p_host = p_host or m.group(1)
         elif c == "(":
             m = _RAY.match(s)
             if m is not None and (m.group(2) or m.group(3) or m.group(1) == "raylet"):

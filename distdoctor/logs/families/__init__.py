@@ -17,6 +17,7 @@ from distdoctor.logs.families import (
     ddp,
     exceptions,
     gloo,
+    k8s,
     launcher,
     mismatch,
     nccl,
@@ -31,6 +32,7 @@ from distdoctor.logs.families.cuda import CudaErrors
 from distdoctor.logs.families.ddp import DdpFamily
 from distdoctor.logs.families.exceptions import Tracebacks, UsageErrors
 from distdoctor.logs.families.gloo import GlooFamily
+from distdoctor.logs.families.k8s import K8sFamily
 from distdoctor.logs.families.launcher import LauncherFamily
 from distdoctor.logs.families.mismatch import MismatchFamily
 from distdoctor.logs.families.nccl import NcclFamily
@@ -43,13 +45,14 @@ from distdoctor.logs.families.store import StoreFamily
 from distdoctor.logs.families.unknown import UnknownErrors
 
 FAMILIES = (ProgressFamily, LauncherFamily, OomFamily, MismatchFamily, DdpFamily, StoreFamily,
-            CudaErrors, NcclFamily, GlooFamily, RayFamily, SlurmFamily, RasFamily, UsageErrors,
-            ContextFamily)
+            CudaErrors, NcclFamily, GlooFamily, RayFamily, SlurmFamily, RasFamily, K8sFamily,
+            UsageErrors, ContextFamily)
 
 # what each family's problems mean, by the family name its signals carry
 MEANINGS = {"launcher": launcher, "oom": oom, "mismatch": mismatch, "ddp": ddp,
             "store": store, "nccl": nccl, "gloo": gloo, "exception": exceptions,
-            "startup": exceptions, "ray": ray, "slurm": slurm, "ras": ras}
+            "startup": exceptions, "ray": ray, "slurm": slurm, "ras": ras,
+            "k8s": k8s}
 
 # every byte string some family routes on (a family reads only lines holding one of its own)
 ROUTES: tuple[bytes, ...] = tuple(sorted({a for f in FAMILIES + (Tracebacks, UnknownErrors)
@@ -66,7 +69,7 @@ ANCHORS: tuple[bytes, ...] = (
     b"Failure", b"terminate called", b"what():", b"Fatal Python error", b"core dumped",
     b"Segmentation fault",
     # launchers
-    b"SIG", b"FAILED", b"Failures:", b"Root Cause", b"new nodes from", b"exitcode", b"host      :",
+    b"SIG", b"FAILED", b"Failures:", b"Root Cause", b"new nodes from", b"return code", b"exitcode", b"host      :",
     b"local_rank", b"error_file", b"with PID", b"srun: error", b"death signal", b"time      :",
     # NCCL, CUDA, OOM
     b"NCCL", b"nccl", b"Watchdog", b"Heartbeat", b"Duplicate GPU", b"Cuda failure",
@@ -91,6 +94,8 @@ ANCHORS: tuple[bytes, ...] = (
     b"No such file or directory", b"operation counts", b"ranks have", b"has launched up to",
     b"has not launched any", b"managed by process", b"considered dead", b"managing GPU",
     b") MISMATCH", b") ERROR", b") INCOMPLETE",
+    # Kubernetes, Kubeflow
+    b"OOMKilled", b"low on resource", b"replica(s) failed",
     # evidence: the world, the ranks, progress bars
     b"WORLD_SIZE", b"orld_size", b"orld size", b"MEMBER:", b"Num processes", b"nRanks",
     b"Rank ", b"GLOBAL_RANK", b"Process rank", b"[rank: ", b"%|",

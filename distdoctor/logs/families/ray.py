@@ -88,6 +88,13 @@ class RayFamily(Family):
         return []
 
 
+def _int(v) -> int | None:
+    try:
+        return int(v)
+    except (TypeError, ValueError):
+        return None
+
+
 def _ints(d: dict) -> dict:
     return {k: int(v) if k == "pid" or k == "rank" else v for k, v in d.items() if v}
 
@@ -110,7 +117,7 @@ def assign_ranks(signals: list[Signal]) -> None:
         if s.rule == "ray_task":
             task[line.who] = s.fields["pid"]
             continue
-        pid = s.fields.get("pid") if s.family == NAME else None
+        pid = _int(s.fields.get("pid")) if s.family == NAME else None
         if pid is None and s.role != CONTEXT and line.who in task:
             pid = task.pop(line.who)  # the error the driver's traceback ends in
             s.fields["ray_pid"] = pid

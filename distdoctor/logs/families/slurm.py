@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from distdoctor.findings import Finding
 from distdoctor.logs.lines import LogLine
-from distdoctor.logs.problems import Problem
+from distdoctor.logs.problems import Problem, plural, ranks_text
 from distdoctor.logs.signals import CAUSE, TEARDOWN, VICTIM, Family, Signal, rule
 
 NAME = "slurm"
@@ -91,12 +91,13 @@ def describe(p: Problem, ctx) -> Finding:
     if p.rule == "launcher_missing":
         prog = f.get("prog", "the launcher")
         err = f.get("err", "not found")
-        hosts = sorted(p.hosts)
-        on = f" on {', '.join(hosts)}" if hosts else ""
+        hosts, tasks = sorted(p.hosts), sorted(p.ranks)  # srun's labels: its tasks
+        on = (f" on {', '.join(hosts)}" if hosts else "") + (
+            f" (srun task{plural(tasks)} {ranks_text(tasks)})" if tasks else "")
         fnd = ctx.finding(p, "crash", "error", f"the launcher could not start{on}: {prog}: "
                           f"{err.lower() if err != 'not found' else 'command not found'} (not "
-                          f"installed or not on the job's PATH); no rank ever ran",
-                          sorted(p.ranks), _MISSING_REMEDY)
+                          f"installed or not on the job's PATH); no rank ever ran", [],
+                          _MISSING_REMEDY)
         fnd.details["family"] = "launcher"
         return fnd
     why = f.get("why", "")
