@@ -86,11 +86,12 @@ ANCHORS: tuple[bytes, ...] = (
     # DETAIL mode, monitored barrier, DDP, argparse
     b"Detected mismatch", b"monitoredBarrier", b"DDP expects", b": error: ",
     # orchestrators: Ray
-    b"A worker died or was killed", b"ActorDiedError", b"RayActorError", b"ActorUnavailable",
+    b"A worker died or was killed", b"ActorDiedError",  b"RayActorError", b"ActorUnavailable",
     b"Worker exit type", b"Memory on the node", b"world_rank", b"world_size=", b"pid: ",
     b"ip: ", b"class_name: ", b"pid=",
     # Slurm, a launcher not found, NCCL RAS
     b"CANCELLED AT", b"FAILED (non-zero", b"execve()", b"ommand not found", b": not found",
+    b"Task launch for", b"op.preamble.length", b"The actor is dead",
     b"No such file or directory", b"operation counts", b"ranks have", b"has launched up to",
     b"has not launched any", b"managed by process", b"considered dead", b"managing GPU",
     b") MISMATCH", b") ERROR", b") INCOMPLETE",

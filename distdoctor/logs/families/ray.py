@@ -53,6 +53,7 @@ class RayFamily(Family):
     anchors = (b"A worker died or was killed", b"ActorDiedError", b"RayActorError",
                b"ActorUnavailableError", b"Worker exit type", b"Memory on the node",
                b"RayTaskError", b"world_rank", b"world_size=", b"pid: ", b"ip: ",
+               b"The actor is dead",
                b"class_name: ", b"pid=")
 
     def __init__(self):
@@ -76,6 +77,10 @@ class RayFamily(Family):
                 f.update({k: v for k, v in d.groupdict().items() if v})
             self._actor = Signal("actor_died", NAME, CAUSE, line, f)
             return [self._actor]
+        if "The actor is dead because" in text and (d := _EXIT_DETAIL.search(text)):
+            # the detail alone (a framework logged it with no ActorDiedError line)
+            return [Signal("actor_died", NAME, CAUSE, line,
+                           {k: v for k, v in d.groupdict().items() if v})]
         if m := _MEMORY.search(text):
             return [Signal("memory_monitor", NAME, CAUSE, line, _ints(m.groupdict()))]
         if m := _TASK_PID.search(text):

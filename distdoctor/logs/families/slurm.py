@@ -23,7 +23,7 @@ from __future__ import annotations
 from distdoctor.findings import Finding
 from distdoctor.logs.lines import LogLine
 from distdoctor.logs.problems import Problem, plural, ranks_text
-from distdoctor.logs.signals import CAUSE, TEARDOWN, VICTIM, Family, Signal, rule
+from distdoctor.logs.signals import CAUSE, VICTIM, Family, Signal, rule
 
 NAME = "slurm"
 
@@ -33,9 +33,12 @@ RULES = (
     rule("cancelled", NAME, CAUSE,
          r"\*\*\* (?P<entity>STEP|JOB) (?P<id>\S+) ON (?P<node>\S+) CANCELLED AT (?P<at>\S+) "
          r"DUE TO (?P<why>TIME LIMIT|PREEMPTION|NODE FAILURE|JOB REQUEUE)"),
-    rule("step_torn_down", NAME, TEARDOWN,
-         r"\*\*\* (?P<entity>STEP|JOB) (?P<id>\S+) ON (?P<node>\S+) (?:CANCELLED AT \S+ DUE TO "
-         r"TASK FAILURE|FAILED \(non-zero exit code)"),
+    rule("step_torn_down", NAME, VICTIM,
+         r"\*\*\* (?P<entity>STEP|JOB) (?P<id>\S+) ON (?P<node>\S+) (?:CANCELLED AT (?P<at>\S+) "
+         r"DUE TO TASK FAILURE|FAILED \(non-zero exit code)"),
+    rule("launch_failed", NAME, CAUSE,
+         r"srun: error: Task launch for (?P<step>\S+) failed on node (?P<node>[^:\s]+): "
+         r"(?P<why>.+)"),
     rule("scancel", NAME, VICTIM,
          r"\*\*\* (?P<entity>STEP|JOB) (?P<id>\S+) ON (?P<node>\S+) CANCELLED AT (?P<at>\S+)"
          r"(?: DUE to SIGNAL (?P<signal>\w+)| BY \S+ )? ?\*\*\*"),
@@ -50,6 +53,7 @@ RULES = (
 class SlurmFamily(Family):
     name = NAME
     anchors = (b"CANCELLED AT", b"FAILED (non-zero", b"execve()", b"ommand not found",
+               b"Task launch for",
                b": not found", b"No such file or directory")
     rules = RULES
 
@@ -100,6 +104,14 @@ def describe(p: Problem, ctx) -> Finding:
                           _MISSING_REMEDY)
         fnd.details["family"] = "launcher"
         return fnd
+    if p.rule == "launch_failed":
+        fnd = ctx.finding(p, "crash", "error", f"srun could not launch step {f.get('step')} on "
+                          f"{f.get('node')}: {f.get('why', '').strip()}; no rank ran there", [],
+                          "Slurm failed to start the tasks on that node (slurmd's log on it says "
+                          "why; 'Job credential expired' is a clock skew between the nodes and "
+                          "slurmctld, or a slurmd restarted mid-job): fix or exclude the node.")
+        fnd.details["family"] = "launcher"
+        return fnd
     why = f.get("why", "")
     entity = "job step" if f.get("entity") == "STEP" else "job"
     return ctx.finding(p, "crash", "error", f"Slurm cancelled {entity} {f.get('id')} on "
@@ -107,14 +119,22 @@ def describe(p: Problem, ctx) -> Finding:
                        _REMEDY.get(why))
 
 
-VICTIMS = {"scancel": "Slurm cancelled the step"}
+VICTIMS = {"scancel": "Slurm cancelled the step",
+           "step_torn_down": "srun tore the step down after a task failed"}
 
 
 def victim_culprit(p: Problem, ctx) -> Finding | None:
     """A cancellation nothing in the log explains: said as what it is."""
+    f = p.first.fields
+    if p.rule == "step_torn_down":
+        return ctx.finding(p, "crash", "error", f"Slurm tore down step {f.get('id')} on "
+                           f"{f.get('node')} because a task failed; that task's own error is not "
+                           f"in this log (srun lists the tasks it terminated: the one missing "
+                           f"from that list failed)", [],
+                           "Read the failed task's output (srun --output=%t.out keeps one file "
+                           "per task) for its first error.")
     if p.rule != "scancel":
         return None
-    f = p.first.fields
     entity = "job step" if f.get("entity") == "STEP" else "job"
     by = f" (signal {f['signal']})" if f.get("signal") else " (scancel, or the scheduler)"
     return ctx.finding(p, "crash", "error", f"Slurm cancelled {entity} {f.get('id')} on "

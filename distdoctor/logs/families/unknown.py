@@ -89,7 +89,7 @@ class UnknownErrors:
             f = {"error": "fatal", "exception": "Fatal Python error",
                  "message": m["message"][:300]}
             return [self._hold(who, Signal("error_line", NAME, UNKNOWN, line, f))]
-        if c in "SABIF" and (m := _SHELL_SIGNAL.match(text)):
+        if (c in "SABIF" or ": line " in text[:300]) and (m := _SHELL_SIGNAL.match(text)):
             return [Signal("error_line", NAME, UNKNOWN, line,
                            {"error": "signal", "exception": m["message"], "message": ""})]
         if (c.isalpha() or c == "_") and ("rror" in text or "xception" in text
