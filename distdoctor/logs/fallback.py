@@ -147,6 +147,9 @@ def _what(s: Signal) -> str:
         return f"died: Fatal Python error{msg}{at}"
     if f["error"] == "signal":
         return f"died: {f['exception']}"
+    if f["error"] == "cut":
+        src = f" ({where['source']})" if where and where.get("source") else ""
+        return f"printed a traceback the log cuts off before its exception line{at}{src}"
     return f"raised {f['exception']}{msg}{at}"
 
 

@@ -49,9 +49,10 @@ _VLLM = re.compile(
 _STAMP = re.compile(
     r"\[?\d{4}-\d\d-\d\d[ T]\d\d:\d\d:\d\d(?:[.,]\d+)?(?:Z|[+-]\d\d:?\d\d)?\]?[ \t]+")
 # after a time stamp: "[INFO] [launch.py:315:main] ", "torch.distributed.run: [WARNING] ",
+# Python logging's "- name - INFO - ",
 # "INFO worker.py:1458 -- "
 _STAMP_LEVEL = re.compile(
-    r"(?:[\w.]+: )?\[?(CRITICAL|ERROR|WARNING|WARN|INFO|DEBUG|FATAL)\]?[ \t]+"
+    r"(?:[\w.]+: |- [\w.-]+ - |- )?\[?(CRITICAL|ERROR|WARNING|WARN|INFO|DEBUG|FATAL)\]?[ \t]+"
     r"(?:\[[\w.]+:\d+:\w+\] |[\w.]+:\d+ -- |- )?")
 # Ray: "(RayWorkerWrapper pid=123, ip=10.0.0.5) ", "(pid=123) ", "(raylet) ", "(raylet, ip=..) "
 _RAY = re.compile(r"\((?:([\w.-]+)(?:,? |(?=\))))?(?:pid=(\d+))?(?:,? ?ip=([\w.:-]+))?\) ?")
@@ -271,8 +272,8 @@ def _parse(s: str, file: str, lineno: int, rank: int | None, host: str | None) -
             break
         s = s[m.end():]
         outer_ok = False
-        if level is not None:
-            break  # a log head is the innermost layer: the message follows
+        if level is not None and not s.startswith("[rank"):
+            break  # a log head is the innermost layer (but a logger may relay "[rankN]:")
     if srun is not None:
         # srun labels tasks. One task per rank: the label is the rank. A launcher below it
         # (torchrun's "[default3]:") or a different "[rankK]:" means the task is a node.

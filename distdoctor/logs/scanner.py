@@ -124,7 +124,7 @@ class LogScanner:
     def findings(self) -> list[Finding]:
         progress = next(f.recent for f in self.families if isinstance(f, ProgressFamily))
         signals = list(self.signals)
-        for fam in self.families:  # a report the log ends in the middle of
+        for fam in [*self.families, self.tracebacks]:  # what the log ends in the middle of
             for s in fam.pending():
                 s.order = len(signals)
                 signals.append(s)

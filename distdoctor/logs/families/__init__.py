@@ -67,7 +67,8 @@ ANCHORS: tuple[bytes, ...] = (
     # family knows (unknown.py)
     b"Traceback", b'File "', b"Error", b"Exception", b"Expected to have", b"Parameter",
     b"Failure", b"terminate called", b"what():", b"Fatal Python error", b"core dumped",
-    b"Segmentation fault",
+    b"Segmentation fault", b"Caught signal", b"received at time=", b"Process received signal",
+    b"Signal: ", b"End of error message",
     # launchers
     b"SIG", b"FAILED", b"Failures:", b"Root Cause", b"new nodes from", b"return code", b"exitcode", b"host      :",
     b"local_rank", b"error_file", b"with PID", b"srun: error", b"death signal", b"time      :",

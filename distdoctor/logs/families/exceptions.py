@@ -19,6 +19,7 @@ from distdoctor.logs.signals import (
     CAUSE,
     TEARDOWN,
     TIMEOUT,
+    UNKNOWN,
     VICTIM,
     Family,
     Signal,
@@ -117,6 +118,18 @@ class Tracebacks:
              "where": where, "in_launcher": launcher}
         role = TEARDOWN if _TEARDOWN.search(text) else CAUSE
         return [Signal("exception", NAME, role, line, f)]
+
+
+    def pending(self) -> list[Signal]:
+        """Tracebacks the log ends inside (cut before their exception line): an error no
+        family knows, where the user's innermost frame is the one clue (fallback.py)."""
+        out = []
+        for tb in list(self._open.values())[:100]:
+            if tb["frames"]:
+                out.append(Signal("error_line", "unknown", UNKNOWN, tb["line"], {
+                    "error": "cut", "exception": "Traceback", "message": "",
+                    "where": _where(tb["frames"], tb["sources"])}))
+        return out
 
 
 def _where(frames: list[tuple[str, int, str]], sources: dict | None = None) -> dict:

@@ -27,7 +27,9 @@ NAME = "unknown"
 
 # what the reader must hand over for these rules (the scanner's cover, families/__init__.py)
 ANCHORS = (b"Error", b"Exception", b"Failure", b"terminate called", b"what():",
-           b"Fatal Python error", b'File "', b"core dumped", b"Segmentation fault")
+           b"Fatal Python error", b'File "', b"core dumped", b"Segmentation fault",
+           b"Caught signal", b"received at time=", b"Process received signal", b"Signal: ",
+           b"End of error message")
 
 _EXC = re.compile(r"^(?P<type>(?:[A-Za-z_]\w*\.)*[A-Z][A-Za-z0-9_]*(?:Error|Exception|"
                   r"Failure))(?::[ \t]*(?P<message>.*))?$")
@@ -40,6 +42,12 @@ _FAULT_FRAME = re.compile(r'^\s*File "(?P<file>[^"]+)", line (?P<line>\d+) in (?
 _SHELL_SIGNAL = re.compile(r"^(?:\S+: line \d+: +\d+ )?(?P<message>Segmentation fault|Aborted|"
                            r"Bus error|Illegal instruction|Floating point exception)"
                            r"(?: \(core dumped\))?(?:\s+\S.*)?$")
+# a native library's own fatal-signal handler: UCX's "Caught signal 11 (Segmentation fault: ..)",
+# absl's (Ray's C++) "*** SIGSEGV received at time=..", Open MPI's "*** Process received signal
+# ***" / "Signal: Bus error (7)" / "*** End of error message ***"
+_NATIVE_SIGNAL = re.compile(r"Caught signal \d+ \((?P<what>[^):]+)|\*\*\* (?P<sig>SIG[A-Z]+) "
+                            r"received at time=|\*\*\* Process received signal \*\*\*|^Signal: "
+                            r"(?P<what2>[A-Z][a-z]+(?: [a-z]+)*) \(\d+\)|\*\*\* End of error message")
 _LIBRARY = re.compile(r"/(?:site|dist)-packages/|/lib/python3\.\d+/|^<frozen ")
 # exception names that are a program's normal way out, or a launcher tearing down
 _NOT_ERRORS = re.compile(r"(?:^|\.)(?:ChildFailedError|SignalException|StopIteration|"
@@ -92,6 +100,11 @@ class UnknownErrors:
         if (c in "SABIF" or ": line " in text[:300]) and (m := _SHELL_SIGNAL.match(text)):
             return [Signal("error_line", NAME, UNKNOWN, line,
                            {"error": "signal", "exception": m["message"], "message": ""})]
+        if "ignal" in text or "*** " in text:
+            if m := _NATIVE_SIGNAL.search(text):
+                what = m["what"] or m["sig"] or m["what2"] or "a fatal signal"
+                return [Signal("error_line", NAME, UNKNOWN, line,
+                               {"error": "signal", "exception": what.strip(), "message": ""})]
         if (c.isalpha() or c == "_") and ("rror" in text or "xception" in text
                                           or "ailure" in text):
             m = _EXC.match(text)
