@@ -123,8 +123,8 @@ class LauncherFamily(Family):
                 e["signum"] = int(m["signum"])
             e["traceback"] = v[:200]
             out += self._close()
-        else:
-            e[key] = v
+        elif key in ("host", "error_file"):
+            e[key] = v  # (a rank or exit code in a shape not read: left out, never a string)
         return out
 
     def _close(self) -> list[Signal]:
