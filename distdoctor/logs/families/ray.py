@@ -20,7 +20,7 @@ import re
 
 from distdoctor.findings import Finding
 from distdoctor.logs.lines import LogLine
-from distdoctor.logs.problems import Problem, clip
+from distdoctor.logs.problems import Problem, clip, plural, ranks_text
 from distdoctor.logs.signals import CAUSE, CONTEXT, Family, Signal
 
 NAME = "ray"
@@ -149,7 +149,8 @@ def describe(p: Problem, ctx) -> Finding:
     pid, ip = f.get("pid"), f.get("ip")
     where = ", ".join(x for x in (f"pid {pid}" if pid else "", f"on {ip}" if ip else "") if x)
     worker = f"the Ray worker{f' ({where})' if where else ''}"
-    rank = f" (rank {ranks_of(ranks)})" if ranks else " (its rank is not in this log)"
+    rank = (f" (rank{plural(ranks)} {ranks_text(ranks)})" if ranks
+            else " (its rank is not in this log)")
     if p.rule == "memory_monitor":
         summary = (f"Ray's memory monitor killed {worker}{rank}: the node's memory was at "
                    f"{f.get('used', '?')} of {f.get('total', '?')}")
@@ -165,6 +166,3 @@ def describe(p: Problem, ctx) -> Finding:
     fnd.details.update({k: f[k] for k in ("pid", "ip", "exit_type", "detail") if k in f})
     return fnd
 
-
-def ranks_of(ranks: list[int]) -> str:
-    return ", ".join(map(str, ranks))
