@@ -140,6 +140,8 @@ def _what(s: Signal) -> str:
     at = (f" at {short_path(where['file'])}:{where['line']} in {where['function']}"
           if where else "")
     if f["error"] == "terminate":
+        if f.get("thrown"):  # its what() line alone
+            return f"aborted: terminate called after throwing an exception{msg}"
         if not f["exception"]:  # "without an active exception", "recursively"
             return f"aborted: terminate called {f['message']}"
         return f"aborted: terminate called after throwing an instance of '{f['exception']}'{msg}"

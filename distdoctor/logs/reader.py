@@ -37,8 +37,11 @@ LAST_TEXT = 300
 # anchors whose line's next lines are handed over too: a traceback frame's source line (which
 # may name a peer: "dist.recv(tensor, 0)"), its carets, and after the last frame the
 # exception's line, whatever its name ("torch._dynamo.exc.Unsupported: ...")
-FOLLOW_NEXT = (b'File "',)
-FOLLOW_LINES = 3
+# Reports whose later lines hold no anchor of their own follow the same way: an ActorDiedError's
+# "pid:"/"ip:" lines, an NCCL RAS entry's per-rank counts, its list of dead processes. (Words
+# with no rare byte would cost the reader a pass over every chunk; these cost nothing.)
+FOLLOW = {b'File "': 3, b"ActorDiedError": 8, b"Communicator ranks have different": 40,
+          b"DEAD": 20}
 RARE = 0.002  # an anchor byte rarer than this in a chunk's sample filters the anchors
 SAMPLE = 16 << 10
 
@@ -121,12 +124,12 @@ class LogReader:
               width: int | None) -> Iterator[LogLine]:
         self._ended_mid_line = False
         with open_log(path) as fh:
-            follow = tuple(a.decode() for a in FOLLOW_NEXT if a.decode() in texts)
-            after_frame = 0  # lines still to hand over after a frame
+            follow = {a.decode(): n for a, n in FOLLOW.items() if a.decode() in texts}
+            after_frame = 0  # lines still to hand over after a frame or a report's head
             lineno = 0
             for lineno, raw in logical_lines(fh, width, self):
                 seen: set = set()
-                next_too = False
+                next_too = 0
                 for ll in parse_raw(raw, file=path, lineno=lineno, rank=rank, host=host):
                     who = ll.who
                     if who is not None and who not in seen:
@@ -135,8 +138,8 @@ class LogReader:
                                     raw.encode("utf-8", "replace")[-8192:])
                     if after_frame or any(t in ll.text for t in texts):
                         yield ll
-                    next_too = next_too or any(t in ll.text for t in follow)
-                after_frame = FOLLOW_LINES if next_too else max(0, after_frame - 1)
+                    next_too = max([next_too] + [n for t, n in follow.items() if t in ll.text])
+                after_frame = max(next_too, after_frame - 1)
         self.file_lines[path] = lineno
         if self._ended_mid_line:
             self._mark_truncated(path)
@@ -194,14 +197,14 @@ class LogReader:
         after: set[int] = set()  # lines handed over for the line before them
         last = len(body) - 1
         for a in plan.candidates(body):
-            follow = a in FOLLOW_NEXT
+            follow = FOLLOW.get(a, 0)
             i = body.find(a)
             while i >= 0:
                 s = body.rfind(b"\n", 0, i) + 1
                 e = body.find(b"\n", i)
                 starts.add(s)
                 j = e
-                for _ in range(FOLLOW_LINES if follow else 0):
+                for _ in range(follow):
                     if j >= last:
                         break
                     starts.add(j + 1)

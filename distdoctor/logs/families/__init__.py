@@ -66,12 +66,13 @@ ANCHORS: tuple[bytes, ...] = (
     # exceptions and tracebacks; DDP's and the store's errors are exceptions too; errors no
     # family knows (unknown.py)
     b"Traceback", b'File "', b"Error", b"Exception", b"Expected to have", b"Parameter",
-    b"Failure", b"terminate called", b"what():", b"Fatal Python error", b"core dumped",
-    b"Segmentation fault", b"Caught signal", b"received at time=", b"Process received signal",
-    b"Signal: ", b"End of error message",
+    b"Failure", b"what():", b"Fatal Python error", b"Aborted", b"Segmentation fault",
+    b"Bus error", b"Illegal instruction", b"Floating point exception", b"Caught signal",
+    b"received at time=", b"Process received signal", b"Signal: ", b"End of error message",
     # launchers
-    b"SIG", b"FAILED", b"Failures:", b"Root Cause", b"new nodes from", b"return code", b"exitcode", b"host      :",
+    b"SIG", b"FAILED", b"Failures:", b"Root Cause", b"exitcode", b"host      :",
     b"local_rank", b"error_file", b"with PID", b"srun: error", b"death signal", b"time      :",
+    b"new nodes from group_rank", b"return code = ",
     # NCCL, CUDA, OOM
     b"NCCL", b"nccl", b"Watchdog", b"Heartbeat", b"Duplicate GPU", b"Cuda failure",
     b"peer access", b"shared memory", b"ibv_", b"IBV_", b"cudaIpc", b"out of memory",
@@ -83,21 +84,17 @@ ANCHORS: tuple[bytes, ...] = (
     b"store based barrier", b"ncclUniqueId", b"by peer", b"Broken pipe", b"Timed out waiting",
     b"Connection refused", b"Connect timeout", b"getaddrinfo", b"No route to host",
     b"resolve hostname", b"connectFullMesh", b"Unable to find address",
-    b"Received data size",
+    b"Received data size", b"length <= op.nbytes",
     # DETAIL mode, monitored barrier, DDP, argparse
     b"Detected mismatch", b"monitoredBarrier", b"DDP expects", b": error: ",
-    # orchestrators: Ray
-    b"A worker died or was killed", b"ActorDiedError",  b"RayActorError", b"ActorUnavailable",
-    b"Worker exit type", b"Memory on the node", b"world_rank", b"world_size=", b"pid: ",
-    b"ip: ", b"class_name: ", b"pid=",
-    # Slurm, a launcher not found, NCCL RAS
-    b"CANCELLED AT", b"FAILED (non-zero", b"execve()", b"ommand not found", b": not found",
-    b"Task launch for", b"op.preamble.length", b"The actor is dead",
-    b"No such file or directory", b"operation counts", b"ranks have", b"has launched up to",
-    b"has not launched any", b"managed by process", b"considered dead", b"managing GPU",
-    b") MISMATCH", b") ERROR", b") INCOMPLETE",
-    # Kubernetes, Kubeflow
-    b"OOMKilled", b"low on resource", b"replica(s) failed",
+    # orchestrators: Ray (an ActorDiedError's field lines follow it: reader.FOLLOW), Slurm, a
+    # launcher not found, NCCL RAS (its per-rank lines follow its head), Kubernetes
+    b"A worker died or was killed", b"ActorDiedError", b"RayActorError", b"ActorUnavailable",
+    b"Worker exit type", b"Memory on the node", b"The actor is dead", b"RayTaskError",
+    b"world_rank=", b"world_size=", b"CANCELLED AT", b"FAILED (non-zero", b"Task launch for",
+    b"execve()", b"not found", b"No such file or directory", b"Communicator ranks have different",
+    b"DEAD", b") MISMATCH", b") ERROR", b") INCOMPLETE", b"OOMKilled",
+    b"The node was low on resource", b"replica(s) failed",
     # evidence: the world, the ranks, progress bars
     b"WORLD_SIZE", b"orld_size", b"orld size", b"MEMBER:", b"Num processes", b"nRanks",
     b"Rank ", b"GLOBAL_RANK", b"Process rank", b"[rank: ", b"%|",

@@ -34,7 +34,10 @@ _ENTRY = re.compile(r"^#\d+-\d+ \([0-9a-f]+\) (?P<what>MISMATCH|ERROR|INCOMPLETE
 
 class RasFamily(Family):
     name = NAME
-    anchors = (b"operation counts", b"ranks have launched", b"ranks have not launched",
+    # (the reader hands over the lines after "Communicator ranks have different" and "DEAD":
+    # reader.FOLLOW)
+    anchors = (b"Communicator ranks have different", b"DEAD", b"operation counts",
+               b"ranks have launched", b"ranks have not launched",
                b"has launched up to", b"has not launched any", b"managed by process",
                b"considered dead", b"managing GPU", b") MISMATCH", b") ERROR",
                b") INCOMPLETE")

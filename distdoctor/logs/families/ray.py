@@ -50,11 +50,12 @@ _SAYS_RANK = re.compile(r"\[rank=(?P<rank>\d+), world_size=\d+\]|\brank (?P<r2>\
 
 class RayFamily(Family):
     name = NAME
+    # ("pid: ", "ip: ", "class_name: " route an ActorDiedError's field lines here; the reader
+    # hands them over after the ActorDiedError line, reader.FOLLOW)
     anchors = (b"A worker died or was killed", b"ActorDiedError", b"RayActorError",
                b"ActorUnavailableError", b"Worker exit type", b"Memory on the node",
                b"RayTaskError", b"world_rank", b"world_size=", b"pid: ", b"ip: ",
-               b"The actor is dead",
-               b"class_name: ", b"pid=")
+               b"class_name: ", b"The actor is dead")
 
     def __init__(self):
         self._actor: Signal | None = None  # an ActorDiedError still taking its field lines

@@ -6,7 +6,8 @@ consumed. What counts as an error line, at the start of the message (after the p
 - `SomethingError: ...` / `pkg.SomethingException: ...` (an exception printed with no
   traceback, or the traceback's head lost to a cut log);
 - `terminate called after throwing an instance of 'T'` and the `what():` line after it (a
-  C++ exception that ended the process);
+  C++ exception that ended the process; the reader hands over the what() line, and the
+  terminate line where another anchor brings it);
 - `Fatal Python error: ...` and the first frame of the user's code in faulthandler's dump;
 - a shell's report of its child's signal (`Segmentation fault (core dumped)`).
 
@@ -26,10 +27,12 @@ from distdoctor.logs.signals import UNKNOWN, Signal
 NAME = "unknown"
 
 # what the reader must hand over for these rules (the scanner's cover, families/__init__.py)
-ANCHORS = (b"Error", b"Exception", b"Failure", b"terminate called", b"what():",
-           b"Fatal Python error", b'File "', b"core dumped", b"Segmentation fault",
-           b"Caught signal", b"received at time=", b"Process received signal", b"Signal: ",
-           b"End of error message")
+# (no "terminate called": a word with no rare byte costs the reader a pass over every chunk;
+# the what() line after it says the same and more)
+ANCHORS = (b"Error", b"Exception", b"Failure", b"what():", b"Fatal Python error", b'File "',
+           b"Aborted", b"Segmentation fault", b"Bus error", b"Illegal instruction",
+           b"Floating point exception", b"Caught signal", b"received at time=",
+           b"Process received signal", b"Signal: ", b"End of error message")
 
 _EXC = re.compile(r"^(?P<type>(?:[A-Za-z_]\w*\.)*[A-Z][A-Za-z0-9_]*(?:Error|Exception|"
                   r"Failure))(?::[ \t]*(?P<message>.*))?$")
@@ -78,7 +81,11 @@ class UnknownErrors:
         text = line.text.strip()
         if not text:
             return []
-        if self._terminate is not None and (m := _WHAT.match(text)):
+        if m := _WHAT.match(text):
+            if self._terminate is None:  # its "terminate called" line was not handed over
+                return [Signal("error_line", NAME, UNKNOWN, line, {
+                    "error": "terminate", "exception": "", "message": m["message"].strip()[:300],
+                    "thrown": True})]
             self._terminate.fields["message"] = m["message"].strip()[:300]
             self._terminate = None
             return []
