@@ -136,7 +136,7 @@ class LogReader:
                         seen.add(who)
                         self._count(who, ll, 1, lineno, lineno, path,
                                     raw.encode("utf-8", "replace")[-8192:])
-                    if after_frame or any(t in ll.text for t in texts):
+                    if after_frame or any(map(ll.text.__contains__, texts)):
                         yield ll
                     next_too = max([next_too] + [n for t, n in follow.items() if t in ll.text])
                 after_frame = max(next_too, after_frame - 1)
@@ -196,7 +196,10 @@ class LogReader:
         starts: set[int] = set()
         after: set[int] = set()  # lines handed over for the line before them
         last = len(body) - 1
-        for a in plan.candidates(body):
+        found = plan.candidates(body)
+        # a line can hold only the anchors its chunk holds: test those alone
+        texts = tuple(a.decode("utf-8", "replace") for a in found)
+        for a in found:
             follow = FOLLOW.get(a, 0)
             i = body.find(a)
             while i >= 0:
@@ -223,7 +226,7 @@ class LogReader:
                 if unkeyed and ll.who is not None and ll.who not in seen:
                     seen.add(ll.who)
                     self._count(ll.who, ll, 1, lineno, lineno, path, raw[-8192:])
-                if s in after or any(t in ll.text for t in texts):
+                if s in after or any(map(ll.text.__contains__, texts)):
                     yield ll
         return n_lines
 

@@ -94,7 +94,7 @@ class LogScanner:
         text = line.text
         for fam, anchors in self._routes:
             # a family reads only the lines that hold one of its own anchors
-            if any(a in text for a in anchors):
+            if any(map(text.__contains__, anchors)):  # (map: no Python frame per anchor)
                 claimed = fam.feed(line)
                 if claimed:
                     break
