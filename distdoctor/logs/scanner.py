@@ -37,6 +37,9 @@ class LogScanner:
         self.unknown = UnknownErrors()
         self.file_lines: dict[str, int] = {}  # lines read per file (the reader's count)
         self._routes = [(f, tuple(a.decode() for a in f.anchors)) for f in self.families]
+        # NCCL's INFO lines (tens of thousands at init) only NCCL's own family and the
+        # evidence read: the orchestrators' families never see them
+        self._info_routes = [(f, a) for f, a in self._routes if not f.orchestrator]
         self.signals: list[Signal] = []
         self.activity: dict[tuple, RankActivity] = {}
         self.ranks_seen: set[int] = set()  # ranks known to exist (the live launcher's)
@@ -92,7 +95,7 @@ class LogScanner:
             return  # a fixture's or a user's comment block heading the file, not output
         claimed: list[Signal] = []
         text = line.text
-        for fam, anchors in self._routes:
+        for fam, anchors in self._info_routes if "NCCL INFO" in text else self._routes:
             # a family reads only the lines that hold one of its own anchors
             if any(map(text.__contains__, anchors)):  # (map: no Python frame per anchor)
                 claimed = fam.feed(line)

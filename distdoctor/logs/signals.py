@@ -72,6 +72,7 @@ class Family:
     name = ""
     anchors: tuple[bytes, ...] = ()
     rules: tuple[Rule, ...] = ()
+    orchestrator = False  # a scheduler's or cluster's words (never in an NCCL INFO line)
 
     def pending(self) -> list[Signal]:
         """Signals of a report still open where the log ends (read, not consumed)."""

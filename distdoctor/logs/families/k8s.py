@@ -34,6 +34,7 @@ RULES = (
 
 class K8sFamily(Family):
     name = NAME
+    orchestrator = True
     anchors = (b"OOMKilled", b"low on resource", b"replica(s) failed")
     rules = RULES
 

@@ -34,6 +34,7 @@ _ENTRY = re.compile(r"^#\d+-\d+ \([0-9a-f]+\) (?P<what>MISMATCH|ERROR|INCOMPLETE
 
 class RasFamily(Family):
     name = NAME
+    orchestrator = True
     # (the reader hands over the lines after "Communicator ranks have different" and "DEAD":
     # reader.FOLLOW)
     anchors = (b"Communicator ranks have different", b"DEAD", b"operation counts",

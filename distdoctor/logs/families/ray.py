@@ -50,6 +50,7 @@ _SAYS_RANK = re.compile(r"\[rank=(?P<rank>\d+), world_size=\d+\]|\brank (?P<r2>\
 
 class RayFamily(Family):
     name = NAME
+    orchestrator = True
     # ("pid: ", "ip: ", "class_name: " route an ActorDiedError's field lines here; the reader
     # hands them over after the ActorDiedError line, reader.FOLLOW)
     anchors = (b"A worker died or was killed", b"ActorDiedError", b"RayActorError",

@@ -52,6 +52,7 @@ RULES = (
 
 class SlurmFamily(Family):
     name = NAME
+    orchestrator = True
     anchors = (b"CANCELLED AT", b"FAILED (non-zero", b"execve()", b"ommand not found",
                b"Task launch for",
                b": not found", b"No such file or directory")
