@@ -197,6 +197,8 @@ def describe(p: Problem, ctx) -> Finding:
         how = " (it had not exited when the log ends: the others wait for it)"
     summary = (f"rank{plural(ranks)} {ranks_text(ranks)} raised {f['exception']}{msg}{at}{how}"
                if ranks else f"{f['exception']}{msg}{at}")
+    if p.rule == "exception":  # the program's own error: said as such, not guessed at
+        summary += " (an error in the program, not a known distributed-training failure)"
     fnd = ctx.finding(p, "crash", "error", summary, ranks, R.EXCEPTION)
     if where.get("file"):
         fnd.callsites = [{"rank": r, **where} for r in ranks[:8]]
