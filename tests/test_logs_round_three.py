@@ -216,3 +216,12 @@ def test_a_recorded_slurm_log_under_another_name_gives_the_same_answer(tmp_path)
     shutil.copy(src, copy)
     b = scan_logs([str(copy)])[0]
     assert [(f.kind, f.ranks, f.summary) for f in a] == [(f.kind, f.ranks, f.summary) for f in b]
+
+
+def test_nccl_ras_names_the_processes_it_found_dead(tmp_path):
+    # NCCL 2.30 src/ras/client_support.cc's DEAD entry (text format); pid and host invented
+    text = ("Errors\n======\n\nDEAD\n"
+            "  1 job process is considered dead (unreachable via the RAS network)\n"
+            "  Process 4412 on node gpu-n07 managing GPU 3\n\n")
+    (top,) = _loud(scan_logs([_write(tmp_path, "ras.txt", text)])[0])
+    assert "process 4412 on gpu-n07 (GPU 3)" in top.summary and top.details["family"] == "ras"
