@@ -225,3 +225,13 @@ def test_nccl_ras_names_the_processes_it_found_dead(tmp_path):
             "  Process 4412 on node gpu-n07 managing GPU 3\n\n")
     (top,) = _loud(scan_logs([_write(tmp_path, "ras.txt", text)])[0])
     assert "process 4412 on gpu-n07 (GPU 3)" in top.summary and top.details["family"] == "ras"
+
+
+def test_live_a_traceback_still_being_printed_is_no_finding_yet():
+    sc = LogScanner()
+    sc.feed("[rank2]: Traceback (most recent call last):")
+    sc.feed('[rank2]:   File "/w/train.py", line 9, in <module>')
+    assert not _loud(sc.findings())  # its last line has not come yet
+    sc.feed("[rank2]: KeyError: 'labels'")
+    (top,) = _loud(sc.findings())
+    assert top.ranks == [2] and "KeyError" in top.summary

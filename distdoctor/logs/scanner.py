@@ -48,12 +48,14 @@ class LogScanner:
         self._lineno = 0
         self._emitted: dict[str, dict] = {}
         self._dirty = False
+        self.live = False  # fed line by line as a job prints (then a traceback may be open)
 
     # --- live ------------------------------------------------------------------------------
     def feed(self, text: str, rank: int | None = None) -> None:
         """One line of the job's output (`rank`: the launcher's, when it knows)."""
         self._lineno += 1
         self.file_lines[""] = self._lineno
+        self.live = True
         for line in parse_raw(text[:MAX_LINE_CHARS], lineno=self._lineno, rank=rank):
             self._count(line)
             # a traceback's last line may hold no anchor ("...BackendCompilerFailed: ...")
@@ -127,7 +129,8 @@ class LogScanner:
     def findings(self) -> list[Finding]:
         progress = next(f.recent for f in self.families if isinstance(f, ProgressFamily))
         signals = list(self.signals)
-        for fam in [*self.families, self.tracebacks]:  # what the log ends in the middle of
+        # what the log ends in the middle of; live, an open traceback is one still printing
+        for fam in self.families if self.live else [*self.families, self.tracebacks]:
             for s in fam.pending():
                 s.order = len(signals)
                 signals.append(s)
