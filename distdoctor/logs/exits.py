@@ -18,8 +18,9 @@ def exit_findings(ctx, out: list, cause_ranks: set[int]) -> None:
     for e in sorted(ctx.exits.values(), key=lambda e: e["order"]):
         if e["rank"] in cause_ranks or not _exit_is_a_cause(ctx, e):
             continue
-        if e["rank"] < 0 and cause_ranks:
-            continue  # a rank the launcher does not name: the cause found explains it
+        if e["rank"] < 0 and (cause_ranks or any(x["rank"] >= 0 and not x.get("torn_down")
+                                                 for x in ctx.exits.values())):
+            continue  # a rank the launcher does not name: the cause (or exit) found explains it
         cause_ranks.add(e["rank"])
         key = (e.get("signum"), e.get("exit_code"))
         if key in same and e["rank"] >= 0:

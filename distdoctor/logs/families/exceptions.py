@@ -171,9 +171,10 @@ def describe(p: Problem, ctx) -> Finding:
           if where.get("file") else "")
     msg = f": {clip(f['message'], 160)}" if f.get("message") else ""
     every = len(ranks) >= 2 and ctx.ev.ranks and set(ranks) >= ctx.ev.ranks
-    if not ranks and p.count >= 2 and len(ctx.exits) == p.count:
+    named = sorted(r for r in ctx.exits if r >= 0)  # (not a rank the launcher left unnamed)
+    if not ranks and p.count >= 2 and len(named) == p.count:
         # the same traceback once per process, unlabelled: one per rank the launcher had
-        ranks, every = sorted(ctx.exits), True
+        ranks, every = named, True
     if p.rule == "usage_error" and not every:  # the launcher's exits say who else failed
         failed = {e["rank"] for e in ctx.exits.values()
                   if e.get("exit_code") == 2 and not e.get("torn_down")}

@@ -39,6 +39,9 @@ RULES = (
     # line): which rank is not said
     rule("process_failed", NAME, EXIT, r"exits with return code = (?P<exit_code>-?[1-9]\d*)",
          ints=("exit_code",)),
+    # torchrun's report cut right after its head ("train.py FAILED"): a rank failed, which one
+    # and how is cut off
+    rule("process_failed", NAME, EXIT, r"^(?P<script>\S+\.py) FAILED\s*$"),
     # Accelerate / subprocess launchers: which rank is not said
     rule("process_failed", NAME, EXIT,
          r"died with <Signals\.(?P<sig>SIG\w+): (?P<signum>\d+)>|"
@@ -70,7 +73,7 @@ _TABLE_SIGNAL = re.compile(r"Signal (?P<signum>\d+) \((?P<name>SIG\w+)\)")
 class LauncherFamily(Family):
     name = NAME
     anchors = (b"exitcode", b"closing signal", b"got signal", b"death signal",
-               b"attempts left", b"new nodes from", b"return code", b"died with <Signals",
+               b"attempts left", b"new nodes from", b"return code", b".py FAILED", b"died with <Signals",
                b"non-zero exit status", b"exited on signal", b"srun: error",
                b"Root Cause", b"Failures:", b"local_rank:",
                b"host      :", b"error_file", b"traceback :", b"time      :")
