@@ -235,3 +235,15 @@ def test_live_a_traceback_still_being_printed_is_no_finding_yet():
     sc.feed("[rank2]: KeyError: 'labels'")
     (top,) = _loud(sc.findings())
     assert top.ranks == [2] and "KeyError" in top.summary
+
+
+def test_an_exception_python_ignored_at_shutdown_is_no_failure(tmp_path):
+    text = ("[rank0]: training done\n"
+            "[rank0]: Exception ignored in: <function Pool.__del__ at 0x7f00>\n"
+            "[rank0]: Traceback (most recent call last):\n"
+            '[rank0]:   File "/usr/lib/python3.11/multiprocessing/pool.py", line 271, in __del__\n'
+            "[rank0]: TypeError: 'NoneType' object is not callable\n")
+    assert not _loud(scan_logs([_write(tmp_path, "job.log", text)])[0])
+    # the same traceback without Python's "ignored" line is an error
+    text = text.replace("[rank0]: Exception ignored in: <function Pool.__del__ at 0x7f00>\n", "")
+    assert _loud(scan_logs([_write(tmp_path, "job2.log", text)])[0])

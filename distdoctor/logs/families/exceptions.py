@@ -54,6 +54,7 @@ class Tracebacks:
 
     def __init__(self):
         self._open: dict[object, dict] = {}
+        self._ignored: set = set()  # processes whose next traceback Python says it ignored
 
     def holds(self, who) -> bool:
         """Whether a traceback of this process is open (its next lines are its)."""
@@ -62,12 +63,20 @@ class Tracebacks:
     def feed(self, line: LogLine, claimed: list[Signal]) -> list[Signal]:
         text = line.text
         who = line.who
+        if text.lstrip().startswith("Exception ignored in"):
+            # Python printing an exception it ignored (a __del__ or an atexit hook at
+            # shutdown): its traceback follows, and it stopped nothing
+            if len(self._ignored) < MAX_OPEN:
+                self._ignored.add(who)
+            return []
         if _START in text:
             if len(self._open) >= MAX_OPEN:
                 self._open.pop(next(iter(self._open)))
             # a prefix may leave its own indent: the traceback's lines are read relative to it
             indent = len(text) - len(text.lstrip())
-            self._open[who] = {"frames": [], "sources": {}, "line": line, "indent": indent}
+            self._open[who] = {"frames": [], "sources": {}, "line": line, "indent": indent,
+                               "ignored": who in self._ignored}
+            self._ignored.discard(who)
             return []
         tb = self._open.get(who)
         if tb is None:
@@ -116,7 +125,7 @@ class Tracebacks:
             return []
         f = {"exception": m["type"], "message": (m["message"] or "").strip()[:300],
              "where": where, "in_launcher": launcher}
-        role = TEARDOWN if _TEARDOWN.search(text) else CAUSE
+        role = TEARDOWN if _TEARDOWN.search(text) else BENIGN if tb["ignored"] else CAUSE
         return [Signal("exception", NAME, role, line, f)]
 
 
@@ -125,7 +134,7 @@ class Tracebacks:
         family knows, where the user's innermost frame is the one clue (fallback.py)."""
         out = []
         for tb in list(self._open.values())[:100]:
-            if tb["frames"]:
+            if tb["frames"] and not tb["ignored"]:
                 out.append(Signal("error_line", "unknown", UNKNOWN, tb["line"], {
                     "error": "cut", "exception": "Traceback", "message": "",
                     "where": _where(tb["frames"], tb["sources"])}))
