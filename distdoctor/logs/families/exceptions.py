@@ -80,7 +80,14 @@ class Tracebacks:
             return []
         tb = self._open.get(who)
         if tb is None:
-            return []
+            if 'File "' not in text or not _FRAME.match(text.lstrip()):
+                return []
+            # a frame with no "Traceback" head before it: a paste that starts inside one
+            if len(self._open) >= MAX_OPEN:
+                self._open.pop(next(iter(self._open)))
+            tb = self._open[who] = {"frames": [], "sources": {}, "line": line,
+                                    "indent": max(0, len(text) - len(text.lstrip()) - 2),
+                                    "ignored": False}
         text = text[min(tb["indent"], len(text) - len(text.lstrip())):]
         if m := _FRAME.match(text):
             tb["frames"].append((m["file"], int(m["line"]), m["function"].strip()))
