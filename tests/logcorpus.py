@@ -1,4 +1,4 @@
-"""The log corpus: every fixture under tests/fixtures/logs/{real,source,field} with the
+"""The log corpus: every fixture under tests/fixtures/logs/{real,source,field,wide} with the
 diagnosis its expected.json says is right, and the judge that compares them.
 
 `python -m tests.logcorpus` prints the score and each miss (what a new family is measured by).
@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 LOGS = Path(__file__).parent / "fixtures" / "logs"
-SETS = ("real", "source", "field")
+SETS = ("real", "source", "field", "wide")
 
 
 def cases() -> list[tuple[str, dict]]:

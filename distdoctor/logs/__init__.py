@@ -8,7 +8,9 @@ live scan of the output find.
   families/    one module per family of messages: what a line means (`Signal`s), and what
                its problems mean (findings)
   problems.py  problems, the evidence beyond them, the words findings are made of
-  reasoning.py across ranks: the first failure is the cause, the rest its consequences
+  reasoning.py across ranks: the first failure is the cause, the rest its consequences;
+               with exits.py (the launcher's reports), restarts.py (torchelastic restarts)
+               and fallback.py (an error line no family knows: never silence)
   scanner.py   lines in, findings out (live and post-mortem)
   remedies.py  what to try
 
@@ -37,6 +39,7 @@ def scan_logs(specs: list[str], anchors: tuple[bytes, ...] | None = None
     for line in reader.lines(anchors or ANCHORS):
         scanner.feed_line(line)
     scanner.activity = reader.activity
+    scanner.file_lines = reader.file_lines
     found = scanner.findings()
     read = scanner.read_summary(reader.total_lines)
     if reader.wrapped_width:

@@ -1,7 +1,9 @@
 """Which files a log spec names (paths, globs, .gz), and what their names say.
 
 Ranks from file names (`--log 'slurm-123-*.out'`): a name saying `rank3` / `rank-3` gives the
-rank; `node2` gives the host "node2". Otherwise, when the files of a set differ by exactly
+rank; `node2` and `node_rank2` (torchrun's --node-rank) give the host "node2"; `local_rank1`
+gives nothing. A name is a hint: a line's own prefix wins, and a launcher's lines (its
+report names pids and ranks itself) never take a rank from it. Otherwise, when the files of a set differ by exactly
 one number (slurm-4242-0.out, slurm-4242-1.out, ...), that number is the rank if the file's
 lines carry no rank and no local rank, the node ("node N") if they carry local ranks only
 (torchrun under srun), and nothing if they carry ranks. A line's own prefix always wins.
@@ -60,7 +62,10 @@ def expand(specs: list[str]) -> list[str]:
     return out
 
 
-_NAMED = re.compile(r"(?<![a-z])(rank|node)[-_ .]?(\d+)", re.IGNORECASE)
+# "node_rank0" / "node-rank-1" / "noderank2" name a node (torchrun's --node-rank), not a rank;
+# "local_rank3" names no global rank at all
+_NAMED = re.compile(r"(?<![a-z])(node[-_ ]?rank|local[-_ ]?rank|rank|node)[-_ .]?(\d+)",
+                    re.IGNORECASE)
 
 
 def numbers_in_names(files: list[str]) -> dict[str, tuple[str, int]]:
@@ -71,7 +76,10 @@ def numbers_in_names(files: list[str]) -> dict[str, tuple[str, int]]:
         m = _NAMED.findall(os.path.basename(f))
         if m:
             word, n = m[-1]
-            out[f] = (word.lower(), int(n))
+            word = word.lower()
+            if word.startswith("local"):
+                continue
+            out[f] = ("node" if word.startswith("node") else word, int(n))
     if len(files) < 2 or len(out) == len(files):
         return out
     parts = [re.split(r"(\d+)", os.path.basename(f).removesuffix(".gz")) for f in files]

@@ -35,9 +35,9 @@ _MPI = re.compile(r"\[(?:\d+,)?(\d+)\]<std(?:out|err)>: ?")
 # glog inside brackets, as torch's C++ logs it: "[E1123 10:37:34.617383930 File.cpp:1234] ",
 # older "[E ProcessGroupNCCL.cpp:458] ", sometimes with a thread/pid number before the file.
 _GLOG_BRACKET = re.compile(
-    r"\[([EWIF])(?:\d{3,4} \d\d:\d\d:\d\d(?:\.\d+)?)?(?: +(\d+))? ?[^\s\]]+:\d+\] ?")
+    r"\[([EWIF])(\d{3,4} \d\d:\d\d:\d\d(?:\.\d+)?)?(?: +(\d+))? ?[^\s\]]+:\d+\] ?")
 # bare glog: "E0330 21:37:34.807000 140012 torch/distributed/elastic/.../api.py:869] "
-_GLOG = re.compile(r"([EWIF])\d{3,4} \d\d:\d\d:\d\d(?:\.\d+)? +(\d+) [^\s\]]+:\d+\] ?")
+_GLOG = re.compile(r"([EWIF])(\d{3,4} \d\d:\d\d:\d\d(?:\.\d+)?) +(\d+) [^\s\]]+:\d+\] ?")
 # a runner relaying a child's streams: "stderr: ", "stdout: "
 _STREAM = re.compile(r"std(?:err|out): ")
 # Python logging's default format "ERROR:torch.distributed.elastic.multiprocessing.api:"
@@ -49,9 +49,10 @@ _VLLM = re.compile(
 _STAMP = re.compile(
     r"\[?\d{4}-\d\d-\d\d[ T]\d\d:\d\d:\d\d(?:[.,]\d+)?(?:Z|[+-]\d\d:?\d\d)?\]?[ \t]+")
 # after a time stamp: "[INFO] [launch.py:315:main] ", "torch.distributed.run: [WARNING] ",
+# Python logging's "- name - INFO - ",
 # "INFO worker.py:1458 -- "
 _STAMP_LEVEL = re.compile(
-    r"(?:[\w.]+: )?\[?(CRITICAL|ERROR|WARNING|WARN|INFO|DEBUG|FATAL)\]?[ \t]+"
+    r"(?:[\w.]+: |- [\w.-]+ - |- )?\[?(CRITICAL|ERROR|WARNING|WARN|INFO|DEBUG|FATAL)\]?[ \t]+"
     r"(?:\[[\w.]+:\d+:\w+\] |[\w.]+:\d+ -- |- )?")
 # Ray: "(RayWorkerWrapper pid=123, ip=10.0.0.5) ", "(pid=123) ", "(raylet) ", "(raylet, ip=..) "
 _RAY = re.compile(r"\((?:([\w.-]+)(?:,? |(?=\))))?(?:pid=(\d+))?(?:,? ?ip=([\w.:-]+))?\) ?")
@@ -61,6 +62,9 @@ _NCCL = re.compile(r"([\w.-]+):(\d+):\d+ \[\d+\] (?=(?:[\w./-]+:\d+ )?NCCL )")
 # the rank c10d names in its messages: "[Rank 3]", "[PG ID 0 PG GUID 0(default_pg) Rank 3]",
 # "[PG 0 Rank 3]". Only the default group's rank (or a bare "[Rank N]") is a global rank.
 _MSG_RANK = re.compile(r"\[(?:PG (?:ID )?(\d+) [^\]]*?)?Rank (\d+)\]")
+
+# kubectl logs --prefix: "[pod/NAME/CONTAINER] " (the pod is the host)
+_POD = re.compile(r"\[pod/([\w.-]+)/[\w.-]+\] ?")
 
 # a line quoted in a reply or an e-mail ("> ", "> > ", ">>"): only outermost, before any label
 _QUOTE = re.compile(r"(?:>[ \t]?)+")
@@ -81,6 +85,7 @@ class LogLine:
     level: str | None = None
     file: str = ""
     lineno: int = 0
+    when: str | None = None  # the time stamp or glog head's time, as printed
 
     @property
     def who(self) -> tuple | None:
@@ -176,7 +181,7 @@ def _parse(s: str, file: str, lineno: int, rank: int | None, host: str | None) -
         s = s.replace("\x00", "")
     if s[:1] == ">":
         s = s[_QUOTE.match(s).end():]
-    p_rank = local = pid = level = None
+    p_rank = local = pid = level = when = None
     p_host: str | None = None
     srun: int | None = None
     outer_ok = True  # srun/pdsh labels only outermost (a time stamp may precede them)
@@ -203,15 +208,21 @@ def _parse(s: str, file: str, lineno: int, rank: int | None, host: str | None) -
                     m = _GLOG_BRACKET.match(s)
                     if m is not None:
                         level = m.group(1)
-                        if m.group(2):
-                            pid = int(m.group(2))
+                        when = m.group(2) or when
+                        if m.group(3):
+                            pid = int(m.group(3))
                     else:
                         m = _STAMP.match(s)
                         if m is not None:
+                            when = m.group(0)
                             s, level = _after_stamp(s, m)
                             if level is None:
                                 continue  # a time stamp is no layer: srun may follow
                             m = _EMPTY  # the level head was peeled with it
+                        elif s.startswith("[pod/"):
+                            m = _POD.match(s)
+                            if m is not None:
+                                p_host = p_host or m.group(1)
         elif c == "(":
             m = _RAY.match(s)
             if m is not None and (m.group(2) or m.group(3) or m.group(1) == "raylet"):
@@ -224,6 +235,7 @@ def _parse(s: str, file: str, lineno: int, rank: int | None, host: str | None) -
         elif c.isdigit() or c == " ":
             m = _STAMP.match(s) if c != " " else None
             if m is not None:
+                when = m.group(0)
                 s, level = _after_stamp(s, m)
                 if level is None:
                     continue
@@ -240,7 +252,7 @@ def _parse(s: str, file: str, lineno: int, rank: int | None, host: str | None) -
             if c in "EWIF":
                 m = _GLOG.match(s)
                 if m is not None:
-                    level, pid = m.group(1), int(m.group(2))
+                    level, when, pid = m.group(1), m.group(2), int(m.group(3))
             if m is None and c in "CEWID":
                 m = _PYLOG.match(s) or _VLLM.match(s)
                 if m is not None:
@@ -260,8 +272,8 @@ def _parse(s: str, file: str, lineno: int, rank: int | None, host: str | None) -
             break
         s = s[m.end():]
         outer_ok = False
-        if level is not None:
-            break  # a log head is the innermost layer: the message follows
+        if level is not None and not s.startswith("[rank"):
+            break  # a log head is the innermost layer (but a logger may relay "[rankN]:")
     if srun is not None:
         # srun labels tasks. One task per rank: the label is the rank. A launcher below it
         # (torchrun's "[default3]:") or a different "[rankK]:" means the task is a node.
@@ -276,7 +288,7 @@ def _parse(s: str, file: str, lineno: int, rank: int | None, host: str | None) -
         if m is not None and (m.group(1) is None or m.group(1) == "0"):
             p_rank = int(m.group(2))
     return LogLine(s, p_rank if p_rank is not None else rank,
-                   local, p_host if p_host is not None else host, pid, level, file, lineno)
+                   local, p_host if p_host is not None else host, pid, level, file, lineno, when)
 
 
 _EMPTY = re.compile("").match("")  # a match that peels nothing more

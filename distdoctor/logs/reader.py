@@ -34,9 +34,14 @@ from distdoctor.logs.wraps import MAX_CARRY, logical_lines
 CHUNK = 8 << 20
 LAST_TEXT = 300
 
-# anchors whose line's next line is handed over too: a traceback frame's source line (which
-# may name a peer: "dist.recv(tensor, 0)")
-FOLLOW_NEXT = (b'File "',)
+# anchors whose line's next lines are handed over too: a traceback frame's source line (which
+# may name a peer: "dist.recv(tensor, 0)"), its carets, and after the last frame the
+# exception's line, whatever its name ("torch._dynamo.exc.Unsupported: ...")
+# Reports whose later lines hold no anchor of their own follow the same way: an ActorDiedError's
+# "pid:"/"ip:" lines, an NCCL RAS entry's per-rank counts, its list of dead processes. (Words
+# with no rare byte would cost the reader a pass over every chunk; these cost nothing.)
+FOLLOW = {b'File "': 3, b"ActorDiedError": 8, b"Communicator ranks have different": 40,
+          b"DEAD": 20}
 RARE = 0.002  # an anchor byte rarer than this in a chunk's sample filters the anchors
 SAMPLE = 16 << 10
 
@@ -50,6 +55,7 @@ class LogReader:
         self.exact = exact
         self.activity: dict[tuple, RankActivity] = {}
         self.total_lines = 0
+        self.file_lines: dict[str, int] = {}  # lines per file, once read
         self.total_bytes = 0
         self.truncated = False  # the last file ended mid-line
         self.truncated_files: list[str] = []
@@ -118,21 +124,23 @@ class LogReader:
               width: int | None) -> Iterator[LogLine]:
         self._ended_mid_line = False
         with open_log(path) as fh:
-            follow = tuple(a.decode() for a in FOLLOW_NEXT if a.decode() in texts)
-            after_frame = False
+            follow = {a.decode(): n for a, n in FOLLOW.items() if a.decode() in texts}
+            after_frame = 0  # lines still to hand over after a frame or a report's head
+            lineno = 0
             for lineno, raw in logical_lines(fh, width, self):
                 seen: set = set()
-                next_too = False
+                next_too = 0
                 for ll in parse_raw(raw, file=path, lineno=lineno, rank=rank, host=host):
                     who = ll.who
                     if who is not None and who not in seen:
                         seen.add(who)
                         self._count(who, ll, 1, lineno, lineno, path,
                                     raw.encode("utf-8", "replace")[-8192:])
-                    if after_frame or any(t in ll.text for t in texts):
+                    if after_frame or any(map(ll.text.__contains__, texts)):
                         yield ll
-                    next_too = next_too or any(t in ll.text for t in follow)
-                after_frame = next_too
+                    next_too = max([next_too] + [n for t, n in follow.items() if t in ll.text])
+                after_frame = max(next_too, after_frame - 1)
+        self.file_lines[path] = lineno
         if self._ended_mid_line:
             self._mark_truncated(path)
 
@@ -164,8 +172,9 @@ class LogReader:
                                                file_line)
         if len(carry) > 1:
             self._mark_truncated(path)
-            yield from self._chunk(carry + b"\n", base, path, plan, texts, keys, file_who,
-                                   file_line)
+            base += yield from self._chunk(carry + b"\n", base, path, plan, texts, keys,
+                                           file_who, file_line)
+        self.file_lines[path] = base
         self._fold(keys, path)
 
     def _chunk(self, body: bytes, base: int, path: str, plan: _AnchorPlan,
@@ -187,16 +196,23 @@ class LogReader:
         starts: set[int] = set()
         after: set[int] = set()  # lines handed over for the line before them
         last = len(body) - 1
-        for a in plan.candidates(body):
-            follow = a in FOLLOW_NEXT
+        found = plan.candidates(body)
+        # a line can hold only the anchors its chunk holds: test those alone
+        texts = tuple(a.decode("utf-8", "replace") for a in found)
+        for a in found:
+            follow = FOLLOW.get(a, 0)
             i = body.find(a)
             while i >= 0:
                 s = body.rfind(b"\n", 0, i) + 1
                 e = body.find(b"\n", i)
                 starts.add(s)
-                if follow and e < last:
-                    starts.add(e + 1)
-                    after.add(e + 1)
+                j = e
+                for _ in range(follow):
+                    if j >= last:
+                        break
+                    starts.add(j + 1)
+                    after.add(j + 1)
+                    j = body.find(b"\n", j + 1)
                 i = body.find(a, e)
         prev, lineno = 0, base
         for s in sorted(starts):
@@ -210,7 +226,7 @@ class LogReader:
                 if unkeyed and ll.who is not None and ll.who not in seen:
                     seen.add(ll.who)
                     self._count(ll.who, ll, 1, lineno, lineno, path, raw[-8192:])
-                if s in after or any(t in ll.text for t in texts):
+                if s in after or any(map(ll.text.__contains__, texts)):
                     yield ll
         return n_lines
 

@@ -23,8 +23,10 @@ import re
 from distdoctor.findings import Finding
 from distdoctor.logs import remedies as R
 from distdoctor.logs.desync import fold_stuck_ranks, one_unexplained_watchdog
+from distdoctor.logs.exits import exit_findings, orphans_to_root_cause
+from distdoctor.logs.fallback import fallback_cause
 from distdoctor.logs.families import MEANINGS
-from distdoctor.logs.families.launcher import collect_exits, describe_exit
+from distdoctor.logs.families.launcher import collect_exits
 from distdoctor.logs.problems import (
     Evidence,
     Problem,
@@ -35,6 +37,7 @@ from distdoctor.logs.problems import (
     problem_key,
     ranks_text,
 )
+from distdoctor.logs.restarts import fold_restarts
 from distdoctor.logs.signals import (
     BENIGN,
     CAUSE,
@@ -42,6 +45,7 @@ from distdoctor.logs.signals import (
     EXIT,
     TEARDOWN,
     TIMEOUT,
+    UNKNOWN,
     VICTIM,
     Signal,
 )
@@ -53,8 +57,11 @@ class Reasoner:
     """The whole log's signals, judged together (the `ctx` families describe against)."""
 
     def __init__(self, signals: list[Signal], activity: dict, known_ranks: set[int] = frozenset(),
-                 progress: dict | None = None):
+                 progress: dict | None = None, file_lines: dict | None = None):
         self.ev = Evidence(signals, activity, known_ranks)
+        self.file_lines = file_lines or {}
+        self.unknown: list[Signal] = []  # error lines no family knows (fallback.py)
+        self.restarts = [s for s in signals if s.rule in ("restart", "membership")]
         # live under `run`: the launcher's own ranks are known, and their exits are seen by the
         # engine itself (not printed in the output this scanner reads)
         self.live = bool(known_ranks)
@@ -68,6 +75,10 @@ class Reasoner:
                 continue
             if s.role == EXIT:
                 exits.append(s)
+                continue
+            if s.role == UNKNOWN:
+                if not s.fields.get("known"):  # (a family read its what() line)
+                    self.unknown.append(s)
                 continue
             if s.role == TEARDOWN and "pid" in s.fields:
                 teardown_pids.add(s.fields["pid"])
@@ -122,8 +133,9 @@ class Reasoner:
                 continue
             cause_ranks |= set(f.ranks) | p.ranks
             out.append((p.first.order, f))
-        self._exit_findings(out, cause_ranks)
-        self._orphans_to_root_cause(out)
+        exit_findings(self, out, cause_ranks)
+        orphans_to_root_cause(self, out)
+        fallback_cause(self, self.unknown, out)
         first_order, first_cause = min(out, key=lambda t: t[0]) if out else (None, None)
         for p in self.problems.values():
             f = None
@@ -142,6 +154,7 @@ class Reasoner:
             if f is not None:
                 out.append((p.first.order, f))
         out = one_unexplained_watchdog(fold_stuck_ranks(out)) + aside
+        fold_restarts(out, self.restarts)
         out.sort(key=lambda t: (_SEVERITY[t[1].severity], t[0]))
         return [f for _, f in out]
 
@@ -151,74 +164,6 @@ class Reasoner:
             return self.finding(p, "comm_error", "error", p.rule.replace("_", " "),
                                 sorted(p.ranks), None)
         return meaning.describe(p, self)
-
-    # --- exits -------------------------------------------------------------------------
-    def _exit_findings(self, out: list, cause_ranks: set[int]) -> None:
-        """Exits no cause explains; ranks that died the same way are one finding."""
-        same: dict[tuple, Finding] = {}
-        for e in sorted(self.exits.values(), key=lambda e: e["order"]):
-            if e["rank"] in cause_ranks or not self._exit_is_a_cause(e):
-                continue
-            if e["rank"] < 0 and cause_ranks:
-                continue  # a rank the launcher does not name: the cause found explains it
-            cause_ranks.add(e["rank"])
-            key = (e.get("signum"), e.get("exit_code"))
-            if key in same and e["rank"] >= 0:
-                g = same[key]
-                g.ranks = sorted(set(g.ranks) | {e["rank"]})
-                g.summary = re.sub(r"^ranks? [\d, -]+?(?= \D)", f"ranks {ranks_text(g.ranks)}",
-                                   g.summary).replace(" was killed", " were killed")
-                continue
-            summary, family, remedy = describe_exit(e)
-            rank = e["rank"]
-            same[key] = Finding(
-                "crash", "error", summary, ranks=[rank] if rank >= 0 else [], remedy=remedy,
-                details={"signature": f"log/{family}/exit/{rank}", "source": "log",
-                         "family": family, "rule": "rank_exit",
-                         "exit": {k: v for k, v in e.items() if isinstance(v, (int, str, bool))},
-                         "lines": [e["line"].text[:300]] if e.get("line") else []})
-            out.append((e["order"], same[key]))
-
-    def _exit_is_a_cause(self, e: dict) -> bool:
-        if e.get("torn_down"):
-            return False
-        for p in self.problems.values():
-            # a rank that timed out (or lost a peer) exits because of it
-            if p.role in (TIMEOUT, VICTIM, TEARDOWN) and e["rank"] in p.ranks:
-                return False
-            if p.role == TIMEOUT and e.get("signum") == 6:
-                return False  # NCCL's watchdog aborts the process after a timeout
-            if p.role == TIMEOUT and not e.get("signum") and self.ev.of_rank(e["rank"]) is None:
-                return False  # its output is not in this log: it may have timed out too
-        return True
-
-    def _orphans_to_root_cause(self, out: list) -> None:
-        """A cause printed with no rank (an unprefixed traceback) belongs to the one rank the
-        launcher reports as failed first with no cause of its own."""
-        ranked = {r for _, f in out for r in f.ranks if f.details.get("rule") != "rank_exit"}
-        alive = [e for e in self.exits.values() if e["rank"] >= 0 and not e.get("torn_down")]
-        # the root-cause entry; with no table, the one rank the launcher reports failed
-        roots = [e for e in alive if e.get("root_cause")] or (alive if len(alive) == 1 else [])
-        failed = [e for e in roots if e["rank"] not in ranked]
-        orphans = [f for _, f in out if not f.ranks and f.kind == "crash"
-                   and f.details.get("rule") != "launcher_signaled"]
-        if len(failed) == 1 and len(orphans) == 1:
-            rank = failed[0]["rank"]
-            f = orphans[0]
-            f.ranks = [rank]
-            f.summary = f"rank {rank}: {f.summary}"
-            _drop_exit_of(out, rank)
-            return
-        # a message larger than the posted buffer aborts the rank that *received* it: its
-        # exit is the mismatch's doing, and it is where the mismatch was seen, not its cause
-        seen = [f for _, f in out if not f.ranks and "received_on" in f.details
-                and not f.details["received_on"]]
-        if len(failed) == 1 and len(seen) == 1:
-            rank = failed[0]["rank"]
-            f = seen[0]
-            f.details["received_on"] = [rank]
-            f.summary += f"; rank {rank} received it and aborted"
-            _drop_exit_of(out, rank)
 
     # --- timeouts ----------------------------------------------------------------------
     def _timeout_finding(self, p: Problem, cause_ranks: set[int], first_cause: Finding | None,
@@ -398,9 +343,3 @@ def _moved_after(lines, first, files):
     after = [ln for ln in lines if ln.lineno > first.lineno and ln.file in files
              and ln.text not in before]
     return after[-1] if after else None
-
-
-def _drop_exit_of(out: list, rank: int) -> None:
-    """The launcher's bare "rank R exited" finding goes: another finding now says why."""
-    out[:] = [(o, g) for o, g in out
-              if not (g.details.get("rule") == "rank_exit" and g.ranks == [rank])]

@@ -14,6 +14,8 @@ from distdoctor.findings import Finding
 from distdoctor.logs.families import FAMILIES, ROUTES
 from distdoctor.logs.families.exceptions import Tracebacks
 from distdoctor.logs.families.progress import ProgressFamily
+from distdoctor.logs.families.ray import assign_ranks
+from distdoctor.logs.families.unknown import UnknownErrors
 from distdoctor.logs.lines import LogLine, RankActivity, parse_raw
 from distdoctor.logs.reasoning import Reasoner
 from distdoctor.logs.signals import CONTEXT, Signal
@@ -32,7 +34,12 @@ class LogScanner:
     def __init__(self):
         self.families = [cls() for cls in FAMILIES]
         self.tracebacks = Tracebacks()
+        self.unknown = UnknownErrors()
+        self.file_lines: dict[str, int] = {}  # lines read per file (the reader's count)
         self._routes = [(f, tuple(a.decode() for a in f.anchors)) for f in self.families]
+        # NCCL's INFO lines (tens of thousands at init) only NCCL's own family and the
+        # evidence read: the orchestrators' families never see them
+        self._info_routes = [(f, a) for f, a in self._routes if not f.orchestrator]
         self.signals: list[Signal] = []
         self.activity: dict[tuple, RankActivity] = {}
         self.ranks_seen: set[int] = set()  # ranks known to exist (the live launcher's)
@@ -41,14 +48,18 @@ class LogScanner:
         self._lineno = 0
         self._emitted: dict[str, dict] = {}
         self._dirty = False
+        self.live = False  # fed line by line as a job prints (then a traceback may be open)
 
     # --- live ------------------------------------------------------------------------------
     def feed(self, text: str, rank: int | None = None) -> None:
         """One line of the job's output (`rank`: the launcher's, when it knows)."""
         self._lineno += 1
+        self.file_lines[""] = self._lineno
+        self.live = True
         for line in parse_raw(text[:MAX_LINE_CHARS], lineno=self._lineno, rank=rank):
             self._count(line)
-            if _ANCHOR_RE.search(line.text):
+            # a traceback's last line may hold no anchor ("...BackendCompilerFailed: ...")
+            if _ANCHOR_RE.search(line.text) or self.tracebacks.holds(line.who):
                 self.feed_line(line)
 
     def changed(self) -> list[Finding]:
@@ -86,14 +97,20 @@ class LogScanner:
             return  # a fixture's or a user's comment block heading the file, not output
         claimed: list[Signal] = []
         text = line.text
-        for fam, anchors in self._routes:
+        for fam, anchors in self._info_routes if "NCCL INFO" in text else self._routes:
             # a family reads only the lines that hold one of its own anchors
-            if any(a in text for a in anchors):
+            if any(map(text.__contains__, anchors)):  # (map: no Python frame per anchor)
                 claimed = fam.feed(line)
                 if claimed:
                     break
         causes = [s for s in claimed if s.role != CONTEXT]
-        for s in claimed + self.tracebacks.feed(line, causes):
+        in_traceback = self.tracebacks.holds(line.who)
+        found = claimed + self.tracebacks.feed(line, causes)
+        if not found and not in_traceback:
+            found = self.unknown.feed(line)  # an error line nothing above knows
+        elif claimed:
+            self.unknown.claimed(line)
+        for s in found:
             self._keep(s)
 
     def _keep(self, s: Signal) -> None:
@@ -112,11 +129,14 @@ class LogScanner:
     def findings(self) -> list[Finding]:
         progress = next(f.recent for f in self.families if isinstance(f, ProgressFamily))
         signals = list(self.signals)
-        for fam in self.families:  # a report the log ends in the middle of
+        # what the log ends in the middle of; live, an open traceback is one still printing
+        for fam in self.families if self.live else [*self.families, self.tracebacks]:
             for s in fam.pending():
                 s.order = len(signals)
                 signals.append(s)
-        found = Reasoner(signals, self.activity, self.ranks_seen, progress).findings()
+        assign_ranks(signals)  # Ray workers' pids -> ranks, where the log tells
+        found = Reasoner(signals, self.activity, self.ranks_seen, progress,
+                         self.file_lines).findings()
         if self.dropped:
             for f in found:
                 f.details["signals_dropped"] = self.dropped

@@ -9,6 +9,8 @@ A signal says who printed it, what it means and what part it plays in the failur
 - TEARDOWN: the launcher stopping the survivors (SIGTERM): never a cause.
 - BENIGN: a known-harmless line (NCCL plugin not found): info at most.
 - CONTEXT: evidence for the reasoning (world size, last completed work), never a finding.
+- UNKNOWN: an error line no family knows (families/unknown.py): a finding only where no
+  family found an error (fallback.py).
 """
 
 from __future__ import annotations
@@ -18,8 +20,8 @@ from dataclasses import dataclass, field
 
 from distdoctor.logs.lines import LogLine
 
-CAUSE, TIMEOUT, VICTIM, EXIT, TEARDOWN, BENIGN, CONTEXT = (
-    "cause", "timeout", "victim", "exit", "teardown", "benign", "context")
+CAUSE, TIMEOUT, VICTIM, EXIT, TEARDOWN, BENIGN, CONTEXT, UNKNOWN = (
+    "cause", "timeout", "victim", "exit", "teardown", "benign", "context", "unknown")
 
 
 @dataclass
@@ -70,6 +72,7 @@ class Family:
     name = ""
     anchors: tuple[bytes, ...] = ()
     rules: tuple[Rule, ...] = ()
+    orchestrator = False  # a scheduler's or cluster's words (never in an NCCL INFO line)
 
     def pending(self) -> list[Signal]:
         """Signals of a report still open where the log ends (read, not consumed)."""

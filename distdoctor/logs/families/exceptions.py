@@ -19,6 +19,7 @@ from distdoctor.logs.signals import (
     CAUSE,
     TEARDOWN,
     TIMEOUT,
+    UNKNOWN,
     VICTIM,
     Family,
     Signal,
@@ -31,6 +32,8 @@ _START = "Traceback (most recent call last):"
 _FRAME = re.compile(r'^\s*File "(?P<file>[^"]+)", line (?P<line>\d+), in (?P<function>.+)$')
 _EXC = re.compile(r"^(?P<type>(?:[A-Za-z_]\w*\.)*[A-Z]\w*(?:Error|Exception|Interrupt|Exit|"
                   r"Iteration|Failure|Timeout|Warning|Fault))(?::\s?(?P<message>.*))?$")
+_OTHER_EXC = re.compile(r"^(?P<type>(?:[A-Za-z_]\w*\.)+[A-Z]\w*|[A-Z][a-z0-9]+(?:[A-Z][a-z0-9]*)+)"
+                        r"(?::\s?(?P<message>.*))?$")
 _CHAINED = ("During handling of the above exception", "The above exception was the direct")
 # frames that are never the user's line
 _LIBRARY = re.compile(r"/(?:site|dist)-packages/|/lib/python3\.\d+/|^<frozen |/torch/"
@@ -51,20 +54,40 @@ class Tracebacks:
 
     def __init__(self):
         self._open: dict[object, dict] = {}
+        self._ignored: set = set()  # processes whose next traceback Python says it ignored
+
+    def holds(self, who) -> bool:
+        """Whether a traceback of this process is open (its next lines are its)."""
+        return who in self._open
 
     def feed(self, line: LogLine, claimed: list[Signal]) -> list[Signal]:
         text = line.text
         who = line.who
+        if text.lstrip().startswith("Exception ignored in"):
+            # Python printing an exception it ignored (a __del__ or an atexit hook at
+            # shutdown): its traceback follows, and it stopped nothing
+            if len(self._ignored) < MAX_OPEN:
+                self._ignored.add(who)
+            return []
         if _START in text:
             if len(self._open) >= MAX_OPEN:
                 self._open.pop(next(iter(self._open)))
             # a prefix may leave its own indent: the traceback's lines are read relative to it
             indent = len(text) - len(text.lstrip())
-            self._open[who] = {"frames": [], "sources": {}, "line": line, "indent": indent}
+            self._open[who] = {"frames": [], "sources": {}, "line": line, "indent": indent,
+                               "ignored": who in self._ignored}
+            self._ignored.discard(who)
             return []
         tb = self._open.get(who)
         if tb is None:
-            return []
+            if 'File "' not in text or not _FRAME.match(text.lstrip()):
+                return []
+            # a frame with no "Traceback" head before it: a paste that starts inside one
+            if len(self._open) >= MAX_OPEN:
+                self._open.pop(next(iter(self._open)))
+            tb = self._open[who] = {"frames": [], "sources": {}, "line": line,
+                                    "indent": max(0, len(text) - len(text.lstrip()) - 2),
+                                    "ignored": False}
         text = text[min(tb["indent"], len(text) - len(text.lstrip())):]
         if m := _FRAME.match(text):
             tb["frames"].append((m["file"], int(m["line"]), m["function"].strip()))
@@ -80,9 +103,21 @@ class Tracebacks:
             return []
         if any(c in text for c in _CHAINED):
             return []
-        m = _EXC.match(text.strip())
+        if "head" in tb:  # the message goes on from "... raised:" on this line
+            kind, msg = tb.pop("head")
+            joined = f"{kind}: {msg} {text.strip()}"
+            m = _EXC.match(joined) or _OTHER_EXC.match(joined)
+        else:
+            m = _EXC.match(text.strip())
+        if not m and tb["frames"]:
+            # a last line with a name of another shape ("torch._dynamo.exc.Unsupported: ...",
+            # "BackendCompilerFailed: ..."): qualified, or a class name of two words or more
+            m = _OTHER_EXC.match(text.strip())
         if not m:
             return []  # another line of this process (a progress bar) inside its traceback
+        if (m["message"] or "").rstrip().endswith(":") and tb["frames"] and "head" not in tb:
+            tb["head"] = (m["type"], m["message"].strip())  # dynamo's "backend=... raised:"
+            return []
         del self._open[who]
         if not tb["frames"]:
             return []
@@ -96,9 +131,21 @@ class Tracebacks:
         if claimed:
             return []
         f = {"exception": m["type"], "message": (m["message"] or "").strip()[:300],
-             "where": where}
-        role = TEARDOWN if _TEARDOWN.search(text) else CAUSE
+             "where": where, "in_launcher": launcher}
+        role = TEARDOWN if _TEARDOWN.search(text) else BENIGN if tb["ignored"] else CAUSE
         return [Signal("exception", NAME, role, line, f)]
+
+
+    def pending(self) -> list[Signal]:
+        """Tracebacks the log ends inside (cut before their exception line): an error no
+        family knows, where the user's innermost frame is the one clue (fallback.py)."""
+        out = []
+        for tb in list(self._open.values())[:100]:
+            if tb["frames"] and not tb["ignored"]:
+                out.append(Signal("error_line", "unknown", UNKNOWN, tb["line"], {
+                    "error": "cut", "exception": "Traceback", "message": "",
+                    "where": _where(tb["frames"], tb["sources"])}))
+        return out
 
 
 def _where(frames: list[tuple[str, int, str]], sources: dict | None = None) -> dict:
@@ -140,9 +187,10 @@ def describe(p: Problem, ctx) -> Finding:
           if where.get("file") else "")
     msg = f": {clip(f['message'], 160)}" if f.get("message") else ""
     every = len(ranks) >= 2 and ctx.ev.ranks and set(ranks) >= ctx.ev.ranks
-    if not ranks and p.count >= 2 and len(ctx.exits) == p.count:
+    named = sorted(r for r in ctx.exits if r >= 0)  # (not a rank the launcher left unnamed)
+    if not ranks and p.count >= 2 and len(named) == p.count:
         # the same traceback once per process, unlabelled: one per rank the launcher had
-        ranks, every = sorted(ctx.exits), True
+        ranks, every = named, True
     if p.rule == "usage_error" and not every:  # the launcher's exits say who else failed
         failed = {e["rank"] for e in ctx.exits.values()
                   if e.get("exit_code") == 2 and not e.get("torn_down")}
@@ -166,6 +214,8 @@ def describe(p: Problem, ctx) -> Finding:
         how = " (it had not exited when the log ends: the others wait for it)"
     summary = (f"rank{plural(ranks)} {ranks_text(ranks)} raised {f['exception']}{msg}{at}{how}"
                if ranks else f"{f['exception']}{msg}{at}")
+    if p.rule == "exception":  # the program's own error: said as such, not guessed at
+        summary += " (an error in the program, not a known distributed-training failure)"
     fnd = ctx.finding(p, "crash", "error", summary, ranks, R.EXCEPTION)
     if where.get("file"):
         fnd.callsites = [{"rank": r, **where} for r in ranks[:8]]

@@ -39,6 +39,10 @@ RULES = (
     rule("gloo_size_mismatch", NAME, CAUSE,
          r"(?:(?P<got>\d+) vs (?P<want>\d+)\. )?Received data size doesn't match expected size",
          ints=("got", "want")),
+    # (older gloo: "[enforce fail at .../pair.cc:446] op.preamble.length <= op.nbytes. A vs B")
+    rule("gloo_size_mismatch", NAME, CAUSE,
+         r"op\.preamble\.length <= op\.nbytes\. (?P<got>\d+) vs (?P<want>\d+)",
+         ints=("got", "want")),
     # gloo/transport/tcp/device.cc: GLOO_SOCKET_IFNAME names an interface this host lacks
     rule("gloo_iface", NAME, CAUSE, r"Unable to find address for: (?P<iface>[\w.:@-]+)"),
 )
@@ -51,7 +55,7 @@ _PEER_CALL = re.compile(r"\b(?:i?recv|i?send|broadcast|scatter|gather)\(\s*[^,()
 class GlooFamily(Family):
     name = NAME
     anchors = (b"Timed out waiting", b"by peer", b"Broken pipe", b"connectFullMesh",
-               b"Unable to find address", b"Received data size",
+               b"Unable to find address", b"Received data size", b"op.preamble.length",
                b"Connection refused", b"Connect timeout", b"getaddrinfo", b"No route to host",
                b"resolve hostname")
     rules = RULES

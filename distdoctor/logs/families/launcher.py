@@ -28,10 +28,20 @@ RULES = (
          ints=("pid", "signum")),
     rule("restart", NAME, CONTEXT,
          r"Worker group FAILED\. (?P<left>\d+)/(?P<max>\d+) attempts left", ints=("left", "max")),
+    rule("membership", NAME, CONTEXT,
+         r"Detected (?P<new>\d+) new nodes? from group_rank=(?P<group_rank>\d+); will restart",
+         ints=("new", "group_rank")),
     # DeepSpeed's launcher
     rule("rank_failed", NAME, EXIT,
          r"--local_rank=(?P<local_rank>\d+).*?exits with return code = (?P<exit_code>-?\d+)",
          ints=("local_rank", "exit_code")),
+    # DeepSpeed's launch.py when it does not list the command (newer versions, or a cut
+    # line): which rank is not said
+    rule("process_failed", NAME, EXIT, r"exits with return code = (?P<exit_code>-?[1-9]\d*)",
+         ints=("exit_code",)),
+    # torchrun's report cut right after its head ("train.py FAILED"): a rank failed, which one
+    # and how is cut off
+    rule("process_failed", NAME, EXIT, r"^(?P<script>\S+\.py) FAILED\s*$"),
     # Accelerate / subprocess launchers: which rank is not said
     rule("process_failed", NAME, EXIT,
          r"died with <Signals\.(?P<sig>SIG\w+): (?P<signum>\d+)>|"
@@ -41,9 +51,12 @@ RULES = (
          r"process rank (?P<rank>\d+) with PID (?P<pid>\d+) on node (?P<host>\S+) exited on "
          r"signal (?P<signum>\d+)", ints=("rank", "pid", "signum")),
     # Slurm: one task per rank, or one per node under torchrun (the reasoning tells them apart)
+    # (src/srun/launch.c: "%s: %s %s: Exited with exit code %d", strsignal's words, "Out Of
+    # Memory"; a set of tasks as "tasks 0-3": its first task stands for them)
     rule("task_failed", NAME, EXIT,
-         r"srun: error: (?P<host>[\w.-]+): task(?:s)? (?P<task>\d+): (?:(?P<killed>Killed)|"
-         r"(?P<aborted>Aborted)|Exited with exit code (?P<exit_code>\d+))",
+         r"srun: error: (?P<host>[\w.-]+): tasks? (?P<task>\d+)(?P<more>[-,\d]*): "
+         r"(?:(?P<killed>Killed|Out Of Memory)|(?P<aborted>Aborted)|(?P<segv>Segmentation fault)|"
+         r"(?P<bus>Bus error)|(?P<term>Terminated)|Exited with exit code (?P<exit_code>\d+))",
          ints=("task", "exit_code")),
 )
 
@@ -60,7 +73,7 @@ _TABLE_SIGNAL = re.compile(r"Signal (?P<signum>\d+) \((?P<name>SIG\w+)\)")
 class LauncherFamily(Family):
     name = NAME
     anchors = (b"exitcode", b"closing signal", b"got signal", b"death signal",
-               b"attempts left", b"return code", b"died with <Signals",
+               b"attempts left", b"new nodes from", b"return code", b".py FAILED", b"died with <Signals",
                b"non-zero exit status", b"exited on signal", b"srun: error",
                b"Root Cause", b"Failures:", b"local_rank:",
                b"host      :", b"error_file", b"traceback :", b"time      :")
@@ -113,8 +126,8 @@ class LauncherFamily(Family):
                 e["signum"] = int(m["signum"])
             e["traceback"] = v[:200]
             out += self._close()
-        else:
-            e[key] = v
+        elif key in ("host", "error_file"):
+            e[key] = v  # (a rank or exit code in a shape not read: left out, never a string)
         return out
 
     def _close(self) -> list[Signal]:
@@ -181,10 +194,10 @@ def collect_exits(signals: list[Signal], teardown_pids: set[int],
                 rank = f["local_rank"] if local_is_rank else -1000 - i
         if rank is None:
             continue
-        if f.get("killed"):
-            f["signum"] = 9
-        if f.get("aborted"):
-            f["signum"] = 6
+        for word, signum in (("killed", 9), ("aborted", 6), ("segv", 11), ("bus", 7),
+                             ("term", 15)):
+            if f.get(word):
+                f["signum"] = signum
         code = f.get("exit_code")
         if code is not None and code < 0:
             f["signum"] = -code

@@ -313,7 +313,8 @@ def describe(p: Problem, ctx) -> Finding:
         "nccl_warn": (f"NCCL failed{where} ({_code(f)}) after: {clip(f.get('message', ''), 140)}",
                       _warn_remedy(f.get("code"))),
         "system_error": (f"NCCL unhandled system error{where}", R.NCCL_SYSTEM),
-        "cuda_error": (f"CUDA error in NCCL{where}", R.NCCL_CUDA),
+        "cuda_error": (f"CUDA error in NCCL{where}" + (f": Cuda failure {p.field('code', '')} "
+                       f"'{p.field('msg')}'" if p.field("msg") else ""), R.NCCL_CUDA),
         "invalid_usage": (f"NCCL invalid usage{where}", R.NCCL_USAGE),
         "internal_error": (f"NCCL internal error{where}", R.NCCL_INTERNAL),
     }.get(r, (f"{r.replace('_', ' ')}{where}", None))

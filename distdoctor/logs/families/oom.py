@@ -59,7 +59,11 @@ class OomFamily(Family):
             if "gpu" in f:
                 f["gpu"] = int(f["gpu"])
             return [Signal("cuda_oom", NAME, CAUSE, line, f)]
-        return super().feed(line)
+        out = super().feed(line)
+        if out and "StepId=" in text:  # slurmstepd's: srun's label on it is a task, not a rank
+            out[0].fields["step_task"] = line.rank
+            line.rank = None
+        return out
 
 
 # --- what its problems mean ---------------------------------------------------------------
@@ -79,4 +83,13 @@ def describe(p: Problem, ctx) -> Finding:
     if p.rule == "shm_bus_error":
         return ctx.finding(p, "crash", "error", f"a DataLoader worker hit a bus error: /dev/shm "
                            f"is too small{on(ranks)}", ranks, R.SHM_DATALOADER)
+    task = p.field("step_task")
+    if task is not None and not ranks:  # Slurm's cgroup: the rank is the launcher's to say
+        killed = [e for e in ctx.exits.values() if e.get("signum") == 9]
+        ranks = [killed[0]["rank"]] if len(killed) == 1 and killed[0]["rank"] >= 0 else []
+        who = (f" (srun task {task}'s node" + (f", local rank {killed[0]['local_rank']})"
+                                                if len(killed) == 1 and "local_rank" in
+                                                killed[0] else ")"))
+        return ctx.finding(p, "crash", "error", f"Slurm's cgroup OOM handler killed a process "
+                           f"(SIGKILL){on(ranks)}{who}", ranks, R.HOST_OOM)
     return ctx.finding(p, "crash", "error", f"{_HOST[p.rule]}{on(ranks)}", ranks, R.HOST_OOM)

@@ -27,6 +27,9 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
 from scenarios import SCENARIOS, Scenario  # noqa: E402
+from scenarios_wide import SCENARIOS_WIDE  # noqa: E402
+
+SCENARIOS = SCENARIOS + SCENARIOS_WIDE
 
 REPO = Path(__file__).resolve().parents[3]
 OUT = REPO / "tests" / "fixtures" / "logs" / "real"

@@ -1,0 +1,170 @@
+"""Ray: a worker process that died under a task or an actor (the raylet's report, the
+driver's `ActorDiedError`), one Ray's memory monitor killed, and which rank each Ray worker
+was, from what the log tells (Ray Train's worker table, `[rank=N, world_size=M]`, a
+`[rankN]:` or "rank N of M" inside a `(RayWorker pid=.., ip=..)` prefix).
+
+Formats: ray 2.x python/ray/exceptions.py (ActorDiedError's "class_name:/pid:/ip:" lines and
+"Worker exit type: ... Worker exit detail: ..."), src/ray/raylet/node_manager.cc ("A worker
+died or was killed while executing a task by an unexpected system error ... Worker IP
+address: .. Worker port: .. Worker PID: ..."), src/ray/common/memory_monitor.cc and
+python/ray/_private/utils.py (the memory monitor's "Ray killed this worker ... Memory on the
+node (IP: ..) where the task (... pid=N, memory used=..) was running"), ray/train
+backend_executor.py ("- (node_id=.., ip=.., pid=N) world_rank=R, local_rank=L, node_rank=K"),
+ray/train/torch/config.py ("[rank=R, world_size=W]"). Checked against what ray 2.60.0 printed
+here (tests/fixtures/logs/wide/ray_*.log).
+"""
+
+from __future__ import annotations
+
+import re
+
+from distdoctor.findings import Finding
+from distdoctor.logs.lines import LogLine
+from distdoctor.logs.problems import Problem, clip, plural, ranks_text
+from distdoctor.logs.signals import CAUSE, CONTEXT, Family, Signal
+
+NAME = "ray"
+
+_WORKER_DIED = re.compile(
+    r"A worker died or was killed while executing a task by an unexpected system error"
+    r"(?:.*?Worker IP address: (?P<ip>\S+))?(?:.*?Worker PID: (?P<pid>\d+))?"
+    r"(?:.*?Worker exit type: (?P<exit_type>\w+))?(?:.*?Worker exit detail: (?P<detail>.*?)"
+    r"(?= Some common causes| There are some potential root causes|$))?")
+_ACTOR_DIED = re.compile(r"(?P<exception>(?:ray\.exceptions\.)?(?:ActorDiedError|RayActorError|"
+                         r"ActorUnavailableError))(?:\(\w*\))?: (?P<message>The actor died.*|"
+                         r"The actor is (?:dead|temporarily unavailable).*)$")
+_EXIT_DETAIL = re.compile(r"Worker exit type: (?P<exit_type>\w+)(?: Worker exit detail: "
+                          r"(?P<detail>.*?))?(?= There are some potential root causes| Some "
+                          r"common causes|$)")
+_ACTOR_FIELD = re.compile(r"^\s*(?P<key>class_name|pid|ip|actor_id|name): (?P<v>\S+)")
+_MEMORY = re.compile(r"Memory on the node \(IP: (?P<ip>[\w.:-]+)[^)]*\) where the (?:task|actor)"
+                     r" \([^)]*?pid=(?P<pid>\d+)[^)]*\) was running was (?P<used>[\d.]+\w*) / "
+                     r"(?P<total>[\d.]+\w*)")
+_TASK_PID = re.compile(r"RayTaskError(?:\((?P<inner>\w+)\))?: .*?\(pid=(?P<pid>\d+), "
+                       r"ip=(?P<ip>[\w.:-]+)")
+# which rank a Ray worker is
+_TABLE = re.compile(r"pid=(?P<pid>\d+)\) world_rank=(?P<rank>\d+)")
+_SAYS_RANK = re.compile(r"\[rank=(?P<rank>\d+), world_size=\d+\]|\brank (?P<r2>\d+) of \d+\b|"
+                        r"\bworld_rank[=: ]+(?P<r3>\d+)", re.IGNORECASE)
+
+
+class RayFamily(Family):
+    name = NAME
+    orchestrator = True
+    # ("pid: ", "ip: ", "class_name: " route an ActorDiedError's field lines here; the reader
+    # hands them over after the ActorDiedError line, reader.FOLLOW)
+    anchors = (b"A worker died or was killed", b"ActorDiedError", b"RayActorError",
+               b"ActorUnavailableError", b"Worker exit type", b"Memory on the node",
+               b"RayTaskError", b"world_rank", b"world_size=", b"pid: ", b"ip: ",
+               b"class_name: ", b"The actor is dead")
+
+    def __init__(self):
+        self._actor: Signal | None = None  # an ActorDiedError still taking its field lines
+
+    def feed(self, line: LogLine) -> list[Signal]:
+        text = line.text
+        if self._actor is not None:
+            if m := _ACTOR_FIELD.match(text):
+                self._actor.fields.setdefault(m["key"], m["v"])
+                return [Signal("actor_detail", NAME, CONTEXT, line, {})]
+            if m := _EXIT_DETAIL.search(text):
+                self._actor.fields.update({k: v for k, v in m.groupdict().items() if v})
+                self._actor = None
+                return [Signal("actor_detail", NAME, CONTEXT, line, {})]
+        if m := _WORKER_DIED.search(text):
+            return [Signal("worker_died", NAME, CAUSE, line, _ints(m.groupdict()))]
+        if m := _ACTOR_DIED.search(text):
+            f = {"exception": m["exception"], "message": m["message"][:300]}
+            if d := _EXIT_DETAIL.search(text):
+                f.update({k: v for k, v in d.groupdict().items() if v})
+            self._actor = Signal("actor_died", NAME, CAUSE, line, f)
+            return [self._actor]
+        if "The actor is dead because" in text and (d := _EXIT_DETAIL.search(text)):
+            # the detail alone (a framework logged it with no ActorDiedError line)
+            return [Signal("actor_died", NAME, CAUSE, line,
+                           {k: v for k, v in d.groupdict().items() if v})]
+        if m := _MEMORY.search(text):
+            return [Signal("memory_monitor", NAME, CAUSE, line, _ints(m.groupdict()))]
+        if m := _TASK_PID.search(text):
+            return [Signal("ray_task", NAME, CONTEXT, line, _ints(m.groupdict()))]
+        if m := _TABLE.search(text):
+            return [Signal("ray_rank", NAME, CONTEXT, line, _ints(m.groupdict()))]
+        if line.pid is not None and (m := _SAYS_RANK.search(text)):
+            rank = int(m["rank"] or m["r2"] or m["r3"])
+            return [Signal("ray_rank", NAME, CONTEXT, line, {"pid": line.pid, "rank": rank})]
+        return []
+
+
+def _int(v) -> int | None:
+    try:
+        return int(v)
+    except (TypeError, ValueError):
+        return None
+
+
+def _ints(d: dict) -> dict:
+    return {k: int(v) if k == "pid" or k == "rank" else v for k, v in d.items() if v}
+
+
+def assign_ranks(signals: list[Signal]) -> None:
+    """Ranks for what Ray workers printed and for the workers Ray reports dead, from the
+    pid -> rank the log tells; an exception the driver re-raised from a worker's task
+    (RayTaskError ... pid=N) is that worker's. Lines that carry a rank keep it."""
+    ranks: dict[int, int] = {}
+    for s in signals:
+        if s.rule == "ray_rank":
+            ranks.setdefault(s.fields["pid"], s.fields["rank"])
+        elif s.line.rank is not None and s.line.pid is not None and s.line.local_rank is None:
+            ranks.setdefault(s.line.pid, s.line.rank)
+    if not ranks:
+        return
+    task: dict = {}  # who -> the pid of the task whose traceback the driver is printing
+    for s in signals:
+        line = s.line
+        if s.rule == "ray_task":
+            task[line.who] = s.fields["pid"]
+            continue
+        pid = _int(s.fields.get("pid")) if s.family == NAME else None
+        if pid is None and s.role != CONTEXT and line.who in task:
+            pid = task.pop(line.who)  # the error the driver's traceback ends in
+            s.fields["ray_pid"] = pid
+        if pid is None and line.pid is not None and line.local_rank is None:
+            pid = line.pid
+        if pid in ranks and line.rank is None:
+            line.rank = ranks[pid]
+
+
+# --- what its problems mean ---------------------------------------------------------------
+_REMEDY = ("Ray reports the worker process gone, not why: SYSTEM_ERROR with 'connection error' "
+           "or 'End of file' is a process killed from outside (the kernel's OOM killer: "
+           "`dmesg -T | grep -i oom` on that node) or a crash (SIGSEGV in a native library); "
+           "the worker's own log is /tmp/ray/session_latest/logs/worker-*-<pid>.err on that "
+           "node. INTENDED_USER_EXIT / USER_ERROR is the program's own exit or exception.")
+_MEMORY_REMEDY = ("Ray's memory monitor killed the worker: lower the node's memory use (batch, "
+                  "workers per node, object store size), or raise RAY_memory_usage_threshold / "
+                  "set RAY_memory_monitor_refresh_ms=0 to hand the choice back to the kernel.")
+
+
+def describe(p: Problem, ctx) -> Finding:
+    f = p.fields()
+    ranks = sorted(p.ranks)
+    pid, ip = f.get("pid"), f.get("ip")
+    where = ", ".join(x for x in (f"pid {pid}" if pid else "", f"on {ip}" if ip else "") if x)
+    worker = f"the Ray worker{f' ({where})' if where else ''}"
+    rank = (f" (rank{plural(ranks)} {ranks_text(ranks)})" if ranks
+            else " (its rank is not in this log)")
+    if p.rule == "memory_monitor":
+        summary = (f"Ray's memory monitor killed {worker}{rank}: the node's memory was at "
+                   f"{f.get('used', '?')} of {f.get('total', '?')}")
+        fnd = ctx.finding(p, "crash", "error", summary, ranks, _MEMORY_REMEDY)
+        fnd.details["family"] = "oom"
+        return fnd
+    why = f.get("detail") or f.get("message") or ""
+    kind = f" ({f['exit_type']})" if f.get("exit_type") else ""
+    actor = f" of actor {f['class_name']}" if f.get("class_name") else ""
+    summary = f"{worker}{actor}{rank} died{kind}: {clip(why, 160)}" if why else \
+        f"{worker}{actor}{rank} died{kind}"
+    fnd = ctx.finding(p, "crash", "error", summary, ranks, _REMEDY)
+    fnd.details.update({k: f[k] for k in ("pid", "ip", "exit_type", "detail") if k in f})
+    return fnd
+
