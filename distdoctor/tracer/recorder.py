@@ -97,7 +97,7 @@ class Recorder:
         atexit.register(self.close)
 
     def _use_native(self) -> None:
-        """`begin` and `end` in C (tracer/_fast.c) where it was built, writing through the
+        """`begin` and `end` in C (runlog/_fast.c) where it was built, writing through the
         same slot writer: the same records, a few microseconds less per op. The methods
         below stay the reference, and the path for everything the C code hands back."""
         native = native_module()
