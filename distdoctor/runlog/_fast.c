@@ -485,8 +485,9 @@ static int code_internal(Core *c, PyCodeObject *code)
 #endif
 #define MAX_HOPS 32
 
-/* The key of the call site at user frame `f` (recorder.site_key): (id(code), lasti,
- * False, thread ident or 0 on the main thread, then id(code), lasti of each caller). */
+/* The key of the call site at user frame `f` (tracer/sites.py: site_key): (id(code),
+ * lasti, False, thread ident or 0 on the main thread, then id(code), lasti of each
+ * caller). */
 static PyObject *site_key(Core *c, PyFrameObject *f, PyCodeObject *code)
 {
     unsigned long me = PyThread_get_thread_ident();
@@ -531,8 +532,8 @@ static PyObject *site_key(Core *c, PyFrameObject *f, PyCodeObject *code)
     return t;
 }
 
-/* The call site's string id (recorder._callsite_id); *from_main set when it is the main
- * thread's line (an op issued on a thread with no user frame). -1 on error. */
+/* The call site's string id (tracer/sites.py: CallSites.current); *from_main set when it
+ * is the main thread's line (an op issued on a thread with no user frame). -1 on error. */
 static long long callsite_id(Core *c, int *from_main)
 {
     *from_main = 0;
