@@ -28,10 +28,9 @@ LAYERS = (
         "distdoctor.errors", "distdoctor.priority", "distdoctor.console",
         "distdoctor.plugins", "distdoctor.exits")),
     ("run log", (
-        "distdoctor.runlog",
-        # the tracer's C hot path (tracer/_fast.c): self-contained, it imports nothing;
-        # the run log's slot writer uses its SlotWriter as the tracer uses its Core
-        "distdoctor.tracer._fast")),
+        # with its C extension (runlog/_fast.c): self-contained, it imports nothing; the
+        # run log's slot writer uses its SlotWriter as the tracer uses its Core
+        "distdoctor.runlog",)),
     ("sensors", (  # what runs beside the job and writes what the detectors read
         "distdoctor.tracer", "distdoctor.spans", "distdoctor.probes",
         "distdoctor",  # the package itself: the Python API (install, trace), nothing below
@@ -205,11 +204,11 @@ def test_each_package_says_its_layer_and_what_it_may_import(unit):
 def test_the_checks_see_what_they_must():
     """The walk finds lazy, relative and extension imports, and a made-up upward import
     would be caught: these checks cannot pass for want of looking."""
-    assert ("distdoctor.runlog.slots", "distdoctor.tracer._fast") in EDGES  # in a function
+    assert ("distdoctor.runlog.slots", "distdoctor.runlog._fast") in EDGES  # in a function
     assert ("distdoctor.reference_trainer.config", "distdoctor.reference_trainer.faults") \
         in EDGES  # relative
     assert ("distdoctor.cli.common", "distdoctor.diagnosis.progress") in EDGES
-    assert unit_of("distdoctor.tracer._fast") == "distdoctor.tracer._fast"
+    assert unit_of("distdoctor.runlog._fast") == "distdoctor.runlog"
     assert unit_of("distdoctor.tracer.recorder") == "distdoctor.tracer"
     assert unit_of("distdoctor.nonexistent") is None  # the package names only itself
     assert _loops({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c", "a"]]

@@ -1,4 +1,4 @@
-"""The C hot path (tracer/_fast.c) records exactly what the Python path records.
+"""The C hot path (runlog/_fast.c) records exactly what the Python path records.
 
 The Python path is the reference and the fallback where no compiler was at hand at
 install; DISTDOCTOR_PURE_PYTHON=1 selects it. Both are held to the same bytes (the slot
@@ -29,7 +29,7 @@ def test_the_c_hot_path_is_built_where_a_compiler_is():
     if not (shutil.which(sysconfig.get_config_var("CC").split()[0] or "cc")
             or shutil.which("cc")):
         pytest.skip("no C compiler here: the Python path is the tracer")
-    assert native is not None, "pip install should have built distdoctor.tracer._fast"
+    assert native is not None, "pip install should have built distdoctor.runlog._fast"
 
 
 class _Owner:

@@ -17,7 +17,7 @@ import torch.distributed as dist
 
 from distdoctor.check.rules import _versions
 from distdoctor.tracer import support
-from distdoctor.tracer.ops import SPECS, resolve
+from distdoctor.tracer.ops import ABSENT_OPS, SPECS, TRACED_OPS, resolve
 
 
 def test_each_op_is_found_under_the_name_this_release_binds():
@@ -46,8 +46,6 @@ def test_each_op_is_found_under_the_name_this_release_binds():
 
 
 def test_every_spec_is_traced_or_absent_on_the_running_torch():
-    from distdoctor.tracer.process_group import ABSENT_OPS, TRACED_OPS
-
     assert set(TRACED_OPS) | set(ABSENT_OPS) == {spec.op for spec in SPECS}
     assert support.untraceable_ops() == []  # nothing torch.distributed offers is lost here
 

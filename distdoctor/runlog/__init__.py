@@ -1,10 +1,11 @@
 """The run directory: what the tracer writes and every reader reads.
 
 `format` fixes the bytes, `ring` and `slots` write a rank's event log from inside the
-job, `reader`, `follow`, `run` and `incarnations` read it back (live or post-mortem),
+job (`_fast.c`: the slot writer in C, with the tracer's hot path that writes through it),
+`reader`, `follow`, `run` and `incarnations` read it back (live or post-mortem),
 `rundir` owns run.json and the directory's layout.
 
-Layer: run log (tests/test_layers.py). May import the base modules and the tracer's C
-extension (`distdoctor.tracer._fast`: the native slot writer, which imports nothing);
-knows nothing of what the events mean.
+Layer: run log (tests/test_layers.py). May import the base modules and its own C
+extension (`distdoctor.runlog._fast`, which imports nothing); knows nothing of what the
+events mean.
 """

@@ -1,6 +1,6 @@
 """The event log's slot writer: appends records and marks them complete.
 
-Two implementations with one interface: `distdoctor.tracer._fast.SlotWriter` (C, built at
+Two implementations with one interface: `distdoctor.runlog._fast.SlotWriter` (C, built at
 install when a compiler is there) and `PySlotWriter` below, the reference and the
 fallback. `make_slot_writer` picks one; DISTDOCTOR_PURE_PYTHON=1 forces Python.
 
@@ -17,11 +17,11 @@ from distdoctor.runlog import format as F
 
 
 def native_module():
-    """distdoctor.tracer._fast, or None (not built, or DISTDOCTOR_PURE_PYTHON set)."""
+    """distdoctor.runlog._fast, or None (not built, or DISTDOCTOR_PURE_PYTHON set)."""
     if os.environ.get("DISTDOCTOR_PURE_PYTHON", "") not in ("", "0"):
         return None
     try:
-        from distdoctor.tracer import _fast
+        from distdoctor.runlog import _fast
     except ImportError:
         return None
     return _fast

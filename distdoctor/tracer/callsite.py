@@ -120,7 +120,7 @@ def user_frame(frame):
 
 
 # How many of the user's frames that called the op's frame are part of its call site, and
-# within how many frames they are looked for (tracer/_fast.c walks the same way): a
+# within how many frames they are looked for (runlog/_fast.c walks the same way): a
 # helper's barrier called from two places is then two sites, and that is what tells
 # where two ranks' paths parted (diagnosis/divergence.py).
 CALLERS = 3

@@ -1,5 +1,5 @@
 """Reading an op's options and tensors cheaply: what the recorder's Python path (and the
-C path's slow cases, tracer/_fast.c) reads from a call, each pybind access at most once.
+C path's slow cases, runlog/_fast.c) reads from a call, each pybind access at most once.
 
 A failed getattr on a pybind object costs an exception and the reduce op's number two
 pybind objects, so what each options class has is asked once per class, and the reduce

@@ -23,6 +23,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
+import torch.distributed as dist
+
 from distdoctor.runlog import format as F
 
 
@@ -170,3 +172,11 @@ def resolve(group_class, specs=SPECS) -> tuple[list[OpSpec], list[OpSpec]]:
         else:
             found.append(spec if name == spec.method else replace(spec, method=name))
     return found, absent
+
+
+# On the running torch, once: each op under the name this torch binds it by, which the
+# tracing group wraps (process_group.py); an op this torch lacks is not there to trace.
+# Both tables go into each rank's metadata (support.py).
+TRACED, ABSENT = resolve(dist.ProcessGroup)
+TRACED_OPS = {spec.op: spec.method for spec in TRACED}
+ABSENT_OPS = [spec.op for spec in ABSENT]

@@ -24,7 +24,7 @@ import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 
 from distdoctor.tracer import state
-from distdoctor.tracer.ops import resolve
+from distdoctor.tracer.ops import TRACED
 
 RealProcessGroup = dist.ProcessGroup
 
@@ -189,6 +189,8 @@ def _dispatch_coalesced(pg, op, args, kwargs):
     except Exception:
         return None
     works = [call(out, inp, one) for call, out, inp, one in calls]
+    # not at the top: this module is imported while torch.distributed is still being
+    # imported (tracer/install.py), before it has dist.Work for work.py to subclass
     from distdoctor.tracer.work import JoinedWork
 
     return JoinedWork(works)
@@ -230,10 +232,7 @@ def _make_method(spec):
     return method
 
 
-# Each op under the name this torch binds it by; an op this torch lacks is not there to
-# trace (tracer/ops.py). TRACED_OPS goes into each rank's metadata.
-_specs, _absent = resolve(RealProcessGroup)
-for _spec in _specs:
+# Each op under the name this torch binds it by (tracer/ops.py: TRACED); an op this torch
+# lacks is not there to trace.
+for _spec in TRACED:
     setattr(TracingProcessGroup, _spec.method, _make_method(_spec))
-TRACED_OPS = {spec.op: spec.method for spec in _specs}
-ABSENT_OPS = [spec.op for spec in _absent]

@@ -29,9 +29,10 @@ from functools import partial
 from distdoctor.runlog import format as F
 from distdoctor.runlog.ring import RingWriter
 from distdoctor.runlog.slots import native_module
-from distdoctor.tracer import callsite, compiled, steps
+from distdoctor.tracer import callsite, steps
 from distdoctor.tracer.completion import PendingCompletions, StreamEnd
 from distdoctor.tracer.opfields import FIELDS, fields_of, numel, reduce_op_number
+from distdoctor.tracer.sites import CallSites
 from distdoctor.tracer.work import RecordingWork
 
 EXIT_CALLBACK_WAIT_S = 0.5  # at exit, how long to let pending completion callbacks run
@@ -58,22 +59,11 @@ def _status_of(exc: BaseException) -> int:
     return F.STATUS_TIMEOUT if ("timed out" in text or "timeout" in text) else F.STATUS_ERROR
 
 
-def site_key(frame, from_main: bool, thread: int) -> tuple:
-    """A call site's key: (id(code), instruction offset, from_main, thread, then id(code)
-    and offset of each user frame that called it). Offsets, not line numbers: f_lineno
-    scans the line table on every access. Ids, not code objects: hashing a code object
-    hashes its whole bytecode."""
-    key = [id(frame.f_code), frame.f_lasti, from_main, thread]
-    for f in callsite.callers(frame):
-        key += (id(f.f_code), f.f_lasti)
-    return tuple(key)
-
-
 class Recorder:
     def __init__(self, ring: RingWriter):
         self.ring = ring
         self._interned: dict = {}  # (namespace, key) -> string id
-        self._callsites: dict = {}  # (id(code), f_lasti, from_main) -> (string id, code)
+        self.sites = CallSites(ring)  # the user's lines that issue ops (sites.py)
         # (shape, dtype, device) of one tensor, or a tuple of them -> string id
         self._tensor_ids: dict = {}
         self._futureless: set = set()  # op methods whose CPU works have no future
@@ -97,7 +87,7 @@ class Recorder:
         atexit.register(self.close)
 
     def _use_native(self) -> None:
-        """`begin` and `end` in C (tracer/_fast.c) where it was built, writing through the
+        """`begin` and `end` in C (runlog/_fast.c) where it was built, writing through the
         same slot writer: the same records, a few microseconds less per op. The methods
         below stay the reference, and the path for everything the C code hands back."""
         native = native_module()
@@ -111,8 +101,8 @@ class Recorder:
                 internal=callsite._internal, fields=FIELDS,
                 is_internal=callsite._is_internal, fields_of=fields_of,
                 redop_reader=None if reduce_op_number is hash else reduce_op_number,
-                tensors_miss=self._tensors_id, callsite_miss=self._callsite_at,
-                off_main=self._callsite_off_main, on_error=_begin_failed,
+                tensors_miss=self._tensors_id, callsite_miss=self.sites.at,
+                off_main=self.sites.off_main, on_error=_begin_failed,
                 end_other=partial(Recorder.end, self), finish=self._finish,
                 work_class=RecordingWork, main_ident=self._main_thread,
                 constants={name: getattr(F, name) for name in (
@@ -132,48 +122,6 @@ class Recorder:
             if sid:
                 self._interned[k] = sid
         return sid
-
-    def _callsite_id(self) -> tuple[int, bool]:
-        frame, from_main = callsite.find_user_frame()
-        if frame is None:
-            return 0, False
-        return self._callsite_of(frame, from_main, 0 if from_main else None), from_main
-
-    def _callsite_of(self, frame, from_main: bool, thread: int | None = None) -> int:
-        """The string id of the call site at user frame `frame`, interned on first sight.
-        `thread`: whose op it is (callsite.thread_key(); default: the calling thread)."""
-        key = site_key(frame, from_main, callsite.thread_key() if thread is None else thread)
-        hit = self._callsites.get(key)
-        return hit[0] if hit is not None else self._callsite_at(frame, key, self._callsites)
-
-    def _callsite_at(self, frame, key, table: dict) -> int:
-        """Intern a call site seen for the first time; `table[key]` remembers it (the C
-        path keys its own table by instruction index, this one by byte offset; both keys
-        are site_key()'s shape). The site names the thread that issued the op where that
-        is not the main thread, and the user's frames that called it."""
-        code = frame.f_code
-        walked = callsite.callers(frame)
-        # (not dynamo's frame of a compiled function, which stands at its first line)
-        up = [f for f in walked if not compiled.runs_a_graph(f)]
-        site = compiled.site_of(frame)  # for code torch generated, the user's line
-        if key[2]:
-            site["thread"] = "main (op issued from another thread)"
-        elif key[3]:
-            site["thread"] = callsite.thread_name(key[3])
-            site["thread_id"] = key[3]
-        if up:
-            site["callers"] = [{"file": f.f_code.co_filename, "line": f.f_lineno,
-                                "function": getattr(f.f_code, "co_qualname", f.f_code.co_name)}
-                               for f in up]
-        sid = self.ring.add_string(site)
-        # keeps the codes (and so their ids in the key) alive
-        table[key] = (sid, code, *(f.f_code for f in walked))
-        return sid
-
-    def _callsite_off_main(self) -> tuple[int, bool]:
-        """For the C path: an op on a thread with no user frame takes the main thread's."""
-        frame = callsite.main_thread_user_frame()
-        return (0, False) if frame is None else (self._callsite_of(frame, True, 0), True)
 
     def _tensors_id(self, tensors) -> int:
         if not tensors:
@@ -230,7 +178,7 @@ class Recorder:
                 flags |= F.FLAG_ASYNC_UNKNOWN
             tensors = ins or outs
             tensors_id = self._tensors_id(tensors)
-            callsite_id, from_main = self._callsite_id()
+            callsite_id, from_main = self.sites.current()
             if from_main or threading.get_ident() != self._main_thread:
                 flags |= F.FLAG_OTHER_THREAD
             numel_in = numel(ins)
@@ -344,7 +292,7 @@ class Recorder:
     def span_begin(self, name: str, seq: int = 0, flags: int = 0):
         try:
             name_id = self.intern("span", name, name)
-            callsite_id, _ = self._callsite_id()
+            callsite_id, _ = self.sites.current()
             e = self.ring.append(F.KIND_SPAN, F.OP_CODE["span"], F.REDOP_NONE, flags, 0,
                                  callsite_id, seq, -1, 0, 0, 0, time.monotonic_ns(),
                                  self._spans[-1] + 1 if self._spans else 0, name_id)
@@ -357,7 +305,7 @@ class Recorder:
     def sample(self, frame, t_ns: int, runq_us: int = 0) -> None:
         """The main thread was at `frame` (a user frame, outside ops) at `t_ns`, and had
         waited `runq_us` for a CPU since the previous sample (in the numel_in word)."""
-        site = self._callsite_of(frame, False, 0)
+        site = self.sites.of(frame, False, 0)
         spans = self._spans
         e = self.ring.append(F.KIND_SAMPLE, F.OP_CODE["sample"], F.REDOP_NONE, 0, 0, site,
                              0, -1, 0, runq_us, 0, t_ns, spans[-1] + 1 if spans else 0, 0)

@@ -156,7 +156,8 @@ class Sampler:
     op (its wait is measured exactly by the op's own event)."""
 
     def __init__(self, recorder, hz: float):
-        from distdoctor.tracer.process_group import TRACED_OPS, TracingProcessGroup
+        from distdoctor.tracer.ops import TRACED_OPS
+        from distdoctor.tracer.process_group import TracingProcessGroup
 
         self.rec = recorder
         self.period = 1.0 / hz

@@ -34,7 +34,7 @@ def below_floor(version: str) -> str | None:
 
 def traced_ops() -> dict[str, str]:
     """op name -> the ProcessGroup method it is traced at, on this torch."""
-    from distdoctor.tracer.process_group import TRACED_OPS
+    from distdoctor.tracer.ops import TRACED_OPS
 
     return dict(TRACED_OPS)
 
@@ -43,6 +43,6 @@ def untraceable_ops() -> list[str]:
     """Ops torch.distributed offers on this torch that no ProcessGroup method carries."""
     import torch.distributed as dist
 
-    from distdoctor.tracer.process_group import ABSENT_OPS
+    from distdoctor.tracer.ops import ABSENT_OPS
 
     return [op for op in ABSENT_OPS if callable(getattr(dist, op, None))]

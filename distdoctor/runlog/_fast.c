@@ -1,5 +1,10 @@
 /* The tracer's hot path in C: what every traced op runs, with the pure-Python path in
- * recorder.py and runlog/ring.py as the reference and the fallback.
+ * tracer/recorder.py and runlog/slots.py as the reference and the fallback.
+ *
+ * It lives in the run log (built as distdoctor.runlog._fast) because its SlotWriter is the
+ * run log's slot writer (runlog/slots.py); the Core writes through that SlotWriter's C
+ * functions, so the two stay one extension, which imports nothing of distdoctor. The
+ * tracer reaches it downward, through runlog/slots.py's native_module().
  *
  * Two types:
  *   SlotWriter: appends and completes the fixed-size records of a rank's event log
@@ -278,7 +283,7 @@ static PyMemberDef SlotWriter_members[] = {
 
 static PyTypeObject SlotWriterType = {
     PyVarObject_HEAD_INIT(NULL, 0)
-    .tp_name = "distdoctor.tracer._fast.SlotWriter",
+    .tp_name = "distdoctor.runlog._fast.SlotWriter",
     .tp_basicsize = sizeof(SlotWriter),
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
     .tp_doc = "The event log's slot writer (see runlog/ring.py).",
@@ -480,8 +485,9 @@ static int code_internal(Core *c, PyCodeObject *code)
 #endif
 #define MAX_HOPS 32
 
-/* The key of the call site at user frame `f` (recorder.site_key): (id(code), lasti,
- * False, thread ident or 0 on the main thread, then id(code), lasti of each caller). */
+/* The key of the call site at user frame `f` (tracer/sites.py: site_key): (id(code),
+ * lasti, False, thread ident or 0 on the main thread, then id(code), lasti of each
+ * caller). */
 static PyObject *site_key(Core *c, PyFrameObject *f, PyCodeObject *code)
 {
     unsigned long me = PyThread_get_thread_ident();
@@ -526,8 +532,8 @@ static PyObject *site_key(Core *c, PyFrameObject *f, PyCodeObject *code)
     return t;
 }
 
-/* The call site's string id (recorder._callsite_id); *from_main set when it is the main
- * thread's line (an op issued on a thread with no user frame). -1 on error. */
+/* The call site's string id (tracer/sites.py: CallSites.current); *from_main set when it
+ * is the main thread's line (an op issued on a thread with no user frame). -1 on error. */
 static long long callsite_id(Core *c, int *from_main)
 {
     *from_main = 0;
@@ -867,7 +873,7 @@ static PyMethodDef Core_methods[] = {
 
 static PyTypeObject CoreType = {
     PyVarObject_HEAD_INIT(NULL, 0)
-    .tp_name = "distdoctor.tracer._fast.Core",
+    .tp_name = "distdoctor.runlog._fast.Core",
     .tp_basicsize = sizeof(Core),
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
     .tp_doc = "Recorder.begin/end in C (see recorder.py).",
@@ -880,8 +886,9 @@ static PyTypeObject CoreType = {
 };
 
 static struct PyModuleDef module = {
-    PyModuleDef_HEAD_INIT, "distdoctor.tracer._fast",
-    "The tracer's hot path in C (see _fast.c; recorder.py is the reference).", -1, NULL,
+    PyModuleDef_HEAD_INIT, "distdoctor.runlog._fast",
+    "The event log's slot writer and the tracer's hot path in C (see _fast.c; "
+    "runlog/slots.py and tracer/recorder.py are the reference).", -1, NULL,
 };
 
 PyMODINIT_FUNC PyInit__fast(void)
