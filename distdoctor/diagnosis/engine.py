@@ -25,6 +25,7 @@ from distdoctor.diagnosis.mismatch import habit, mismatch_finding, p2p_signature
 from distdoctor.diagnosis.parted import explain_hang, explain_mismatch
 from distdoctor.diagnosis.progress import Policy, ProgressTracker
 from distdoctor.diagnosis.rendezvous import Rendezvous, key_of
+from distdoctor.diagnosis.steptime import StepTimes
 from distdoctor.diagnosis.straggler import StragglerTracker
 from distdoctor.diagnosis.threads import ThreadUse
 from distdoctor.diagnosis.waits import Gaps
@@ -84,8 +85,10 @@ class Engine(FindingBook, WaitJudge):
         self.stacks = stacks
         self.open: dict[tuple, Rendezvous] = {}
         self.ranks: dict[int, _Rank] = {}
-        self.straggler = (StragglerTracker() if straggler_min_ms is None
-                          else StragglerTracker(straggler_min_ms))
+        # where each rank's steps go (steptime.py), which the straggler tracker reads
+        self.steptime = StepTimes()
+        self.straggler = (StragglerTracker(steptime=self.steptime) if straggler_min_ms is None
+                          else StragglerTracker(straggler_min_ms, steptime=self.steptime))
         self.found: dict[tuple, Finding] = {}  # engine key -> finding, in order found
         self._changed: list[Finding] = []
         self._mismatch_groups: dict[str, int] = {}  # group -> mismatches after the first
@@ -130,10 +133,11 @@ class Engine(FindingBook, WaitJudge):
             if st.latest is None or ev.index > st.latest.index:
                 st.newest_span = name
                 st.span_open = t_end is None
-            self.straggler.time_event(ev)
+            if t_end is not None:  # a step's wall time, or a batch wait (steptime.py)
+                self.steptime.span(ev)
             return
         if kind == "sample":  # where the main thread was between ops: for stragglers
-            self.straggler.time_event(ev)
+            self.steptime.sample(ev)
             self.gaps.sample(ev.rank, ev.callsite, ev.t_enter_ns)
             return
         self.straggler.op(ev)  # its activity: how long its p2p ops blocked it
@@ -158,7 +162,7 @@ class Engine(FindingBook, WaitJudge):
                 self._errors.setdefault(text, []).append(ev)
         if kind == "collective":
             if not ev.span_index:  # a step from the rank's own order of collectives
-                self.straggler.assign(ev)
+                self.steptime.assign(ev)
             group, seq = ev.group, ev.seq
             if st.issued.get(group, 0) <= seq:
                 st.issued[group] = seq + 1
@@ -214,7 +218,7 @@ class Engine(FindingBook, WaitJudge):
         lateness, its heartbeat's age, its completed ops per (group, group desc, op).
         What /metrics exports of a rank, and what a node's digest sends of it."""
         st = self.ranks[rank]
-        steps = self.straggler.time.get(rank)
+        steps = self.steptime.ranks.get(rank)
         score = self.straggler.score(rank)
         split = steps.recent() if steps is not None else None
         return {"failed": bool(st.exit is not None and st.exit.failed),
