@@ -284,19 +284,18 @@ class StepTimes:
             keys.popitem(last=False)
 
     def place(self, rank: int, ev, p2p: bool) -> int:
-        """The step of an op the straggler tracker judges (its span, else `_key_of`'s):
-        the op's time counts in that step's collective time."""
+        """The step of an op the straggler tracker judges, whose time counts in that
+        step's collective time: its span; else, for a collective, its turn of the rank's
+        pattern (given in its own order by assign), for a p2p op the turn of the rank's
+        latest collective. (Once per member of every collective: written out inline.)"""
         t = self.ranks.get(rank) or self.rank(rank)
-        key = ev.span_index or self._key_of(rank, ev, p2p)
+        key = ev.span_index
+        if not key:
+            if p2p:
+                key = self._turn.get(rank, -1)
+            else:
+                key = self._keys.pop((rank, ev.index), None)
+                if key is None:  # not seen through assign (a tracker fed rendezvous directly)
+                    key = self._turn[rank] = t.pattern.key(pattern_sig(ev))
         t.collective(key, ev)
-        return key
-
-    def _key_of(self, rank: int, ev, p2p: bool) -> int:
-        """The step of a span-less op: a collective's turn of the rank's pattern (given in
-        its own order by assign); a p2p op's, the turn of the rank's latest collective."""
-        if p2p:
-            return self._turn.get(rank, -1)
-        key = self._keys.pop((rank, ev.index), None)
-        if key is None:  # not seen through assign (a tracker fed rendezvous directly)
-            key = self._turn[rank] = self.rank(rank).pattern.key(pattern_sig(ev))
         return key
