@@ -3,7 +3,9 @@
 Feed it events (new or updated) with `ingest`, rank liveness with `heartbeat` and
 `exited`, then call `tick`: it returns the findings that are new or changed since the last
 tick. Memory stays bounded: a rendezvous is dropped once every member has finished it
-(after the straggler tracker has seen it), and the open ones are capped.
+(after the straggler tracker has seen it), and the open ones are capped. Its mixins:
+engine_findings.py (findings put, held, taken from the log, the final list) and
+engine_waits.py (the judgement of waits).
 """
 
 from __future__ import annotations
@@ -11,17 +13,19 @@ from __future__ import annotations
 import re
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from itertools import islice
 
-from distdoctor.diagnosis.crash import ExitInfo, crash_findings, merge_crashes
+from distdoctor.diagnosis.crash import ExitInfo, crash_findings
 from distdoctor.diagnosis.divergence import HISTORY
+from distdoctor.diagnosis.engine_findings import FindingBook
 from distdoctor.diagnosis.engine_waits import WaitJudge
 from distdoctor.diagnosis.hang import RankView, hang_findings
 from distdoctor.diagnosis.mismatch import habit, mismatch_finding, p2p_signature, signature
 from distdoctor.diagnosis.parted import explain_hang, explain_mismatch
 from distdoctor.diagnosis.progress import Policy, ProgressTracker
 from distdoctor.diagnosis.rendezvous import Rendezvous, key_of
+from distdoctor.diagnosis.steptime import StepTimes
 from distdoctor.diagnosis.straggler import StragglerTracker
 from distdoctor.diagnosis.threads import ThreadUse
 from distdoctor.diagnosis.waits import Gaps
@@ -37,9 +41,6 @@ MAX_SPANS = 4096  # span names remembered per rank
 MAX_HABITS = 256  # (op, line) pairs remembered per group
 MAX_SAMPLES = 3600  # probe samples kept (an hour at 1 Hz on one node)
 SETTLE_S = 1.0  # how long a disagreement waits for more ranks before it is reported
-# how long a mismatch the job's output tells with no culprit waits for the traced one
-# (across nodes, the collector's: digests every 0.5 s, then its own settle time)
-HOLD_LOG_MISMATCH_S = 5.0
 
 
 @dataclass
@@ -61,7 +62,7 @@ class _Rank:
     recent: deque = field(default_factory=lambda: deque(maxlen=HISTORY))
 
 
-class Engine(WaitJudge):
+class Engine(FindingBook, WaitJudge):
     def __init__(self, hang_timeout_s: float | None = 60.0, settle_s: float = SETTLE_S,
                  straggler_min_ms: float | None = None,
                  stacks: Callable[[list[int]], dict[int, str]] | None = None,
@@ -84,8 +85,10 @@ class Engine(WaitJudge):
         self.stacks = stacks
         self.open: dict[tuple, Rendezvous] = {}
         self.ranks: dict[int, _Rank] = {}
-        self.straggler = (StragglerTracker() if straggler_min_ms is None
-                          else StragglerTracker(straggler_min_ms))
+        # where each rank's steps go (steptime.py), which the straggler tracker reads
+        self.steptime = StepTimes()
+        self.straggler = (StragglerTracker(steptime=self.steptime) if straggler_min_ms is None
+                          else StragglerTracker(straggler_min_ms, steptime=self.steptime))
         self.found: dict[tuple, Finding] = {}  # engine key -> finding, in order found
         self._changed: list[Finding] = []
         self._mismatch_groups: dict[str, int] = {}  # group -> mismatches after the first
@@ -130,10 +133,11 @@ class Engine(WaitJudge):
             if st.latest is None or ev.index > st.latest.index:
                 st.newest_span = name
                 st.span_open = t_end is None
-            self.straggler.time_event(ev)
+            if t_end is not None:  # a step's wall time, or a batch wait (steptime.py)
+                self.steptime.span(ev)
             return
         if kind == "sample":  # where the main thread was between ops: for stragglers
-            self.straggler.time_event(ev)
+            self.steptime.sample(ev)
             self.gaps.sample(ev.rank, ev.callsite, ev.t_enter_ns)
             return
         self.straggler.op(ev)  # its activity: how long its p2p ops blocked it
@@ -158,7 +162,7 @@ class Engine(WaitJudge):
                 self._errors.setdefault(text, []).append(ev)
         if kind == "collective":
             if not ev.span_index:  # a step from the rank's own order of collectives
-                self.straggler.assign(ev)
+                self.steptime.assign(ev)
             group, seq = ev.group, ev.seq
             if st.issued.get(group, 0) <= seq:
                 st.issued[group] = seq + 1
@@ -214,7 +218,7 @@ class Engine(WaitJudge):
         lateness, its heartbeat's age, its completed ops per (group, group desc, op).
         What /metrics exports of a rank, and what a node's digest sends of it."""
         st = self.ranks[rank]
-        steps = self.straggler.time.get(rank)
+        steps = self.steptime.ranks.get(rank)
         score = self.straggler.score(rank)
         split = steps.recent() if steps is not None else None
         return {"failed": bool(st.exit is not None and st.exit.failed),
@@ -360,18 +364,6 @@ class Engine(WaitJudge):
         if spans:
             f.details["span_by_rank"] = spans
 
-    def _put(self, key: tuple, f: Finding, quiet_update: bool = False) -> None:
-        old = self.found.get(key)
-        if old is not None:
-            if old.stacks and not f.stacks:
-                f.stacks = old.stacks
-            self.found[key] = f
-            if not quiet_update and old.to_json() != f.to_json():
-                self._changed.append(f)
-            return
-        self.found[key] = f
-        self._changed.append(f)
-
     def _error_findings(self) -> list[Finding]:
         out = []
         for evs in self._errors.values():
@@ -389,76 +381,3 @@ class Engine(WaitJudge):
                 remedy="An error inside a collective is usually the consequence of another "
                 "rank dying or disagreeing; look for crash and mismatch findings first."))
         return out
-
-    def add_finding(self, f: Finding) -> None:
-        """A finding from another source (the job's log): kept and reported like ours.
-        A source that updates a finding (more ranks report it) keeps `details.signature`.
-        A mismatch the log tells with no culprit (seen by the rank that received too
-        much) waits a few seconds, where ranks are traced, for the traced mismatch that
-        names the rank: then it is said as that one's consequence."""
-        if f.kind == "mismatch" and not f.ranks and self.ranks:
-            self._held.append((f, self._now_s))
-            return
-        # said live once: its updates (a rank more that reports it) go to findings.json
-        self._put(_external_key(f), f, quiet_update=True)
-
-    def _held_as_settled(self, f: Finding) -> Finding:
-        """A held log mismatch, said as the traced one's consequence once there is one."""
-        if any(k[0] == "mismatch" for k in self.found):
-            return _as_consequence(f, "consequence_of_mismatch")
-        return f
-
-    def _release_held(self, now_s: float | None) -> None:
-        keep = []
-        for f, since in self._held:
-            settled = self._held_as_settled(f)
-            if settled is f and now_s is not None and (
-                    since is None or now_s - since < HOLD_LOG_MISMATCH_S):
-                keep.append((f, since if since is not None else now_s))
-                continue
-            self._put(_external_key(settled), settled, quiet_update=True)
-        self._held = keep
-
-    def findings(self) -> list[Finding]:
-        """Every finding so far, most severe kinds first."""
-        order = {"mismatch": 0, "deadlock": 1, "hang": 2, "crash": 3, "comm_error": 4,
-                 "long_wait": 5, "throttle": 6, "straggler": 7}
-        severity = {"error": 0, "warning": 1, "info": 2}
-        # a hang blamed on ranks later found dead is that death, not a second problem
-        # (also when the death was itself a consequence: its cause is reported already)
-        held = [self._held_as_settled(f) for f, _ in self._held]  # (see add_finding)
-        found = merge_crashes(list(self.found.values()) + held, set(self.ranks))
-        crashes = [f for f in found if f.kind == "crash"]
-        died = {r for f in crashes for r in f.ranks}
-        dead = {r for f in crashes if f.severity == "error" for r in f.ranks}
-        # (not a rank left alone in an extra collective: it died of being left alone)
-        kept = [f for f in found
-                if not (f.kind == "hang" and f.ranks and set(f.ranks) <= died
-                        and f.details.get("reason") != "extra_collective")]
-        # (or a hang whose waiters' op failed: the transport gave up on the rank that left)
-        if dead or any(f.details.get("reason") == "extra_collective" or (
-                f.kind == "hang" and f.severity == "error" and f.ranks
-                and f.details.get("failed_ranks")) for f in kept):
-            # "lost a peer" in the job's output is that crash (or that exit) seen from
-            # the others
-            kept = [_as_consequence(f) if f.kind == "comm_error" and not f.ranks
-                    and f.severity == "error" and f.details.get("source") == "log" else f
-                    for f in kept]
-        # the hazard of two threads on a group, said once it failed: the failure says it
-        raced = {f.group for f in kept if f.severity == "error"
-                 and f.details.get("reason") == "threads_share_group"}
-        kept = [f for f in kept if not (f.severity == "info" and f.group in raced
-                                        and f.details.get("reason") == "threads_share_group")]
-        return sorted(kept,
-                      key=lambda f: (severity.get(f.severity, 3), order.get(f.kind, 9)))
-
-
-def _external_key(f: Finding) -> tuple:
-    """A source that updates a finding (more ranks report it) keeps `details.signature`."""
-    return ("external", f.kind, f.details.get("signature") or f.summary)
-
-
-def _as_consequence(f: Finding, of: str = "consequence_of_crash") -> Finding:
-    """A log error that blames no rank, once its cause is known (a rank dead, a traced
-    mismatch): a warning, not a cause."""
-    return replace(f, severity="warning", details={**f.details, of: True})

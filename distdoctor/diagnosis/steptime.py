@@ -13,6 +13,11 @@ Per step and rank: the wall time (the span's duration, or from one turn's first 
 next's), the time in collectives (the rank's own waits), the time waiting for batches
 (implicit "data" spans), compute as the rest, and where the main thread was between ops
 (sample events: the innermost user line). Bounded: KEEP steps per rank.
+
+`StepTimes` keeps this for every rank, fed by the engine in each rank's own order (spans,
+samples, span-less collectives), and places each op whose rendezvous the straggler
+tracker judges in its step. It knows nothing of the tracker, which reads it (straggler.py,
+and cause.py, host_noise.py for a finding).
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ MAX_PATTERN = 256  # collectives kept to find a rank's pattern
 MIN_PATTERN = 24  # a period must hold over at least this many
 KEEP = 160  # steps (and batch waits) per rank whose breakdown is kept
 LOOSE_SAMPLES = 4096  # samples kept per rank outside any span (placed by time)
+MAX_KEYS = 200_000  # span-less collectives given a step key, awaiting their rendezvous
 
 
 def find_period(sigs: list) -> int | None:
@@ -233,3 +239,63 @@ class RankSteps:
                 "runq_ms": runq_ms / n,
                 "group_ms": {g: ms / n for g, ms in by_group.items()},
                 "samples": samples, "samples_per_step": sum(samples.values()) / n}
+
+
+def pattern_sig(ev) -> tuple:
+    """What a collective is in its rank's repeating pattern: (group, op, line)."""
+    return ev.group, ev.op, ev.callsite.get("line") if ev.callsite else None
+
+
+class StepTimes:
+    """Where every rank's steps go (rank -> RankSteps), and the step of each of its ops."""
+
+    def __init__(self):
+        self.ranks: dict[int, RankSteps] = {}
+        # step keys of span-less collectives, given in each rank's own order (assign)
+        self._keys: OrderedDict = OrderedDict()  # (rank, event index) -> key
+        self._assigned: dict[int, int] = {}  # rank -> the last event index given a key
+        self._turn: dict[int, int] = {}  # rank -> the step key of its latest collective
+
+    def rank(self, rank: int) -> RankSteps:
+        t = self.ranks.get(rank)
+        if t is None:
+            t = self.ranks[rank] = RankSteps()
+        return t
+
+    def span(self, ev) -> None:
+        """A finished span of a rank: a step's wall time, or a batch wait."""
+        self.rank(ev.rank).span(ev)
+
+    def sample(self, ev) -> None:
+        """Where a rank's main thread was between its ops."""
+        self.rank(ev.rank).sample(ev)
+
+    def assign(self, ev) -> None:
+        """A collective with no span, seen in its rank's own order (the engine's ingest):
+        its turn of the rank's repeating pattern. Looked up when its rendezvous completes."""
+        if ev.index <= self._assigned.get(ev.rank, -1):
+            return  # seen before (this is its completion)
+        self._assigned[ev.rank] = ev.index
+        t = self.ranks.get(ev.rank) or self.rank(ev.rank)
+        keys = self._keys
+        key = keys[(ev.rank, ev.index)] = t.pattern.key(pattern_sig(ev))
+        self._turn[ev.rank] = key
+        if len(keys) > MAX_KEYS:
+            keys.popitem(last=False)
+
+    def place(self, rank: int, ev, p2p: bool) -> int:
+        """The step of an op the straggler tracker judges, whose time counts in that
+        step's collective time: its span; else, for a collective, its turn of the rank's
+        pattern (given in its own order by assign), for a p2p op the turn of the rank's
+        latest collective. (Once per member of every collective: written out inline.)"""
+        t = self.ranks.get(rank) or self.rank(rank)
+        key = ev.span_index
+        if not key:
+            if p2p:
+                key = self._turn.get(rank, -1)
+            else:
+                key = self._keys.pop((rank, ev.index), None)
+                if key is None:  # not seen through assign (a tracker fed rendezvous directly)
+                    key = self._turn[rank] = t.pattern.key(pattern_sig(ev))
+        t.collective(key, ev)
+        return key

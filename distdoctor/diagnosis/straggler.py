@@ -8,7 +8,8 @@ that gap is its lateness in this collective; every other rank's is minus how muc
 it waited than the last one. Measuring against the next-to-last, not the typical rank,
 keeps a cohort that is late together by design (the first pipeline stage at a step's
 loss all-reduce) from looking like stragglers. A rank's lateness is summed per step (steptime.py: a span, the tracer's implicit optimizer
-or batch steps, else one turn of the rank's repeating pattern of collectives): a rank slow
+or batch steps, else one turn of the rank's repeating pattern of collectives; the tracker
+reads each op's step from the engine's StepTimes, which knows nothing of it): a rank slow
 once per step and one slow a little at every collective both show as a steady per-step
 sum, where per-collective values are dominated by scheduling noise.
 
@@ -31,7 +32,7 @@ from dataclasses import dataclass, field
 
 from distdoctor.diagnosis import cause, host_noise
 from distdoctor.diagnosis.rendezvous import Rendezvous
-from distdoctor.diagnosis.steptime import RankSteps
+from distdoctor.diagnosis.steptime import RankSteps, StepTimes
 from distdoctor.diagnosis.waitgraph import Activity, WaitGraph, delays_text
 from distdoctor.findings import Finding, callsite_of
 
@@ -44,7 +45,6 @@ STEADY_SHARE = 0.6  # of its steps a straggler is late in (by the floor, at leas
 MIN_SIDE = 5  # steps on each side of an onset
 MAX_GROUPS = 4096  # collective groups whose members are kept
 MAX_PENDING_P2P = 4096  # completed p2p pairings awaiting their ranks' next activity
-MAX_KEYS = 200_000  # span-less collectives given a step key, awaiting their rendezvous
 VICTIM_SHARE = 0.25  # a rank that waits this share of the root's lateness per step on it
 BUSY_NODE_STEPS = 10  # steps a rise must last on a node where other processes are busy
 MIN_LATENESS_MS = 5.0  # per step; below this, lateness is noise (scheduling, logging) or
@@ -97,55 +97,27 @@ _LATENESS, _LAST, _GROUP, _CALLSITE, _P2P = range(5)
 
 class StragglerTracker:
     def __init__(self, min_lateness_ms: float = MIN_LATENESS_MS, window: int = WINDOW,
-                 min_t: float = MIN_T):
+                 min_t: float = MIN_T, steptime: StepTimes | None = None):
+        """`steptime`: where each rank's steps go, fed by the engine (its own when none)."""
         self.min_lateness_ms = min_lateness_ms
         self.window = window
         self.min_t = min_t
         self.obs: dict[int, deque[tuple]] = {}
         self.steps: dict[int, _Steps] = {}
-        self.time: dict[int, RankSteps] = {}  # where each rank's steps go
+        self.steptime = StepTimes() if steptime is None else steptime
+        # rank -> its steps (read by cause.py, host_noise.py and views/snapshot.py)
+        self.time: dict[int, RankSteps] = self.steptime.ranks
         # rank -> the onset found while it is a straggler (the window of recent steps
         # slides past it; the finding keeps saying since when)
         self.onsets: dict[int, str] = {}
-        # step keys of span-less collectives, given in each rank's own order (assign)
-        self._keys: OrderedDict = OrderedDict()  # (rank, event index) -> key
-        self._assigned: dict[int, int] = {}  # rank -> the last event index given a key
-        self._turn: dict[int, int] = {}  # rank -> the step key of its latest collective
         self.graph = WaitGraph()  # who waited on whom, per step (waitgraph.py)
         self.activity = Activity()  # when each rank last did something (p2p waits)
         self._p2p: deque[Rendezvous] = deque()  # completed pairings awaiting that
         self.members: dict[str, frozenset] = {}  # collective group -> its ranks
 
-    def assign(self, ev) -> None:
-        """A collective with no span, seen in its rank's own order (the engine's ingest):
-        its turn of the rank's repeating pattern. Looked up when its rendezvous completes."""
-        if ev.index <= self._assigned.get(ev.rank, -1):
-            return  # seen before (this is its completion)
-        self._assigned[ev.rank] = ev.index
-        t = self.time.get(ev.rank) or self._time(ev.rank)
-        keys = self._keys
-        key = keys[(ev.rank, ev.index)] = t.pattern.key(_pattern_sig(ev))
-        self._turn[ev.rank] = key
-        if len(keys) > MAX_KEYS:
-            keys.popitem(last=False)
-
-    def _time(self, rank: int) -> RankSteps:
-        t = self.time.get(rank)
-        if t is None:
-            t = self.time[rank] = RankSteps()
-        return t
-
     def op(self, ev) -> None:
         """A collective or p2p op of a rank (new, or its completion), in its own order."""
         self.activity.op(ev)
-
-    def time_event(self, ev) -> None:
-        """A span or sample event of a rank, for where its steps go (steptime.py); spans
-        count once finished."""
-        if ev.kind == "sample":
-            self._time(ev.rank).sample(ev)
-        elif ev.t_end_ns is not None:
-            self._time(ev.rank).span(ev)
 
     def observe(self, rv: Rendezvous) -> None:
         """Feed one completed rendezvous (every member arrived and finished). A p2p one
@@ -183,6 +155,7 @@ class StragglerTracker:
         gap = (waits[1][0] - w_last) / 1e6
         obs, steps, group = self.obs, self.steps, rv.group
         via = "p2p" if p2p else (rv.group_desc or f"group {group}")
+        place = self.steptime.place
         for w, rank, ev in waits:
             q = obs.get(rank)
             if q is None:
@@ -190,22 +163,10 @@ class StragglerTracker:
                 steps[rank] = _Steps()
             lateness = gap if rank == last else (w_last - w) / 1e6
             q.append((lateness, rank == last, group, ev.callsite, p2p))
-            t = self.time.get(rank) or self._time(rank)
-            key = ev.span_index or self._key_of(rank, ev, p2p)
+            key = place(rank, ev, p2p)  # its step, which counts its time
             steps[rank].add(key, lateness)
-            t.collective(key, ev)
             if rank != last and lateness < 0:  # it waited on the last to arrive
                 self.graph.add(rank, last, key, -lateness, via)
-
-    def _key_of(self, rank: int, ev, p2p: bool) -> int:
-        """The step of a span-less op: a collective's turn of the rank's pattern (given in
-        its own order by assign); a p2p op's, the turn of the rank's latest collective."""
-        if p2p:
-            return self._turn.get(rank, -1)
-        key = self._keys.pop((rank, ev.index), None)
-        if key is None:  # not seen through assign (a tracker fed rendezvous directly)
-            key = self._turn[rank] = self._time(rank).pattern.key(_pattern_sig(ev))
-        return key
 
     def score(self, rank: int) -> dict | None:
         q, steps = self.obs.get(rank), self.steps.get(rank)
@@ -294,7 +255,7 @@ class StragglerTracker:
         since = s["keys"][onset:]
         recent = s["series"][onset:]
         per_step = sum(recent) / len(recent)
-        time = self._time(rank)
+        time = self.steptime.rank(rank)
         since_label = time.label(since[0])
         if onset:
             self.onsets.setdefault(rank, since_label)
@@ -368,11 +329,6 @@ def _short_rise_beside_busy_neighbours(rank: int, s: dict, samples) -> bool:
         return False
     node = host_noise.node_view(samples, rank)
     return node is not None and node["busy_cores"] * 100 >= host_noise.BUSY_PCT
-
-
-def _pattern_sig(ev) -> tuple:
-    """What a collective is in its rank's repeating pattern: (group, op, line)."""
-    return ev.group, ev.op, ev.callsite.get("line") if ev.callsite else None
 
 
 def _t(xs: list) -> float:

@@ -1,0 +1,104 @@
+"""The engine's book of findings: how a finding is put (new, or an update said again only
+when asked), the findings from other sources (the job's log) and the ones held back a few
+seconds for a traced one to explain them, and the final list: merged, consequences said
+as such, most severe first. A mixin of Engine (engine.py), which holds the state it
+reads (`found`, `_changed`, `_held`, `_now_s`, `ranks`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from distdoctor.diagnosis.crash import merge_crashes
+from distdoctor.findings import Finding
+
+# how long a mismatch the job's output tells with no culprit waits for the traced one
+# (across nodes, the collector's: digests every 0.5 s, then its own settle time)
+HOLD_LOG_MISMATCH_S = 5.0
+
+
+class FindingBook:
+    def _put(self, key: tuple, f: Finding, quiet_update: bool = False) -> None:
+        old = self.found.get(key)
+        if old is not None:
+            if old.stacks and not f.stacks:
+                f.stacks = old.stacks
+            self.found[key] = f
+            if not quiet_update and old.to_json() != f.to_json():
+                self._changed.append(f)
+            return
+        self.found[key] = f
+        self._changed.append(f)
+
+    def add_finding(self, f: Finding) -> None:
+        """A finding from another source (the job's log): kept and reported like ours.
+        A source that updates a finding (more ranks report it) keeps `details.signature`.
+        A mismatch the log tells with no culprit (seen by the rank that received too
+        much) waits a few seconds, where ranks are traced, for the traced mismatch that
+        names the rank: then it is said as that one's consequence."""
+        if f.kind == "mismatch" and not f.ranks and self.ranks:
+            self._held.append((f, self._now_s))
+            return
+        # said live once: its updates (a rank more that reports it) go to findings.json
+        self._put(_external_key(f), f, quiet_update=True)
+
+    def _held_as_settled(self, f: Finding) -> Finding:
+        """A held log mismatch, said as the traced one's consequence once there is one."""
+        if any(k[0] == "mismatch" for k in self.found):
+            return _as_consequence(f, "consequence_of_mismatch")
+        return f
+
+    def _release_held(self, now_s: float | None) -> None:
+        keep = []
+        for f, since in self._held:
+            settled = self._held_as_settled(f)
+            if settled is f and now_s is not None and (
+                    since is None or now_s - since < HOLD_LOG_MISMATCH_S):
+                keep.append((f, since if since is not None else now_s))
+                continue
+            self._put(_external_key(settled), settled, quiet_update=True)
+        self._held = keep
+
+    def findings(self) -> list[Finding]:
+        """Every finding so far, most severe kinds first."""
+        order = {"mismatch": 0, "deadlock": 1, "hang": 2, "crash": 3, "comm_error": 4,
+                 "long_wait": 5, "throttle": 6, "straggler": 7}
+        severity = {"error": 0, "warning": 1, "info": 2}
+        # a hang blamed on ranks later found dead is that death, not a second problem
+        # (also when the death was itself a consequence: its cause is reported already)
+        held = [self._held_as_settled(f) for f, _ in self._held]  # (see add_finding)
+        found = merge_crashes(list(self.found.values()) + held, set(self.ranks))
+        crashes = [f for f in found if f.kind == "crash"]
+        died = {r for f in crashes for r in f.ranks}
+        dead = {r for f in crashes if f.severity == "error" for r in f.ranks}
+        # (not a rank left alone in an extra collective: it died of being left alone)
+        kept = [f for f in found
+                if not (f.kind == "hang" and f.ranks and set(f.ranks) <= died
+                        and f.details.get("reason") != "extra_collective")]
+        # (or a hang whose waiters' op failed: the transport gave up on the rank that left)
+        if dead or any(f.details.get("reason") == "extra_collective" or (
+                f.kind == "hang" and f.severity == "error" and f.ranks
+                and f.details.get("failed_ranks")) for f in kept):
+            # "lost a peer" in the job's output is that crash (or that exit) seen from
+            # the others
+            kept = [_as_consequence(f) if f.kind == "comm_error" and not f.ranks
+                    and f.severity == "error" and f.details.get("source") == "log" else f
+                    for f in kept]
+        # the hazard of two threads on a group, said once it failed: the failure says it
+        raced = {f.group for f in kept if f.severity == "error"
+                 and f.details.get("reason") == "threads_share_group"}
+        kept = [f for f in kept if not (f.severity == "info" and f.group in raced
+                                        and f.details.get("reason") == "threads_share_group")]
+        return sorted(kept,
+                      key=lambda f: (severity.get(f.severity, 3), order.get(f.kind, 9)))
+
+
+def _external_key(f: Finding) -> tuple:
+    """A source that updates a finding (more ranks report it) keeps `details.signature`."""
+    return ("external", f.kind, f.details.get("signature") or f.summary)
+
+
+def _as_consequence(f: Finding, of: str = "consequence_of_crash") -> Finding:
+    """A log error that blames no rank, once its cause is known (a rank dead, a traced
+    mismatch): a warning, not a cause."""
+    return replace(f, severity="warning", details={**f.details, of: True})
