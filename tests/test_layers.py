@@ -218,3 +218,25 @@ def test_the_checks_see_what_they_must():
     module, package = "distdoctor.diagnosis.engine", False
     (node,) = ast.parse("from ..views import snapshot").body
     assert _imported(module, package, node) == ["distdoctor.views.snapshot"]
+
+
+def test_no_two_files_import_each_other():
+    """Inside a package too: no module imports itself around a loop of files (data that
+    flows one way between two files reads one way)."""
+    graph: dict[str, set[str]] = {}
+    for module, target in EDGES:
+        if module != target:
+            graph.setdefault(module, set()).add(target)
+    said = [" -> ".join(loop) for loop in _loops(graph)]
+    assert not said, "files that import each other, around:\n  " + "\n  ".join(said)
+
+
+MAX_LINES = 400  # a room a reader takes in whole; past it, a seam is waiting to be cut
+
+
+def test_no_file_is_over_400_lines():
+    long = sorted(f"{path.relative_to(ROOT)}: {n}" for path, _ in MODULES.values()
+                  if path is not None
+                  and (n := len(path.read_text().splitlines())) > MAX_LINES)
+    assert not long, f"files over {MAX_LINES} lines (split them along a seam):\n  " + \
+        "\n  ".join(long)
