@@ -44,7 +44,7 @@ def _said(findings) -> str:
 # (job, ranks) -> (kind, culprits, the marker of the culprit's line where it parted)
 CASES = {
     ("stray_barrier_helper", 2): ("mismatch", [0], "parted"),
-    ("stray_barrier_helper", 4): ("mismatch", [0], "parted"),
+    # (4 ranks: test_a_stray_barrier_is_named_where_it_was_issued_not_where_it_showed)
     ("stray_barrier_same_helper", 4): ("mismatch", [0], "parted"),
     ("resume_branch_2rank", 2): ("mismatch", [1], "parted"),
     ("resume_branch_2rank", 4): ("mismatch", [2, 3], "parted"),  # an even split
@@ -83,6 +83,9 @@ def test_a_stray_barrier_is_named_where_it_was_issued_not_where_it_showed(tmp_pa
     run_dir = tmp_path / "run"
     _, findings = _run("stray_barrier_helper", 4, run_dir)
     f = next(f for f in findings if f["severity"] == "error")
+    assert f["kind"] == "mismatch" and f["ranks"] == [0], _said(findings)
+    assert {c["line"] for c in f["callsites"] if c["rank"] == 0} & \
+        _markers("stray_barrier_helper")["caller"]
     parted = f["details"]["parted_at"]
     assert parted["how"] == "extra" and parted["culprit"]["seq"] < f["seq"], parted
     assert parted["culprit"]["callsite"]["line"] in _markers("stray_barrier_helper")["parted"]
@@ -94,9 +97,10 @@ def test_a_stray_barrier_is_named_where_it_was_issued_not_where_it_showed(tmp_pa
 
 
 @pytest.mark.timeout(150)
-@pytest.mark.parametrize("nproc", [2, 4])
-def test_two_threads_on_one_group_are_said_as_that_race(nproc, tmp_path):
-    _, findings = _run("two_threads_one_group", nproc, tmp_path / "run")
+def test_two_threads_on_one_group_are_said_as_that_race(tmp_path):
+    """2 ranks: no majority either, so a vote would blame whichever rank is odd
+    (benchmarks/parted_comparison.py runs 4 as well)."""
+    _, findings = _run("two_threads_one_group", 2, tmp_path / "run")
     errors = [f for f in findings if f["severity"] == "error"
               and f["kind"] in ("mismatch", "hang", "deadlock")]
     assert errors, _said(findings)
