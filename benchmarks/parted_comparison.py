@@ -49,7 +49,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "benchmarks"))
+sys.path[:0] = [str(ROOT / "benchmarks"), str(ROOT / "tests")]
+from conftest import marker_sets  # noqa: E402  (the tests' reading of `# expect:` lines)
 from fr_comparison import _kill, dd_side, fr_side  # noqa: E402  (one shim, one runner)
 
 import distdoctor  # noqa: E402
@@ -125,11 +126,7 @@ CASES = _cases()
 
 
 def markers(job: str) -> dict[str, set[int]]:
-    out: dict[str, set[int]] = {}
-    for no, text in enumerate((PARTED / f"{job}.py").read_text().splitlines(), start=1):
-        if "# expect:" in text:
-            out.setdefault(text.split("# expect:")[1].strip(), set()).add(no)
-    return out
+    return marker_sets(PARTED / f"{job}.py")
 
 
 # --- torch's TORCH_DISTRIBUTED_DEBUG=DETAIL --------------------------------------------

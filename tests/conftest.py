@@ -88,6 +88,15 @@ def run_job(job: str, nproc: int, run_dir: Path, *job_args: str, timeout: float 
                    timeout=timeout, env=env, run_dir=run_dir)
 
 
+def marker_sets(path: Path) -> dict[str, set[int]]:
+    """`# expect: NAME` comments in a job file -> every line that carries each name."""
+    out: dict[str, set[int]] = {}
+    for no, text in enumerate(Path(path).read_text().splitlines(), start=1):
+        if "# expect:" in text:
+            out.setdefault(text.split("# expect:")[1].strip(), set()).add(no)
+    return out
+
+
 def marker_lines(job: str, jobs: Path = JOBS) -> dict[str, int]:
     """`# expect: NAME` comments in a job file (under `jobs`) -> their line numbers."""
     lines = {}

@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import JOBS, run_cli
+from conftest import JOBS, marker_sets, run_cli
 
 BUGS = JOBS / "bugs"
 
@@ -29,11 +29,7 @@ CASES = {
 
 
 def _markers(job: str) -> dict[str, set[int]]:
-    out: dict[str, set[int]] = {}
-    for no, text in enumerate((BUGS / f"{job}.py").read_text().splitlines(), start=1):
-        if "# expect:" in text:
-            out.setdefault(text.split("# expect:")[1].strip(), set()).add(no)
-    return out
+    return marker_sets(BUGS / f"{job}.py")
 
 
 def _run(job: str, nproc: int, run_dir: Path):

@@ -12,7 +12,7 @@ import json
 from pathlib import Path
 
 import pytest
-from conftest import JOBS, run_cli
+from conftest import JOBS, marker_sets, run_cli
 
 from distdoctor.diagnosis import divergence as D
 from distdoctor.runlog.reader import Event
@@ -21,11 +21,7 @@ PARTED = JOBS / "parted"
 
 
 def _markers(job: str) -> dict[str, set[int]]:
-    out: dict[str, set[int]] = {}
-    for no, text in enumerate((PARTED / f"{job}.py").read_text().splitlines(), start=1):
-        if "# expect:" in text:
-            out.setdefault(text.split("# expect:")[1].strip(), set()).add(no)
-    return out
+    return marker_sets(PARTED / f"{job}.py")
 
 
 def _run(job: str, nproc: int, run_dir: Path):
