@@ -63,6 +63,19 @@ def callsite_of(rank: int, callsite: dict | None) -> dict:
             "function": cs.get("function")}
 
 
+def who(ranks) -> str:
+    """Ranks in a summary: 'rank 3', 'ranks 1, 2'."""
+    ranks = sorted(ranks)
+    return f"rank{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))}"
+
+
+def site_text(callsite: dict | None) -> str | None:
+    """A call site as "file.py:line" (None where it names no file)."""
+    if not callsite or not callsite.get("file"):
+        return None
+    return f"{os.path.basename(callsite['file'])}:{callsite.get('line')}"
+
+
 def error_text(error: str | None, limit: int = 120) -> str:
     """An op's error message for a summary: without the "[/build/path/pair.cc:537] " that
     Gloo and c10d put first (it names their source, not the user's), cut to `limit`."""

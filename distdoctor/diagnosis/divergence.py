@@ -20,9 +20,10 @@ from __future__ import annotations
 
 import ast
 from dataclasses import dataclass
+from functools import lru_cache
 
 from distdoctor.diagnosis.mismatch import signature
-from distdoctor.findings import callsite_of
+from distdoctor.findings import callsite_of, site_text
 from distdoctor.runlog.reader import Event
 
 HISTORY = 128  # ops remembered per rank (every group), for this reasoning only
@@ -55,11 +56,17 @@ class Parting:
     next_theirs: Event | None = None
 
 
-def _align(a: list[Event], b: list[Event]) -> list[tuple[int | None, int | None]]:
+def _align(a: list[Event], b: list[Event]) -> tuple[tuple[int | None, int | None], ...]:
     """Needleman-Wunsch over call sites: the columns (i, j), a gap being None."""
-    sa, sb = [site(e) for e in a], [site(e) for e in b]
-    ga, gb = [signature(e) for e in a], [signature(e) for e in b]
-    n, m = len(a), len(b)
+    return _columns(tuple(map(site, a)), tuple(map(site, b)),
+                    tuple(map(signature, a)), tuple(map(signature, b)))
+
+
+@lru_cache(maxsize=64)
+def _columns(sa: tuple, sb: tuple, ga: tuple, gb: tuple) -> tuple:
+    """The alignment of two sequences of (site, signature). Cached: a hang's finding is
+    rebuilt every tick while it lasts, and the ops before it do not change."""
+    n, m = len(sa), len(sb)
     cost = [[0.0] * (m + 1) for _ in range(n + 1)]
     for i in range(1, n + 1):
         cost[i][0] = i * GAP
@@ -91,7 +98,7 @@ def _align(a: list[Event], b: list[Event]) -> list[tuple[int | None, int | None]
         else:
             cols.append((i - 1, j - 1))
             i, j = i - 1, j - 1
-    return cols[::-1]
+    return tuple(cols[::-1])
 
 
 def parting(ours: list[Event], theirs: list[Event]) -> Parting | None:
@@ -158,18 +165,11 @@ def further_along(a: Event | None, b: Event | None) -> int:
     return 0
 
 
-_ARMS_CACHE: dict = {}
-
-
+@lru_cache(maxsize=1024)
 def branch_arms(path, line_a: int, line_b: int) -> bool | None:
     """Whether two lines of a file lie in different arms of one `if`/`else`, `try`/
     `except` or `match`; None when the file cannot be read or parsed."""
-    key = (path, line_a, line_b)
-    if key not in _ARMS_CACHE:
-        if len(_ARMS_CACHE) > 1024:
-            _ARMS_CACHE.clear()
-        _ARMS_CACHE[key] = _branch_arms(path, line_a, line_b)
-    return _ARMS_CACHE[key]
+    return _branch_arms(path, line_a, line_b)
 
 
 def _branch_arms(path, line_a: int, line_b: int) -> bool | None:
@@ -236,18 +236,14 @@ def describe(ev: Event | None) -> str:
     text = f"{ev.op} #{ev.seq}"
     cs = ev.callsite or {}
     if cs.get("file"):
-        text += f" at {_short(cs.get('file'))}:{cs.get('line')}"
+        text += f" at {site_text(cs)}"
         if cs.get("function"):
             text += f" in {cs['function']}"
     callers = cs.get("callers") or ()
     if callers:
         text += " (from " + ", from ".join(
-            f"{_short(c.get('file'))}:{c.get('line')}" for c in callers[:2]) + ")"
+            site_text(c) or f"?:{c.get('line')}" for c in callers[:2]) + ")"
     return text
-
-
-def _short(path) -> str:
-    return str(path).rsplit("/", 1)[-1] if path else "?"
 
 
 def site_entry(rank: int, ev: Event) -> dict:

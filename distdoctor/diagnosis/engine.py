@@ -146,7 +146,7 @@ class Engine(FindingBook, WaitJudge):
                 self.gaps.op(ev.rank, ev.index)
                 st.recent.append(ev)
                 if kind == "collective":
-                    self.thread_use.op(ev)
+                    self.thread_use.op(ev, st.recent)
             st.latest = ev
         if t_end is not None:
             if st.last_done is None or ev.index >= st.last_done.index:

@@ -13,12 +13,7 @@ from __future__ import annotations
 from distdoctor.diagnosis import divergence as D
 from distdoctor.diagnosis import threads as T
 from distdoctor.diagnosis.rendezvous import Rendezvous
-from distdoctor.findings import Finding, callsite_of
-
-
-def _who(ranks) -> str:
-    ranks = sorted(ranks)
-    return f"rank{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))}"
+from distdoctor.findings import Finding, callsite_of, who
 
 
 def _race(f: Finding, ranks, histories) -> Finding | None:
@@ -48,7 +43,7 @@ def _race(f: Finding, ranks, histories) -> Finding | None:
         str(rank): [T.where(ev) for ev in s.values()] for rank, s in sorted(used.items())}
     f.details["reason"] = "threads_share_group"
     f.summary = (f"group {f.group}{desc} is used from {len(seen)} threads of "
-                 f"{_who(used)}: {' and '.join(T.where(ev) for ev in seen.values())}; the "
+                 f"{who(used)}: {' and '.join(T.where(ev) for ev in seen.values())}; the "
                  f"order of collectives across threads is not defined, so the ranks issued "
                  f"them in different orders. It showed as: {f.summary}")
     thread_sites = [{**callsite_of(r, ev.callsite), "thread": T.thread_label(ev)}
@@ -176,7 +171,7 @@ def explain_mismatch(f: Finding, rv: Rendezvous, histories: dict) -> Finding:
         return f  # the op that disagrees is where they parted: the summary says it
     where = (p.ours or p.theirs)
     skipped = "further along" in f.details.get("evidence", "")
-    subject = _who(f.ranks) if f.ranks else f"rank {culprit}"
+    subject = who(f.ranks) if f.ranks else f"rank {culprit}"
     lead = (f"{subject} parted from {others} at {where.op} #{where.seq} in group "
             f"{rv.group}: {_sentence(p, subject, others, skipped)}")
     if not majority:

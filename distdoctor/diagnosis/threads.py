@@ -16,7 +16,7 @@ threads take turns on a rank is a hazard worth saying before it fails (an info f
 
 from __future__ import annotations
 
-from distdoctor.findings import Finding
+from distdoctor.findings import Finding, site_text
 from distdoctor.runlog.reader import Event
 
 MAX_GROUPS = 4096  # (rank, group) pairs followed
@@ -45,8 +45,8 @@ def threads_on(history, group: str) -> dict[int, Event]:
 
 def where(ev: Event) -> str:
     cs = ev.callsite or {}
-    file = str(cs.get("file") or "?").rsplit("/", 1)[-1]
-    return f"{thread_label(ev)} ({ev.op} in {cs.get('function') or '?'} at {file}:{cs.get('line')})"
+    at = site_text(cs) or f"?:{cs.get('line')}"
+    return f"{thread_label(ev)} ({ev.op} in {cs.get('function') or '?'} at {at})"
 
 
 REMEDY = ("Issue a group's collectives from one thread only: give the background work "
@@ -64,14 +64,22 @@ class ThreadUse:
         self._last: dict[tuple, list] = {}
         self.reported: set[str] = set()
 
-    def op(self, ev: Event) -> None:
+    def op(self, ev: Event, recent) -> None:
+        """A new collective `ev`; `recent`: its rank's last ops, `ev` the newest. A group
+        is followed from the first op a user thread issues on it (until then every op is
+        the main thread's: the common case costs a dictionary read), and starts with the
+        main thread's last op before it, from `recent`."""
         tid = thread_of(ev)
+        if not tid and not self._last:
+            return
         key = (ev.rank, ev.group)
         st = self._last.get(key)
         if st is None:
-            if len(self._last) < MAX_GROUPS:
-                self._last[key] = [tid, 0, {}, ev]
-            return
+            if not tid or len(self._last) >= MAX_GROUPS:
+                return
+            before = next((e for e in reversed(recent) if e is not ev
+                           and e.kind == "collective" and e.group == ev.group), None)
+            st = self._last[key] = [0, 0, {}, before] if before is not None else [tid, 0, {}, ev]
         if st[0] != tid:  # a turn: each thread is shown by its op at the hand-over
             seen = st[2]
             if len(seen) < 8:

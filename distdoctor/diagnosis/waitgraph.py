@@ -29,6 +29,8 @@ from __future__ import annotations
 from bisect import bisect_left, insort
 from collections import OrderedDict
 
+from distdoctor.findings import who
+
 KEEP_TIMES = 4096  # op enter/exit times kept per rank (Activity)
 TRIM = 512
 KEEP_STEPS = 64  # steps of edges kept per rank
@@ -170,11 +172,6 @@ class Activity:
         return end - start
 
 
-def _who(ranks) -> str:
-    ranks = sorted(ranks)
-    return f"rank{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))}"
-
-
 def delays_text(graph: WaitGraph, root: int, direct: dict, through: dict) -> str:
     """'it delays rank 0 (p2p, 52 ms per step) and rank 3 (mesh_dp, 41 ms per step)
     and, through them, rank 1 (44 ms per step)' ('' with no victims)."""
@@ -186,5 +183,5 @@ def delays_text(graph: WaitGraph, root: int, direct: dict, through: dict) -> str
                            else parts[0])
     if through:
         them = "it" if len(direct) == 1 else "them"
-        text += f" and, through {them}, {_who(through)}"
+        text += f" and, through {them}, {who(through)}"
     return text

@@ -11,14 +11,9 @@ from collections import Counter
 
 from distdoctor.diagnosis.progress import LONG_WAIT_MIN_S, STALL_S, Policy
 from distdoctor.diagnosis.rendezvous import Rendezvous
-from distdoctor.findings import Finding, callsite_of
+from distdoctor.findings import Finding, callsite_of, site_text, who
 
 MAX_SITES = 64  # distinct sampled lines counted per gap between a rank's ops
-
-
-def _who(ranks) -> str:
-    ranks = sorted(ranks)
-    return f"rank{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))}"
 
 
 def long_wait_finding(rv: Rendezvous, roots: list[int], waiters: list[int], waited: float,
@@ -27,7 +22,7 @@ def long_wait_finding(rv: Rendezvous, roots: list[int], waiters: list[int], wait
     if waited < LONG_WAIT_MIN_S:
         return None
     evidence = "; ".join(f"rank {r} {verdicts[r].why}" for r in roots if verdicts[r].why)
-    summary = (f"long wait: {_who(roots)} {'has' if len(roots) == 1 else 'have'} kept "
+    summary = (f"long wait: {who(roots)} {'has' if len(roots) == 1 else 'have'} kept "
                f"{len(waiters)} rank(s) waiting {waited:.0f} s in {rv.label()}"
                + (f"; {evidence}" if evidence else ""))
     callsites = [callsite_of(w, rv.arrivals[w].callsite) for w in waiters[:1]]
@@ -52,7 +47,7 @@ def completed_wait(rv: Rendezvous, where: dict[int, dict | None]) -> Finding | N
         return None
     late = sorted(r for r, d in durations.items() if d - late_s < 1.0)
     waiters = sorted(r for r, d in durations.items() if d - late_s >= 1.0)
-    summary = (f"long wait: {_who(late)} kept {len(waiters)} rank(s) waiting "
+    summary = (f"long wait: {who(late)} kept {len(waiters)} rank(s) waiting "
                f"{waited - late_s:.0f} s in {rv.label()} (it completed)")
     callsites = []
     for r in late:
@@ -95,9 +90,9 @@ def extra_collective(rv: Rendezvous, roots: list[int], views: dict, waited: floa
     where = ""
     if first.callsite:
         where = f" at {first.callsite.get('file')}:{first.callsite.get('line')}"
-    summary = (f"hang: {_who(inside)} {'is' if len(inside) == 1 else 'are'} left alone in "
-               f"{rv.label()}{where} after {_who(roots)} exited normally: "
-               f"{_who(inside)} issued one collective too many (a collective inside a "
+    summary = (f"hang: {who(inside)} {'is' if len(inside) == 1 else 'are'} left alone in "
+               f"{rv.label()}{where} after {who(roots)} exited normally: "
+               f"{who(inside)} issued one collective too many (a collective inside a "
                f"rank-dependent branch, e.g. `if trainer.is_global_zero:` or "
                f"`if accelerator.is_main_process:`)")
     issued = {str(r): views[r].issued.get(rv.group, 0) for r in (*inside, *roots)
@@ -257,8 +252,8 @@ def _peer_finding(r: int, ev, summary: str, callsites, details) -> Finding:
 
 
 def _at(ev) -> str:
-    cs = (ev.callsite if ev is not None else None) or {}
-    return f" at {str(cs.get('file')).rsplit('/', 1)[-1]}:{cs.get('line')}" if cs else ""
+    text = site_text(ev.callsite) if ev is not None else None
+    return f" at {text}" if text else ""
 
 
 class Gaps:

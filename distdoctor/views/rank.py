@@ -5,10 +5,10 @@ the dashboard's row and the state it words (`RankRow`, `rank_state`), and the va
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
 from distdoctor.diagnosis.engine import SPLIT
+from distdoctor.findings import site_text
 
 HEARTBEAT_LATE_S = 3.0  # heartbeats come every second; this long without one is news
 
@@ -48,13 +48,6 @@ class RankMetrics:
     steps: int
     step_s: float | None
     late_s: float | None
-
-
-def site_text(callsite: dict | None) -> str | None:
-    """A call site as "file.py:line"."""
-    if not callsite or not callsite.get("file"):
-        return None
-    return f"{os.path.basename(callsite['file'])}:{callsite.get('line')}"
 
 
 def split_text(b: dict | None) -> str | None:

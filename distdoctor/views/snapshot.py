@@ -14,9 +14,9 @@ import os
 import time
 from dataclasses import dataclass, field, replace
 
-from distdoctor.findings import FINDINGS_FILE, Finding, merge_findings, read_findings
+from distdoctor.findings import FINDINGS_FILE, Finding, merge_findings, read_findings, site_text
 from distdoctor.views.probe_columns import with_probes
-from distdoctor.views.rank import RankRow, judged_states, rank_state, site_text, split_text
+from distdoctor.views.rank import RankRow, judged_states, rank_state, split_text
 
 RECENT_SHOWN = 12  # a rank's newest ops in its detail
 
