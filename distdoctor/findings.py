@@ -57,10 +57,15 @@ class Finding:
 
 
 def callsite_of(rank: int, callsite: dict | None) -> dict:
-    """A finding's call-site entry for one rank (file/line/function may be unknown)."""
+    """A finding's call-site entry for one rank (file/line/function may be unknown), with
+    the framework frame that issued the op for that line, where one did."""
     cs = callsite or {}
-    return {"rank": rank, "file": cs.get("file"), "line": cs.get("line"),
-            "function": cs.get("function")}
+    entry = {"rank": rank, "file": cs.get("file"), "line": cs.get("line"),
+             "function": cs.get("function")}
+    for key in ("framework", "call"):
+        if cs.get(key):
+            entry[key] = cs[key]
+    return entry
 
 
 def who(ranks) -> str:
@@ -74,6 +79,33 @@ def site_text(callsite: dict | None) -> str | None:
     if not callsite or not callsite.get("file"):
         return None
     return f"{os.path.basename(callsite['file'])}:{callsite.get('line')}"
+
+
+def framework_text(callsite: dict | None) -> str | None:
+    """The framework frame that issued an op for the user's line, as "Lightning's
+    DDPStrategy.barrier" (None where the user's line issued it itself)."""
+    fw = (callsite or {}).get("framework")
+    if not fw or not fw.get("function"):
+        return None
+    name = fw.get("name") or "?"
+    return f"{name}{chr(39) if name.endswith('s') else chr(39) + 's'} {fw['function']}"
+
+
+def site_phrase(callsite: dict | None, function: bool = False, full: bool = False) -> str:
+    """Where an op was issued, to follow its name in a summary: " at train.py:82" (the
+    whole path when `full`; with " in main" when `function`), or, where a framework
+    issued it for the user's line, " in Lightning's DDPStrategy.barrier, from
+    trainer.fit at train.py:82". "" where the site names no file."""
+    cs = callsite or {}
+    text = f"{cs.get('file')}:{cs.get('line')}" if full and cs.get("file") else (
+        site_text(cs))
+    if text is None:
+        return ""
+    fw = framework_text(cs)
+    if fw is not None:
+        call = f" {cs['call']}" if cs.get("call") else ""
+        return f" in {fw}, from{call} at {text}"
+    return f" at {text}" + (f" in {cs['function']}" if function and cs.get("function") else "")
 
 
 def error_text(error: str | None, limit: int = 120) -> str:

@@ -45,6 +45,9 @@ def test_lightning_mismatch_is_reported_at_lightnings_global_step(tmp_path):
     sites = own_sites(f)
     assert sites[0]["line"] == marker_lines(JOB)["culprit"]
     assert sites[1]["file"] == str(JOBS / JOB) and sites[1]["line"] == marker_lines(JOB)["fit"]
+    # Lightning's own frame, known by package where it runs from a checkout
+    assert sites[1].get("framework", {}).get("name") == "Lightning", sites[1]
+    assert sites[1].get("call") == "trainer.fit", sites[1]
 
     # what the launcher printed of the ranks' ends is the finding's word on them
     out = res.stdout + res.stderr

@@ -6,7 +6,8 @@ others' next one (barriers are alike), and the ops disagree one or more ops late
 innocent line. So after a failure, and only then (healthy code issues the same op from
 different lines on different ranks all the time: a rank-0 branch that broadcasts what the
 others receive, pipeline stages), each side's recent ops on the group are aligned by call
-site: the file, the line and the user's frames that called it (tracer/callsite.py). The
+site: the file, the line, the framework frame that issued it for that line and the user's
+frames that called it (tracer/callsite.py). The
 parting is the first op one side issued that the other has no counterpart for, or the
 first pair that differs with nothing lined up after it. Ranks that issue one op from two
 lines and line up again right after did not part there.
@@ -23,7 +24,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from distdoctor.diagnosis.mismatch import signature
-from distdoctor.findings import callsite_of, site_text
+from distdoctor.findings import callsite_of, site_phrase, site_text
 from distdoctor.runlog.reader import Event
 
 HISTORY = 128  # ops remembered per rank (every group), for this reasoning only
@@ -33,9 +34,12 @@ SAME_OP, OTHER_OP, GAP = 0.75, 1.75, 1.0
 
 
 def site(ev: Event) -> tuple:
-    """The call site as the alignment compares it: file, line and the callers' lines."""
+    """The call site as the alignment compares it: file, line, the framework's line that
+    issued the op for it (one `trainer.fit` line issues a barrier and a gather) and the
+    callers' lines."""
     cs = ev.callsite or {}
-    return (cs.get("file"), cs.get("line"),
+    fw = cs.get("framework") or {}
+    return (cs.get("file"), cs.get("line"), (fw.get("file"), fw.get("line")),
             tuple((c.get("file"), c.get("line")) for c in cs.get("callers") or ()))
 
 
@@ -230,15 +234,12 @@ def familiar(ev: Event | None, histories, before_seq: int) -> bool | None:
 
 
 def describe(ev: Event | None) -> str:
-    """'barrier #4 at utils.py:12 in ensure_on_disk (from train.py:40)'."""
+    """'barrier #4 at utils.py:12 in ensure_on_disk (from train.py:40)', or 'barrier #4
+    in Lightning's DDPStrategy.barrier, from trainer.fit at train.py:82'."""
     if ev is None:
         return "nothing"
-    text = f"{ev.op} #{ev.seq}"
     cs = ev.callsite or {}
-    if cs.get("file"):
-        text += f" at {site_text(cs)}"
-        if cs.get("function"):
-            text += f" in {cs['function']}"
+    text = f"{ev.op} #{ev.seq}{site_phrase(cs, function=True)}"
     callers = cs.get("callers") or ()
     if callers:
         text += " (from " + ", from ".join(

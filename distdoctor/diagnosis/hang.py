@@ -24,7 +24,7 @@ from distdoctor.diagnosis.waits import (
     unmatched_p2p_finding,
     wrong_peer_finding,
 )
-from distdoctor.findings import Finding, callsite_of, error_text
+from distdoctor.findings import Finding, callsite_of, error_text, site_phrase
 from distdoctor.runlog.reader import Event
 
 
@@ -49,10 +49,7 @@ class RankView:
 
 def _fmt_op(ev: Event) -> str:
     group = f"group {ev.group}" + (f" ({ev.group_desc})" if ev.group_desc else "")
-    where = ""
-    if ev.callsite:
-        where = f" at {ev.callsite.get('file')}:{ev.callsite.get('line')}"
-    return f"{ev.op} #{ev.seq} in {group}{where}"
+    return f"{ev.op} #{ev.seq} in {group}{site_phrase(ev.callsite, full=True)}"
 
 
 def where_is(view: RankView) -> str:

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections import defaultdict
 
 from distdoctor.diagnosis.rendezvous import Rendezvous
-from distdoctor.findings import Finding, callsite_of, site_text
+from distdoctor.findings import Finding, callsite_of, site_phrase
 from distdoctor.runlog.reader import Event
 
 # op -> which sizes must agree across ranks ("in", "out", or none)
@@ -151,8 +151,7 @@ def _p2p_summary(rv: Rendezvous) -> str:
         shape = "+".join("x".join(map(str, s)) or "scalar" for s in ev.shapes[:2]) or (
             f"{ev.numel_in or ev.numel_out} elements")
         dtype = f" {ev.dtypes[0]}" if ev.dtypes else ""
-        place = site_text(ev.callsite)
-        at = f" at {place}" if place else ""
+        at = site_phrase(ev.callsite)
         parts.append(f"rank {rank} {verb} {shape}{dtype} {prep} rank {peer}{at}")
     sigs = [p2p_signature(e) for e in rv.arrivals.values()]
     what = "dtypes" if len({dict(g)["numel"] for g in sigs}) == 1 else "sizes"

@@ -11,7 +11,7 @@ from collections import Counter
 
 from distdoctor.diagnosis.progress import LONG_WAIT_MIN_S, STALL_S, Policy
 from distdoctor.diagnosis.rendezvous import Rendezvous
-from distdoctor.findings import Finding, callsite_of, site_text, who
+from distdoctor.findings import Finding, callsite_of, site_phrase, who
 
 MAX_SITES = 64  # distinct sampled lines counted per gap between a rank's ops
 
@@ -87,9 +87,7 @@ def extra_collective(rv: Rendezvous, roots: list[int], views: dict, waited: floa
     if not failed and waited < confirm_s:
         return None
     first = rv.arrivals[inside[0]]
-    where = ""
-    if first.callsite:
-        where = f" at {first.callsite.get('file')}:{first.callsite.get('line')}"
+    where = site_phrase(first.callsite, full=True)
     summary = (f"hang: {who(inside)} {'is' if len(inside) == 1 else 'are'} left alone in "
                f"{rv.label()}{where} after {who(roots)} exited normally: "
                f"{who(inside)} issued one collective too many (a collective inside a "
@@ -252,8 +250,7 @@ def _peer_finding(r: int, ev, summary: str, callsites, details) -> Finding:
 
 
 def _at(ev) -> str:
-    text = site_text(ev.callsite) if ev is not None else None
-    return f" at {text}" if text else ""
+    return site_phrase(ev.callsite) if ev is not None else ""
 
 
 class Gaps:

@@ -312,8 +312,8 @@ static PyTypeObject SlotWriterType = {
     X(fields_of)      /* recorder._fields_of(type) */                                   \
     X(redop_reader)   /* None: hash(reduceOp) is its number; else reader(reduceOp) */   \
     X(tensors_miss)   /* (tensors) -> string id */                                      \
-    X(callsite_miss)  /* (frame, key, table) -> string id */                            \
-    X(off_main)       /* () -> (string id, from_main): no user frame on this thread */   \
+    X(callsite_miss)  /* (frame, key, table, framework frame) -> string id */           \
+    X(off_main)       /* (framework frame) -> (string id, from_main): no user frame */  \
     X(on_error)       /* (spec, exc): begin failed */                                   \
     X(end_other)      /* (token, work) -> work: every completion but a sync CPU op's */ \
     X(finish)         /* (e, exc): an op failed */                                      \
@@ -458,22 +458,29 @@ static long long tensors_id(Core *c, PyObject *tensors)
 }
 
 /* Whether a code object is distdoctor's, torch's or the standard library's (cached in
- * callsite._internal): 1, 0, or -1 with an exception set. */
-static int code_internal(Core *c, PyCodeObject *code)
+ * callsite._internal): 1, 0, or -1 with an exception set. *framework is set to 1 where
+ * it is a framework's code that issues collectives for the user (the entry's third
+ * item, callsite.framework_of), when framework is not NULL. */
+static int code_internal(Core *c, PyCodeObject *code, int *framework)
 {
     PyObject *key = PyLong_FromVoidPtr(code);
     if (key == NULL)
         return -1;
     PyObject *hit = PyDict_GetItemWithError(c->internal, key);
+    if (hit == NULL && !PyErr_Occurred()) { /* a code object seen for the first time */
+        PyObject *r = PyObject_CallOneArg(c->is_internal, (PyObject *)code);
+        Py_XDECREF(r);
+        hit = r == NULL ? NULL : PyDict_GetItemWithError(c->internal, key);
+    }
     Py_DECREF(key);
-    if (hit != NULL && PyTuple_Check(hit) && PyTuple_GET_SIZE(hit) == 2)
+    if (hit != NULL && PyTuple_Check(hit) && PyTuple_GET_SIZE(hit) >= 2) {
+        if (framework != NULL)
+            *framework = PyTuple_GET_SIZE(hit) >= 3 && PyTuple_GET_ITEM(hit, 2) != Py_None;
         return PyTuple_GET_ITEM(hit, 1) == Py_True;
-    if (PyErr_Occurred())
-        return -1;
-    PyObject *r = PyObject_CallOneArg(c->is_internal, (PyObject *)code);
-    int internal = r == NULL ? -1 : PyObject_IsTrue(r);
-    Py_XDECREF(r);
-    return internal;
+    }
+    if (!PyErr_Occurred())
+        PyErr_SetString(PyExc_TypeError, "is_internal did not fill callsite._internal");
+    return -1;
 }
 
 /* Up to MAX_CALLERS user frames that called the user's frame `f`, looked for within
@@ -486,19 +493,23 @@ static int code_internal(Core *c, PyCodeObject *code)
 #define MAX_HOPS 32
 
 /* The key of the call site at user frame `f` (tracer/sites.py: site_key): (id(code),
- * lasti, False, thread ident or 0 on the main thread, then id(code), lasti of each
- * caller). */
-static PyObject *site_key(Core *c, PyFrameObject *f, PyCodeObject *code)
+ * lasti, False, thread ident or 0 on the main thread, id(code) and lasti of the
+ * framework frame `fw` or 0, 0, then id(code), lasti of each caller). */
+static PyObject *site_key(Core *c, PyFrameObject *f, PyCodeObject *code, PyFrameObject *fw)
 {
     unsigned long me = PyThread_get_thread_ident();
     PyObject *k = PyList_New(0);
     if (k == NULL)
         return NULL;
-    PyObject *items[4] = {PyLong_FromVoidPtr(code), PyLong_FromLong(PyFrame_GetLasti(f)),
+    PyCodeObject *fwc = fw != NULL ? PyFrame_GetCode(fw) : NULL;
+    PyObject *items[6] = {PyLong_FromVoidPtr(code), PyLong_FromLong(PyFrame_GetLasti(f)),
                           Py_NewRef(Py_False),
-                          PyLong_FromUnsignedLong(me == c->main_ident ? 0 : me)};
+                          PyLong_FromUnsignedLong(me == c->main_ident ? 0 : me),
+                          PyLong_FromVoidPtr(fwc),
+                          PyLong_FromLong(fw != NULL ? PyFrame_GetLasti(fw) : 0)};
+    Py_XDECREF(fwc);
     int bad = 0;
-    for (int i = 0; i < 4; i++) {
+    for (int i = 0; i < 6; i++) {
         if (items[i] == NULL || PyList_Append(k, items[i]) < 0)
             bad = 1;
         Py_XDECREF(items[i]);
@@ -506,7 +517,7 @@ static PyObject *site_key(Core *c, PyFrameObject *f, PyCodeObject *code)
     PyFrameObject *b = bad ? NULL : PyFrame_GetBack(f);
     for (int found = 0, hops = 0; b != NULL && found < MAX_CALLERS && hops < MAX_HOPS; hops++) {
         PyCodeObject *bc = PyFrame_GetCode(b);
-        int internal = code_internal(c, bc);
+        int internal = code_internal(c, bc, NULL);
         if (internal < 0) {
             bad = 1;
         } else if (!internal) {
@@ -533,62 +544,70 @@ static PyObject *site_key(Core *c, PyFrameObject *f, PyCodeObject *code)
 }
 
 /* The call site's string id (tracer/sites.py: CallSites.current); *from_main set when it
- * is the main thread's line (an op issued on a thread with no user frame). -1 on error. */
+ * is the main thread's line (an op issued on a thread with no user frame). The walk
+ * keeps the innermost framework frame below the user's (callsite.find_user_frame).
+ * -1 on error. */
 static long long callsite_id(Core *c, int *from_main)
 {
     *from_main = 0;
     PyFrameObject *f = PyEval_GetFrame();
+    PyFrameObject *fw = NULL; /* the innermost framework frame, a new reference */
+    long long r = -1;
     Py_XINCREF(f);
     while (f != NULL) {
         PyCodeObject *code = PyFrame_GetCode(f);
-        int internal = code_internal(c, code);
+        int framework = 0;
+        int internal = code_internal(c, code, fw == NULL ? &framework : NULL);
         if (internal < 0) {
             Py_DECREF(code);
-            Py_DECREF(f);
-            return -1;
+            goto done;
         }
         if (!internal) { /* the user's frame */
-            PyObject *k = site_key(c, f, code);
+            PyObject *k = site_key(c, f, code, fw);
             Py_DECREF(code);
-            if (k == NULL) {
-                Py_DECREF(f);
-                return -1;
-            }
-            long long r = -1;
+            if (k == NULL)
+                goto done;
             PyObject *site = PyDict_GetItemWithError(c->callsites, k);
             if (site != NULL && PyTuple_Check(site) && PyTuple_GET_SIZE(site) >= 1) {
                 r = PyLong_AsLongLong(PyTuple_GET_ITEM(site, 0));
             } else if (!PyErr_Occurred()) {
-                PyObject *sid = PyObject_CallFunctionObjArgs(c->callsite_miss, (PyObject *)f,
-                                                             k, c->callsites, NULL);
+                PyObject *sid = PyObject_CallFunctionObjArgs(
+                    c->callsite_miss, (PyObject *)f, k, c->callsites,
+                    fw != NULL ? (PyObject *)fw : Py_None, NULL);
                 if (sid != NULL) {
                     r = PyLong_AsLongLong(sid);
                     Py_DECREF(sid);
                 }
             }
             Py_DECREF(k);
-            Py_DECREF(f);
-            return r;
+            goto done;
         }
         Py_DECREF(code);
+        if (framework)
+            fw = (PyFrameObject *)Py_NewRef(f);
         PyFrameObject *back = PyFrame_GetBack(f);
         Py_DECREF(f);
         f = back;
     }
-    if (PyThread_get_thread_ident() == c->main_ident)
-        return 0;
-    PyObject *r = PyObject_CallNoArgs(c->off_main); /* the main thread's line */
-    if (r == NULL)
-        return -1;
-    long long sid = -1;
-    if (PyTuple_Check(r) && PyTuple_GET_SIZE(r) == 2) {
-        sid = PyLong_AsLongLong(PyTuple_GET_ITEM(r, 0));
-        *from_main = PyObject_IsTrue(PyTuple_GET_ITEM(r, 1)) == 1;
+    if (PyThread_get_thread_ident() == c->main_ident) {
+        r = 0;
+        goto done;
+    }
+    /* the main thread's line */
+    PyObject *res = PyObject_CallOneArg(c->off_main, fw != NULL ? (PyObject *)fw : Py_None);
+    if (res == NULL)
+        goto done;
+    if (PyTuple_Check(res) && PyTuple_GET_SIZE(res) == 2) {
+        r = PyLong_AsLongLong(PyTuple_GET_ITEM(res, 0));
+        *from_main = PyObject_IsTrue(PyTuple_GET_ITEM(res, 1)) == 1;
     } else {
         PyErr_SetString(PyExc_TypeError, "off_main must return (sid, from_main)");
     }
-    Py_DECREF(r);
-    return sid;
+    Py_DECREF(res);
+done:
+    Py_XDECREF(f);
+    Py_XDECREF(fw);
+    return r;
 }
 
 /* The next sequence number of this op on group `pg` (per peer for p2p). */

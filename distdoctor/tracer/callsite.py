@@ -42,18 +42,24 @@ _INTERNAL_DIRS = tuple(
     for d in {sysconfig.get_paths().get("stdlib"), sysconfig.get_paths().get("platstdlib")}
     if d
 )
-# id(code) -> (code, is_internal). Keyed by id: hashing a code object hashes its whole
-# bytecode, which made this look-up the most expensive part of a traced call. The code
-# object is kept in the entry, so its id cannot be reused while the entry exists.
+# id(code) -> (code, is_internal, the framework it is code of or None). Keyed by id:
+# hashing a code object hashes its whole bytecode, which made this look-up the most
+# expensive part of a traced call. The code object is kept in the entry, so its id cannot
+# be reused while the entry exists. runlog/_fast.c reads the same entries.
 _internal: dict = {}
 _MAIN_THREAD_ID = threading.main_thread().ident
 
 
-def _is_internal(code) -> bool:
+def _entry(code) -> tuple:
     hit = _internal.get(id(code))
     if hit is None:
-        hit = _internal[id(code)] = (code, is_internal_file(code.co_filename))
-    return hit[1]
+        name = code.co_filename
+        hit = _internal[id(code)] = (code, is_internal_file(name), framework_of(name))
+    return hit
+
+
+def _is_internal(code) -> bool:
+    return _entry(code)[1]
 
 
 def is_internal_file(name: str) -> bool:
@@ -72,21 +78,61 @@ def is_internal_file(name: str) -> bool:
 FRAMEWORKS = ("torch", "lightning", "pytorch_lightning", "lightning_fabric", "transformers",
               "accelerate", "deepspeed", "fairscale", "megatron", "apex", "composer",
               "torchmetrics", "peft", "trl", "ray", "torchrec", "torchtune")
-_framework_cache: list = [frozenset(), ()]  # [names imported, their directories]
+_framework_cache: list = [frozenset(), (), ()]  # [names imported, directories, (dir, name)]
 
 
 def _framework_dirs() -> tuple:
     """The directories of the framework packages imported so far (checked once per
     code object the walk meets for the first time, never per op)."""
+    _load_frameworks()
+    return _framework_cache[1]
+
+
+def _load_frameworks() -> None:
     modules = sys.modules
     loaded = frozenset(n for n in FRAMEWORKS if n in modules)
     if loaded != _framework_cache[0]:
-        dirs = []
+        owners = []
         for name in loaded:
             for path in getattr(modules[name], "__path__", None) or ():
-                dirs += {os.path.join(path, ""), os.path.join(os.path.realpath(path), "")}
-        _framework_cache[:] = [loaded, tuple(dirs)]
-    return _framework_cache[1]
+                owners += [(d, name) for d in {os.path.join(path, ""),
+                                               os.path.join(os.path.realpath(path), "")}]
+        _framework_cache[:] = [loaded, tuple(d for d, _ in owners), tuple(owners)]
+
+
+# The frameworks' names as users know them, for "in Lightning's DDPStrategy.barrier".
+FRAMEWORK_NAMES = {"torch": "torch", "lightning": "Lightning", "pytorch_lightning": "Lightning",
+                   "lightning_fabric": "Lightning Fabric", "transformers": "HF Transformers",
+                   "accelerate": "Accelerate", "deepspeed": "DeepSpeed",
+                   "fairscale": "FairScale", "megatron": "Megatron", "apex": "Apex",
+                   "composer": "Composer", "torchmetrics": "TorchMetrics", "peft": "PEFT",
+                   "trl": "TRL", "ray": "Ray", "torchrec": "TorchRec", "torchtune": "torchtune"}
+# torch's own code counts as a framework's where it issues collectives for the user (DDP,
+# FSDP, pipelining, DCP, DTensor, DeviceMesh), not where it is the collective API the
+# user called (naming `all_reduce` inside `all_reduce` says nothing), nor dynamo's and
+# inductor's generated code (tracer/compiled.py maps that to the user's line).
+_TORCH_FRAMEWORK = (f"{os.sep}distributed{os.sep}", f"{os.sep}nn{os.sep}parallel{os.sep}")
+_TORCH_API = frozenset(f"{os.sep}distributed{os.sep}{f}" for f in (
+    "distributed_c10d.py", "c10d_logger.py", "_functional_collectives.py",
+    "_functional_collectives_impl.py", "utils.py", "__init__.py"))
+
+
+def framework_of(name: str) -> str | None:
+    """The framework whose code file `name` is ('Lightning', 'torch'...), where that code
+    issues collectives on the user's behalf; None for the user's and everything else."""
+    if name.startswith("<") or _is_bundled_user_code(name):
+        return None
+    torch_dir = _INTERNAL_DIRS[0]
+    if name.startswith(torch_dir):
+        inner = name[len(torch_dir) - 1:]
+        return "torch" if inner.startswith(_TORCH_FRAMEWORK) and inner not in _TORCH_API else (
+            None)
+    _load_frameworks()
+    for path in (name, os.path.realpath(name)):
+        for d, package in _framework_cache[2]:
+            if path.startswith(d) and package != "torch":
+                return FRAMEWORK_NAMES.get(package, package)
+    return None
 
 
 def _is_pseudo_file(filename: str) -> bool:
@@ -152,21 +198,38 @@ def thread_name(ident: int) -> str:
 
 
 def find_user_frame():
-    """(frame, from_main_thread) for the current op; frame may be None."""
-    frame = user_frame(sys._getframe(2))
+    """(frame, from_main_thread, framework frame) for the current op; frame may be None.
+    The framework frame is the innermost one of a framework's (framework_of) below the
+    user's line: Lightning's `DDPStrategy.barrier` under `trainer.fit(...)`."""
+    frame, fw = user_and_framework_frame(sys._getframe(2))
     if frame is not None:
-        return frame, False
+        return frame, False, fw
     if threading.get_ident() != _MAIN_THREAD_ID:
-        frame = main_thread_user_frame()
-        if frame is not None:
-            return frame, True
-    return None, False
+        main, main_fw = main_thread_frames()
+        if main is not None:
+            return main, True, fw or main_fw
+    return None, False, None
 
 
-def main_thread_user_frame():
+def user_and_framework_frame(frame) -> tuple:
+    """(the innermost user frame at or above `frame`, the innermost framework frame below
+    it); either may be None."""
+    fw = None
+    while frame is not None:
+        _, internal, framework = _entry(frame.f_code)
+        if not internal:
+            return frame, fw
+        if fw is None and framework is not None:
+            fw = frame
+        frame = frame.f_back
+    return None, fw
+
+
+def main_thread_frames() -> tuple:
     """The main thread's innermost user frame (the line that called `backward()` while
-    an autograd thread issues DDP's or FSDP's ops), or None."""
-    return user_frame(sys._current_frames().get(_MAIN_THREAD_ID))
+    an autograd thread issues DDP's or FSDP's ops) and the innermost framework frame
+    below it (Lightning's `backward`); either may be None."""
+    return user_and_framework_frame(sys._current_frames().get(_MAIN_THREAD_ID))
 
 
 def raise_site(tb) -> dict:

@@ -2,7 +2,9 @@
 sampled) is written to the event log once, as a string, and found again by its key.
 
 The key, `site_key`, is the frame's code and instruction offset, whether the op is the
-main thread's taken for another thread, the issuing thread, then the code and offset of
+main thread's taken for another thread, the issuing thread, the code and offset of the
+innermost framework frame below the user's line (0, 0 where none: one `trainer.fit(...)`
+line issues Lightning's barrier and its gather, two sites), then the code and offset of
 each user frame that called it (`callsite.callers`). The C path (runlog/_fast.c: its
 `site_key` and `callsite_id`) builds the same key in its own table and hands a site it
 has not seen to `CallSites.at`: a change to the key is made in both places.
@@ -10,15 +12,19 @@ has not seen to `CallSites.at`: a change to the key is made in both places.
 
 from __future__ import annotations
 
+import linecache
+import re
+
 from distdoctor.tracer import callsite, compiled
 
 
-def site_key(frame, from_main: bool, thread: int) -> tuple:
-    """A call site's key: (id(code), instruction offset, from_main, thread, then id(code)
-    and offset of each user frame that called it). Offsets, not line numbers: f_lineno
-    scans the line table on every access. Ids, not code objects: hashing a code object
-    hashes its whole bytecode."""
-    key = [id(frame.f_code), frame.f_lasti, from_main, thread]
+def site_key(frame, from_main: bool, thread: int, fw=None) -> tuple:
+    """A call site's key: (id(code), instruction offset, from_main, thread, id(code) and
+    offset of the framework frame `fw` or 0, 0, then id(code) and offset of each user
+    frame that called it). Offsets, not line numbers: f_lineno scans the line table on
+    every access. Ids, not code objects: hashing a code object hashes its whole bytecode."""
+    key = [id(frame.f_code), frame.f_lasti, from_main, thread,
+           id(fw.f_code) if fw is not None else 0, fw.f_lasti if fw is not None else 0]
     for f in callsite.callers(frame):
         key += (id(f.f_code), f.f_lasti)
     return tuple(key)
@@ -34,19 +40,21 @@ class CallSites:
     def current(self) -> tuple[int, bool]:
         """(the string id of the user's line issuing the op now, or 0; whether it is the
         main thread's line, taken for a thread with no user frame of its own)."""
-        frame, from_main = callsite.find_user_frame()
+        frame, from_main, fw = callsite.find_user_frame()
         if frame is None:
             return 0, False
-        return self.of(frame, from_main, 0 if from_main else None), from_main
+        return self.of(frame, from_main, 0 if from_main else None, fw), from_main
 
-    def of(self, frame, from_main: bool, thread: int | None = None) -> int:
+    def of(self, frame, from_main: bool, thread: int | None = None, fw=None) -> int:
         """The string id of the call site at user frame `frame`, interned on first sight.
-        `thread`: whose op it is (callsite.thread_key(); default: the calling thread)."""
-        key = site_key(frame, from_main, callsite.thread_key() if thread is None else thread)
+        `thread`: whose op it is (callsite.thread_key(); default: the calling thread);
+        `fw`: the framework's frame that issued it for the user's line, if any."""
+        key = site_key(frame, from_main,
+                       callsite.thread_key() if thread is None else thread, fw)
         hit = self._table.get(key)
-        return hit[0] if hit is not None else self.at(frame, key, self._table)
+        return hit[0] if hit is not None else self.at(frame, key, self._table, fw)
 
-    def at(self, frame, key, table: dict) -> int:
+    def at(self, frame, key, table: dict, fw=None) -> int:
         """Intern a call site seen for the first time; `table[key]` remembers it (the C
         path keys its own table by instruction index, this one by byte offset; both keys
         are site_key()'s shape). The site names the thread that issued the op where that
@@ -61,16 +69,56 @@ class CallSites:
         elif key[3]:
             site["thread"] = callsite.thread_name(key[3])
             site["thread_id"] = key[3]
+        if fw is not None:
+            site.update(framework_site(fw, frame))
         if up:
             site["callers"] = [{"file": f.f_code.co_filename, "line": f.f_lineno,
                                 "function": getattr(f.f_code, "co_qualname", f.f_code.co_name)}
                                for f in up]
         sid = self.ring.add_string(site)
         # keeps the codes (and so their ids in the key) alive
-        table[key] = (sid, code, *(f.f_code for f in walked))
+        table[key] = (sid, code, *(f.f_code for f in walked), fw and fw.f_code)
         return sid
 
-    def off_main(self) -> tuple[int, bool]:
-        """For the C path: an op on a thread with no user frame takes the main thread's."""
-        frame = callsite.main_thread_user_frame()
-        return (0, False) if frame is None else (self.of(frame, True, 0), True)
+    def off_main(self, fw=None) -> tuple[int, bool]:
+        """For the C path: an op on a thread with no user frame takes the main thread's
+        line; `fw`, the framework frame on the op's own thread (else the main thread's)."""
+        frame, main_fw = callsite.main_thread_frames()
+        return (0, False) if frame is None else (self.of(frame, True, 0, fw or main_fw), True)
+
+
+def framework_site(fw, user) -> dict:
+    """What a site says of the framework's frame `fw` that issued the op for the user's
+    frame `user`: {"framework": {name, function, file, line}, "call": what the user's
+    line called ("trainer.fit"), where it can be told}."""
+    code = fw.f_code
+    out = {"framework": {"name": callsite.framework_of(code.co_filename) or "?",
+                         "function": getattr(code, "co_qualname", code.co_name),
+                         "file": code.co_filename, "line": fw.f_lineno}}
+    call = called_name(user, fw)
+    if call:
+        out["call"] = call
+    return out
+
+
+_CALL = re.compile(r"([A-Za-z_][\w.]*)\s*\(")
+_NOT_CALLS = frozenset({"if", "elif", "while", "for", "return", "with", "not", "and", "or",
+                        "in", "assert", "yield", "await", "lambda"})
+
+
+def called_name(user, fw) -> str | None:
+    """The name the user's line calls into the framework by ("trainer.fit"): on the
+    line's text, the call whose last name is the function the user's frame entered (the
+    frame under it); else the line's first call. None where the source is not at hand."""
+    entered = None
+    frame = fw
+    while frame is not None and frame.f_back is not None and frame.f_back is not user:
+        frame = frame.f_back
+    if frame is not None and frame.f_back is user:
+        entered = frame.f_code.co_name
+    text = linecache.getline(user.f_code.co_filename, user.f_lineno)
+    calls = [c for c in _CALL.findall(text) if c.rpartition(".")[2] not in _NOT_CALLS]
+    for name in calls:
+        if name.rpartition(".")[2] == entered:
+            return name
+    return calls[0] if calls else None
