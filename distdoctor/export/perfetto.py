@@ -29,6 +29,7 @@ from pathlib import Path
 
 from distdoctor.errors import UserError
 from distdoctor.export.clock import Clock
+from distdoctor.findings import framework_text
 from distdoctor.runlog.run import span_name
 
 OP_KINDS = ("collective", "p2p")
@@ -101,6 +102,9 @@ def callsite_text(cs) -> str:
     callers = cs.get("callers") or ()
     if callers:
         text += f" (from {callers[0].get('file', '?')}:{callers[0].get('line', '?')})"
+    fw = framework_text(cs)
+    if fw:
+        text += f" (in {fw})"
     if cs.get("thread_id"):
         text += f" [thread {cs.get('thread')}]"
     return text
