@@ -191,8 +191,35 @@ MATRIX_SMOKE = (
 )
 
 
+# --- the extended tier ---------------------------------------------------------------------
+# Variants whose mechanism a sibling test in the default run exercises already, run only
+# with `pytest -m extended` (or `-m "extended or not extended"` for everything): each
+# launches a multi-process job of its own, and CI has 30 minutes for the whole suite. In
+# one place, with the sibling that covers each in CI.
+EXTENDED = (
+    # bare and traced on every test of the subset (CI: traced, against the bare outcomes)
+    "test_torch_suite.py::test_bare_and_traced_agree_test_by_test",
+    # busy ranks (CI: evaluate, generate, dataloader, prepare)
+    "test_hang_auto.py::test_a_busy_rank_is_a_long_wait_never_a_hang[checkpoint]",
+    "test_hang_auto.py::test_a_busy_rank_is_a_long_wait_never_a_hang[warmup]",
+    # idle hangs (CI: sleep, compute, spin, dead)
+    "test_hang_auto.py::test_a_rank_without_progress_is_a_hang_within_seconds[lock]",
+    "test_hang_auto.py::test_a_rank_without_progress_is_a_hang_within_seconds[queue]",
+    # the same jobs as the bug corpus's (test_diagnosis_corpus.py), under the auto rule
+    "test_hang_auto.py::test_hang_shapes_name_the_culprit_line[bugs/p2p_deadlock.py]",
+    "test_hang_auto.py::test_hang_shapes_name_the_culprit_line[bugs/wrong_group.py]",
+    # healthy modes with identical losses (CI: DP, FSDP, PP; the straggler tier runs TP
+    # and EP healthy)
+    "test_trainer_diagnosis.py::test_healthy_mode_has_no_findings_and_same_losses[mode2]",
+    "test_trainer_diagnosis.py::test_healthy_mode_has_no_findings_and_same_losses[mode4]",
+    # the dashboard on a terminal, closed by SIGHUP (CI: closed with q)
+    "test_demo.py::test_demo_on_a_terminal_runs_behind_the_dashboard_and_stops_with_it[hangup]",
+)
+
+
 def pytest_configure(config):
     config.addinivalue_line("markers", "matrix: the smoke set run on every torch of the matrix")
+    config.addinivalue_line("markers", "extended: variants outside CI's default run (EXTENDED)")
 
 
 def pytest_collection_modifyitems(config, items):
@@ -200,3 +227,11 @@ def pytest_collection_modifyitems(config, items):
         node = item.nodeid.split("tests/", 1)[-1]
         if node.startswith(MATRIX_SMOKE):
             item.add_marker(pytest.mark.matrix)
+        if node.startswith(EXTENDED):
+            item.add_marker(pytest.mark.extended)
+    if "extended" not in (config.option.markexpr or ""):  # not asked for: left out
+        kept = [i for i in items if i.get_closest_marker("extended") is None]
+        if len(kept) < len(items):
+            config.hook.pytest_deselected(
+                items=[i for i in items if i.get_closest_marker("extended") is not None])
+            items[:] = kept
