@@ -1,11 +1,14 @@
 """Healthy framework jobs, traced: how many runs give an error or warning finding (a
 `host` finding for a busy machine is allowed: it names the machine, not the program).
 
-    python benchmarks/framework_healthy.py [--runs 20] [--case NAME] [--iters N]
+    python benchmarks/framework_healthy.py [--runs 20] [--case NAME] [--iters N] [--hogs N]
 
 Jobs (tests/jobs/frameworks/): nanogpt_style.py (rank 0 alone evaluates and checkpoints
 every 25 iterations), and the --healthy twins of lightning_steps.py (Lightning DDP, its
-sanity check), hf_trainer_steps.py (HF Trainer, accumulation) and accelerate_steps.py.
+sanity check), lightning_rank0_checkpoint.py (every rank saves a checkpoint through
+Lightning's barrier each epoch), hf_trainer_steps.py (HF Trainer, accumulation) and
+accelerate_steps.py. `--hogs N`: N processes spin beside the job all along (a machine
+busy with other work).
 """
 
 from __future__ import annotations
@@ -22,8 +25,12 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 JOBS = ROOT / "tests" / "jobs" / "frameworks"
+sys.path.insert(0, str(ROOT / "tests"))
+from hogs import cpu_hogs  # noqa: E402
+
 CASES = {"nanogpt_style": [str(JOBS / "nanogpt_style.py"), "--iters", "150"],
          "lightning": [str(JOBS / "lightning_steps.py"), "--healthy"],
+         "lightning_checkpoint": [str(JOBS / "lightning_rank0_checkpoint.py"), "--healthy"],
          "hf_trainer": [str(JOBS / "hf_trainer_steps.py"), "--healthy"],
          "accelerate": [str(JOBS / "accelerate_steps.py"), "--healthy"]}
 
@@ -52,7 +59,13 @@ def main() -> None:
     ap.add_argument("--timeout", type=float, default=300)
     ap.add_argument("--case", choices=sorted(CASES), action="append")
     ap.add_argument("--iters", type=int, default=150, help="nanogpt_style's iterations")
+    ap.add_argument("--hogs", type=int, default=0, help="busy processes beside the job")
     args = ap.parse_args()
+    with cpu_hogs(["any"] * args.hogs):
+        _measure(args)
+
+
+def _measure(args) -> None:
     CASES["nanogpt_style"][2] = str(args.iters)
     for name in args.case or sorted(CASES):
         bad, kinds = 0, Counter()
