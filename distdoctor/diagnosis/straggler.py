@@ -265,8 +265,10 @@ class StragglerTracker:
                             self._groups_of(rank))
         when = (f"since {since_label}" if rank in self.onsets
                 else f"over its last {len(recent)} steps")
+        # the waits on it since its onset (a rank slow for 5 steps delayed the others 5
+        # steps, which the mean over 60 would thin to a twelfth)
         direct, through = self.graph.victims(
-            rank, max(self.min_lateness_ms, VICTIM_SHARE * per_step), lateness, STEPS)
+            rank, max(self.min_lateness_ms, VICTIM_SHARE * per_step), lateness, len(recent))
         if not direct:
             # nobody waited on it, on net: late only against its own earlier steps (in a
             # group of two, a rank that waited before and waits less now has "risen"
