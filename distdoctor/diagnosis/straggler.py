@@ -20,8 +20,12 @@ Two verdicts, each a t-statistic over the rank's recent steps:
   rank that slows mid-run within a few steps, and is blind to fixed arrival offsets (gloo's
   ring order on one host, topology), which both halves share.
 Groups of two are symmetric (one's lateness is the other's negative), so the verdict
-comes from all the groups a rank is in together. The finding then says why the rank is
-late (cause.py): its batches, its compute and where in the code, or one group's link.
+comes from all the groups a rank is in together. Three more checks keep healthy jobs on
+busy machines quiet: the occasional step far above the rank's typical one (an evaluation
+on rank 0 every N steps) is left out (stepstats.typical); the rank's longer history, from
+its onset, must be late too; and some other rank must have waited on it. The finding
+then says why the rank is late (cause.py): its batches, its compute and where in the
+code, or one group's link.
 """
 
 from __future__ import annotations
@@ -248,6 +252,15 @@ class StragglerTracker:
         since = s["keys"][onset:]
         recent = s["series"][onset:]
         per_step = sum(recent) / len(recent)
+        # the waits on it since its onset (a rank slow for 5 steps delayed the others 5
+        # steps, which the mean over 60 would thin to a twelfth)
+        direct, through = self.graph.victims(
+            rank, max(self.min_lateness_ms, VICTIM_SHARE * per_step), lateness, len(recent))
+        if not direct:
+            # nobody waited on it, on net: late only against its own earlier steps (in a
+            # group of two, a rank that waited before and waits less now has "risen"
+            # while the other still waits less than it did), not a straggler
+            return None
         time = self.steptime.rank(rank)
         since_label = time.label(since[0])
         if onset:
@@ -265,15 +278,6 @@ class StragglerTracker:
                             self._groups_of(rank))
         when = (f"since {since_label}" if rank in self.onsets
                 else f"over its last {len(recent)} steps")
-        # the waits on it since its onset (a rank slow for 5 steps delayed the others 5
-        # steps, which the mean over 60 would thin to a twelfth)
-        direct, through = self.graph.victims(
-            rank, max(self.min_lateness_ms, VICTIM_SHARE * per_step), lateness, len(recent))
-        if not direct:
-            # nobody waited on it, on net: late only against its own earlier steps (in a
-            # group of two, a rank that waited before and waits less now has "risen"
-            # while the other still waits less than it did), not a straggler
-            return None
         delays = delays_text(self.graph, rank, direct, through)
         summary = (f"straggler: rank {rank} keeps the others waiting {per_step:.1f} ms per "
                    f"step {when}" + (f": {why['text']}" if why["text"] else "")
