@@ -1,7 +1,10 @@
 """Healthy framework jobs, traced: how many runs give an error or warning finding (a
 `host` finding for a busy machine is allowed: it names the machine, not the program).
 
-    python benchmarks/framework_healthy.py [--runs 20] [--case NAME] [--iters N]
+    python benchmarks/framework_healthy.py [--runs 20] [--case NAME] [--iters N] [--busy K]
+
+--busy K: K other processes spin on any core while the jobs run (a machine busy with
+other work, as users' healthy jobs met it in issue 34).
 
 Jobs (tests/jobs/frameworks/): nanogpt_style.py (rank 0 alone evaluates and checkpoints
 every 25 iterations), and the --healthy twins of lightning_steps.py (Lightning DDP, its
@@ -46,14 +49,29 @@ def _once(job: list[str], timeout: float) -> list[dict]:
         return []
 
 
+# a process that spins on whatever core the scheduler gives it (another job's work)
+SPIN = "while True:\n    pass\n"
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--runs", type=int, default=20)
     ap.add_argument("--timeout", type=float, default=300)
     ap.add_argument("--case", choices=sorted(CASES), action="append")
     ap.add_argument("--iters", type=int, default=150, help="nanogpt_style's iterations")
+    ap.add_argument("--busy", type=int, default=0, help="spinning processes beside the jobs")
     args = ap.parse_args()
     CASES["nanogpt_style"][2] = str(args.iters)
+    spins = [subprocess.Popen([sys.executable, "-c", SPIN]) for _ in range(args.busy)]
+    try:
+        _cases(args)
+    finally:
+        for spin in spins:
+            spin.kill()
+            spin.wait()
+
+
+def _cases(args) -> None:
     for name in args.case or sorted(CASES):
         bad, kinds = 0, Counter()
         for _ in range(args.runs):
