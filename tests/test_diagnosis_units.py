@@ -258,3 +258,55 @@ def test_a_short_rise_beside_busy_neighbours_waits_to_be_judged():
     lasted = {**rise, "series": [0.0] * 16 + [12.0] * BUSY_NODE_STEPS}
     assert not _short_rise_beside_busy_neighbours(1, lasted, samples(150.0))
     assert not _short_rise_beside_busy_neighbours(1, {**rise, "steady": True}, samples(150.0))
+
+
+def test_occasional_late_steps_are_left_out_and_a_rise_is_kept():
+    """nanoGPT's rank 0 evaluates every N steps: those steps, far above its typical one,
+    alone or two in a row and few, are left out of the verdict (stepstats.typical); a
+    rank late since some step is late in a run of steps, which stays."""
+    from distdoctor.diagnosis.stepstats import typical
+
+    steps = list(enumerate(([3.0] * 9 + [300.0]) * 6))
+    kept = typical(steps, 5.0)
+    assert len(kept) == 54 and max(x for _, x in kept) == 3.0
+    rise = list(enumerate([0.0] * 50 + [25.0] * 10))
+    assert typical(rise, 5.0) == rise
+    often = list(enumerate([0.0, 0.0, 300.0] * 20))  # a third of the steps: its normal
+    assert typical(often, 5.0) == often
+
+
+def test_a_rank_late_for_its_cpu_or_at_no_line_beside_busy_processes_is_the_hosts():
+    """host_noise.separate: on a node where other processes use a core and a half, a rank
+    whose main thread waited for a CPU (cause cpu) is the host's, though the node
+    sampler's whole-process reading saw both ranks wait alike; so is one whose extra
+    work sits at no line it runs twice as long as its peers. Work at a line of its own
+    stays the program's; on a quiet node, no line says nothing of the machine."""
+    from types import SimpleNamespace as NS
+
+    from distdoctor.diagnosis.host_noise import separate
+
+    def samples(others_pct):
+        procs = (NS(rank=0, runq_ms_per_s=900.0), NS(rank=1, runq_ms_per_s=900.0))
+        stats = NS(steal_pct=0.0, others_pct=others_pct,
+                   busy=({"pid": 9, "pids": [9], "name": "spin", "cpu_pct": others_pct},))
+        return [NS(host="n0", processes=procs, host_stats=stats) for _ in range(5)]
+
+    def straggler(cause, frames=()):
+        breakdown = {"1": {"compute_ms": 40.0, "runq_ms": 28.0},
+                     "0": {"compute_ms": 27.0, "runq_ms": 17.0}}
+        return Finding("straggler", "warning", "s", [1], "0", None, [], details={
+            "step_lateness_ms": 13.0, "steps": 60, "cause": cause, "breakdown": breakdown,
+            "top_frames": list(frames)})
+
+    time = {r: NS(recent=lambda: {"wall_ms": 100.0}) for r in (0, 1)}
+    busy, quiet = samples(150.0), samples(2.0)
+    own = {"extra_ms_per_step": 13.0, "peers_ms_per_step": 0.0}
+    shared = {"extra_ms_per_step": 13.0, "peers_ms_per_step": 40.0}  # the backward pass
+    for f, kind in [(straggler("cpu"), "host"), (straggler("compute"), "host"),
+                    (straggler("compute", [shared]), "host"),
+                    (straggler("compute", [own]), "straggler")]:
+        out = separate([f], busy, time)
+        assert [x.kind for x in out] == [kind], (f.details, out)
+        if kind == "host":
+            assert out[0].details["slowed_ranks"] == [1]
+    assert [x.kind for x in separate([straggler("compute")], quiet, time)] == ["straggler"]

@@ -86,6 +86,37 @@ def test_a_rank_starved_of_cpu_is_its_hosts_finding_not_a_straggler(tmp_path):
     assert "rank 1 waited" in f["summary"] and "for a CPU" in f["summary"], f["summary"]
 
 
+def _rank0_eval(tmp_path, hog_cores=()) -> list[dict]:
+    run_dir = tmp_path / "run"
+    with cpu_hogs(list(hog_cores), name="ddevalhog"):
+        res = run_job("stragglers/rank0_eval.py", 2, run_dir, timeout=120)
+    assert res.returncode == 0, res.stderr[-3000:]
+    return json.loads((run_dir / "findings.json").read_text())["findings"]
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs a core per rank")
+def test_rank0_only_periodic_evaluation_is_no_straggler(tmp_path):
+    """Rank 0 alone evaluates every 10 steps (nanoGPT's rhythm), keeping rank 1 waiting
+    ~4 steps' work each time, by design: no straggler, nor any other warning but the
+    machine's own (this machine may be busy with other work: a host finding)."""
+    findings = _rank0_eval(tmp_path)
+    assert not [f for f in findings if f["kind"] != "host"
+                and f["severity"] in ("warning", "error")], findings
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs a core per rank")
+def test_a_periodic_evaluator_starved_of_cpu_is_its_hosts_finding(tmp_path):
+    """The issue's case: rank 0 evaluates every 10 steps and two other processes spin on
+    its core. Late because it waits for its CPU (beside its evaluation's rhythm): the
+    host's finding if any, never a straggler of the program with cause compute."""
+    core = sorted(os.sched_getaffinity(0))[0]  # the job pins rank 0 there
+    findings = _rank0_eval(tmp_path, [core, core])
+    assert not [f for f in findings if f["kind"] == "straggler"], findings
+    for f in findings:
+        assert f["kind"] == "host" and 0 in f["details"]["slowed_ranks"], findings
+        assert "ddevalhog" in {b["name"] for b in f["details"]["busy_processes"]}, f
+
+
 def test_a_slow_link_in_one_tp_pair_is_named_as_that_groups_link(tmp_path):
     """Both members of the slow pair are late at their DP all-reduces; the cause is the
     TP group whose collectives take far longer than the other TP pair's."""

@@ -158,6 +158,7 @@ def _frames(steps, mine: dict, others: dict) -> list[dict]:
         function, file, line = site
         out.append({"function": function, "file": file, "line": line,
                     "where": _where(site), "extra_ms_per_step": round(gain * period, 1),
+                    "peers_ms_per_step": round(typical[site] * period, 1),
                     "share": round(per_step[site] / total, 3) if total else 0.0})
     return out
 

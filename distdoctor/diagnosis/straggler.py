@@ -20,29 +20,30 @@ Two verdicts, each a t-statistic over the rank's recent steps:
   rank that slows mid-run within a few steps, and is blind to fixed arrival offsets (gloo's
   ring order on one host, topology), which both halves share.
 Groups of two are symmetric (one's lateness is the other's negative), so the verdict
-comes from all the groups a rank is in together. The finding then says why the rank is
-late (cause.py): its batches, its compute and where in the code, or one group's link.
+comes from all the groups a rank is in together. Three more checks keep healthy jobs on
+busy machines quiet: the occasional step far above the rank's typical one (an evaluation
+on rank 0 every N steps) is left out (stepstats.typical); the rank's longer history, from
+its onset, must be late too; and some other rank must have waited on it. The finding
+then says why the rank is late (cause.py): its batches, its compute and where in the
+code, or one group's link.
 """
 
 from __future__ import annotations
 
-import math
-from collections import Counter, OrderedDict, deque
-from dataclasses import dataclass, field
+from collections import Counter, deque
 
 from distdoctor.diagnosis import cause, host_noise
 from distdoctor.diagnosis.rendezvous import Rendezvous
+from distdoctor.diagnosis.stepstats import STEPS, Steps, onset, t, typical
 from distdoctor.diagnosis.steptime import RankSteps, StepTimes
 from distdoctor.diagnosis.waitgraph import Activity, WaitGraph, delays_text
 from distdoctor.findings import Finding, callsite_of
 
 WINDOW = 400  # recent collectives per rank kept for the report
-STEPS = 60  # recent steps per rank that the verdicts look at
 MIN_STEPS = 8  # no verdict on fewer
 MIN_T = 4.0  # how many standard errors the mean per-step lateness must stand above zero
 MIN_ONSET_T = 5.0  # ... and above the rank's own earlier steps (more splits are tried)
 STEADY_SHARE = 0.6  # of its steps a straggler is late in (by the floor, at least)
-MIN_SIDE = 5  # steps on each side of an onset
 MAX_GROUPS = 4096  # collective groups whose members are kept
 MAX_PENDING_P2P = 4096  # completed p2p pairings awaiting their ranks' next activity
 VICTIM_SHARE = 0.25  # a rank that waits this share of the root's lateness per step on it
@@ -53,39 +54,6 @@ MIN_LATENESS_MS = 5.0  # per step; below this, lateness is noise (scheduling, lo
 
 def _first(item):
     return item[0]
-
-
-@dataclass(slots=True)
-class _Steps:
-    """Per-step sums of one rank's lateness, by step key, in the order steps were first
-    seen. Collectives reach the tracker when their rendezvous completes, which need not
-    be the rank's own order (one group's ops complete in a burst when a lagging member's
-    events are read), so a step's sum stays open to late additions; the newest step is
-    not scored yet."""
-
-    totals: OrderedDict = field(default_factory=OrderedDict)  # key -> lateness sum
-    first: int | None = None  # the warm-up step's key: not scored
-
-    def add(self, key: int, lateness: float) -> None:
-        # The first step is warm-up: gloo and NCCL connect lazily at a group's first
-        # collectives, so who waits there says who connected first. One such sum
-        # (-1.3 s beside +0.2..0.6 s for a rank 150 ms late every step) swamped the
-        # t-statistic of a 20-step run.
-        if self.first is None:
-            self.first = key
-        if key == self.first:
-            return
-        totals = self.totals
-        if key in totals:
-            totals[key] += lateness
-        else:
-            totals[key] = lateness
-            if len(totals) > STEPS + 1:
-                totals.popitem(last=False)
-
-    @property
-    def sums(self) -> list[tuple[int, float]]:
-        return list(self.totals.items())[:-1]
 
 
 # One rank's part in one collective, kept as a plain tuple: one is made per member of
@@ -103,13 +71,14 @@ class StragglerTracker:
         self.window = window
         self.min_t = min_t
         self.obs: dict[int, deque[tuple]] = {}
-        self.steps: dict[int, _Steps] = {}
+        self.steps: dict[int, Steps] = {}
         self.steptime = StepTimes() if steptime is None else steptime
         # rank -> its steps (read by cause.py, host_noise.py and views/snapshot.py)
         self.time: dict[int, RankSteps] = self.steptime.ranks
         # rank -> the onset found while it is a straggler (the window of recent steps
         # slides past it; the finding keeps saying since when)
         self.onsets: dict[int, str] = {}
+        self.onset_keys: dict[int, int] = {}  # ... and the key of that step
         self.graph = WaitGraph()  # who waited on whom, per step (waitgraph.py)
         self.activity = Activity()  # when each rank last did something (p2p waits)
         self._p2p: deque[Rendezvous] = deque()  # completed pairings awaiting that
@@ -160,7 +129,7 @@ class StragglerTracker:
             q = obs.get(rank)
             if q is None:
                 q = obs[rank] = deque(maxlen=self.window)
-                steps[rank] = _Steps()
+                steps[rank] = Steps()
             lateness = gap if rank == last else (w_last - w) / 1e6
             q.append((lateness, rank == last, group, ev.callsite, p2p))
             key = place(rank, ev, p2p)  # its step, which counts its time
@@ -170,24 +139,31 @@ class StragglerTracker:
 
     def score(self, rank: int) -> dict | None:
         q, steps = self.obs.get(rank), self.steps.get(rank)
-        if not q or steps is None or len(steps.sums) < MIN_STEPS:
+        if not q or steps is None:
             return None
-        keys = [k for k, _ in steps.sums]
-        xs = [x for _, x in steps.sums]
+        history = steps.long_sums
+        window = history[-STEPS:]
+        if len(window) < MIN_STEPS:
+            return None
+        floor = self.min_lateness_ms
+        kept = typical(window, floor)
+        keys = [k for k, _ in kept]
+        xs = [x for _, x in kept]
         n = len(xs)
         mean = sum(xs) / n
-        t = _t(xs)
+        t_stat = t(xs)
         per = [o[_LATENESS] for o in q]
         half = n // 2
-        out = {"step_lateness_ms": mean, "t": t, "steps": n,
+        out = {"step_lateness_ms": mean, "t": t_stat, "steps": n,
                "lateness_ms": sum(per) / len(per), "collectives": len(per),
                "last_fraction": sum(o[_LAST] for o in q) / len(q),
                "early_mean_ms": sum(xs[:half]) / max(half, 1),
                "late_mean_ms": sum(xs[half:]) / max(n - half, 1),
-               "onset": 0, "keys": keys, "series": xs}
-        onset = _onset(xs)
-        if onset is not None:
-            split, rise, t_rise = onset
+               "onset": 0, "keys": keys, "series": xs,
+               "occasional": len(window) - n, "history": history}
+        found = onset(xs)
+        if found is not None:
+            split, rise, t_rise = found
             out.update(onset_split=split, rise_ms=rise, onset_t=t_rise)
         return out
 
@@ -202,11 +178,26 @@ class StragglerTracker:
         risen = (s.get("rise_ms", 0) >= floor
                  and s.get("onset_t", 0) >= MIN_ONSET_T
                  and sum(recent) / len(recent) >= floor
-                 and _t(recent) >= self.min_t and self._steady(recent))
+                 and t(recent) >= self.min_t and self._steady(recent))
         if risen:
             s["onset"] = split  # late since then; else since the first step kept
         s["steady"] = steady
-        return steady or risen
+        return (steady or risen) and self._late_in_history(s)
+
+    def _late_in_history(self, s: dict) -> bool:
+        """Its longer history (LONG_STEPS, from its onset where one was found) agrees: late
+        by the floor too. On a machine busy with other work, lateness moves between ranks
+        in stretches of seconds, as the scheduler favours one rank's cores, then another's:
+        a 60-step window can be one such stretch (a rank late 12.7 ms per step over 60
+        steps, 1.9 ms over its 183), which its history, where the others took their turns,
+        evens out. A rank slow by its program stays late; one slow since an onset is
+        judged from it."""
+        history = s["history"]
+        since = s["keys"][s["onset"]] if s["onset"] else s.get("onset_key")
+        if since is not None:  # (an onset older than the history: all of it is since)
+            history = history[next((i for i, (k, _) in enumerate(history) if k == since), 0):]
+        history = typical(history, self.min_lateness_ms)
+        return sum(x for _, x in history) / len(history) >= self.min_lateness_ms
 
     def _steady(self, xs: list) -> bool:
         """Late in most steps, not in a few long ones: lateness that comes and goes
@@ -222,10 +213,14 @@ class StragglerTracker:
         `samples`: the probe samples of the ranks' nodes, where a front end has them."""
         self._drain()
         scores = {r: self.score(r) for r in sorted(self.obs)}
+        for r, s in scores.items():
+            if s is not None and r in self.onset_keys:
+                s["onset_key"] = self.onset_keys[r]
         late = {r: s for r, s in scores.items() if s is not None and self.is_straggler(s)
                 and not _short_rise_beside_busy_neighbours(r, s, samples)}
         for rank in [r for r in self.onsets if r not in late]:
             del self.onsets[rank]
+            self.onset_keys.pop(rank, None)
         lateness = {r: s["step_lateness_ms"] for r, s in scores.items() if s is not None}
         roots: dict[int, list[int]] = {}
         for rank in late:
@@ -233,13 +228,15 @@ class StragglerTracker:
         out = []
         for root, chain in sorted(roots.items()):
             f = self._finding(root, late[root], scores, lateness)
+            if f is None:
+                continue
             also = sorted(r for r in chain if r != root)
             if also:  # late too, but through the root: its victims, not culprits
                 f.details["late_through_root"] = also
             out.append(f)
         return host_noise.separate(out, samples, self.time)
 
-    def _finding(self, rank: int, s: dict, scores: dict, lateness: dict) -> Finding:
+    def _finding(self, rank: int, s: dict, scores: dict, lateness: dict) -> Finding | None:
         late = [o for o in self.obs[rank] if o[_LATENESS] > 0]
         # a pipeline stage's lateness always shows in its p2p ops: not a link's sign
         groups = Counter(o[_GROUP] for o in late if not o[_P2P])
@@ -255,10 +252,20 @@ class StragglerTracker:
         since = s["keys"][onset:]
         recent = s["series"][onset:]
         per_step = sum(recent) / len(recent)
+        # the waits on it since its onset (a rank slow for 5 steps delayed the others 5
+        # steps, which the mean over 60 would thin to a twelfth)
+        direct, through = self.graph.victims(
+            rank, max(self.min_lateness_ms, VICTIM_SHARE * per_step), lateness, len(recent))
+        if not direct:
+            # nobody waited on it, on net: late only against its own earlier steps (in a
+            # group of two, a rank that waited before and waits less now has "risen"
+            # while the other still waits less than it did), not a straggler
+            return None
         time = self.steptime.rank(rank)
         since_label = time.label(since[0])
         if onset:
             self.onsets.setdefault(rank, since_label)
+            self.onset_keys.setdefault(rank, since[0])
         since_label = self.onsets.get(rank, since_label)
         early, later = s["early_mean_ms"], s["late_mean_ms"]
         trend = ("rising" if later > 1.25 * early + 0.1 else
@@ -271,8 +278,6 @@ class StragglerTracker:
                             self._groups_of(rank))
         when = (f"since {since_label}" if rank in self.onsets
                 else f"over its last {len(recent)} steps")
-        direct, through = self.graph.victims(
-            rank, max(self.min_lateness_ms, VICTIM_SHARE * per_step), lateness, STEPS)
         delays = delays_text(self.graph, rank, direct, through)
         summary = (f"straggler: rank {rank} keeps the others waiting {per_step:.1f} ms per "
                    f"step {when}" + (f": {why['text']}" if why["text"] else "")
@@ -296,6 +301,8 @@ class StragglerTracker:
                               "via": {str(r): self.graph.how(r, rank) for r in direct}}}
         if "onset_t" in s:
             details["onset_t_statistic"] = round(s["onset_t"], 1)
+        if s["occasional"]:  # left out of the verdict (stepstats.typical)
+            details["occasional_steps"] = s["occasional"]
         if why.get("slow_group"):  # the group whose collectives are slow: the finding's
             group = details["slow_group"] = why["slow_group"]
         return Finding("straggler", "warning", summary, [rank], group, None,
@@ -329,35 +336,3 @@ def _short_rise_beside_busy_neighbours(rank: int, s: dict, samples) -> bool:
         return False
     node = host_noise.node_view(samples, rank)
     return node is not None and node["busy_cores"] * 100 >= host_noise.BUSY_PCT
-
-
-def _t(xs: list) -> float:
-    n = len(xs)
-    mean = sum(xs) / n
-    var = sum((x - mean) ** 2 for x in xs) / (n - 1) if n > 1 else 0.0
-    return mean / math.sqrt(var / n) if var > 0 else (math.inf if mean > 0 else 0.0)
-
-
-def _onset(xs: list) -> tuple | None:
-    """(split, rise in ms per step, Welch t) of the split of xs where the later steps
-    stand highest above the earlier ones; None with too few steps."""
-    n = len(xs)
-    if n < 2 * MIN_SIDE:
-        return None
-    # prefix sums: every split in O(1)
-    s1, s2 = [0.0], [0.0]
-    for x in xs:
-        s1.append(s1[-1] + x)
-        s2.append(s2[-1] + x * x)
-    best = None
-    for k in range(MIN_SIDE, n - MIN_SIDE + 1):
-        a_n, b_n = k, n - k
-        a_mean, b_mean = s1[k] / a_n, (s1[n] - s1[k]) / b_n
-        a_var = max(0.0, (s2[k] - a_n * a_mean ** 2) / (a_n - 1))
-        b_var = max(0.0, (s2[n] - s2[k] - b_n * b_mean ** 2) / (b_n - 1))
-        se = math.sqrt(a_var / a_n + b_var / b_n)
-        rise = b_mean - a_mean
-        t = rise / se if se > 0 else (math.inf if rise > 0 else 0.0)
-        if best is None or t > best[2]:
-            best = (k, rise, t)
-    return best

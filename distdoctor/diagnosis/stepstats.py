@@ -1,0 +1,132 @@
+"""Per-step lateness of a rank and the statistics its straggler verdict takes from it:
+the window of recent steps and a longer history (`Steps`), the typical steps without the
+occasional late one (`typical`), a t-statistic against zero (`t`) and the onset of a rise
+(`onset`). Pure functions over numbers (straggler.py judges with them)."""
+
+from __future__ import annotations
+
+import math
+from array import array
+from collections import OrderedDict
+from dataclasses import dataclass, field
+
+STEPS = 60  # recent steps per rank that the verdicts look at
+LONG_STEPS = 300  # ... and its longer history, which a verdict must agree with
+MIN_SIDE = 5  # steps on each side of an onset
+# A step this far above the rank's typical one (in median absolute deviations, and by the
+# floor at least) is occasional work, left out of the verdict when such steps are few
+SPIKE_MADS = 5.0
+MAX_SPIKE_SHARE = 0.25
+
+
+@dataclass(slots=True)
+class Steps:
+    """Per-step sums of one rank's lateness, by step key, in the order steps were first
+    seen. Collectives reach the tracker when their rendezvous completes, which need not
+    be the rank's own order (one group's ops complete in a burst when a lagging member's
+    events are read), so a step's sum stays open to late additions; the newest step is
+    not scored yet."""
+
+    totals: OrderedDict = field(default_factory=OrderedDict)  # key -> lateness sum
+    first: int | None = None  # the warm-up step's key: not scored
+    # the steps before the window, closed to late additions: plain arrays (16 bytes a
+    # step, against 130 in the dict: a post-mortem may hold thousands of ranks)
+    old_keys: array = field(default_factory=lambda: array("q"))
+    old_sums: array = field(default_factory=lambda: array("d"))
+
+    def add(self, key: int, lateness: float) -> None:
+        # The first step is warm-up: gloo and NCCL connect lazily at a group's first
+        # collectives, so who waits there says who connected first. One such sum
+        # (-1.3 s beside +0.2..0.6 s for a rank 150 ms late every step) swamped the
+        # t-statistic of a 20-step run.
+        if self.first is None:
+            self.first = key
+        if key == self.first:
+            return
+        totals = self.totals
+        if key in totals:
+            totals[key] += lateness
+        else:
+            totals[key] = lateness
+            if len(totals) > STEPS + 1:
+                old, ms = totals.popitem(last=False)
+                self.old_keys.append(old)
+                self.old_sums.append(ms)
+                if len(self.old_keys) > LONG_STEPS - STEPS:
+                    del self.old_keys[0], self.old_sums[0]
+
+    @property
+    def long_sums(self) -> list[tuple[int, float]]:
+        """Its finished steps, up to LONG_STEPS of them (the newest is still open)."""
+        return [*zip(self.old_keys, self.old_sums, strict=True),
+                *list(self.totals.items())[:-1]]
+
+    @property
+    def sums(self) -> list[tuple[int, float]]:
+        return list(self.totals.items())[:-1]
+
+
+def typical(steps: list, floor: float) -> list:
+    """The (key, lateness) steps that are the rank's typical ones: without the occasional
+    step far later than the rest (SPIKE_MADS median absolute deviations above the median,
+    and the floor), alone or two in a row, where such steps are few. That is work a rank
+    does now and then by design (nanoGPT's rank 0 evaluates and writes a checkpoint every
+    N steps; logging, a metric, a garbage collection), a rhythm of the job, not a rank
+    slower than its peers: with it in, a rank that the machine's noise made a little late
+    in most steps had its mean and its "own work" raised by the evaluation (a false
+    straggler, cause compute, on healthy nanoGPT). A rank slow since some step is late in
+    a run of steps, which stays."""
+    n = len(steps)
+    xs = sorted(x for _, x in steps)
+    med = (xs[(n - 1) // 2] + xs[n // 2]) / 2
+    devs = sorted(abs(x - med) for x in xs)
+    mad = (devs[(n - 1) // 2] + devs[n // 2]) / 2
+    cut = med + max(floor, SPIKE_MADS * mad)
+    high = [x > cut for _, x in steps]
+    drop = set()
+    i = 0
+    while i < n:
+        if not high[i]:
+            i += 1
+            continue
+        j = i
+        while j < n and high[j]:
+            j += 1
+        if j - i <= 2:
+            drop.update(range(i, j))
+        i = j
+    if not drop or len(drop) > MAX_SPIKE_SHARE * n:
+        return steps
+    return [st for i, st in enumerate(steps) if i not in drop]
+
+
+def t(xs: list) -> float:
+    n = len(xs)
+    mean = sum(xs) / n
+    var = sum((x - mean) ** 2 for x in xs) / (n - 1) if n > 1 else 0.0
+    return mean / math.sqrt(var / n) if var > 0 else (math.inf if mean > 0 else 0.0)
+
+
+def onset(xs: list) -> tuple | None:
+    """(split, rise in ms per step, Welch t) of the split of xs where the later steps
+    stand highest above the earlier ones; None with too few steps."""
+    n = len(xs)
+    if n < 2 * MIN_SIDE:
+        return None
+    # prefix sums: every split in O(1)
+    s1, s2 = [0.0], [0.0]
+    for x in xs:
+        s1.append(s1[-1] + x)
+        s2.append(s2[-1] + x * x)
+    best = None
+    for k in range(MIN_SIDE, n - MIN_SIDE + 1):
+        a_n, b_n = k, n - k
+        a_mean, b_mean = s1[k] / a_n, (s1[n] - s1[k]) / b_n
+        a_var = max(0.0, (s2[k] - a_n * a_mean ** 2) / (a_n - 1))
+        b_var = max(0.0, (s2[n] - s2[k] - b_n * b_mean ** 2) / (b_n - 1))
+        se = math.sqrt(a_var / a_n + b_var / b_n)
+        rise = b_mean - a_mean
+        t = rise / se if se > 0 else (math.inf if rise > 0 else 0.0)
+        if best is None or t > best[2]:
+            best = (k, rise, t)
+    return best
