@@ -212,6 +212,11 @@ EXTENDED = (
     # and EP healthy)
     "test_trainer_diagnosis.py::test_healthy_mode_has_no_findings_and_same_losses[mode2]",
     "test_trainer_diagnosis.py::test_healthy_mode_has_no_findings_and_same_losses[mode4]",
+    # healthy parallel modes judged for stragglers (CI: DDP, FSDP2, TP+SP, DDP+EP, PP
+    # 1f1b and 8 ranks on 2 cores)
+    "test_stragglers.py::test_healthy_trainer_modes_have_no_straggler[HSDP]",
+    "test_stragglers.py::test_healthy_trainer_modes_have_no_straggler[PP gpipe]",
+    "test_stragglers.py::test_healthy_trainer_modes_have_no_straggler[PP interleaved]",
     # the dashboard on a terminal, closed by SIGHUP (CI: closed with q)
     "test_demo.py::test_demo_on_a_terminal_runs_behind_the_dashboard_and_stops_with_it[hangup]",
 )
