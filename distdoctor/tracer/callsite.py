@@ -153,16 +153,7 @@ def _is_bundled_user_code(filename: str) -> bool:
 
 def user_frame(frame):
     """The innermost non-internal frame at or above `frame`, or None."""
-    internal = _internal  # the walk runs per traced op: one dict look-up a frame
-    while frame is not None:
-        hit = internal.get(id(frame.f_code))
-        if hit is None:
-            if not _is_internal(frame.f_code):
-                return frame
-        elif not hit[1]:
-            return frame
-        frame = frame.f_back
-    return None
+    return user_and_framework_frame(frame)[0]
 
 
 # How many of the user's frames that called the op's frame are part of its call site, and
