@@ -210,10 +210,50 @@ def test_close_waits_for_pending_completion_callbacks(tmp_path):
     rec = Recorder(ring)
     e, work = _op(ring), _AsyncCpuWork()
     assert rec.end((e, False, True, "allreduce"), work) is work
-    assert rec._callbacks_pending == 1 and _slot(ring, e)[1] == 0
+    assert len(rec._callbacks_alive) == 1 and _slot(ring, e)[1] == 0
     threading.Timer(0.2, work.future.set_result, args=(None,)).start()
     rec.close()
-    assert _slot(ring, e)[1] > 0 and rec._callbacks_pending == 0  # it ran before close ended
+    assert _slot(ring, e)[1] > 0 and not rec._callbacks_alive  # it ran before close ended
+
+
+class _FutureFreeingLate:
+    """A future as torch's is, seen from the caller: it calls its done-callback on its
+    own thread, then frees it some time later (torch frees the callable's guard after
+    the call returns, on gloo's thread, and must take the GIL again to do so)."""
+
+    def __init__(self, hold_s: float):
+        self.hold_s = hold_s
+        self.freed_at = None
+
+    def add_done_callback(self, callback):
+        def complete():
+            nonlocal callback
+            callback(self)
+            time.sleep(self.hold_s)
+            callback = None  # the last reference: freed here, on this thread
+            self.freed_at = time.monotonic()
+
+        threading.Thread(target=complete, daemon=True).start()
+
+    def value(self):
+        return None
+
+
+@pytest.mark.timeout(20)
+def test_close_waits_until_a_callback_that_ran_is_freed(tmp_path):
+    """A traced DDP job died of SIGABRT at exit 1 run in ~50: the callback had run, so
+    close() returned, and gloo's thread then asked for the GIL of a finalizing
+    interpreter to free it. Called is not enough: close() waits for the free."""
+    ring = RingWriter(str(tmp_path / "rank-0.ring"), 0, 1 << 16, 1 << 14)
+    rec = Recorder(ring)
+    e, work = _op(ring), _AsyncCpuWork()
+    work.future = _FutureFreeingLate(hold_s=0.2)
+    rec.end((e, False, True, "allreduce"), work)
+    rec.close()
+    closed_at = time.monotonic()
+    assert _slot(ring, e)[1] > 0  # it ran
+    assert work.future.freed_at is not None and work.future.freed_at <= closed_at
+    assert not rec._callbacks_alive
 
 
 @pytest.mark.timeout(20)
@@ -224,7 +264,7 @@ def test_close_gives_up_on_a_callback_that_never_comes(tmp_path, monkeypatch):
     e = _op(ring)
     rec.end((e, False, True, "allreduce"), _AsyncCpuWork())  # a hung op: never completes
     rec.close()  # returns (the test's timeout would catch a close that waits forever)
-    assert _slot(ring, e)[1] == 0 and rec._callbacks_pending == 1
+    assert _slot(ring, e)[1] == 0 and len(rec._callbacks_alive) == 1
 
 
 @pytest.mark.timeout(20)
