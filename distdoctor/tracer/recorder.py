@@ -33,41 +33,10 @@ from distdoctor.tracer import callsite, steps
 from distdoctor.tracer.completion import PendingCompletions, StreamEnd
 from distdoctor.tracer.opfields import FIELDS, fields_of, numel, reduce_op_number
 from distdoctor.tracer.sites import CallSites
-from distdoctor.tracer.work import RecordingWork
+from distdoctor.tracer.work import DoneCallback, RecordingWork
 
 EXIT_CALLBACK_WAIT_S = 0.5  # at exit, how long to let pending completion callbacks run
 _warned: set = set()
-
-
-class _DoneCallback:
-    """An async CPU op's done-callback, counted in `alive` for as long as it exists.
-
-    torch holds the callable in a guard (`PythonFunctionGuard`) that gloo's worker thread
-    frees after the call has returned, taking the GIL a second time to do so. A thread
-    that asks for the GIL once the interpreter is finalizing is ended by pthread_exit,
-    and that unwind through the guard's destructor is std::terminate: the rank dies of
-    SIGABRT at exit ("terminate called without an active exception"; caught in a core
-    dump of a traced DDP job on torch 2.13: `~PythonFunctionGuard` in
-    `Future::markCompleted` on a `pt_gloo_runloop` thread). So the exit waits until the
-    callable is freed, not merely called: it leaves `alive` in `__del__`, which runs
-    inside that destructor's hold of the GIL. `list.append` and `list.pop` are atomic
-    under the GIL: no lock, which a `__del__` run by a collection could wait on forever.
-    """
-
-    __slots__ = ("_done", "_e", "_alive")
-
-    def __init__(self, done, e: int, alive: list):
-        self._done, self._e, self._alive = done, e, alive
-        alive.append(None)
-
-    def __call__(self, fut) -> None:
-        self._done(self._e, fut)
-
-    def __del__(self) -> None:
-        try:
-            self._alive.pop()
-        except IndexError:
-            pass
 
 
 def warn_once(key: str, message: str) -> None:
@@ -106,7 +75,7 @@ class Recorder:
         self._pid = os.getpid()
         self.on_heartbeat: list = []  # cheap checks to run once a second (never raising)
         self._stop = threading.Event()
-        # one entry per async CPU op's done-callback that torch still holds: _DoneCallback
+        # one entry per async CPU op's done-callback that torch still holds: DoneCallback
         self._callbacks_alive: list = []
         self._use_native()
         threading.Thread(target=self._heartbeat, name="distdoctor-heartbeat",
@@ -258,8 +227,8 @@ class Recorder:
                     # completion. Asked once per method: the C++ exception costs ~8 us.
                     self._futureless.add(method)
                     return RecordingWork(work, partial(self._finish_wait, e))
-                fut.add_done_callback(_DoneCallback(self._future_done, e,
-                                                    self._callbacks_alive))
+                fut.add_done_callback(DoneCallback(self._future_done, e,
+                                                   self._callbacks_alive))
         except Exception as exc:
             warn_once("end", f"could not follow an op's completion: {exc!r}")
         return work
@@ -409,7 +378,7 @@ class Recorder:
             return
         self._pending.close()  # the CUDA ops that are done by now are recorded as done
         # Let completion callbacks still held on gloo's threads run and be freed now: see
-        # _DoneCallback.
+        # work.DoneCallback.
         deadline = time.monotonic() + EXIT_CALLBACK_WAIT_S
         while self._callbacks_alive and time.monotonic() < deadline:
             time.sleep(0.002)  # releases the GIL to them

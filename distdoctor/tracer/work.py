@@ -1,6 +1,7 @@
-"""A Work wrapper whose completion is the caller's own wait.
+"""CPU works' completion: a Work wrapper whose completion is the caller's own wait, and
+the done-callback that records the others (DoneCallback).
 
-Its use: gloo's send/recv works have no future and never report `is_completed()` until
+The wrapper's use: gloo's send/recv works have no future and never report `is_completed()` until
 someone waits, and waiting on them from a second thread is unsafe (two waiters, one
 completion). The caller's `wait()` is the completion, recorded when it returns. Everything
 else is passed through. (Synchronous ops need no wrapper: the recorder waits on them
@@ -136,3 +137,34 @@ class JoinedWork(dist.Work):
 
     def get_future(self):
         raise RuntimeError("getFuture not implemented")  # completion is seen by waiting
+
+
+class DoneCallback:
+    """An async CPU op's done-callback, counted in `alive` for as long as it exists.
+
+    torch holds the callable in a guard (`PythonFunctionGuard`) that gloo's worker thread
+    frees after the call has returned, taking the GIL a second time to do so. A thread
+    that asks for the GIL once the interpreter is finalizing is ended by pthread_exit,
+    and that unwind through the guard's destructor is std::terminate: the rank dies of
+    SIGABRT at exit ("terminate called without an active exception"; caught in a core
+    dump of a traced DDP job on torch 2.13: `~PythonFunctionGuard` in
+    `Future::markCompleted` on a `pt_gloo_runloop` thread). So the exit waits until the
+    callable is freed, not merely called: it leaves `alive` in `__del__`, which runs
+    inside that destructor's hold of the GIL. `list.append` and `list.pop` are atomic
+    under the GIL: no lock, which a `__del__` run by a collection could wait on forever.
+    """
+
+    __slots__ = ("_done", "_e", "_alive")
+
+    def __init__(self, done, e: int, alive: list):
+        self._done, self._e, self._alive = done, e, alive
+        alive.append(None)
+
+    def __call__(self, fut) -> None:
+        self._done(self._e, fut)
+
+    def __del__(self) -> None:
+        try:
+            self._alive.pop()
+        except IndexError:
+            pass
