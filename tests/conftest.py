@@ -176,10 +176,12 @@ def small_disk(path, size: str):
 # What CI runs again on the oldest torch distdoctor supports and on the newest release
 # (`pytest -m matrix`, .ci/run): every op family traced with its call site, a mismatch, a
 # hang, a deadlock, a crash, a healthy job, a straggler, `diagnose --log` on recorded output,
-# and the demo. Test ids (or their prefix, for a parametrized test) in one place.
+# the demo, and a compiled function's graph break at its line (dynamo's code differs most
+# between versions). Test ids (or their prefix, for a parametrized test) in one place.
 MATRIX_SMOKE = (
     "test_tracer_ops.py::",
     "test_torch_versions.py::",
+    "test_compiled_sites.py::",
     "test_diagnosis_corpus.py::test_bug_is_diagnosed[shape_mismatch]",
     "test_diagnosis_corpus.py::test_bug_is_diagnosed[stuck_outside]",
     "test_diagnosis_corpus.py::test_bug_is_diagnosed[p2p_deadlock]",

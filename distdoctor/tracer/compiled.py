@@ -27,6 +27,7 @@ list as torch's own files are, when torch._dynamo is imported: never imported by
 
 from __future__ import annotations
 
+import dis
 import importlib.abc
 import importlib.util
 import linecache
@@ -131,10 +132,68 @@ def _source_nodes(filename: str, line: int) -> list[str]:
     return []
 
 
-def _site(frame) -> dict:
+def frame_site(frame) -> dict:
+    """{file, line, function} of a frame as the user wrote it: a line torch 2.4's dynamo
+    code lost is the graph break's (break_line), and a resume function of dynamo's
+    (`torch_dynamo_resume_in_step_at_25`) is the user's function (`step`)."""
     code = frame.f_code
-    return {"file": code.co_filename, "line": frame.f_lineno,
-            "function": getattr(code, "co_qualname", code.co_name)}
+    return {"file": code.co_filename, "line": break_line(frame) or frame.f_lineno,
+            "function": function_name(code)}
+
+
+def function_name(code) -> str:
+    m = _RESUMED_RE.match(code.co_name)
+    return m.group(1) if m else getattr(code, "co_qualname", code.co_name)
+
+
+_RESUMED_RE = re.compile(r"torch_dynamo_resume_in_(.+)_at_(\d+)$")
+_breaks: dict = {}  # id(code) -> (code, graph call's offset, resume load's offset, resume name)
+
+
+def break_line(frame) -> int | None:
+    """The line of the graph break `frame` stands at, where its code lost it; else None.
+
+    dynamo's code for a compiled function up to a graph break calls the graph
+    (`__compiled_fn_N`), then makes the call it could not compile, then calls
+    `__resume_at_*` for the rest. On torch 2.4 that code has no line table: every
+    instruction reads as the function's first line. The break's line survives in the
+    resume function's name (`torch_dynamo_resume_in_step_at_25`), and the frame's
+    instruction tells the break's call (between the two) from the graph's. Newer torch
+    keeps the lines: this is None there. Once per code object (a site's first sighting).
+    """
+    code = frame.f_code
+    if frame.f_lineno != code.co_firstlineno or not any(
+            n.startswith("__compiled_fn") for n in code.co_names):
+        return None
+    shape = _breaks.get(id(code))
+    if shape is None or shape[0] is not code:
+        shape = _breaks[id(code)] = (code, *_segment_shape(code))
+    _, graph_call, resume_load, resume = shape
+    if graph_call is None or resume_load is None or not graph_call < frame.f_lasti < resume_load:
+        return None
+    fn = frame.f_globals.get(resume)
+    m = _RESUMED_RE.match(getattr(getattr(fn, "__code__", None), "co_name", "") or "")
+    return int(m.group(2)) if m else None
+
+
+def _segment_shape(code) -> tuple:
+    """(offset of the call of the graph, offset of the load of the resume function, its
+    name) in dynamo's code for a segment of a compiled function; Nones where not one."""
+    graph_load = graph_call = None
+    try:
+        for ins in dis.get_instructions(code):
+            name = ins.argval if isinstance(ins.argval, str) else ""
+            if graph_load is None:
+                if ins.opname.startswith("LOAD") and name.startswith("__compiled_fn"):
+                    graph_load = ins.offset
+            elif graph_call is None:
+                if ins.opname.startswith("CALL"):
+                    graph_call = ins.offset
+            elif ins.opname.startswith("LOAD") and name.startswith("__resume_at"):
+                return graph_call, ins.offset, name
+    except Exception:
+        pass
+    return None, None, None
 
 
 def site_of(frame) -> dict:
@@ -154,18 +213,19 @@ def site_of(frame) -> dict:
         # stands at the function's first line, which issued nothing
         caller = _past_generated(frame.f_back)
         if caller is not None:
-            fn = code.co_name
-            site = _site(caller)
+            fn = function_name(code)
+            site = frame_site(caller)
             site.update(compiled=fn, called_from=_text(site))
             return site
-    return _site(frame)
+    return frame_site(frame)
 
 
 def runs_a_graph(frame) -> bool:
-    """dynamo's frame of a compiled function: at its first line, calling its graph."""
+    """dynamo's frame of a compiled function: at its first line, calling its graph (not
+    at a graph break, whose line break_line finds)."""
     code = frame.f_code
     return frame.f_lineno == code.co_firstlineno and any(
-        n.startswith("__compiled_fn") for n in code.co_names)
+        n.startswith("__compiled_fn") for n in code.co_names) and break_line(frame) is None
 
 
 def _text(site: dict) -> str:
@@ -189,7 +249,7 @@ def _site_of_generated(frame) -> dict | None:
         return None
     caller = _past_generated(compiled.f_back)
     names = _source_nodes(frame.f_code.co_filename, frame.f_lineno)
-    fn = compiled.f_code.co_name
+    fn = function_name(compiled.f_code)
     site = None
     for name in names:
         entries = _nodes.get((compiled.f_code.co_filename, name)) or []
@@ -200,14 +260,14 @@ def _site_of_generated(frame) -> dict | None:
     if site is None and not runs_a_graph(compiled):
         # not dynamo's frame: a graph run from the user's own line (a compiled backward
         # from `loss.backward()`), which is the site
-        return _site(compiled)
+        return frame_site(compiled)
     if site is None:  # torch kept no line inside: the call of the compiled function
-        site = _site(caller) if caller is not None else _site(compiled)
+        site = frame_site(caller) if caller is not None else frame_site(compiled)
         site["compiled"] = fn
     else:
         site = dict(site)
     if caller is not None:
-        site["called_from"] = _text(_site(caller))
+        site["called_from"] = _text(frame_site(caller))
     return site
 
 

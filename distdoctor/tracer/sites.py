@@ -72,9 +72,7 @@ class CallSites:
         if fw is not None:
             site.update(framework_site(fw, frame))
         if up:
-            site["callers"] = [{"file": f.f_code.co_filename, "line": f.f_lineno,
-                                "function": getattr(f.f_code, "co_qualname", f.f_code.co_name)}
-                               for f in up]
+            site["callers"] = [compiled.frame_site(f) for f in up]
         sid = self.ring.add_string(site)
         # keeps the codes (and so their ids in the key) alive
         table[key] = (sid, code, *(f.f_code for f in walked), fw and fw.f_code)
