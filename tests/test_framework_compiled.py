@@ -26,7 +26,7 @@ def _sites(run_dir) -> list[dict]:
 def test_compiled_branch_mismatch_names_the_users_lines(tmp_path):
     run_dir = tmp_path / "run"
     res = run_cli(["run", "--nproc", "2", "--run-dir", str(run_dir), "--grace", "2",
-                   "--hang-timeout", "5", "--on-hang", "kill", "--",
+                   "--on-hang", "kill", "--",
                    str(JOBS / JOB)], timeout=240, run_dir=run_dir)
     lines = marker_lines(JOB)
     findings = json.loads((run_dir / "findings.json").read_text())["findings"]

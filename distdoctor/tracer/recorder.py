@@ -36,6 +36,7 @@ from distdoctor.tracer.sites import CallSites
 from distdoctor.tracer.work import DoneCallback, RecordingWork
 
 EXIT_CALLBACK_WAIT_S = 0.5  # at exit, how long to let pending completion callbacks run
+EXIT_WORK_GRACE_S = 0.02  # then, for their ops' works to be freed (close())
 _warned: set = set()
 
 
@@ -380,5 +381,14 @@ class Recorder:
         # Let completion callbacks still held on gloo's threads run and be freed now: see
         # work.DoneCallback.
         deadline = time.monotonic() + EXIT_CALLBACK_WAIT_S
+        if not self._callbacks_alive:
+            return
         while self._callbacks_alive and time.monotonic() < deadline:
             time.sleep(0.002)  # releases the GIL to them
+        # The thread that freed the last one goes on to free that op's work, which takes
+        # the GIL too when the work's thread-local state holds a Python object: during
+        # backward torch's autograd keeps a contextvars.Context there (autograd/graph.py,
+        # torch 2.13), so every DDP all-reduce work does (a second core dump: ~AsyncWork
+        # on pt_gloo_runloop). It does so microseconds later. Bare jobs race for it alike
+        # (torch's own), but an exit that just waited here must not start the race.
+        time.sleep(EXIT_WORK_GRACE_S)
