@@ -47,7 +47,10 @@ STEADY_SHARE = 0.6  # of its steps a straggler is late in (by the floor, at leas
 MAX_GROUPS = 4096  # collective groups whose members are kept
 MAX_PENDING_P2P = 4096  # completed p2p pairings awaiting their ranks' next activity
 VICTIM_SHARE = 0.25  # a rank that waits this share of the root's lateness per step on it
-BUSY_NODE_STEPS = 10  # steps a rise must last on a node where other processes are busy
+# steps a rise must last to be judged: a shorter one comes and goes with the machine (a
+# process the scheduler moved onto the rank's core; seen on a quiet node too: a healthy
+# 2-rank job's last 5 steps, 5 ms late each, once in ~20 runs on a 2-core VM)
+MIN_RISE_STEPS = 10
 MIN_LATENESS_MS = 5.0  # per step; below this, lateness is noise (scheduling, logging) or
 # a fixed offset by design (a pipeline stage that always ends its step 2 ms after the other)
 
@@ -175,7 +178,7 @@ class StragglerTracker:
         recent = s["series"][split:]
         # a rise, and the steps since it a straggler's by themselves (a rank that only
         # waits less than it did, as the others slow, has risen but is not late)
-        risen = (s.get("rise_ms", 0) >= floor
+        risen = (s.get("rise_ms", 0) >= floor and len(recent) >= MIN_RISE_STEPS
                  and s.get("onset_t", 0) >= MIN_ONSET_T
                  and sum(recent) / len(recent) >= floor
                  and t(recent) >= self.min_t and self._steady(recent))
@@ -216,8 +219,7 @@ class StragglerTracker:
         for r, s in scores.items():
             if s is not None and r in self.onset_keys:
                 s["onset_key"] = self.onset_keys[r]
-        late = {r: s for r, s in scores.items() if s is not None and self.is_straggler(s)
-                and not _short_rise_beside_busy_neighbours(r, s, samples)}
+        late = {r: s for r, s in scores.items() if s is not None and self.is_straggler(s)}
         for rank in [r for r in self.onsets if r not in late]:
             del self.onsets[rank]
             self.onset_keys.pop(rank, None)
@@ -322,17 +324,3 @@ class StragglerTracker:
 
     def _groups_of(self, rank: int) -> set:
         return {o[_GROUP] for o in self.obs.get(rank, ())}
-
-
-def _short_rise_beside_busy_neighbours(rank: int, s: dict, samples) -> bool:
-    """A rank late only since a recent rise, for fewer than BUSY_NODE_STEPS steps, on a
-    node where other processes use its cores: such lateness comes and goes with the
-    neighbours (a spinning process the scheduler moved onto its core slows its own work,
-    with no CPU wait to show for it). It is judged once it has lasted; a rank late in
-    most of its steps, or on a quiet node, is judged at once."""
-    if s.get("steady") or not samples:
-        return False
-    if len(s["series"]) - s.get("onset", 0) >= BUSY_NODE_STEPS:
-        return False
-    node = host_noise.node_view(samples, rank)
-    return node is not None and node["busy_cores"] * 100 >= host_noise.BUSY_PCT
