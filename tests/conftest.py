@@ -201,9 +201,14 @@ MATRIX_SMOKE = (
 EXTENDED = (
     # bare and traced on every test of the subset (CI: traced, against the bare outcomes)
     "test_torch_suite.py::test_bare_and_traced_agree_test_by_test",
-    # busy ranks (CI: evaluate, generate, dataloader, prepare)
+    # busy ranks (CI: evaluate, dataloader)
     "test_hang_auto.py::test_a_busy_rank_is_a_long_wait_never_a_hang[checkpoint]",
     "test_hang_auto.py::test_a_busy_rank_is_a_long_wait_never_a_hang[warmup]",
+    "test_hang_auto.py::test_a_busy_rank_is_a_long_wait_never_a_hang[generate]",
+    "test_hang_auto.py::test_a_busy_rank_is_a_long_wait_never_a_hang[prepare]",
+    # a shape mismatch injected into the trainer (CI: the bug corpus's shape_mismatch job,
+    # and the trainer's own mismatch and skip injections)
+    "test_trainer_diagnosis.py::test_injected_failure_is_diagnosed[shape:rank=1,step=3]",
     # idle hangs (CI: sleep, compute, spin, dead)
     "test_hang_auto.py::test_a_rank_without_progress_is_a_hang_within_seconds[lock]",
     "test_hang_auto.py::test_a_rank_without_progress_is_a_hang_within_seconds[queue]",
