@@ -367,6 +367,9 @@ class Engine(FindingBook, WaitJudge):
     def _error_findings(self) -> list[Finding]:
         out = []
         for evs in self._errors.values():
+            # in rank order: the live engine sees ranks' errors in the order their logs
+            # are read, a post-mortem in another; the finding must be the same
+            evs = sorted(evs, key=lambda e: e.rank)
             ranks = sorted({e.rank for e in evs})
             first = evs[0]
             error = first.error or first.status
