@@ -161,10 +161,9 @@ def break_line(frame) -> int | None:
     instruction tells the break's call (between the two) from the graph's. Newer torch
     keeps the lines: this is None there. Once per code object (a site's first sighting).
     """
-    code = frame.f_code
-    if frame.f_lineno != code.co_firstlineno or not any(
-            n.startswith("__compiled_fn") for n in code.co_names):
+    if not _dynamo_at_first_line(frame):
         return None
+    code = frame.f_code
     shape = _breaks.get(id(code))
     if shape is None or shape[0] is not code:
         shape = _breaks[id(code)] = (code, *_segment_shape(code))
@@ -223,9 +222,15 @@ def site_of(frame) -> dict:
 def runs_a_graph(frame) -> bool:
     """dynamo's frame of a compiled function: at its first line, calling its graph (not
     at a graph break, whose line break_line finds)."""
+    return _dynamo_at_first_line(frame) and break_line(frame) is None
+
+
+def _dynamo_at_first_line(frame) -> bool:
+    """dynamo's code for a compiled function (it calls a `__compiled_fn_N` graph),
+    standing at the function's first line."""
     code = frame.f_code
     return frame.f_lineno == code.co_firstlineno and any(
-        n.startswith("__compiled_fn") for n in code.co_names) and break_line(frame) is None
+        n.startswith("__compiled_fn") for n in code.co_names)
 
 
 def _text(site: dict) -> str:

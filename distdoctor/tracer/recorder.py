@@ -380,9 +380,9 @@ class Recorder:
         self._pending.close()  # the CUDA ops that are done by now are recorded as done
         # Let completion callbacks still held on gloo's threads run and be freed now: see
         # work.DoneCallback.
-        deadline = time.monotonic() + EXIT_CALLBACK_WAIT_S
         if not self._callbacks_alive:
             return
+        deadline = time.monotonic() + EXIT_CALLBACK_WAIT_S
         while self._callbacks_alive and time.monotonic() < deadline:
             time.sleep(0.002)  # releases the GIL to them
         # The thread that freed the last one goes on to free that op's work, which takes
