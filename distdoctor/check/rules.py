@@ -22,7 +22,6 @@ NOFILE_WARN = 4096
 MEMORY_WARN = 0.10  # of the node's memory available
 CLOCK_WARN_S, CLOCK_FAIL_S = 0.05, 1.0
 TEMP_MARGIN_C = 5  # of the slowdown threshold
-SLOW_PAIR = 0.5  # of the median pair's bandwidth
 
 
 def rows(job: dict, multi_node: bool) -> list[Row]:
@@ -342,7 +341,7 @@ def _sweep(ranks: list[dict], sweep: dict | None) -> list[Row]:
     """The slow pairs as `nccl-test --pairwise` judges them (pairwise_report.analyze)."""
     if not sweep:
         return []
-    from distdoctor.check.links import SWEEP_ITERS
+    from distdoctor.check.links import SLOW_PAIR, SWEEP_ITERS
     from distdoctor.nccltest.pairwise_report import analyze
     from distdoctor.nccltest.results import RankInfo
 

@@ -109,8 +109,11 @@ def _ping_pong(rank: int, a: int, b: int, small: torch.Tensor, iters: int,
 
 
 def measure(device: torch.device, nbytes: int, iters: int, warmup: int,
-            delays: dict[int, float]) -> tuple[list[list[float]], list[list[float]]]:
-    """(bandwidth GB/s [src][dst], latency us [a][b]); the same on every rank."""
+            delays: dict[int, float], only: list[tuple[int, int]] | None = None,
+            ) -> tuple[list[list[float]], list[list[float]]]:
+    """(bandwidth GB/s [src][dst], latency us [a][b]); the same on every rank. `only`
+    (pairs a < b, the same list on every rank) measures just those, one at a time; the
+    other entries stay 0."""
     rank, n = dist.get_rank(), dist.get_world_size()
     count = max(1, nbytes // 4)
     buf = torch.zeros(count, dtype=torch.float32, device=device)
@@ -118,8 +121,9 @@ def measure(device: torch.device, nbytes: int, iters: int, warmup: int,
     bw = torch.zeros(n, n, dtype=torch.float64, device=device)
     lat = torch.zeros(n, n, dtype=torch.float64, device=device)
     delay = delays.get(rank, 0.0)
-    serial = n * (n - 1) // 2 <= SERIAL_MAX_PAIRS
-    for round_ in schedule(n, serial):
+    rounds = ([[pair] for pair in only] if only is not None
+              else schedule(n, n * (n - 1) // 2 <= SERIAL_MAX_PAIRS))
+    for round_ in rounds:
         for a, b in round_:
             if rank not in (a, b):
                 continue
