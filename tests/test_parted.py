@@ -44,6 +44,7 @@ CASES = {
     ("stray_barrier_same_helper", 4): ("mismatch", [0], "parted"),
     ("resume_branch_2rank", 2): ("mismatch", [1], "parted"),
     ("resume_branch_2rank", 4): ("mismatch", [2, 3], "parted"),  # an even split
+    ("nan_skip_2rank", 2): ("mismatch", [1], "parted"),  # an iteration ahead, earlier line
     ("rank0_metric_compute", 2): ("mismatch", [0], "parted"),
     ("batched_p2p_unmatched", 2): ("hang", [1], "parted"),
     ("batched_p2p_lists_disagree", 4): ("hang", [3], "parted"),
@@ -176,6 +177,32 @@ def test_sequences_that_line_up_have_no_parting():
     ours = [_ev(0, s, "all_reduce", 10) for s in range(5)]
     theirs = [_ev(1, s, "all_reduce", 11) for s in range(5)]  # another line, every time
     assert D.parting(ours, theirs) is None
+
+
+def test_the_rank_that_broke_the_jobs_rhythm_strayed(tmp_path):
+    """Steps of all_reduce (line 10) then all_gather (line 12); at the fourth rank 1 left
+    the all_gather out: it is at line 10 of the next step while rank 0 is at line 12. The
+    later line is not further along here (both lie in one loop, which has come round);
+    the rhythm of the steps before says who strayed, and that it skipped."""
+    from distdoctor.diagnosis.parted import _evidence
+
+    src = tmp_path / "train.py"
+    src.write_text("\n" * 8 + "for step in range(9):\n" + "    pass\n" * 5)
+    step = [("all_reduce", 10), ("all_gather", 12)]
+    ours = [_ev(0, s, *step[s % 2]) for s in range(8)]
+    theirs = [_ev(1, s, *step[s % 2]) for s in range(7)] + [_ev(1, 7, "all_reduce", 10)]
+    for ev in ours + theirs:
+        ev.callsite = {**ev.callsite, "file": str(src)}
+    p = D.parting(ours, theirs)
+    assert p.how == "differ" and p.ours.seq == 7
+    history = {0: ours, 1: theirs}
+    assert D.fits(p.ours, ours[:7], [ours[:7], theirs[:7]]) is True
+    assert D.fits(p.theirs, theirs[:7], [ours[:7], theirs[:7]]) is False
+    strayed, why, skipped = _evidence(p, 0, 1, history)
+    assert (strayed, skipped) == (1, True), why
+    assert D.further_along(p.ours, p.theirs) == 1  # what the line order alone would say
+    assert D.further_along(p.ours, p.theirs, looped=True) == 0  # one loop, come round
+    assert D.rhythm([], [ours]) is None  # nothing before: no rhythm to break
 
 
 def test_further_along_reads_the_callers_and_not_the_arms_of_a_branch(tmp_path):

@@ -13,8 +13,11 @@ first pair that differs with nothing lined up after it. Ranks that issue one op 
 lines and line up again right after did not part there.
 
 Which side strayed: the odd one out where there is a majority; else the evidence
-(`decide`): a call site the job has issued before is the path, a new one the detour; a
-rank further along the same function skipped what the other is still in. Else a tie.
+(parted.py): the side whose op is not what the job issued after the same ops before broke
+the job's rhythm (a loop's step skipped one op: the line order inside a loop says nothing,
+the skipping rank may be in the next iteration); a call site the job has issued before is
+the path, a new one the detour; a rank further along the same function skipped what the
+other is still in (not inside a loop the job has come round). Else a tie.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ HISTORY = 128  # ops remembered per rank (every group), for this reasoning only
 # alignment costs: the same site is a match; the same op from another line nearly one (a
 # rank-0 branch); different ops cost more than one op left out, less than two
 SAME_OP, OTHER_OP, GAP = 0.75, 1.75, 1.0
+RHYTHM = 6  # the most ops before the parting matched against the job's earlier ops
 
 
 def site(ev: Event) -> tuple:
@@ -48,6 +52,36 @@ def on_group(history, group: str, upto_seq: int) -> list[Event]:
     by_seq = {ev.seq: ev for ev in history
               if ev.kind == "collective" and ev.group == group and ev.seq <= upto_seq}
     return [by_seq[s] for s in sorted(by_seq)]
+
+
+def before(history, group: str, seq: int) -> list[Event]:
+    """A rank's collectives on `group` before seq `seq`, in order."""
+    return on_group(history, group, seq - 1)
+
+
+def _key(ev: Event) -> tuple:
+    return ev.op, site(ev)
+
+
+def rhythm(ops: list[Event], pool: list[list[Event]]) -> set | None:
+    """What the job issued next, earlier, after the ops that end `ops`: the (op, site)
+    keys that followed the longest run of its last ops (up to RHYTHM) found earlier in
+    any sequence of `pool`; None when not even its last op was seen before."""
+    mine = [_key(e) for e in ops]
+    seqs = [[_key(e) for e in p] for p in pool]
+    for k in range(min(RHYTHM, len(mine)), 0, -1):
+        tail = mine[-k:]
+        found = {keys[j] for keys in seqs for j in range(k, len(keys))
+                 if keys[j - k:j] == tail}
+        if found:
+            return found
+    return None
+
+
+def fits(ev: Event | None, ops: list[Event], pool: list[list[Event]]) -> bool | None:
+    """Whether `ev` is what the job issued after `ops` before (rhythm); None unknown."""
+    expected = rhythm(ops, pool)
+    return None if ev is None or expected is None else _key(ev) in expected
 
 
 @dataclass
@@ -150,11 +184,13 @@ def _chain(ev: Event | None) -> list[tuple]:
     return frames + [(cs.get("file"), cs.get("function"), cs.get("line"))]
 
 
-def further_along(a: Event | None, b: Event | None) -> int:
+def further_along(a: Event | None, b: Event | None, looped: bool = False) -> int:
     """1 when `a` is further along the program than `b`, -1 when behind, 0 unknown: in
     the outermost function both are in, the one at the later line is further along,
     unless the two lines are the two arms of one branch (an if and its else, a try and
-    its handler), or they are the ops' own lines and the source cannot be read to tell."""
+    its handler), or they are the ops' own lines and the source cannot be read to tell,
+    or (`looped`: the job has issued these ops before) both lie in one loop's body,
+    where the rank at the earlier line may be an iteration ahead."""
     ca, cb = _chain(a), _chain(b)
     for k, (fa, fb) in enumerate(zip(ca, cb, strict=False)):
         if fa == fb:
@@ -164,6 +200,8 @@ def further_along(a: Event | None, b: Event | None) -> int:
         arms = branch_arms(fa[0], fa[2], fb[2])
         innermost = k == len(ca) - 1 or k == len(cb) - 1
         if arms or (arms is None and innermost):
+            return 0
+        if looped and one_loop(fa[0], fa[2], fb[2]) is not False:
             return 0
         return (fa[2] > fb[2]) - (fa[2] < fb[2])
     return 0
@@ -176,11 +214,19 @@ def branch_arms(path, line_a: int, line_b: int) -> bool | None:
     return _branch_arms(path, line_a, line_b)
 
 
-def _branch_arms(path, line_a: int, line_b: int) -> bool | None:
+@lru_cache(maxsize=32)
+def _tree(path) -> ast.AST | None:
+    """The parsed source file; None when it cannot be read or parsed."""
     try:
         with open(path, encoding="utf-8") as fh:
-            tree = ast.parse(fh.read())
+            return ast.parse(fh.read())
     except (OSError, SyntaxError, ValueError, TypeError):
+        return None
+
+
+def _branch_arms(path, line_a: int, line_b: int) -> bool | None:
+    tree = _tree(path)
+    if tree is None:
         return None
 
     def span(stmts):
@@ -215,6 +261,22 @@ def _branch_arms(path, line_a: int, line_b: int) -> bool | None:
         other = [i for i, arm in enumerate(arms) if inside(line_b, arm)]
         if held and other and held[0] != other[0]:
             return True
+    return False
+
+
+@lru_cache(maxsize=1024)
+def one_loop(path, line_a: int, line_b: int) -> bool | None:
+    """Whether two lines of a file lie in the body of one `for` or `while` loop; None
+    when the file cannot be read or parsed."""
+    tree = _tree(path)
+    if tree is None:
+        return None
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.For, ast.AsyncFor, ast.While)) and node.body:
+            lo, hi = node.body[0].lineno, max(getattr(x, "end_lineno", x.lineno)
+                                             for x in node.body)
+            if lo <= line_a <= hi and lo <= line_b <= hi:
+                return True
     return False
 
 

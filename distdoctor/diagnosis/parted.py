@@ -54,38 +54,97 @@ def _race(f: Finding, ranks, histories) -> Finding | None:
     return f
 
 
-def _evidence(p: D.Parting, a: int, b: int, histories) -> tuple[int | None, str]:
-    """Which of ranks a (`p.ours`) and b (`p.theirs`) strayed, and why; (None, why not)."""
-    seq = (p.ours or p.theirs).seq
-    pool = [histories.get(a, ()), histories.get(b, ())]
-    if p.how in ("extra", "missing"):
-        op = p.ours if p.how == "extra" else p.theirs
-        has, lacks = (a, b) if p.how == "extra" else (b, a)
-        known = D.familiar(op, pool, seq)
-        went = p.next_theirs if p.how == "extra" else p.next_ours
+class _Sides:
+    """A two-rank parting as the evidence reads it: rank a's op (`p.ours`) against rank
+    b's (`p.theirs`); for an op one side issued and the other did not, which side has it
+    (`has`, `op`), which lacks it (`lacks`) and what that one went on to (`went`)."""
+
+    def __init__(self, p: D.Parting, a: int, b: int, histories):
+        self.p, self.a, self.b = p, a, b
+        where = p.ours or p.theirs
+        self.seq = where.seq
+        self.pool = [histories.get(a, ()), histories.get(b, ())]
+        self.ops = [D.before(h, where.group, self.seq) for h in self.pool]
+        self.looped = bool(D.familiar(p.ours, self.pool, self.seq)
+                           or D.familiar(p.theirs, self.pool, self.seq))
+        extra = p.how == "extra"
+        self.op = p.ours if extra else p.theirs
+        self.has, self.lacks = (a, b) if extra else (b, a)
+        self.went = p.next_theirs if extra else p.next_ours
+        self.before = self.ops[0] if extra else self.ops[1]
+
+
+def _by_rhythm(s: _Sides):
+    """The side whose op is not the call the job made after the same calls before
+    strayed (a loop's step: the rank at the earlier line may be an iteration ahead)."""
+    p, a, b = s.p, s.a, s.b
+    if p.how != "differ":
+        fits, went_fits = D.fits(s.op, s.before, s.ops), D.fits(s.went, s.before, s.ops)
+        if fits is True and went_fits is False:
+            return s.lacks, (f"rank {s.has}'s {s.op.op} is the call the job made after the "
+                             f"same calls before; rank {s.lacks} skipped it"), False
+        if fits is False and went_fits is True:
+            return s.has, (f"rank {s.lacks} went on to the call the job made after the same "
+                           f"calls before; rank {s.has}'s {s.op.op} came in between"), False
+        return None
+    fa, fb = D.fits(p.ours, s.ops[0], s.ops), D.fits(p.theirs, s.ops[1], s.ops)
+    if fa is fb or None in (fa, fb):
+        return None
+    strayed, kept = (b, a) if fa else (a, b)
+    bad, good = (p.theirs, p.ours) if fa else (p.ours, p.theirs)
+    skipped = D.fits(bad, [*(s.ops[0] if fa else s.ops[1]), good], s.ops) is True
+    return strayed, (f"rank {kept}'s {good.op} is the call the job made after the same "
+                     f"calls before; rank {strayed} "
+                     + ("left it out and went on to the call after it" if skipped
+                        else "made another")), skipped
+
+
+def _by_history(s: _Sides):
+    """A call site the job has issued before is the path, a new one the detour."""
+    p, a, b = s.p, s.a, s.b
+    if p.how != "differ":
+        known = D.familiar(s.op, s.pool, s.seq)
         if known is True:
-            return lacks, (f"rank {has}'s {op.op} is a call the job issued before; rank "
-                           f"{lacks} skipped it")
-        if known is False and D.familiar(went, pool, seq) is True:
-            return has, (f"rank {has}'s {op.op} at that line is new to the job, while rank "
-                         f"{lacks} went on to a call it issued before")
-        ahead = D.further_along(went, op)
-        if ahead:
-            return (lacks if ahead > 0 else has), (
-                f"rank {lacks} is further along the program" if ahead > 0 else
-                f"rank {has} is further along the program")
-        return None, "nothing tells which rank strayed"
-    ka, kb = (D.familiar(p.ours, pool, seq), D.familiar(p.theirs, pool, seq))
+            return s.lacks, (f"rank {s.has}'s {s.op.op} is a call the job issued before; "
+                             f"rank {s.lacks} skipped it"), False
+        if known is False and D.familiar(s.went, s.pool, s.seq) is True:
+            return s.has, (f"rank {s.has}'s {s.op.op} at that line is new to the job, while "
+                           f"rank {s.lacks} went on to a call it issued before"), False
+        return None
+    ka, kb = D.familiar(p.ours, s.pool, s.seq), D.familiar(p.theirs, s.pool, s.seq)
     if ka is True and kb is False:
-        return b, f"rank {a}'s call is one the job issued before, rank {b}'s is new"
+        return b, f"rank {a}'s call is one the job issued before, rank {b}'s is new", False
     if kb is True and ka is False:
-        return a, f"rank {b}'s call is one the job issued before, rank {a}'s is new"
-    ahead = D.further_along(p.ours, p.theirs)
-    if ahead:
-        strayed = a if ahead > 0 else b
-        return strayed, (f"rank {strayed} is further along the program: it skipped what "
-                         f"rank {b if strayed == a else a} is still in")
-    return None, "nothing tells which rank strayed"
+        return a, f"rank {b}'s call is one the job issued before, rank {a}'s is new", False
+    return None
+
+
+def _by_position(s: _Sides):
+    """A rank further along the same function skipped what the other is still in."""
+    p, a, b = s.p, s.a, s.b
+    if p.how != "differ":
+        ahead = D.further_along(s.went, s.op, s.looped)
+        if not ahead:
+            return None
+        return (s.lacks if ahead > 0 else s.has), (
+            f"rank {s.lacks if ahead > 0 else s.has} is further along the program"), False
+    ahead = D.further_along(p.ours, p.theirs, s.looped)
+    if not ahead:
+        return None
+    strayed = a if ahead > 0 else b
+    return strayed, (f"rank {strayed} is further along the program: it skipped what "
+                     f"rank {b if strayed == a else a} is still in"), True
+
+
+def _evidence(p: D.Parting, a: int, b: int, histories) -> tuple[int | None, str, bool]:
+    """Which of ranks a (`p.ours`) and b (`p.theirs`) strayed, why, and whether it skipped
+    the other's op and went on past it; (None, why not, False) when nothing tells."""
+    sides = _Sides(p, a, b, histories)
+    for rule in (_by_rhythm, _by_history, _by_position):
+        verdict = rule(sides)
+        if verdict is not None:
+            return verdict
+    return None, "nothing tells which rank strayed", False
 
 
 def _sentence(p: D.Parting, subject: str, others: str, skipped: bool = False) -> str:
@@ -149,9 +208,9 @@ def explain_mismatch(f: Finding, rv: Rendezvous, histories: dict) -> Finding:
                   D.on_group(histories.get(b, ()), rv.group, rv.seq))
     if p is None:
         return f
-    culprit, other = a, b
+    culprit, other, skipped = a, b, False
     if not majority:
-        strayed, why = _evidence(p, a, b, histories)
+        strayed, why, skipped = _evidence(p, a, b, histories)
         f.details["evidence"] = why
         if strayed is None:
             return _tie(f, p, a, b, why,
@@ -170,7 +229,6 @@ def explain_mismatch(f: Finding, rv: Rendezvous, histories: dict) -> Finding:
     if _at_failure(p, rv) and majority:
         return f  # the op that disagrees is where they parted: the summary says it
     where = (p.ours or p.theirs)
-    skipped = "further along" in f.details.get("evidence", "")
     subject = who(f.ranks) if f.ranks else f"rank {culprit}"
     lead = (f"{subject} parted from {others} at {where.op} #{where.seq} in group "
             f"{rv.group}: {_sentence(p, subject, others, skipped)}")
@@ -248,13 +306,13 @@ def explain_hang(f: Finding, histories: dict) -> Finding:
     others = [r for r in others if r not in f.ranks]
     if not others:
         return f
-    culprit, other = f.ranks[0], others[0]
+    culprit, other, skipped = f.ranks[0], others[0], False
     p = D.parting(D.on_group(histories.get(culprit, ()), f.group, f.seq),
                   D.on_group(histories.get(other, ()), f.group, f.seq))
     if p is None or (p.ours or p.theirs).seq >= f.seq:
         return f
     if len(set(involved)) == 2:  # no majority: the evidence decides, or it is a tie
-        strayed, why = _evidence(p, culprit, other, histories)
+        strayed, why, skipped = _evidence(p, culprit, other, histories)
         f.details["evidence"] = why
         if strayed is None:
             return _tie(f, p, culprit, other, why, f". It showed later: {f.summary}")
@@ -268,7 +326,7 @@ def explain_hang(f: Finding, histories: dict) -> Finding:
     where = p.ours or p.theirs
     why = f" ({f.details['evidence']})" if f.details.get("evidence") else ""
     f.summary = (f"rank {culprit} parted from {word} at {where.op} #{where.seq} in group "
-                 f"{f.group}: {_sentence(p, f'rank {culprit}', word)}{why}. It showed later: "
+                 f"{f.group}: {_sentence(p, f'rank {culprit}', word, skipped)}{why}. It showed later: "
                  f"{f.summary}")
     f.callsites = _merge_sites(_culprit_sites(p, culprit, other), f.callsites)
     return f
