@@ -98,3 +98,21 @@ def test_accelerate_mismatch_is_reported_at_the_optimizer_steps_taken(tmp_path):
     sites = own_sites(mismatch[0])
     assert sites[0]["file"] == sites[1]["file"] == str(JOBS / job), sites
     assert sites[0]["line"] == marker_lines(job)["culprit"]
+
+
+def test_two_optimizers_stepping_once_each_are_one_step(tmp_path):
+    """A GAN's loop: the critic's and the generator's optimizers step once per
+    iteration. The step is the iteration the job printed, not the sum of both
+    optimizers' steps (twice as many)."""
+    job = "frameworks/two_optimizers.py"
+    run_dir = tmp_path / "run"
+    res = run_cli(["run", "--nproc", "2", "--run-dir", str(run_dir), "--grace", "2",
+                   "--on-hang", "kill", "--", str(JOBS / job)], timeout=150, run_dir=run_dir)
+    printed = re.search(r"bug at iteration (\d+) after (\d+) critic steps",
+                        res.stdout + res.stderr)
+    assert printed and printed.group(1) == printed.group(2), res.stdout[-2000:]
+    findings = json.loads((run_dir / "findings.json").read_text())["findings"]
+    mismatch = [f for f in findings if f["kind"] == "mismatch" and f["ranks"] == [1]]
+    assert mismatch, findings
+    assert mismatch[0]["details"]["span"] == f"step {printed.group(1)}", mismatch[0]["summary"]
+    assert own_sites(mismatch[0])[1]["line"] == marker_lines(job)["culprit"]

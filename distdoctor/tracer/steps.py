@@ -5,7 +5,9 @@ global optimizer-step hooks see every optimizer), and a DataLoader hands out a b
 step. Each becomes an implicit span in the rank's log (flagged FLAG_IMPLICIT):
 
 - "step": from one optimizer step to the next. Its `seq` is the step's number as the
-  user counts it: the optimizer steps taken, or the framework's own counter (HF
+  user counts it: the optimizer steps taken (with several optimizers, a GAN's or Muon
+  beside AdamW, the steps of the one that steps most: a step ends when an optimizer
+  steps again), or the framework's own counter (HF
   Trainer's and Lightning's `global_step`, tracer/framework.py), and then its name says
   which ("global_step (Lightning)"). Before the first optimizer step (and in a loop
   with no optimizer), "batch": from one batch to the next, numbered by the batches
@@ -35,6 +37,7 @@ import os
 import sys
 import threading
 import time
+import weakref
 
 from distdoctor.runlog import format as F
 from distdoctor.tracer import callsite, framework, state
@@ -54,18 +57,25 @@ class StepMarker:
         self.rec = recorder
         self.open = None  # the implicit step span's token
         self.step = 0  # optimizer steps taken
+        self.stepped = weakref.WeakSet()  # the optimizers that stepped in this step
         self.batches = 0  # batches handed out before the first optimizer step
         self.by_optimizer = False  # an optimizer step was seen: batches no longer mark steps
         self.job_spans = False  # the job marks its own spans: nothing implicit any more
         self.counter = None  # the framework's counter, once found
         self._searches = 0
 
-    def boundary(self, source: str) -> None:
+    def boundary(self, source: str, optimizer=None) -> None:
         rec = self.rec
         if self.job_spans or (source == "data" and self.by_optimizer):
             return
         if source == "optimizer":
             self.by_optimizer = True
+            if optimizer is not None and self.stepped and optimizer not in self.stepped:
+                self.stepped.add(optimizer)  # another optimizer of the same step
+                return
+            self.stepped.clear()
+            if optimizer is not None:
+                self.stepped.add(optimizer)
             self.step += 1
         if any(token != self.open for token in rec._spans):
             self.job_spans = True  # a span of the job's own is open
@@ -105,7 +115,7 @@ def _after_optimizer_step(optimizer, args, kwargs) -> None:
     try:
         marker = _marker()
         if marker is not None:
-            marker.boundary("optimizer")
+            marker.boundary("optimizer", optimizer)
     except Exception:
         pass
 
