@@ -97,7 +97,43 @@ def test_a_rank_leaving_through_os_exit_has_exited_with_its_status(tmp_path, sta
         assert crashes == [] and "CRASH" not in res.stderr, res.stderr
         return
     assert [f["ranks"] for f in crashes] == [[1]], post.stdout
-    assert "exited with code 3" in crashes[0]["summary"], crashes
+    line = marker_lines("os_exit.py")["exit"]
+    assert f"exited with code 3 through os._exit at {JOBS / 'os_exit.py'}:{line}" in \
+        crashes[0]["summary"], crashes
+    assert crashes[0]["callsites"][0]["line"] == line, crashes
+
+
+@pytest.mark.parametrize("status", [0, 1])
+def test_a_rank_that_calls_sys_exit_mid_training_is_named_at_that_line(tmp_path, status):
+    """Rank 1's data helper calls sys.exit at step 5 while rank 0 goes on to the next
+    all-reduce. The finding about rank 1 (a crash for status 1, the hang it leaves for
+    status 0, an exit that is no error to it) says its status and the sys.exit line, and
+    names that line first. A SystemExit the job caught before training is not taken for
+    the exit."""
+    run_dir = tmp_path / "run"
+    job = JOBS / "sys_exit_early.py"
+    run_cli(["run", "--nproc", "2", "--run-dir", str(run_dir), "--grace", "2", "--on-hang",
+             "kill", "--", str(job), str(status)], timeout=120, run_dir=run_dir)
+    assert read_run(run_dir).headers[1].exit_code == status
+    findings = json.loads((run_dir / "findings.json").read_text())["findings"]
+    errors = [f for f in findings if f["severity"] == "error"]
+    assert [(f["kind"], f["ranks"]) for f in errors] == [
+        ("crash" if status else "hang", [1])], findings
+    line = marker_lines("sys_exit_early.py")["exit"]
+    assert (f"exited with code {status} through sys.exit at {job}:{line} in next_batch"
+            in errors[0]["summary"]), errors[0]["summary"]
+    assert (errors[0]["callsites"][0]["rank"], errors[0]["callsites"][0]["line"]) == \
+        (1, line), errors[0]["callsites"]
+
+
+def test_the_start_up_hook_imports_no_torch():
+    """`run` arms every Python process through sitecustomize, which must not import torch:
+    c10d imported before the import hook is set is never patched (no rank is traced)."""
+    code = ("import sys; from distdoctor.tracer import install; "
+            "install.install_import_hook(); print('torch' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=60)
+    assert out.stdout.strip() == "False", out.stdout + out.stderr
 
 
 def test_show_prints_ranks_side_by_side_and_json(tmp_path):

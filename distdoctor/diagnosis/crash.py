@@ -20,6 +20,7 @@ class ExitInfo:
     #                      or its node or the link to it is down: no one here can tell)
     #                    | "stopped": distdoctor stopped it (after a failure or a hang)
     exception: dict | None = None  # "raised": {type, message, file, line, function}
+    call: dict | None = None  # "exit": the sys.exit/os._exit call {type, code, file, line, ...}
 
     @classmethod
     def of_closed_log(cls, header) -> ExitInfo:
@@ -28,8 +29,15 @@ class ExitInfo:
         if header.exception is not None:
             return cls(None, "raised", header.exception)
         if header.exit_code is not None:
-            return cls(header.exit_code)
+            return cls(header.exit_code, call=header.exit_call)
         return cls(None, "closed")
+
+    def where(self) -> dict:
+        """{file, line, function} of the line that ended the rank: where it raised or
+        called sys.exit / os._exit; {} when unknown."""
+        at = self.exception if self.how == "raised" else self.call
+        return {k: at[k] for k in ("file", "line", "function") if k in at} if (
+            at and at.get("file")) else {}
 
     def describe(self) -> str:
         if self.how == "raised":
@@ -53,7 +61,14 @@ class ExitInfo:
             name = signal_name(-self.code)
             hint = " (the OOM killer, a user, or the launcher)" if name == "SIGKILL" else ""
             return f"was killed by {name}{hint}"
-        return f"exited with code {self.code}"
+        text = f"exited with code {self.code}"
+        at = self.where()
+        if at:
+            said = self.call.get("message")
+            text += (f" through {self.call.get('type', 'an exit call')}"
+                     + (f" ({error_text(said, 120)!r})" if said else "")
+                     + f" at {at['file']}:{at['line']} in {at.get('function', '?')}")
+        return text
 
     @property
     def failed(self) -> bool:
@@ -112,11 +127,12 @@ def crash_findings(exits: dict[int, ExitInfo], views: dict[int, RankView],
                        "op": latest.op, "group": latest.group, "seq": latest.seq,
                        "in_flight": latest.t_end_ns is None}}
         callsites = [callsite_of(rank, latest.callsite)] if latest is not None else []
-        if info.exception and info.exception.get("file"):  # where it raised comes first
-            callsites.insert(0, {"rank": rank, **{k: info.exception[k] for k in
-                                                   ("file", "line", "function")
-                                                   if k in info.exception}})
+        if info.where():  # where it raised or called sys.exit comes first
+            callsites.insert(0, {"rank": rank, **info.where()})
+        if info.exception and info.exception.get("file"):
             details["exception"] = info.exception
+        if info.call and info.call.get("file"):
+            details["exit_call"] = info.call
         remedy = _REMEDY_SIGKILL if info.code == -signal.SIGKILL else _REMEDY
         out.append(Finding("crash", "warning" if consequence else "error", summary, [rank],
                            latest.group if latest else None, latest.seq if latest else None,
@@ -141,13 +157,18 @@ def merge_crashes(found: list[Finding], all_ranks: set[int]) -> list[Finding]:
         return {(r, f.details.get("incarnation")) for r in f.ranks}
 
     crashes = [f for f in found if f.kind == "crash" and f.severity == "error" and f.ranks]
-    # the tracer saw the exception itself (its excepthook): that finding is the richer one
-    raised = {x for f in crashes if f.details.get("source") != "log"
-              and f.details.get("exception") for x in at(f)}
+
+    def seen_end(f: Finding) -> bool:
+        return bool(f.details.get("exception") or f.details.get("exit_call"))
+
+    # the tracer saw the exception (its excepthook) or the sys.exit call itself: that
+    # finding is the richer one
+    raised = {x for f in crashes if f.details.get("source") != "log" and seen_end(f)
+              for x in at(f)}
     from_log = {x for f in crashes if f.details.get("source") == "log" for x in at(f)}
     out = [f for f in found if not (
         f in crashes and (at(f) <= raised if f.details.get("source") == "log"
-                          else not f.details.get("exception") and at(f) <= from_log))]
+                          else not seen_end(f) and at(f) <= from_log))]
     same: dict[tuple, list[Finding]] = {}
     for f in out:
         d = f.details

@@ -13,7 +13,7 @@ from __future__ import annotations
 import re
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from itertools import islice
 
 from distdoctor.diagnosis.crash import ExitInfo, crash_findings
@@ -239,6 +239,9 @@ class Engine(FindingBook, WaitJudge):
             # "vanished" was a guess (pid gone, heartbeat stale); the launcher's word on the
             # exit (stopped by distdoctor, exit 0) replaces it, and its crash finding goes
             self.found.pop(("crash", rank), None)
+        if (info.call is None and info.how == "exit" and st.exit is not None
+                and st.exit.call is not None):  # the launcher's code, the log's line
+            info = replace(info, call=st.exit.call)
         st.exit = info
 
     def revive(self, rank: int) -> None:
@@ -263,7 +266,8 @@ class Engine(FindingBook, WaitJudge):
                             st.exit.describe() if st.exit else None, st.issued,
                             st.exit is not None and st.exit.how == "stopped",
                             st.exit is not None and not st.exit.failed
-                            and st.exit.how != "stopped")
+                            and st.exit.how != "stopped",
+                            st.exit.where() if st.exit is not None else None)
                 for r, st in self.ranks.items()}
 
     def span_of(self, ev: Event) -> str | None:

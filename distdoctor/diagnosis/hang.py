@@ -40,6 +40,7 @@ class RankView:
     issued: dict[str, int]  # group -> collectives issued
     stopped: bool = False  # stopped by distdoctor: it was where it is when it was stopped
     clean_exit: bool = False  # it exited and its exit is not a failure (status 0, closed)
+    exit_site: dict | None = None  # the line that ended it (a sys.exit, a raise), if known
 
     def waited_s(self, ev: Event) -> float:
         if self.now_ns is None:
@@ -290,6 +291,8 @@ def _hang_finding(roots: list[int], items, views) -> Finding:
     callsites = []
     for r in roots:
         v = views.get(r)
+        if v is not None and v.exit_site:  # the line that ended it comes first
+            callsites.append({"rank": r, **v.exit_site})
         ev = v.latest if v else None
         if ev is not None and ev.callsite:
             callsites.append(callsite_of(r, ev.callsite))

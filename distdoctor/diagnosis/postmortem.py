@@ -83,7 +83,8 @@ def diagnose_events(events: dict[int, list], headers: dict, exits: dict[int, Exi
             engine.straggler.findings()
     for rank, header in headers.items():
         engine.heartbeat(rank, header.heartbeat_mono_ns, 0.0)
-        if header.closed and rank not in exits:
+        if header.closed and (rank not in exits or header.exit_call):
+            # then the launcher's word, if any: it keeps the line of the log's exit call
             engine.exited(rank, ExitInfo.of_closed_log(header))
     for rank, info in exits.items():
         engine.exited(rank, info)

@@ -90,7 +90,8 @@ STATUSES = {STATUS_IN_FLIGHT: "in_flight", STATUS_OK: "ok", STATUS_ERROR: "error
 
 CLOSED_NORMALLY = 1  # the interpreter ran its exit hooks (exit status unknown)
 CLOSED_RAISED = 2  # an uncaught exception ended it (OFF_EXIT_ERROR says which)
-CLOSED_EXITED = 3  # it left through os._exit, skipping exit hooks; OFF_EXIT_CODE: status
+CLOSED_EXITED = 3  # it left through os._exit or sys.exit; OFF_EXIT_CODE: the status,
+#                   OFF_EXIT_ERROR: the call's line ({type, code, file, ...}), 0 if unknown
 CLOSED_WORDS = (CLOSED_NORMALLY, CLOSED_RAISED, CLOSED_EXITED)
 
 # flags

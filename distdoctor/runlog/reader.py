@@ -76,7 +76,8 @@ class RingHeader:
     closed: bool
     exception: dict | None = None  # the uncaught exception that ended the rank
     unrecorded: int = 0  # events not recorded: the disk under the log was full
-    exit_code: int | None = None  # the status it passed to os._exit, if it left that way
+    exit_code: int | None = None  # the status it passed to os._exit or sys.exit, if any
+    exit_call: dict | None = None  # that call: {type, code, file, line, function}
 
     @property
     def dropped(self) -> int:
@@ -155,10 +156,13 @@ class RankLog:
     def header(self) -> RingHeader:
         words = self._read(0, F.HEADER_WORDS_END)
         closed = F.U64.unpack_from(words, F.OFF_CLOSED)[0]
-        exception = None
+        exception = exit_call = None
         if closed == F.CLOSED_RAISED:
             value = self.string(F.U32.unpack_from(words, F.OFF_EXIT_ERROR)[0])
             exception = value if isinstance(value, dict) else {"type": "exception"}
+        elif closed == F.CLOSED_EXITED and F.U32.unpack_from(words, F.OFF_EXIT_ERROR)[0]:
+            value = self.string(F.U32.unpack_from(words, F.OFF_EXIT_ERROR)[0])
+            exit_call = value if isinstance(value, dict) else None
         return RingHeader(
             rank=self.rank, pid=self.pid, capacity=self.capacity,
             head=F.U64.unpack_from(words, F.OFF_HEAD)[0],
@@ -169,6 +173,7 @@ class RankLog:
             unrecorded=F.U64.unpack_from(words, F.OFF_UNRECORDED)[0],
             exit_code=(F.I64.unpack_from(words, F.OFF_EXIT_CODE)[0]
                        if closed == F.CLOSED_EXITED else None),
+            exit_call=exit_call,
         )
 
     # --- raw bytes, for a forwarder that copies the log as the rank wrote it -----------

@@ -313,20 +313,23 @@ class RingWriter:
         F.I64.pack_into(self._mm, F.OFF_HEARTBEAT_MONO, time.monotonic_ns())
         F.I64.pack_into(self._mm, F.OFF_HEARTBEAT_WALL, time.time_ns())
 
-    def mark_exited(self, status: int) -> None:
-        """The process leaves through os._exit(status): no exit hooks will mark it. An
-        uncaught exception already noted stays the cause."""
+    def mark_exited(self, status: int, call_id: int = 0) -> None:
+        """The process leaves through os._exit(status) (no exit hooks will mark it) or
+        sys.exit(status); `call_id`: the string of the call's line. An uncaught exception
+        already noted stays the cause."""
         if F.U64.unpack_from(self._mm, F.OFF_CLOSED)[0] != F.CLOSED_RAISED:
             F.I64.pack_into(self._mm, F.OFF_EXIT_CODE, status)
+            F.U32.pack_into(self._mm, F.OFF_EXIT_ERROR, call_id)
             F.U64.pack_into(self._mm, F.OFF_CLOSED, F.CLOSED_EXITED)
 
     def mark_closed(self, exception_id: int = 0) -> None:
         """The process is exiting; `exception_id`: the uncaught exception that ends it (a
-        later normal close at exit keeps that word)."""
+        later normal close at exit keeps that word, and a status sys.exit gave)."""
         if exception_id:
             F.U32.pack_into(self._mm, F.OFF_EXIT_ERROR, exception_id)
             F.U64.pack_into(self._mm, F.OFF_CLOSED, F.CLOSED_RAISED)
-        elif F.U64.unpack_from(self._mm, F.OFF_CLOSED)[0] != F.CLOSED_RAISED:
+        elif F.U64.unpack_from(self._mm, F.OFF_CLOSED)[0] not in (F.CLOSED_RAISED,
+                                                                  F.CLOSED_EXITED):
             F.U64.pack_into(self._mm, F.OFF_CLOSED, F.CLOSED_NORMALLY)
 
 

@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 
 from distdoctor.runlog import rundir
-from distdoctor.tracer import state, support
+from distdoctor.tracer import exits, state, support
 
 _C10D = "torch.distributed.distributed_c10d"
 _BUILTIN_BACKENDS = {"gloo", "nccl", "ucc", "mpi", "xccl", "cpu:gloo", "cuda:nccl"}
@@ -228,7 +228,7 @@ def _open_recorder(run_dir: str, rank: int, world: int, backend: str, launch: di
               file=sys.stderr)
     _arm_stack_dump(run_dir, rank)
     _hook_uncaught_exceptions()
-    _hook_os_exit()
+    exits.hook_exits()
     if not _config.get("fork_hooked") and hasattr(os, "register_at_fork"):
         # a forked child is not the rank: what it does is not recorded in the rank's log
         os.register_at_fork(after_in_child=_forget_recorder)
@@ -254,23 +254,6 @@ def _hook_uncaught_exceptions() -> None:
 
     excepthook._distdoctor = True
     sys.excepthook = excepthook
-
-
-def _hook_os_exit() -> None:
-    """Jobs call os._exit to skip a teardown that can hang or abort (a process group's,
-    a loader's threads); it skips our exit hook too. The status goes in the log first."""
-    if getattr(os._exit, "_distdoctor", False):
-        return
-    real_exit = os._exit
-
-    def _exit(status):
-        rec = state.recorder
-        if rec is not None and isinstance(status, int):
-            rec.exiting(status)
-        real_exit(status)
-
-    _exit._distdoctor = True
-    os._exit = _exit
 
 
 def _arm_stack_dump(run_dir, rank: int) -> None:

@@ -29,7 +29,7 @@ from functools import partial
 from distdoctor.runlog import format as F
 from distdoctor.runlog.ring import RingWriter
 from distdoctor.runlog.slots import native_module
-from distdoctor.tracer import callsite, steps
+from distdoctor.tracer import callsite, exits, steps
 from distdoctor.tracer.completion import PendingCompletions, StreamEnd
 from distdoctor.tracer.opfields import FIELDS, fields_of, numel, reduce_op_number
 from distdoctor.tracer.sites import CallSites
@@ -78,6 +78,7 @@ class Recorder:
         self._stop = threading.Event()
         # one entry per async CPU op's done-callback that torch still holds: DoneCallback
         self._callbacks_alive: list = []
+        self.exit_call = None  # a sys.exit call that may end the process (exits.py)
         self._use_native()
         threading.Thread(target=self._heartbeat, name="distdoctor-heartbeat",
                          daemon=True).start()
@@ -358,22 +359,24 @@ class Recorder:
         except Exception:
             pass
 
-    def exiting(self, status) -> None:
+    def exiting(self, status, call: dict | None = None) -> None:
         """os._exit(status) is ending the process: exit hooks will not run, so the log
-        takes the status now (a reader then knows a rank that left from one that died)."""
+        takes the status now (a reader then knows a rank that left from one that died),
+        and the call's line (exits.py)."""
         if os.getpid() != self._pid:
             return
         try:
             self._stop.set()
             self._pending.close()
             self.ring.heartbeat()
-            self.ring.mark_exited(int(status) & 0xFF)
+            self.ring.mark_exited(int(status) & 0xFF, self.ring.add_string(call) if call else 0)
         except Exception:
             pass
 
     def close(self) -> None:
         """At exit. The log is marked closed first: a launcher that kills this process
         while it finishes must still find an exit, not a rank that vanished."""
+        exits.write_exit_call(self)  # a sys.exit that ends it: its status and line
         self.retire()
         if os.getpid() != self._pid:
             return

@@ -66,6 +66,7 @@ class StepMarker:
 
     def boundary(self, source: str, optimizer=None) -> None:
         rec = self.rec
+        rec.exit_call = None  # a sys.exit before it was caught: the job went on (exits.py)
         if self.job_spans or (source == "data" and self.by_optimizer):
             return
         if source == "optimizer":
