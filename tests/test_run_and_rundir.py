@@ -103,17 +103,24 @@ def test_a_rank_leaving_through_os_exit_has_exited_with_its_status(tmp_path, sta
     assert crashes[0]["callsites"][0]["line"] == line, crashes
 
 
-@pytest.mark.parametrize("status", [0, 1])
-def test_a_rank_that_calls_sys_exit_mid_training_is_named_at_that_line(tmp_path, status):
+@pytest.mark.parametrize("status,launch", [(0, "nproc"), (1, "nproc"), (1, "spawn")])
+def test_a_rank_that_calls_sys_exit_mid_training_is_named_at_that_line(tmp_path, status,
+                                                                        launch):
     """Rank 1's data helper calls sys.exit at step 5 while rank 0 goes on to the next
     all-reduce. The finding about rank 1 (a crash for status 1, the hang it leaves for
     status 0, an exit that is no error to it) says its status and the sys.exit line, and
     names that line first. A SystemExit the job caught before training is not taken for
-    the exit."""
+    the exit; under torch.multiprocessing.spawn, neither is the child's own sys.exit
+    that passes the status on."""
+    from distdoctor.launch.env import free_port
+
     run_dir = tmp_path / "run"
     job = JOBS / "sys_exit_early.py"
-    run_cli(["run", "--nproc", "2", "--run-dir", str(run_dir), "--grace", "2", "--on-hang",
-             "kill", "--", str(job), str(status)], timeout=120, run_dir=run_dir)
+    how = ["--nproc", "2"] if launch == "nproc" else []
+    tail = [str(job), str(status)] if launch == "nproc" else [
+        sys.executable, str(job), str(status), "--spawn"]
+    run_cli(["run", *how, "--run-dir", str(run_dir), "--grace", "2", "--on-hang", "kill",
+             "--", *tail], timeout=120, run_dir=run_dir, env={"SPAWN_PORT": str(free_port())})
     assert read_run(run_dir).headers[1].exit_code == status
     findings = json.loads((run_dir / "findings.json").read_text())["findings"]
     errors = [f for f in findings if f["severity"] == "error"]

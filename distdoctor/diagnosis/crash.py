@@ -68,12 +68,15 @@ class ExitInfo:
             text += (f" through {self.call.get('type', 'an exit call')}"
                      + (f" ({error_text(said, 120)!r})" if said else "")
                      + f" at {at['file']}:{at['line']} in {at.get('function', '?')}")
+        if self.call and self.call.get("skip"):
+            text += f" (torch's test harness skipping the test: {self.call['skip']})"
         return text
 
     @property
     def failed(self) -> bool:
         return self.how in ("vanished", "unheard", "raised") or (
-            self.how == "exit" and self.code is not None and self.code != 0)
+            self.how == "exit" and self.code is not None and self.code != 0
+            and not (self.call or {}).get("skip"))
 
 
 def crash_findings(exits: dict[int, ExitInfo], views: dict[int, RankView],

@@ -42,7 +42,23 @@ def call_record(how: str, arg, frame) -> dict:
         code = user.f_code
         record.update(file=code.co_filename, line=user.f_lineno,
                       function=getattr(code, "co_qualname", code.co_name))
+        skip = _harness_skip(record["code"], code.co_filename)
+        if skip is not None:
+            record["skip"] = skip
     return record
+
+
+def _harness_skip(status: int, filename: str) -> str | None:
+    """torch's distributed test harness ends a rank with one of its TEST_SKIPS codes to
+    say that the test is skipped (torch/testing/_internal/common_distributed.py): that
+    skip's message, for a status that is not a failure; else None."""
+    if f"{os.sep}torch{os.sep}testing{os.sep}" not in filename:
+        return None
+    harness = sys.modules.get("torch.testing._internal.common_distributed")
+    for skip in (getattr(harness, "TEST_SKIPS", None) or {}).values():
+        if getattr(skip, "exit_code", None) == status:
+            return str(getattr(skip, "message", "skipped"))
+    return None
 
 
 def write_exit_call(rec) -> None:
@@ -57,6 +73,17 @@ def write_exit_call(rec) -> None:
         pass
 
 
+def _keep(rec, call: dict) -> None:
+    """The exit call to write at exit. A second call with no user frame and the same
+    status passes the first one on (multiprocessing's child catches the SystemExit of
+    the user's sys.exit and calls sys.exit, or os._exit, with its code): the first says
+    where."""
+    held = rec.exit_call
+    if held is not None and "file" not in call and held.get("code") == call["code"]:
+        return
+    rec.exit_call = call
+
+
 def hook_exits() -> None:
     """Wrap sys.exit and os._exit, once per process."""
     if not getattr(sys.exit, "_distdoctor", False):
@@ -67,7 +94,7 @@ def hook_exits() -> None:
             if rec is not None:
                 try:
                     if os.getpid() == rec._pid:
-                        rec.exit_call = call_record("sys.exit", status, sys._getframe(1))
+                        _keep(rec, call_record("sys.exit", status, sys._getframe(1)))
                 except Exception:
                     pass
             real_sys_exit(status)
@@ -81,7 +108,9 @@ def hook_exits() -> None:
             rec = state.recorder
             if rec is not None and isinstance(status, int):
                 try:
-                    rec.exiting(status, call_record("os._exit", status, sys._getframe(1)))
+                    if os.getpid() == rec._pid:
+                        _keep(rec, call_record("os._exit", status, sys._getframe(1)))
+                        rec.exiting(status, rec.exit_call)
                 except Exception:
                     pass
             real_os_exit(status)

@@ -40,7 +40,8 @@ _LIBRARY = re.compile(r"/(?:site|dist)-packages/|/lib/python3\.\d+/|^<frozen |/t
                       r"(?!testing/)")
 _TEARDOWN = re.compile(r"SignalException|KeyboardInterrupt|SystemExit|ChildFailedError|"
                        r"BrokenPipeError: \[Errno 32\]")
-_LAUNCHER = re.compile(r"torch/distributed/(?:run\.py|elastic/|launcher/)|/torchrun$")
+_LAUNCHER = re.compile(r"torch/distributed/(?:run\.py|elastic/|launcher/)|/torchrun$|"
+                       r"torch/multiprocessing/spawn\.py")
 MAX_OPEN = 10_000  # processes followed at once
 
 

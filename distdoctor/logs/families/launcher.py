@@ -5,6 +5,7 @@ stopped, and the survivors it tears down (never a cause)."""
 from __future__ import annotations
 
 import re
+import signal
 
 from distdoctor.exits import signal_name
 from distdoctor.findings import Finding
@@ -46,6 +47,12 @@ RULES = (
     rule("process_failed", NAME, EXIT,
          r"died with <Signals\.(?P<sig>SIG\w+): (?P<signum>\d+)>|"
          r"returned non-zero exit status (?P<exit_code>-?\d+)", ints=("signum", "exit_code")),
+    # torch.multiprocessing.spawn's parent, raising its ProcessExitedException (spawn.py,
+    # torch 2.4-2.13): the process index, a local rank
+    rule("rank_failed", NAME, EXIT,
+         r"ProcessExitedException: process (?P<local_rank>\d+) terminated with "
+         r"(?:exit code (?P<exit_code>-?\d+)|signal (?P<sig>SIG\w+))",
+         ints=("local_rank", "exit_code")),
     # Open MPI
     rule("rank_failed", NAME, EXIT,
          r"process rank (?P<rank>\d+) with PID (?P<pid>\d+) on node (?P<host>\S+) exited on "
@@ -75,7 +82,7 @@ class LauncherFamily(Family):
     anchors = (b"exitcode", b"closing signal", b"got signal", b"death signal",
                b"attempts left", b"new nodes from", b"return code", b".py FAILED", b"died with <Signals",
                b"non-zero exit status", b"exited on signal", b"srun: error",
-               b"Root Cause", b"Failures:", b"local_rank:",
+               b"Root Cause", b"Failures:", b"local_rank:", b"ProcessExitedException",
                b"host      :", b"error_file", b"traceback :", b"time      :")
     rules = RULES
 
@@ -201,6 +208,8 @@ def collect_exits(signals: list[Signal], teardown_pids: set[int],
         code = f.get("exit_code")
         if code is not None and code < 0:
             f["signum"] = -code
+        if f.get("sig") and not f.get("signum") and s.rule == "rank_failed":
+            f["signum"] = int(getattr(signal, f["sig"], 0)) or None
         f["rank"], f["order"] = rank, s.order
         f["torn_down"] = f.get("pid") in teardown_pids or f.get("signum") == 15
         prev = out.get(rank)

@@ -84,4 +84,15 @@ SCENARIOS_WIDE = [
         timeout=120,
         must=("RayTaskError",),
     ),
+    Scenario(
+        "mp_spawn_rank_exits",
+        "python tests/jobs/sys_exit_early.py 1 --spawn",
+        "torch.multiprocessing.spawn, 2 processes: rank 1 calls sys.exit(1) in its data "
+        "helper at step 5; rank 0 loses its gloo peer in the all_reduce, and the parent "
+        "raises ProcessExitedException (process 1 terminated with exit code 1), which is the "
+        "launcher's report of rank 1, not an error of the program's.",
+        crash("launcher", [1], ["rank 1", "exited with code 1"]),
+        env={"SPAWN_PORT": "{port}"},
+        must=("ProcessExitedException",),
+    ),
 ]
