@@ -1,6 +1,7 @@
 """A rank that calls sys.exit in the middle of training: its data helper finds its shard
 used up at step EXIT_AT and exits, while the others go on to the next step's all-reduce
-and wait for it. ARGV[1]: the status rank 1 exits with (0: "done", not an error to it).
+and wait for it. ARGV[1]: the status rank 1 exits with (0: "done", not an error to it),
+or "raise": it raises ValueError there instead.
 Before training, every rank parses its options in a way that raises SystemExit and
 catches it (as a CLI's --help handling can): an exit that did not end the process.
 
@@ -15,7 +16,7 @@ import torch
 import torch.distributed as dist
 
 EXIT_AT, STEPS = 5, 10
-STATUS = int(sys.argv[1])
+STATUS = sys.argv[1]
 
 
 def parse_options():
@@ -28,7 +29,9 @@ def parse_options():
 def next_batch(step):
     if dist.get_rank() == 1 and step == EXIT_AT:
         print(f"rank 1 leaves at step {step}", flush=True)
-        sys.exit(STATUS)  # expect: exit
+        if STATUS == "raise":
+            raise ValueError(f"shard 1 has no batch {step}")  # expect: raise
+        sys.exit(int(STATUS))  # expect: exit
     return torch.randn(4)
 
 

@@ -72,7 +72,7 @@ ANCHORS: tuple[bytes, ...] = (
     # launchers
     b"SIG", b"FAILED", b"Failures:", b"Root Cause", b"exitcode", b"host      :",
     b"local_rank", b"error_file", b"with PID", b"srun: error", b"death signal", b"time      :",
-    b"new nodes from group_rank", b"return code = ",
+    b"new nodes from group_rank", b"return code = ", b"terminated with the following",
     # NCCL, CUDA, OOM
     b"NCCL", b"nccl", b"Watchdog", b"Heartbeat", b"Duplicate GPU", b"Cuda failure",
     b"peer access", b"shared memory", b"ibv_", b"IBV_", b"cudaIpc", b"out of memory",

@@ -39,6 +39,7 @@ _CHAINED = ("During handling of the above exception", "The above exception was t
 _LIBRARY = re.compile(r"/(?:site|dist)-packages/|/lib/python3\.\d+/|^<frozen |/torch/"
                       r"(?!testing/)")
 _TEARDOWN = re.compile(r"SignalException|KeyboardInterrupt|SystemExit|ChildFailedError|"
+                       r"ProcessRaisedException|"
                        r"BrokenPipeError: \[Errno 32\]")
 _LAUNCHER = re.compile(r"torch/distributed/(?:run\.py|elastic/|launcher/)|/torchrun$|"
                        r"torch/multiprocessing/spawn\.py")

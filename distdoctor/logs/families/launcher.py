@@ -53,6 +53,10 @@ RULES = (
          r"ProcessExitedException: process (?P<local_rank>\d+) terminated with "
          r"(?:exit code (?P<exit_code>-?\d+)|signal (?P<sig>SIG\w+))",
          ints=("local_rank", "exit_code")),
+    # ... and its ProcessRaisedException, the rank's traceback following this line
+    rule("rank_failed", NAME, EXIT,
+         r"^-- Process (?P<local_rank>\d+) terminated with the following error:",
+         ints=("local_rank",)),
     # Open MPI
     rule("rank_failed", NAME, EXIT,
          r"process rank (?P<rank>\d+) with PID (?P<pid>\d+) on node (?P<host>\S+) exited on "
@@ -83,6 +87,7 @@ class LauncherFamily(Family):
                b"attempts left", b"new nodes from", b"return code", b".py FAILED", b"died with <Signals",
                b"non-zero exit status", b"exited on signal", b"srun: error",
                b"Root Cause", b"Failures:", b"local_rank:", b"ProcessExitedException",
+               b"terminated with the following",
                b"host      :", b"error_file", b"traceback :", b"time      :")
     rules = RULES
 

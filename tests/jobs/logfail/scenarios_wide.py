@@ -95,4 +95,15 @@ SCENARIOS_WIDE = [
         env={"SPAWN_PORT": "{port}"},
         must=("ProcessExitedException",),
     ),
+    Scenario(
+        "mp_spawn_rank_raises",
+        "python tests/jobs/sys_exit_early.py raise --spawn",
+        "torch.multiprocessing.spawn, 2 processes: rank 1 raises ValueError in its data "
+        "helper at step 5; the parent raises ProcessRaisedException, whose message is the "
+        "line '-- Process 1 terminated with the following error:' and rank 1's traceback, "
+        "with no rank prefix.",
+        crash("exception", [1], ["ValueError", "shard 1 has no batch"]),
+        env={"SPAWN_PORT": "{port}"},
+        must=("ProcessRaisedException",),
+    ),
 ]
