@@ -35,6 +35,35 @@ def step(x):
     return y - 1
 
 
+@torch.library.custom_op("distdoctor_test::probe", mutates_args=())
+def probe_in_graph(x: torch.Tensor) -> torch.Tensor:
+    """An op dynamo puts in the graph (as it does a functional collective): run from the
+    FX graph module's generated code under the eager and aot_eager backends."""
+    seen.append(compiled.site_of(user_frame(sys._getframe(1))))
+    return x.clone()
+
+
+@probe_in_graph.register_fake
+def _(x):
+    return torch.empty_like(x)
+
+
+def in_graph(x):
+    y = x * 2
+    y = probe_in_graph(y)  # expect: in_graph
+    return y + 1
+
+
+@pytest.mark.parametrize("backend", ["eager", "aot_eager"])
+def test_an_op_in_an_fx_graph_is_named_at_its_line_in_the_users_function(backend):
+    torch._dynamo.reset()
+    seen.clear()
+    torch.compile(in_graph, backend=backend)(torch.ones(3))
+    lines = marker_lines(__file__)
+    assert [(s["file"], s["line"], s["function"], s.get("compiled")) for s in seen] == [
+        (__file__, lines["in_graph"], "in_graph", "in_graph")], seen
+
+
 def test_a_graph_break_is_named_at_its_line_in_the_users_function():
     torch._dynamo.reset()
     seen.clear()

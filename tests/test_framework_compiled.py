@@ -1,7 +1,8 @@
 """Call sites through torch.compile: a real 2-rank gloo job whose compiled function takes
 another branch on one rank (tests/jobs/frameworks/compiled_branch.py). inductor issues
-every collective from its generated module; the finding, `show`, and the Perfetto and
-Flight Recorder exports name the user's lines inside the compiled function."""
+every collective from its generated module, aot_eager from an FX graph module's code;
+the finding, `show`, and the Perfetto and Flight Recorder exports name the user's lines
+inside the compiled function."""
 
 from __future__ import annotations
 
@@ -23,11 +24,12 @@ def _sites(run_dir) -> list[dict]:
             if ev.kind != "span" and ev.callsite]
 
 
-def test_compiled_branch_mismatch_names_the_users_lines(tmp_path):
+@pytest.mark.parametrize("backend", ["inductor", "aot_eager"])
+def test_compiled_branch_mismatch_names_the_users_lines(tmp_path, backend):
     run_dir = tmp_path / "run"
     res = run_cli(["run", "--nproc", "2", "--run-dir", str(run_dir), "--grace", "2",
-                   "--on-hang", "kill", "--",
-                   str(JOBS / JOB)], timeout=240, run_dir=run_dir)
+                   "--on-hang", "kill", "--", str(JOBS / JOB)], timeout=240,
+                  run_dir=run_dir, env={"COMPILE_BACKEND": backend})
     lines = marker_lines(JOB)
     findings = json.loads((run_dir / "findings.json").read_text())["findings"]
     mismatch = [f for f in findings if f["kind"] == "mismatch"]
@@ -47,9 +49,10 @@ def test_compiled_branch_mismatch_names_the_users_lines(tmp_path):
 
     show = run_cli(["show", str(run_dir), "--rank", "1"], timeout=60, env={"COLUMNS": "200"})
     assert f"compiled_branch.py:{lines['culprit']}" in show.stdout
-    assert "torchinductor" not in show.stdout
+    assert "torchinductor" not in show.stdout and "eval_with_key" not in show.stdout
 
     trace = tmp_path / "trace.json"
     run_cli(["export", str(run_dir), "--perfetto", str(trace)], timeout=60)
     assert f"compiled_branch.py:{lines['culprit']}" in trace.read_text()
     assert "torchinductor" not in trace.read_text()
+    assert "eval_with_key" not in trace.read_text()

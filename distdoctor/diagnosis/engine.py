@@ -345,7 +345,8 @@ class Engine(FindingBook, WaitJudge):
         first = next(iter(rv.arrivals.values()))
         f = mismatch_finding(rv, self.span_of(first), self._habits.get(rv.group, set()))
         if f is not None:
-            self._put(("mismatch", rv.group, rv.seq), explain_mismatch(f, rv, self._histories()))
+            self._put(("mismatch", rv.group, rv.seq),
+                      explain_mismatch(f, rv, self._histories(), self.span_of))
 
     def _histories(self) -> dict:
         return {r: st.recent for r, st in self.ranks.items()}

@@ -192,8 +192,10 @@ def _merge_sites(first: list[dict], rest: list[dict]) -> list[dict]:
     return out
 
 
-def explain_mismatch(f: Finding, rv: Rendezvous, histories: dict) -> Finding:
-    """Rewrite a mismatch at `rv` around where the ranks parted (see the module doc)."""
+def explain_mismatch(f: Finding, rv: Rendezvous, histories: dict,
+                     span_of=None) -> Finding:
+    """Rewrite a mismatch at `rv` around where the ranks parted (see the module doc).
+    `span_of(event)`: the step an op was issued in, to say the parting's."""
     if _race(f, rv.arrivals, histories) is not None:
         return f
     variants = f.details.get("variants") or []
@@ -228,6 +230,11 @@ def explain_mismatch(f: Finding, rv: Rendezvous, histories: dict) -> Finding:
     f.details["parted_at"] = D.as_details(p, culprit, other)
     if _at_failure(p, rv) and majority:
         return f  # the op that disagrees is where they parted: the summary says it
+    # the step of the parting: the other side's where the culprit skipped its op and went
+    # on (into its next step, maybe), else the culprit's
+    step = span_of((p.theirs if skipped else p.ours) or p.theirs or p.ours) if span_of else None
+    if step:
+        f.details["span"] = step
     where = (p.ours or p.theirs)
     subject = who(f.ranks) if f.ranks else f"rank {culprit}"
     lead = (f"{subject} parted from {others} at {where.op} #{where.seq} in group "

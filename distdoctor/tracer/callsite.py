@@ -64,7 +64,11 @@ def _is_internal(code) -> bool:
 
 def is_internal_file(name: str) -> bool:
     """Code of torch's, distdoctor's, a training framework's or the standard library's,
-    or code with no file (`exec`, FX's `<eval_with_key>`, torch's `_codegen.py:...`)."""
+    or code with no file (`exec`, torch's `_codegen.py:...`). Not an FX graph module's
+    `<eval_with_key>` code: the walk stops there, and tracer/compiled.py names the
+    user's line its node came from."""
+    if name.startswith("<eval_with_key>"):
+        return False
     if name.startswith("<") or _is_pseudo_file(name):
         return True
     dirs = _INTERNAL_DIRS + _framework_dirs()

@@ -2,9 +2,10 @@
 
 A collective inside a compiled function is issued by code torch generated: inductor's
 wrapper module in its cache directory (`.../torchinductor_USER/wz/cwz....py`, in
-`Runner.call` or `call`), or an FX graph's `forward` (`<eval_with_key>.N`, internal to
-the walk already, as is `exec`'d code). The line of the user's that issued it is kept
-by torch in two places this module reads:
+`Runner.call` or `call`), or an FX graph's `forward` (`<eval_with_key>.N`: the eager and
+aot_eager backends, AOT autograd). The walk stops at either (callsite.py) so that each
+generated line is a call site of its own. The line of the user's that issued it is kept
+by torch in three places this module reads:
 
 - at compile time, dynamo's graph: each node's `meta["stack_trace"]` is the user's
   stack at the moment dynamo traced it. `OutputGraph.call_user_compiler` is wrapped to
@@ -12,6 +13,9 @@ by torch in two places this module reads:
   keyed by the node's name. Once per compiled graph, a few microseconds a node.
 - at run time, inductor's wrapper names the graph nodes each line comes from in the
   comment above it (`# Topologically Sorted Source Nodes: [y, tensor], ...`).
+- at run time, an FX graph module maps each line of its generated `forward` to a node
+  (`_lineno_map`, counted from the code's first line, as dynamo reads it itself), whose
+  `meta["stack_trace"]` dynamo and AOT autograd keep.
 
 So a generated frame's line is read once per call site (the recorder interns sites: the
 hot path never comes here) and its nodes looked up. Where torch kept neither (another
@@ -35,6 +39,7 @@ import os
 import re
 import sys
 import threading
+from itertools import islice
 
 from distdoctor.tracer.callsite import is_internal_file, user_frame
 
@@ -55,9 +60,14 @@ def _cache_dirs() -> tuple:
 _INDUCTOR_DIRS = _cache_dirs()
 
 
+FX_FILE = "<eval_with_key>"  # the file name of an FX graph module's generated code
+
+
 def is_generated(filename: str) -> bool:
-    """Code torch wrote at run time (inductor's wrapper modules): not the user's line,
-    though its file is real. Checked once per code object."""
+    """Code torch wrote at run time (inductor's wrapper modules, FX graph modules): not
+    the user's line, though inductor's file is real. Checked once per code object."""
+    if filename.startswith(FX_FILE):
+        return True
     parts = filename.split(os.sep)
     return any(p.startswith("torchinductor_") for p in parts[:-1]) or (
         bool(_INDUCTOR_DIRS) and filename.startswith(_INDUCTOR_DIRS))
@@ -253,15 +263,13 @@ def _site_of_generated(frame) -> dict | None:
     if compiled is None:
         return None
     caller = _past_generated(compiled.f_back)
-    names = _source_nodes(frame.f_code.co_filename, frame.f_lineno)
     fn = function_name(compiled.f_code)
-    site = None
-    for name in names:
-        entries = _nodes.get((compiled.f_code.co_filename, name)) or []
-        site = next((e for e in entries if e["compiled"] == fn), None) or (
-            entries[0] if entries else None)
-        if site is not None:
-            break
+    if frame.f_code.co_filename.startswith(FX_FILE):
+        site = _fx_site(frame)
+        if site is not None and runs_a_graph(compiled):
+            site["compiled"] = fn
+    else:
+        site = _inductor_site(frame, compiled, fn)
     if site is None and not runs_a_graph(compiled):
         # not dynamo's frame: a graph run from the user's own line (a compiled backward
         # from `loss.backward()`), which is the site
@@ -274,6 +282,34 @@ def _site_of_generated(frame) -> dict | None:
     if caller is not None:
         site["called_from"] = _text(frame_site(caller))
     return site
+
+
+def _inductor_site(frame, compiled, fn: str) -> dict | None:
+    """The user's line of an inductor wrapper's line: its source nodes' (the comment
+    above it), as dynamo's graph of the compiled function kept them."""
+    for name in _source_nodes(frame.f_code.co_filename, frame.f_lineno):
+        entries = _nodes.get((compiled.f_code.co_filename, name)) or []
+        site = next((e for e in entries if e["compiled"] == fn), None) or (
+            entries[0] if entries else None)
+        if site is not None:
+            return site
+    return None
+
+
+def _fx_site(frame) -> dict | None:
+    """The user's line of the node an FX graph module's `forward` frame stands at, from
+    the node's stack trace; None where the module kept no map or no trace (a graph the
+    user traced without stack traces)."""
+    module = frame.f_locals.get("self")
+    lines = getattr(module, "_lineno_map", None)
+    graph = getattr(module, "graph", None)
+    if not lines or graph is None:
+        return None
+    index = lines.get(frame.f_lineno - frame.f_code.co_firstlineno)
+    node = None if index is None else next(islice(graph.nodes, index, None), None)
+    found = None if node is None else _user_frames(node.meta.get("stack_trace"),
+                                                    is_internal_file)
+    return None if found is None else {k: found[1][k] for k in ("file", "line", "function")}
 
 
 # --- hooks, installed once, acting when torch imports the module ----------------------
