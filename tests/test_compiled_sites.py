@@ -4,7 +4,6 @@ matrix: dynamo runs the call it could not compile from code of its own, which on
 the first break is a resume function named `torch_dynamo_resume_in_step_at_N`. One
 process, dynamo's eager backend: no inductor build, a few seconds."""
 
-from __future__ import annotations
 
 import sys
 
@@ -35,6 +34,8 @@ def step(x):
     return y - 1
 
 
+# (no `from __future__ import annotations` in this file: torch 2.4's custom_op reads the
+# annotations as types, not strings)
 @torch.library.custom_op("distdoctor_test::probe", mutates_args=())
 def probe_in_graph(x: torch.Tensor) -> torch.Tensor:
     """An op dynamo puts in the graph (as it does a functional collective): run from the
