@@ -63,6 +63,7 @@ SRC = {
     "metric": "https://github.com/Lightning-AI/torchmetrics/issues/2758",
     "threads": "https://github.com/KempnerInstitute/KempnerForge/issues/104",
     "resume": "https://github.com/KempnerInstitute/KempnerForge/pull/50",
+    "nan_skip": "https://github.com/pytorch/audio/issues/3749",
     "tie": "https://github.com/NVIDIA-NeMo/Speech/pull/14380",
     "p2p_unmatched": "https://github.com/NVIDIA/nccl/issues/2130",
     "p2p_lists": "https://github.com/pytorch/torchtitan/issues/775",
@@ -102,6 +103,8 @@ def _cases() -> dict[str, Case]:
         ("parted",), "threads")
     add("resume_branch_2rank", (2, 4), "resume branch skipped on one node",
         lambda n: (1,) if n == 2 else (2, 3), ("parted",), "resume")
+    add("nan_skip_2rank", (2,), "a NaN step's tail skipped on one rank", (1,), ("parted",),
+        "nan_skip")
     add("tie_setup_branch_2rank", (2,), "branch at the first op, no evidence", "tie",
         ("tie_a", "tie_b"), "tie")
     add("batched_p2p_unmatched", (2,), "batched p2p: recv without a send", (1,),
