@@ -48,7 +48,7 @@ RULES = (
          r"died with <Signals\.(?P<sig>SIG\w+): (?P<signum>\d+)>|"
          r"returned non-zero exit status (?P<exit_code>-?\d+)", ints=("signum", "exit_code")),
     # torch.multiprocessing.spawn's parent, raising its ProcessExitedException (spawn.py,
-    # torch 2.4-2.13): the process index, a local rank
+    # torch 2.4 to 2.15, the same words): the process index, a local rank
     rule("rank_failed", NAME, EXIT,
          r"ProcessExitedException: process (?P<local_rank>\d+) terminated with "
          r"(?:exit code (?P<exit_code>-?\d+)|signal (?P<sig>SIG\w+))",
