@@ -20,6 +20,15 @@ pytestmark = pytest.mark.timeout(120)
 seen: list[dict] = []
 
 
+@pytest.fixture(autouse=True)
+def _fresh_dynamo():
+    """Each test compiles afresh, and leaves no compiled graph behind: dynamo's and AOT's
+    caches still held at interpreter exit print "Exception ignored" (torch 2.15)."""
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
+
+
 @torch._dynamo.disable  # dynamo cannot compile it: a graph break, called from dynamo's code
 def probe(x):
     seen.append(compiled.site_of(user_frame(sys._getframe(1))))
