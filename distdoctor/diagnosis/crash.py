@@ -130,8 +130,9 @@ def crash_findings(exits: dict[int, ExitInfo], views: dict[int, RankView],
                        "op": latest.op, "group": latest.group, "seq": latest.seq,
                        "in_flight": latest.t_end_ns is None}}
         callsites = [callsite_of(rank, latest.callsite)] if latest is not None else []
-        if info.where():  # where it raised or called sys.exit comes first
-            callsites.insert(0, {"rank": rank, **info.where()})
+        ended_at = info.where()
+        if ended_at:  # where it raised or called sys.exit comes first
+            callsites.insert(0, {"rank": rank, **ended_at})
         if info.exception and info.exception.get("file"):
             details["exception"] = info.exception
         if info.call and info.call.get("file"):

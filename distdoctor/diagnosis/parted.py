@@ -56,8 +56,9 @@ def _race(f: Finding, ranks, histories) -> Finding | None:
 
 class _Sides:
     """A two-rank parting as the evidence reads it: rank a's op (`p.ours`) against rank
-    b's (`p.theirs`); for an op one side issued and the other did not, which side has it
-    (`has`, `op`), which lacks it (`lacks`) and what that one went on to (`went`)."""
+    b's (`p.theirs`), whether the job issued each before (`known`: familiar); for an op
+    one side issued and the other did not, which side has it (`has`, `op`), which lacks
+    it (`lacks`) and what that one went on to (`went`)."""
 
     def __init__(self, p: D.Parting, a: int, b: int, histories):
         self.p, self.a, self.b = p, a, b
@@ -65,10 +66,12 @@ class _Sides:
         self.seq = where.seq
         self.pool = [histories.get(a, ()), histories.get(b, ())]
         self.ops = [D.before(h, where.group, self.seq) for h in self.pool]
-        self.looped = bool(D.familiar(p.ours, self.pool, self.seq)
-                           or D.familiar(p.theirs, self.pool, self.seq))
+        self.known = (D.familiar(p.ours, self.pool, self.seq),
+                      D.familiar(p.theirs, self.pool, self.seq))
+        self.looped = any(self.known)  # these ops were issued before: a loop came round
         extra = p.how == "extra"
         self.op = p.ours if extra else p.theirs
+        self.op_known = self.known[0] if extra else self.known[1]
         self.has, self.lacks = (a, b) if extra else (b, a)
         self.went = p.next_theirs if extra else p.next_ours
         self.before = self.ops[0] if extra else self.ops[1]
@@ -103,15 +106,14 @@ def _by_history(s: _Sides):
     """A call site the job has issued before is the path, a new one the detour."""
     p, a, b = s.p, s.a, s.b
     if p.how != "differ":
-        known = D.familiar(s.op, s.pool, s.seq)
-        if known is True:
+        if s.op_known is True:
             return s.lacks, (f"rank {s.has}'s {s.op.op} is a call the job issued before; "
                              f"rank {s.lacks} skipped it"), False
-        if known is False and D.familiar(s.went, s.pool, s.seq) is True:
+        if s.op_known is False and D.familiar(s.went, s.pool, s.seq) is True:
             return s.has, (f"rank {s.has}'s {s.op.op} at that line is new to the job, while "
                            f"rank {s.lacks} went on to a call it issued before"), False
         return None
-    ka, kb = D.familiar(p.ours, s.pool, s.seq), D.familiar(p.theirs, s.pool, s.seq)
+    ka, kb = s.known
     if ka is True and kb is False:
         return b, f"rank {a}'s call is one the job issued before, rank {b}'s is new", False
     if kb is True and ka is False:
@@ -126,8 +128,8 @@ def _by_position(s: _Sides):
         ahead = D.further_along(s.went, s.op, s.looped)
         if not ahead:
             return None
-        return (s.lacks if ahead > 0 else s.has), (
-            f"rank {s.lacks if ahead > 0 else s.has} is further along the program"), False
+        strayed = s.lacks if ahead > 0 else s.has
+        return strayed, f"rank {strayed} is further along the program", False
     ahead = D.further_along(p.ours, p.theirs, s.looped)
     if not ahead:
         return None

@@ -18,8 +18,9 @@ by torch in three places this module reads:
   `meta["stack_trace"]` dynamo and AOT autograd keep.
 
 So a generated frame's line is read once per call site (the recorder interns sites: the
-hot path never comes here) and its nodes looked up. Where torch kept neither (another
-backend, an older or newer comment), the site is the line that called the compiled
+hot path never comes here) and its nodes looked up. Where torch kept none of these (a
+backend of another kind, an older or newer comment, torch 2.4's aot_eager running its
+graph in torch.fx.Interpreter), the site is the line that called the compiled
 function: a real line of the user's, never torch's generated file. Every step is feature
 detected and falls back; nothing here raises.
 
