@@ -201,31 +201,42 @@ MATRIX_SMOKE = (
 EXTENDED = (
     # bare and traced on every test of the subset (CI: traced, against the bare outcomes)
     "test_torch_suite.py::test_bare_and_traced_agree_test_by_test",
-    # busy ranks (CI: evaluate, dataloader)
+    # busy ranks (CI: dataloader; test_stragglers' periodic evaluator, busy on rank 0)
+    "test_hang_auto.py::test_a_busy_rank_is_a_long_wait_never_a_hang[evaluate]",
     "test_hang_auto.py::test_a_busy_rank_is_a_long_wait_never_a_hang[checkpoint]",
     "test_hang_auto.py::test_a_busy_rank_is_a_long_wait_never_a_hang[warmup]",
     "test_hang_auto.py::test_a_busy_rank_is_a_long_wait_never_a_hang[generate]",
     "test_hang_auto.py::test_a_busy_rank_is_a_long_wait_never_a_hang[prepare]",
-    # a shape mismatch injected into the trainer (CI: the bug corpus's shape_mismatch job,
-    # and the trainer's own mismatch and skip injections)
+    # failures injected into the trainer (CI: its mismatch and crash; the trainer's own
+    # shape, skip and hang tests in test_reference_trainer_faults; the bug corpus's
+    # shape_mismatch and uneven_batches and test_hang_auto's idle hangs, diagnosed)
     "test_trainer_diagnosis.py::test_injected_failure_is_diagnosed[shape:rank=1,step=3]",
+    "test_trainer_diagnosis.py::test_injected_failure_is_diagnosed[skip:rank=3,step=2]",
+    "test_trainer_diagnosis.py::test_injected_failure_is_diagnosed[hang:rank=2,step=3]",
+    # a slow rank in the trainer (CI: the throttled one; test_straggler_roots' slow rank
+    # in DP x PP and PP)
+    "test_trainer_diagnosis.py::test_slow_rank_is_the_straggler[straggler:rank=1,ms=150-1]",
     # idle hangs (CI: sleep, compute, spin, dead)
     "test_hang_auto.py::test_a_rank_without_progress_is_a_hang_within_seconds[lock]",
     "test_hang_auto.py::test_a_rank_without_progress_is_a_hang_within_seconds[queue]",
     # the same jobs as the bug corpus's (test_diagnosis_corpus.py), under the auto rule
     "test_hang_auto.py::test_hang_shapes_name_the_culprit_line[bugs/p2p_deadlock.py]",
     "test_hang_auto.py::test_hang_shapes_name_the_culprit_line[bugs/wrong_group.py]",
-    # healthy modes with identical losses (CI: DP, FSDP, PP; the straggler tier runs TP
-    # and EP healthy)
+    # healthy modes with identical losses (CI: FSDP, PP; DDP's identical results in
+    # test_run_and_rundir; the straggler tier runs DDP and EP healthy)
+    "test_trainer_diagnosis.py::test_healthy_mode_has_no_findings_and_same_losses[mode0]",
     "test_trainer_diagnosis.py::test_healthy_mode_has_no_findings_and_same_losses[mode2]",
     "test_trainer_diagnosis.py::test_healthy_mode_has_no_findings_and_same_losses[mode4]",
-    # healthy parallel modes judged for stragglers (CI: DDP, FSDP2, TP+SP, DDP+EP, PP
-    # 1f1b; ranks time-sliced on too few cores: test_hang_auto's overloaded machine and
+    # healthy parallel modes judged for stragglers (CI: DDP, FSDP2, DDP+EP, PP 1f1b; TP's
+    # slow link in test_stragglers' tp pair; ranks time-sliced on too few cores: test_hang_auto's overloaded machine and
     # test_straggler_roots' run beside many small processes)
+    "test_stragglers.py::test_healthy_trainer_modes_have_no_straggler[TP+SP]",
     "test_stragglers.py::test_healthy_trainer_modes_have_no_straggler[8-rank]",
     "test_stragglers.py::test_healthy_trainer_modes_have_no_straggler[HSDP]",
     "test_stragglers.py::test_healthy_trainer_modes_have_no_straggler[PP gpipe]",
     "test_stragglers.py::test_healthy_trainer_modes_have_no_straggler[PP interleaved]",
+    # C and Python recorders alike on a second job (CI: all_ops.py at 4 ranks)
+    "test_native.py::test_c_and_python_paths_record_the_same_events[parallel_stack.py-2]",
     # the dashboard on a terminal, closed by SIGHUP (CI: closed with q)
     "test_demo.py::test_demo_on_a_terminal_runs_behind_the_dashboard_and_stops_with_it[hangup]",
 )
@@ -234,6 +245,19 @@ EXTENDED = (
 def pytest_configure(config):
     config.addinivalue_line("markers", "matrix: the smoke set run on every torch of the matrix")
     config.addinivalue_line("markers", "extended: variants outside CI's default run (EXTENDED)")
+    _compile_once()
+
+
+def _compile_once() -> None:
+    """Byte-compile distdoctor and the test jobs' modules before any job starts. Every rank,
+    launcher and CLI process of the suite imports them; where PYTHONDONTWRITEBYTECODE is set
+    (as on our machines) none of them writes a cache, and each compiled distdoctor's source
+    anew: about 1 s of CPU per 4-rank job here. compileall writes the caches regardless and
+    skips what is current."""
+    import compileall
+    root = Path(__file__).parent.parent
+    for tree in (root / "distdoctor", root / "tests"):
+        compileall.compile_dir(str(tree), quiet=1)
 
 
 def pytest_collection_modifyitems(config, items):

@@ -257,6 +257,33 @@ def test_a_short_rise_waits_to_be_judged():
     assert tracker.is_straggler(score([12.0, 12.5, 11.5, 12.0, 12.2] * 4))  # late throughout
 
 
+def test_the_onset_is_where_the_rise_explains_most_not_where_t_peaks():
+    """A rank late by 25 ms from step 40, whose first late step was cut short by the
+    scheduler (a noisy step early in the rise): the rise starts at 40. The best Welch t
+    would split after the noisy step, where the later side is quietest."""
+    from distdoctor.diagnosis.stepstats import onset
+
+    xs = [0.4, -0.3] * 20 + [25.0, 9.0, 24.0, 26.0] + [25.0, 24.5, 25.5] * 5
+    split, rise, t_rise = onset(xs)
+    assert split == 40 and rise > 20 and t_rise > 5
+
+
+def test_an_onset_the_window_slid_past_is_found_in_the_history():
+    """A rank late in every step of its window, whose first verdict came after the
+    window had slid past its onset: the finding says since the step where its longer
+    history rose, not since the window's first step."""
+    from distdoctor.diagnosis.straggler import StragglerTracker
+
+    history = [(k, 0.3 if k % 2 else -0.3) for k in range(40)] + \
+              [(k, 25.0 + (k % 3) - 1) for k in range(40, 120)]
+    window = history[-60:]
+    s = {"history": history, "keys": [k for k, _ in window]}
+    assert StragglerTracker()._onset_before_window(s) == 40
+    steady = [(k, 25.0 + (k % 3) - 1) for k in range(120)]  # late from its first step
+    assert StragglerTracker()._onset_before_window(
+        {"history": steady, "keys": [k for k, _ in steady[-60:]]}) is None
+
+
 def test_occasional_late_steps_are_left_out_and_a_rise_is_kept():
     """nanoGPT's rank 0 evaluates every N steps: those steps, far above its typical one,
     alone or two in a row and few, are left out of the verdict (stepstats.typical); a

@@ -32,7 +32,7 @@ def test_lightning_mismatch_is_reported_at_lightnings_global_step(tmp_path):
                    "--on-hang", "kill", "--", sys.executable, "-m", "torch.distributed.run",
                    "--nproc-per-node", "2", str(JOBS / JOB)], timeout=180, run_dir=run_dir,
                   env={"PYTHONPATH": str(checkout)})
-    assert str(checkout / "lightning") in res.stdout + res.stderr  # the copy ran
+    assert f"lightning from {checkout / 'lightning'}" in res.stdout + res.stderr  # the copy ran
     printed = re.search(r"bug at global_step (\d+)", res.stdout + res.stderr)
     assert printed, res.stdout[-2000:] + res.stderr[-2000:]
     findings = json.loads((run_dir / "findings.json").read_text())["findings"]

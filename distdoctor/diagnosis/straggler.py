@@ -202,6 +202,23 @@ class StragglerTracker:
         history = typical(history, self.min_lateness_ms)
         return sum(x for _, x in history) / len(history) >= self.min_lateness_ms
 
+    def _onset_before_window(self, s: dict) -> int | None:
+        """The key of the step where a rank late in its whole window began to be late,
+        found in its longer history: on a busy machine the first verdict can come when
+        the window has slid past the onset already (the live engine behind by some steps,
+        or a verdict lost to a noisy stretch), and "since" its first step kept would name
+        a step the rank was late long before. None where the history shows no clear rise
+        before the window."""
+        history = typical(s["history"], self.min_lateness_ms)
+        found = onset([x for _, x in history])
+        if found is None:
+            return None
+        split, rise, t_rise = found
+        keys = [k for k, _ in history]
+        if rise < self.min_lateness_ms or t_rise < MIN_ONSET_T or s["keys"][0] not in keys:
+            return None
+        return keys[split] if split < keys.index(s["keys"][0]) else None
+
     def _steady(self, xs: list) -> bool:
         """Late in most steps, not in a few long ones: lateness that comes and goes
         (another process taking the rank's core now and then) is noise, whatever its
@@ -265,9 +282,10 @@ class StragglerTracker:
             return None
         time = self.steptime.rank(rank)
         since_label = time.label(since[0])
-        if onset:
-            self.onsets.setdefault(rank, since_label)
-            self.onset_keys.setdefault(rank, since[0])
+        first = since[0] if onset else self._onset_before_window(s)
+        if first is not None:
+            self.onsets.setdefault(rank, time.label(first))
+            self.onset_keys.setdefault(rank, first)
         since_label = self.onsets.get(rank, since_label)
         early, later = s["early_mean_ms"], s["late_mean_ms"]
         trend = ("rising" if later > 1.25 * early + 0.1 else

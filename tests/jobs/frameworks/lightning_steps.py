@@ -11,6 +11,7 @@ import sys
 import warnings
 from datetime import timedelta
 
+import lightning
 import torch
 import torch.distributed as dist
 from lightning.pytorch import LightningModule, Trainer
@@ -52,6 +53,8 @@ class Tiny(LightningModule):
 
 if __name__ == "__main__":
     torch.set_num_threads(1)
+    if os.environ.get("RANK") == "0":  # where this Lightning runs from, for the test
+        print(f"lightning from {os.path.dirname(lightning.__file__)}", flush=True)
     trainer = Trainer(accelerator="cpu", devices=int(os.environ.get("LOCAL_WORLD_SIZE", 1)),
                       strategy=DDPStrategy(timeout=timedelta(seconds=120)), max_steps=10,
                       limit_val_batches=2, enable_progress_bar=False, logger=False,
