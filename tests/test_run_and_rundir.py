@@ -131,6 +131,9 @@ def test_a_rank_that_calls_sys_exit_mid_training_is_named_at_that_line(tmp_path,
             in errors[0]["summary"]), errors[0]["summary"]
     assert (errors[0]["callsites"][0]["rank"], errors[0]["callsites"][0]["line"]) == \
         (1, line), errors[0]["callsites"]
+    if status:  # the step it left in, as the job counts it (5 optimizer steps taken)
+        assert errors[0]["details"]["span"] == "step 5", errors[0]["summary"]
+        assert "in next_batch, in step 5;" in errors[0]["summary"], errors[0]["summary"]
 
 
 def test_the_start_up_hook_imports_no_torch():

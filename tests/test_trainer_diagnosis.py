@@ -51,6 +51,9 @@ def test_injected_failure_is_diagnosed(inject, tmp_path):
     assert sites and sites[0]["file"] and sites[0]["line"], described
     if site_file:
         assert sites[0]["file"].endswith(site_file), described
+    if kind == "crash":  # the step the rank died in, as the trainer counts it
+        step = re.search(r"step=(\d+)", inject).group(1)
+        assert main[0]["details"]["span"] == f"step {step}", main[0]["summary"]
     if kind in ("mismatch", "hang"):
         step = re.search(r"step=(\d+)", inject).group(1)
         spans = json.dumps(main[0]["details"])

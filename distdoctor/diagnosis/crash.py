@@ -80,10 +80,12 @@ class ExitInfo:
 
 
 def crash_findings(exits: dict[int, ExitInfo], views: dict[int, RankView],
-                   open_rv, mismatched: set = frozenset()) -> list[Finding]:
+                   open_rv, mismatched: set = frozenset(),
+                   span_of_rank=lambda rank: None) -> list[Finding]:
     """`mismatched`: (group, seq) of collectives reported as mismatched; a rank that dies
     inside one, or inside a later op of that group (gloo aborts on a size mismatch, and
-    once the ranks' ops are out of step, on the ops after it), died of the mismatch."""
+    once the ranks' ops are out of step, on the ops after it), died of the mismatch.
+    `span_of_rank(rank)`: the step it was in when it ended, to say in the finding."""
     open_rv = list(open_rv)
     out = []
     for rank in sorted(exits):
@@ -121,10 +123,12 @@ def crash_findings(exits: dict[int, ExitInfo], views: dict[int, RankView],
                      f"died (a consequence)")
         elif consequence:
             last = f" after {_fmt_op(latest)} failed ({error_text(latest.error or latest.status)})"
-        summary = f"crash: rank {rank} {info.describe()}{last}"
+        span = span_of_rank(rank)
+        summary = f"crash: rank {rank} {info.describe()}{f', in {span}' if span else ''}{last}"
         if waiting:
             summary += f"; ranks {', '.join(map(str, waiting))} are left waiting for it"
-        details = {"exit_code": info.code, "how": info.how, "waiting_ranks": waiting,
+        details = {"exit_code": info.code, "how": info.how, "span": span,
+                   "waiting_ranks": waiting,
                    "consequence_of_failed_collective": consequence,
                    "last_op": None if latest is None else {
                        "op": latest.op, "group": latest.group, "seq": latest.seq,

@@ -286,7 +286,8 @@ class Engine(FindingBook, WaitJudge):
         failed = {r for r, st in self.ranks.items() if st.exit and st.exit.failed}
         for f in crash_findings({r: st.exit for r, st in self.ranks.items() if st.exit},
                                 views, self.open.values(),
-                                {(k[1], k[2]) for k in self.found if k[0] == "mismatch"}):
+                                {(k[1], k[2]) for k in self.found if k[0] == "mismatch"},
+                                self._rank_span):
             self._put(("crash", f.ranks[0]), f, quiet_update=True)
         self._now_s = now_s
         for f in hang_findings(self.open.values(), views, self.policy, failed,
@@ -356,18 +357,19 @@ class Engine(FindingBook, WaitJudge):
 
     def _annotate_spans(self, f: Finding) -> None:
         """Which span (e.g. "step 12") each culprit's newest op was issued in."""
-        spans = {}
-        for r in f.ranks:
-            st = self.ranks.get(r)
-            if st is not None and st.latest is not None:
-                # in an op: the op's span; outside any: the span begun since its last op
-                in_op = st.latest.t_end_ns is None
-                name = self.span_of(st.latest) if in_op else (st.newest_span
-                                                              or self.span_of(st.latest))
-                if name:
-                    spans[str(r)] = name
+        spans = {str(r): name for r in f.ranks if (name := self._rank_span(r))}
         if spans:
             f.details["span_by_rank"] = spans
+
+    def _rank_span(self, rank: int) -> str | None:
+        """The span a rank is in now, by its newest op: in an op, the op's span; outside
+        any, the span begun since its last op."""
+        st = self.ranks.get(rank)
+        if st is None or st.latest is None:
+            return None
+        if st.latest.t_end_ns is None:
+            return self.span_of(st.latest)
+        return st.newest_span or self.span_of(st.latest)
 
     def _error_findings(self) -> list[Finding]:
         out = []
