@@ -334,3 +334,20 @@ def test_a_rank_late_for_its_cpu_or_at_no_line_beside_busy_processes_is_the_host
         if kind == "host":
             assert out[0].details["slowed_ranks"] == [1]
     assert [x.kind for x in separate([straggler("compute")], quiet, time)] == ["straggler"]
+
+
+def test_a_crash_the_log_explains_keeps_the_step_the_ops_said():
+    """The job's output has rank 1's traceback, the log of ops its step: the log's finding
+    replaces the exit-code crash and says the step that crash knew; a second merge (the
+    live engine merges at every tick) does not say it twice."""
+    from distdoctor.diagnosis.crash import merge_crashes
+
+    exit_crash = Finding("crash", "error", "crash: rank 1 exited with code 1, in step 5",
+                         [1], details={"how": "exit", "exit_code": 1, "span": "step 5"})
+    traceback = Finding("crash", "error", "rank 1 raised ValueError: no batch at data.py:3",
+                        [1], details={"source": "log", "family": "exception"})
+    once = merge_crashes([exit_crash, traceback], {0, 1})
+    assert once == [traceback] and traceback.details["span"] == "step 5"
+    assert traceback.summary.endswith("; rank 1 was in step 5")
+    twice = merge_crashes([exit_crash, traceback], {0, 1})
+    assert twice[0].summary.count("step 5") == 1

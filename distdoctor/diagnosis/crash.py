@@ -177,6 +177,7 @@ def merge_crashes(found: list[Finding], all_ranks: set[int]) -> list[Finding]:
     out = [f for f in found if not (
         f in crashes and (at(f) <= raised if f.details.get("source") == "log"
                           else not seen_end(f) and at(f) <= from_log))]
+    _keep_steps(crashes, [f for f in out if f in crashes and f.details.get("source") == "log"])
     same: dict[tuple, list[Finding]] = {}
     for f in out:
         d = f.details
@@ -201,6 +202,20 @@ def merge_crashes(found: list[Finding], all_ranks: set[int]) -> list[Finding]:
                                 "that one error (the first rank's output shows it).")
         out = [f for f in out if f not in group] + [merged]
     return out
+
+
+def _keep_steps(crashes: list[Finding], from_log: list[Finding]) -> None:
+    """A log's finding that replaced the exit-code crash of its one rank keeps the step
+    that crash said: the output has the traceback, the log of ops the step."""
+    for f in from_log:
+        if len(f.ranks) != 1 or f.details.get("span"):
+            continue
+        span = next((c.details["span"] for c in crashes if c.details.get("source") != "log"
+                     and c.ranks == f.ranks and c.details.get("span")
+                     and c.details.get("incarnation") == f.details.get("incarnation")), None)
+        if span:
+            f.details["span"] = span
+            f.summary += f"; rank {f.ranks[0]} was in {span}"
 
 
 def _ranks(ranks: list[int]) -> str:
