@@ -351,3 +351,23 @@ def test_a_crash_the_log_explains_keeps_the_step_the_ops_said():
     assert traceback.summary.endswith("; rank 1 was in step 5")
     twice = merge_crashes([exit_crash, traceback], {0, 1})
     assert twice[0].summary.count("step 5") == 1
+
+
+def test_a_late_stretch_that_has_ended_is_no_straggler():
+    """A healthy 2-rank FSDP2 job on 2 cores (recorded in a CI-like run): rank 1 late by
+    15 ms per step for 9 steps, then on time, judged at its 13th step. A straggler keeps
+    the others waiting now; the same stretch still going on is one."""
+    from distdoctor.diagnosis.stepstats import onset, t
+    from distdoctor.diagnosis.straggler import StragglerTracker
+
+    def score(xs):
+        split, rise, t_rise = onset(xs)
+        return {"step_lateness_ms": sum(xs) / len(xs), "t": t(xs), "series": xs,
+                "keys": list(range(len(xs))), "history": list(enumerate(xs)),
+                "onset": 0, "onset_split": split, "rise_ms": rise, "onset_t": t_rise}
+
+    ended = [1.89, 8.0, 12.72, 16.67, 15.58, 14.26, 19.44, 16.54, 16.54, 13.92, 4.9, 3.56,
+             -0.93]
+    assert not StragglerTracker().is_straggler(score(ended))
+    going_on = ended[:10] + [14.9, 13.6, 15.1]
+    assert StragglerTracker().is_straggler(score(going_on))

@@ -51,6 +51,10 @@ VICTIM_SHARE = 0.25  # a rank that waits this share of the root's lateness per s
 # process the scheduler moved onto the rank's core; seen on a quiet node too: a healthy
 # 2-rank job's last 5 steps, 5 ms late each, once in ~20 runs on a 2-core VM)
 MIN_RISE_STEPS = 10
+# its newest steps, which must be late too: a straggler keeps the others waiting now. A
+# stretch of late steps that has ended is the machine's (a healthy 2-rank FSDP2 job on 2
+# cores: rank 1 late 15 ms per step for 9 steps, then 4.9, 3.6, -0.9 ms, judged then)
+NOW_STEPS = 3
 MIN_LATENESS_MS = 5.0  # per step; below this, lateness is noise (scheduling, logging) or
 # a fixed offset by design (a pipeline stage that always ends its step 2 ms after the other)
 
@@ -185,7 +189,9 @@ class StragglerTracker:
         if risen:
             s["onset"] = split  # late since then; else since the first step kept
         s["steady"] = steady
-        return (steady or risen) and self._late_in_history(s)
+        now = s["series"][-NOW_STEPS:]
+        return ((steady or risen) and sum(now) / len(now) >= floor
+                and self._late_in_history(s))
 
     def _late_in_history(self, s: dict) -> bool:
         """Its longer history (LONG_STEPS, from its onset where one was found) agrees: late
