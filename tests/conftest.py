@@ -233,8 +233,9 @@ EXTENDED = (
     "test_trainer_diagnosis.py::test_healthy_mode_has_no_findings_and_same_losses[mode2]",
     "test_trainer_diagnosis.py::test_healthy_mode_has_no_findings_and_same_losses[mode4]",
     # healthy parallel modes judged for stragglers (CI: DDP, FSDP2, DDP+EP, PP 1f1b; TP's
-    # slow link in test_stragglers' tp pair; ranks time-sliced on too few cores: test_hang_auto's overloaded machine and
-    # test_straggler_roots' run beside many small processes)
+    # slow link in test_stragglers' tp pair; ranks time-sliced on too few cores:
+    # test_hang_auto's overloaded machine and test_straggler_roots' run beside many small
+    # processes)
     "test_stragglers.py::test_healthy_trainer_modes_have_no_straggler[TP+SP]",
     "test_stragglers.py::test_healthy_trainer_modes_have_no_straggler[8-rank]",
     "test_stragglers.py::test_healthy_trainer_modes_have_no_straggler[HSDP]",
