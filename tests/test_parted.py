@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 from conftest import JOBS, marker_sets, run_cli
 
-from distdoctor.diagnosis import divergence as D
+from distdoctor.diagnosis import align as D
+from distdoctor.diagnosis import blame
 from distdoctor.runlog.reader import Event
 
 PARTED = JOBS / "parted"
@@ -184,8 +185,6 @@ def test_the_rank_that_broke_the_jobs_rhythm_strayed(tmp_path):
     the all_gather out: it is at line 10 of the next step while rank 0 is at line 12. The
     later line is not further along here (both lie in one loop, which has come round);
     the rhythm of the steps before says who strayed, and that it skipped."""
-    from distdoctor.diagnosis.parted import _evidence
-
     src = tmp_path / "train.py"
     src.write_text("\n" * 8 + "for step in range(9):\n" + "    pass\n" * 5)
     step = [("all_reduce", 10), ("all_gather", 12)]
@@ -198,30 +197,10 @@ def test_the_rank_that_broke_the_jobs_rhythm_strayed(tmp_path):
     history = {0: ours, 1: theirs}
     assert D.fits(p.ours, ours[:7], [ours[:7], theirs[:7]]) is True
     assert D.fits(p.theirs, theirs[:7], [ours[:7], theirs[:7]]) is False
-    strayed, why, skipped = _evidence(p, 0, 1, history)
-    assert (strayed, skipped) == (1, True), why
-    assert D.further_along(p.ours, p.theirs) == 1  # what the line order alone would say
-    assert D.further_along(p.ours, p.theirs, looped=True) == 0  # one loop, come round
+    verdict = blame.judge(p, 0, 1, history, majority=False)
+    assert verdict.branch is None  # the loop's body holds no branch: the rhythm tells
+    assert (verdict.side, verdict.skipped) == (1, True), verdict.why
     assert D.rhythm([], [ours]) is None  # nothing before: no rhythm to break
-
-
-def test_further_along_reads_the_callers_and_not_the_arms_of_a_branch(tmp_path):
-    src = tmp_path / "train.py"
-    src.write_text("def setup():\n"
-                   "    if cached:\n"
-                   "        broadcast()\n"
-                   "        return 1\n"
-                   "    all_gather()\n"
-                   "    return 2\n")
-    a = _ev(0, 0, "broadcast", 3)
-    b = _ev(1, 0, "all_gather", 5)
-    for ev in (a, b):
-        ev.callsite = {**ev.callsite, "file": str(src),
-                       "callers": [{"file": "/job/main.py", "line": 40, "function": "<module>"}]}
-    assert D.further_along(a, b) == 0  # the two arms of one branch: no evidence
-    a.callsite["callers"] = [{"file": "/job/main.py", "line": 40, "function": "<module>"}]
-    b.callsite["callers"] = [{"file": "/job/main.py", "line": 44, "function": "<module>"}]
-    assert D.further_along(b, a) == 1  # called from a later line of the same function
 
 
 @pytest.mark.timeout(150)

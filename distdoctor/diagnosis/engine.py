@@ -16,8 +16,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from itertools import islice
 
+from distdoctor.diagnosis.align import HISTORY
 from distdoctor.diagnosis.crash import ExitInfo, crash_findings
-from distdoctor.diagnosis.divergence import HISTORY
 from distdoctor.diagnosis.engine_findings import FindingBook
 from distdoctor.diagnosis.engine_waits import WaitJudge
 from distdoctor.diagnosis.hang import RankView, hang_findings

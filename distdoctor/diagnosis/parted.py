@@ -1,17 +1,22 @@
 """A mismatch or a hang said at its root: where the ranks parted, who strayed, and why.
 
-The detectors name the op where the ranks' disagreement shows (mismatch.py, hang.py);
-this module walks back through the ranks' recent ops (divergence.py) and rewrites the
-finding around the parting: its summary, `details.parted_at` with each side's op and call
-site, the culprit's line first among the call sites. Two user threads on the failing
-group make it that race (threads.py). Where no majority names the culprit (two ranks, an
-even split), the evidence decides or the finding says it is a tie and blames nobody.
+Step 4 of four, the words. The detectors name the op where the ranks' disagreement shows
+(mismatch.py, hang.py); align.py finds where the ranks' recent ops parted, branch.py the
+statement of the program that split them, blame.py who strayed; this module rewrites the
+finding around them: its summary ("rank 0 entered `if rank == 0:` (train.py:15) and
+issued all_reduce #1 ...; rank 1 did not enter it and went on to barrier #1 ..."),
+`details.parted_at` with each side's op and call site, `details.branch` with the
+branch's line, condition and the arm each side took, the culprit's line first among the
+call sites. Two user threads on the failing group make it that race (threads.py). Where
+nothing tells who strayed, the finding says it is a tie and blames nobody.
 """
 
 from __future__ import annotations
 
-from distdoctor.diagnosis import divergence as D
+from distdoctor.diagnosis import align as D
+from distdoctor.diagnosis import blame
 from distdoctor.diagnosis import threads as T
+from distdoctor.diagnosis.branch import Branch
 from distdoctor.diagnosis.rendezvous import Rendezvous
 from distdoctor.findings import Finding, callsite_of, who
 
@@ -52,101 +57,6 @@ def _race(f: Finding, ranks, histories) -> Finding | None:
                                   not in {(t["file"], t["line"]) for t in thread_sites}]
     f.remedy = T.REMEDY
     return f
-
-
-class _Sides:
-    """A two-rank parting as the evidence reads it: rank a's op (`p.ours`) against rank
-    b's (`p.theirs`), whether the job issued each before (`known`: familiar); for an op
-    one side issued and the other did not, which side has it (`has`, `op`), which lacks
-    it (`lacks`) and what that one went on to (`went`)."""
-
-    def __init__(self, p: D.Parting, a: int, b: int, histories):
-        self.p, self.a, self.b = p, a, b
-        where = p.ours or p.theirs
-        self.seq = where.seq
-        self.pool = [histories.get(a, ()), histories.get(b, ())]
-        self.ops = [D.before(h, where.group, self.seq) for h in self.pool]
-        self.known = (D.familiar(p.ours, self.pool, self.seq),
-                      D.familiar(p.theirs, self.pool, self.seq))
-        self.looped = any(self.known)  # these ops were issued before: a loop came round
-        extra = p.how == "extra"
-        self.op = p.ours if extra else p.theirs
-        self.op_known = self.known[0] if extra else self.known[1]
-        self.has, self.lacks = (a, b) if extra else (b, a)
-        self.went = p.next_theirs if extra else p.next_ours
-        self.before = self.ops[0] if extra else self.ops[1]
-
-
-def _by_rhythm(s: _Sides):
-    """The side whose op is not the call the job made after the same calls before
-    strayed (a loop's step: the rank at the earlier line may be an iteration ahead)."""
-    p, a, b = s.p, s.a, s.b
-    if p.how != "differ":
-        fits, went_fits = D.fits(s.op, s.before, s.ops), D.fits(s.went, s.before, s.ops)
-        if fits is True and went_fits is False:
-            return s.lacks, (f"rank {s.has}'s {s.op.op} is the call the job made after the "
-                             f"same calls before; rank {s.lacks} skipped it"), False
-        if fits is False and went_fits is True:
-            return s.has, (f"rank {s.lacks} went on to the call the job made after the same "
-                           f"calls before; rank {s.has}'s {s.op.op} came in between"), False
-        return None
-    fa, fb = D.fits(p.ours, s.ops[0], s.ops), D.fits(p.theirs, s.ops[1], s.ops)
-    if fa is fb or None in (fa, fb):
-        return None
-    strayed, kept = (b, a) if fa else (a, b)
-    bad, good = (p.theirs, p.ours) if fa else (p.ours, p.theirs)
-    skipped = D.fits(bad, [*(s.ops[0] if fa else s.ops[1]), good], s.ops) is True
-    return strayed, (f"rank {kept}'s {good.op} is the call the job made after the same "
-                     f"calls before; rank {strayed} "
-                     + ("left it out and went on to the call after it" if skipped
-                        else "made another")), skipped
-
-
-def _by_history(s: _Sides):
-    """A call site the job has issued before is the path, a new one the detour."""
-    p, a, b = s.p, s.a, s.b
-    if p.how != "differ":
-        if s.op_known is True:
-            return s.lacks, (f"rank {s.has}'s {s.op.op} is a call the job issued before; "
-                             f"rank {s.lacks} skipped it"), False
-        if s.op_known is False and D.familiar(s.went, s.pool, s.seq) is True:
-            return s.has, (f"rank {s.has}'s {s.op.op} at that line is new to the job, while "
-                           f"rank {s.lacks} went on to a call it issued before"), False
-        return None
-    ka, kb = s.known
-    if ka is True and kb is False:
-        return b, f"rank {a}'s call is one the job issued before, rank {b}'s is new", False
-    if kb is True and ka is False:
-        return a, f"rank {b}'s call is one the job issued before, rank {a}'s is new", False
-    return None
-
-
-def _by_position(s: _Sides):
-    """A rank further along the same function skipped what the other is still in."""
-    p, a, b = s.p, s.a, s.b
-    if p.how != "differ":
-        ahead = D.further_along(s.went, s.op, s.looped)
-        if not ahead:
-            return None
-        strayed = s.lacks if ahead > 0 else s.has
-        return strayed, f"rank {strayed} is further along the program", False
-    ahead = D.further_along(p.ours, p.theirs, s.looped)
-    if not ahead:
-        return None
-    strayed = a if ahead > 0 else b
-    return strayed, (f"rank {strayed} is further along the program: it skipped what "
-                     f"rank {b if strayed == a else a} is still in"), True
-
-
-def _evidence(p: D.Parting, a: int, b: int, histories) -> tuple[int | None, str, bool]:
-    """Which of ranks a (`p.ours`) and b (`p.theirs`) strayed, why, and whether it skipped
-    the other's op and went on past it; (None, why not, False) when nothing tells."""
-    sides = _Sides(p, a, b, histories)
-    for rule in (_by_rhythm, _by_history, _by_position):
-        verdict = rule(sides)
-        if verdict is not None:
-            return verdict
-    return None, "nothing tells which rank strayed", False
 
 
 def _sentence(p: D.Parting, subject: str, others: str, skipped: bool = False) -> str:
@@ -194,6 +104,46 @@ def _merge_sites(first: list[dict], rest: list[dict]) -> list[dict]:
     return out
 
 
+def _judged(p: D.Parting, a_side: list[int], b_side: list[int], histories, group, seq,
+            majority: bool):
+    """The verdict on the parting between side a (`p.ours`) and side b, and the parting
+    seen from the side that strayed (its op first), with that side's ranks."""
+    a, b = a_side[0], b_side[0]
+    verdict = blame.judge(p, a, b, histories, majority)
+    if verdict.side == 1:  # the parting seen from the other side
+        p = D.parting(D.on_group(histories.get(b, ()), group, seq),
+                      D.on_group(histories.get(a, ()), group, seq)) or p
+        if verdict.branch is not None:
+            verdict.branch.flip()
+        return verdict, p, b_side, a_side
+    return verdict, p, a_side, b_side
+
+
+def _branch_words(br: Branch, p: D.Parting, subject: str, others: str) -> str:
+    """'rank 0 entered `if rank == 0:` (train.py:15) and issued all_reduce #1 at
+    train.py:16 in buggy; rank 1 did not enter it and went on to barrier #1 at
+    train.py:23 in main'."""
+    def then(ev, nxt):
+        if ev is not None:
+            return f" and issued {D.describe(ev)}"
+        return f" and went on to {D.describe(nxt)}" if nxt is not None else " and issued nothing more"
+    return (f"{subject} {br.said(0)}{then(p.ours, p.next_ours)}; "
+            f"{others} {br.said(1, 'it')}{then(p.theirs, p.next_theirs)}")
+
+
+def _say_branch(f: Finding, verdict, sides: list[list[int]]) -> None:
+    """details.branch, and the branch's line among the call sites (after the ops')."""
+    br = verdict.branch
+    if verdict.unreadable:
+        f.details["source_unreadable"] = verdict.unreadable
+    if br is None:
+        return
+    f.details["branch"] = br.as_details(sides)
+    entry = {"rank": sides[0][0], "file": br.file, "line": br.line, "function": br.function,
+             "role": "branch"}
+    f.callsites = _merge_sites(f.callsites, [entry])
+
+
 def explain_mismatch(f: Finding, rv: Rendezvous, histories: dict,
                      span_of=None) -> Finding:
     """Rewrite a mismatch at `rv` around where the ranks parted (see the module doc).
@@ -207,31 +157,26 @@ def explain_mismatch(f: Finding, rv: Rendezvous, histories: dict,
     majority = sizes[0] > sizes[1]
     main = variants[0]["ranks"]
     odd = [r for v in variants[1:] for r in v["ranks"]] if majority else variants[1]["ranks"]
-    a, b = odd[0], main[0]
-    p = D.parting(D.on_group(histories.get(a, ()), rv.group, rv.seq),
-                  D.on_group(histories.get(b, ()), rv.group, rv.seq))
+    p = D.parting(D.on_group(histories.get(odd[0], ()), rv.group, rv.seq),
+                  D.on_group(histories.get(main[0], ()), rv.group, rv.seq))
     if p is None:
         return f
-    culprit, other, skipped = a, b, False
+    verdict, p, side, rest = _judged(p, odd, main, histories, rv.group, rv.seq, majority)
+    culprit, other = side[0], rest[0]
     if not majority:
-        strayed, why, skipped = _evidence(p, a, b, histories)
-        f.details["evidence"] = why
-        if strayed is None:
-            return _tie(f, p, a, b, why,
+        f.details["evidence"] = verdict.why
+        if verdict.side is None:
+            return _tie(f, p, culprit, other, verdict,
                         "" if _at_failure(p, rv) else f". It showed at #{rv.seq}")
-        side, rest = odd, main
-        if strayed != a:  # the parting seen from the other side
-            p = D.parting(D.on_group(histories.get(b, ()), rv.group, rv.seq),
-                          D.on_group(histories.get(a, ()), rv.group, rv.seq)) or p
-            culprit, other = b, a
-            side, rest = main, odd
         f.ranks = sorted(side)  # the whole side that strayed (an even split: its ranks)
-        main = rest
+    main = rest
     others = (f"rank {other}" if len(main) == 1 else
               f"ranks {', '.join(map(str, sorted(main)))}" if not majority else "the others")
     f.details["parted_at"] = D.as_details(p, culprit, other)
-    if _at_failure(p, rv) and majority:
+    _say_branch(f, verdict, [side, rest])
+    if _at_failure(p, rv) and majority and verdict.branch is None:
         return f  # the op that disagrees is where they parted: the summary says it
+    skipped = verdict.skipped
     # the step of the parting: the other side's where the culprit skipped its op and went
     # on (into its next step, maybe), else the culprit's
     step = span_of((p.theirs if skipped else p.ours) or p.theirs or p.ours) if span_of else None
@@ -239,10 +184,11 @@ def explain_mismatch(f: Finding, rv: Rendezvous, histories: dict,
         f.details["span"] = step
     where = (p.ours or p.theirs)
     subject = who(f.ranks) if f.ranks else f"rank {culprit}"
-    lead = (f"{subject} parted from {others} at {where.op} #{where.seq} in group "
-            f"{rv.group}: {_sentence(p, subject, others, skipped)}")
+    said = (_branch_words(verdict.branch, p, subject, others) if verdict.branch is not None
+            else _sentence(p, subject, others, skipped))
+    lead = f"{subject} parted from {others} at {where.op} #{where.seq} in group {rv.group}: {said}"
     if not majority:
-        lead += f" ({f.details['evidence']})"
+        lead += f" ({verdict.why})"
     if f.details.get("span"):  # the step it happened in, as the user counts it
         lead += f", in {f.details['span']}"
     f.summary = lead + ("" if _at_failure(p, rv) else f". It showed at #{rv.seq}: {f.summary}")
@@ -271,17 +217,26 @@ def _last_exchange(f: Finding, histories: dict) -> Finding:
     return f
 
 
-def _tie(f: Finding, p: D.Parting, a: int, b: int, why: str, tail: str) -> Finding:
-    """No majority and no evidence: both sides, rank order, equal weight; nobody blamed."""
+def _tie(f: Finding, p: D.Parting, a: int, b: int, verdict, tail: str) -> Finding:
+    """No majority and no evidence: both sides, rank order, equal weight; nobody blamed.
+    The summary says how the two ops differ and the branch that split them, if read."""
     sides = sorted([(a, p.ours, p.next_ours), (b, p.theirs, p.next_theirs)],
                    key=lambda s: s[0])
     where = p.ours or p.theirs
     f.ranks = []
     f.details["tie"] = [a, b] if a < b else [b, a]
     f.details["parted_at"] = D.as_details(p, a, b)
+    _say_branch(f, verdict, [[a], [b]])
+    differs = f.details.get("differs_in") or []
+    how = f" they differ in {', '.join(differs)};" if differs else ""
+    split = ""
+    if verdict.branch is not None:
+        br = verdict.branch
+        split = f" rank {a} {br.said(0)}, rank {b} {br.said(1, 'it')};"
     f.summary = (f"ranks {sides[0][0]} and {sides[1][0]} parted at collective #{where.seq} "
-                 f"in group {where.group}, and it is a tie ({why}): "
-                 + "; ".join(f"rank {r} issued {D.describe(ev)}" for r, ev, _ in sides)
+                 f"in group {where.group}, and it is a tie ({verdict.why}):{split}{how} "
+                 + "; ".join(f"rank {r} issued {D.describe(ev)}" if ev is not None else
+                             f"rank {r} went on to {D.describe(nxt)}" for r, ev, nxt in sides)
                  + (f", in {f.details['span']}" if f.details.get("span") else "") + tail)
     sites = []
     for r, ev, nxt in sides:
@@ -315,27 +270,29 @@ def explain_hang(f: Finding, histories: dict) -> Finding:
     others = [r for r in others if r not in f.ranks]
     if not others:
         return f
-    culprit, other, skipped = f.ranks[0], others[0], False
+    culprit, other = f.ranks[0], others[0]
     p = D.parting(D.on_group(histories.get(culprit, ()), f.group, f.seq),
                   D.on_group(histories.get(other, ()), f.group, f.seq))
     if p is None or (p.ours or p.theirs).seq >= f.seq:
         return f
-    if len(set(involved)) == 2:  # no majority: the evidence decides, or it is a tie
-        strayed, why, skipped = _evidence(p, culprit, other, histories)
-        f.details["evidence"] = why
-        if strayed is None:
-            return _tie(f, p, culprit, other, why, f". It showed later: {f.summary}")
-        if strayed != culprit:
+    majority = len(set(involved)) != 2
+    verdict, p, side, _ = _judged(p, [culprit], [other], histories, f.group, f.seq, majority)
+    if not majority:  # no majority: the program decides, or it is a tie
+        f.details["evidence"] = verdict.why
+        if verdict.side is None:
+            return _tie(f, p, culprit, other, verdict, f". It showed later: {f.summary}")
+        if side[0] != culprit:
             culprit, other = other, culprit
-            p = D.parting(D.on_group(histories.get(culprit, ()), f.group, f.seq),
-                          D.on_group(histories.get(other, ()), f.group, f.seq)) or p
             f.ranks = [culprit]
     f.details["parted_at"] = D.as_details(p, culprit, other)
+    _say_branch(f, verdict, [[culprit], [other]] if not majority else [[culprit], others])
     word = "the others" if len(others) > 1 else f"rank {other}"
     where = p.ours or p.theirs
     why = f" ({f.details['evidence']})" if f.details.get("evidence") else ""
+    said = (_branch_words(verdict.branch, p, f"rank {culprit}", word)
+            if verdict.branch is not None else
+            _sentence(p, f"rank {culprit}", word, verdict.skipped))
     f.summary = (f"rank {culprit} parted from {word} at {where.op} #{where.seq} in group "
-                 f"{f.group}: {_sentence(p, f'rank {culprit}', word, skipped)}{why}. It showed later: "
-                 f"{f.summary}")
+                 f"{f.group}: {said}{why}. It showed later: {f.summary}")
     f.callsites = _merge_sites(_culprit_sites(p, culprit, other), f.callsites)
     return f

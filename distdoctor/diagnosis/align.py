@@ -1,28 +1,23 @@
 """Where the ranks parted: the first op at which their paths stopped lining up.
 
-A mismatch or a hang shows where the ranks' ops finally disagree; the cause is often
-earlier. A helper that calls `barrier()` on one rank only pairs its barrier with the
-others' next one (barriers are alike), and the ops disagree one or more ops later, at an
-innocent line. So after a failure, and only then (healthy code issues the same op from
-different lines on different ranks all the time: a rank-0 branch that broadcasts what the
-others receive, pipeline stages), each side's recent ops on the group are aligned by call
-site: the file, the line, the framework frame that issued it for that line and the user's
-frames that called it (tracer/callsite.py). The
-parting is the first op one side issued that the other has no counterpart for, or the
-first pair that differs with nothing lined up after it. Ranks that issue one op from two
-lines and line up again right after did not part there.
-
-Which side strayed: the odd one out where there is a majority; else the evidence
-(parted.py): the side whose op is not what the job issued after the same ops before broke
-the job's rhythm (a loop's step skipped one op: the line order inside a loop says nothing,
-the skipping rank may be in the next iteration); a call site the job has issued before is
-the path, a new one the detour; a rank further along the same function skipped what the
-other is still in (not inside a loop the job has come round). Else a tie.
+Step 1 of four (align.py, branch.py, blame.py, parted.py). A mismatch or a hang shows
+where the ranks' ops finally disagree; the cause is often earlier. A helper that calls
+`barrier()` on one rank only pairs its barrier with the others' next one (barriers are
+alike), and the ops disagree one or more ops later, at an innocent line. So after a
+failure, and only then (healthy code issues the same op from different lines on
+different ranks all the time: a rank-0 branch that broadcasts what the others receive,
+pipeline stages), each side's recent ops on the group are aligned by call site: the
+file, the line, the framework frame that issued it for that line and the user's frames
+that called it (tracer/callsite.py). The parting is the first op one side issued that
+the other has no counterpart for, or the first pair that differs with nothing lined up
+after it. Ranks that issue one op from two lines and line up again right after did not
+part there. Also here: the job's rhythm (what it issued after the same ops before) and
+its familiar call sites, which blame.py weighs beside the branch that split the ranks
+(branch.py).
 """
 
 from __future__ import annotations
 
-import ast
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -171,113 +166,6 @@ def parting(ours: list[Event], theirs: list[Event]) -> Parting | None:
                        ours[rest_ours[0]] if rest_ours else None,
                        theirs[rest_theirs[0]] if rest_theirs else None)
     return None
-
-
-def _chain(ev: Event | None) -> list[tuple]:
-    """The op's frames, outermost first: (file, function, line) of each caller, then its
-    own."""
-    if ev is None or not ev.callsite:
-        return []
-    cs = ev.callsite
-    frames = [(c.get("file"), c.get("function"), c.get("line"))
-              for c in reversed(cs.get("callers") or ())]
-    return frames + [(cs.get("file"), cs.get("function"), cs.get("line"))]
-
-
-def further_along(a: Event | None, b: Event | None, looped: bool = False) -> int:
-    """1 when `a` is further along the program than `b`, -1 when behind, 0 unknown: in
-    the outermost function both are in, the one at the later line is further along,
-    unless the two lines are the two arms of one branch (an if and its else, a try and
-    its handler), or they are the ops' own lines and the source cannot be read to tell,
-    or (`looped`: the job has issued these ops before) both lie in one loop's body,
-    where the rank at the earlier line may be an iteration ahead."""
-    ca, cb = _chain(a), _chain(b)
-    for k, (fa, fb) in enumerate(zip(ca, cb, strict=False)):
-        if fa == fb:
-            continue
-        if fa[:2] != fb[:2] or fa[2] is None or fb[2] is None:
-            return 0
-        arms = branch_arms(fa[0], fa[2], fb[2])
-        innermost = k == len(ca) - 1 or k == len(cb) - 1
-        if arms or (arms is None and innermost):
-            return 0
-        if looped and one_loop(fa[0], fa[2], fb[2]) is not False:
-            return 0
-        return (fa[2] > fb[2]) - (fa[2] < fb[2])
-    return 0
-
-
-@lru_cache(maxsize=1024)
-def branch_arms(path, line_a: int, line_b: int) -> bool | None:
-    """Whether two lines of a file lie in different arms of one `if`/`else`, `try`/
-    `except` or `match`; None when the file cannot be read or parsed."""
-    return _branch_arms(path, line_a, line_b)
-
-
-@lru_cache(maxsize=32)
-def _tree(path) -> ast.AST | None:
-    """The parsed source file; None when it cannot be read or parsed."""
-    try:
-        with open(path, encoding="utf-8") as fh:
-            return ast.parse(fh.read())
-    except (OSError, SyntaxError, ValueError, TypeError):
-        return None
-
-
-def _branch_arms(path, line_a: int, line_b: int) -> bool | None:
-    tree = _tree(path)
-    if tree is None:
-        return None
-
-    def span(stmts):
-        return (stmts[0].lineno, max(getattr(x, "end_lineno", x.lineno) for x in stmts))
-
-    def inside(line, stmts):
-        if not stmts:
-            return False
-        lo, hi = span(stmts)
-        return lo <= line <= hi
-
-    exits = (ast.Return, ast.Raise, ast.Continue, ast.Break)
-    for node in ast.walk(tree):
-        for block in (getattr(node, f, None) for f in ("body", "orelse", "finalbody")):
-            if not isinstance(block, list):
-                continue
-            for i, stmt in enumerate(block):
-                # `if c: ...; return` and what follows it are the two arms of one branch
-                if (isinstance(stmt, ast.If) and not stmt.orelse and stmt.body
-                        and isinstance(stmt.body[-1], exits) and block[i + 1:]
-                        and inside(line_a, stmt.body) != inside(line_b, stmt.body)
-                        and (inside(line_a, block[i + 1:]) or inside(line_b, block[i + 1:]))):
-                    return True
-        arms = []
-        if isinstance(node, ast.If):
-            arms = [node.body, node.orelse]
-        elif isinstance(node, ast.Try):
-            arms = [node.body, *[h.body for h in node.handlers]]
-        elif hasattr(ast, "Match") and isinstance(node, ast.Match):
-            arms = [c.body for c in node.cases]
-        held = [i for i, arm in enumerate(arms) if inside(line_a, arm)]
-        other = [i for i, arm in enumerate(arms) if inside(line_b, arm)]
-        if held and other and held[0] != other[0]:
-            return True
-    return False
-
-
-@lru_cache(maxsize=1024)
-def one_loop(path, line_a: int, line_b: int) -> bool | None:
-    """Whether two lines of a file lie in the body of one `for` or `while` loop; None
-    when the file cannot be read or parsed."""
-    tree = _tree(path)
-    if tree is None:
-        return None
-    for node in ast.walk(tree):
-        if isinstance(node, (ast.For, ast.AsyncFor, ast.While)) and node.body:
-            lo, hi = node.body[0].lineno, max(getattr(x, "end_lineno", x.lineno)
-                                             for x in node.body)
-            if lo <= line_a <= hi and lo <= line_b <= hi:
-                return True
-    return False
 
 
 def familiar(ev: Event | None, histories, before_seq: int) -> bool | None:

@@ -1,0 +1,159 @@
+"""The user's source, read with `ast` after a failure: the statements around a line.
+
+Step 2 of where-the-ranks-parted (align.py, branch.py, blame.py, parted.py) reads the
+program, never the hot path: a file is read and parsed once per diagnosing process
+(cached), and only for the lines a failure's call sites name. A file that cannot be read
+or parsed (gone, not Python, a notebook cell) is None, and the callers say so.
+"""
+
+from __future__ import annotations
+
+import ast
+from dataclasses import dataclass
+from functools import lru_cache
+
+# statements that leave the current path early: the arm of an `if` that holds one is a
+# way out that the other ranks' path did not take
+EXITS = (ast.Return, ast.Raise, ast.Continue, ast.Break)
+LOOPS = (ast.For, ast.AsyncFor, ast.While)
+FUNCS = (ast.FunctionDef, ast.AsyncFunctionDef)
+
+
+@dataclass(frozen=True)
+class Source:
+    path: str
+    text: str
+    tree: ast.Module
+
+    def segment(self, node: ast.AST, limit: int = 120) -> str:
+        """The node's source text on one line ('?' where it cannot be had)."""
+        text = ast.get_source_segment(self.text, node) or "?"
+        text = " ".join(text.split())
+        return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
+@lru_cache(maxsize=64)
+def read(path: str | None) -> Source | None:
+    """The parsed file; None when it cannot be read or parsed."""
+    if not path or path.startswith("<"):
+        return None
+    try:
+        with open(path, encoding="utf-8") as fh:
+            text = fh.read()
+        return Source(path, text, ast.parse(text))
+    except (OSError, SyntaxError, ValueError, TypeError, MemoryError, RecursionError):
+        return None
+
+
+def end(node: ast.AST) -> int:
+    return getattr(node, "end_lineno", None) or node.lineno
+
+
+def spans(stmts, line: int) -> bool:
+    """Whether `line` lies in the block of statements."""
+    return bool(stmts) and stmts[0].lineno <= line <= max(end(s) for s in stmts)
+
+
+def function_at(src: Source, name: str | None, line: int) -> ast.AST:
+    """The innermost function (def) holding `line` whose name is the last part of
+    `name` (a qualified name: 'Trainer.train'), else the innermost def holding it, else
+    the module."""
+    short = (name or "").rsplit(".", 1)[-1]
+    best = best_named = None
+    for node in ast.walk(src.tree):
+        if isinstance(node, FUNCS) and node.lineno <= line <= end(node):
+            if best is None or node.lineno >= best.lineno:
+                best = node
+            if node.name == short and (best_named is None or node.lineno >= best_named.lineno):
+                best_named = node
+    if short == "<module>":
+        return src.tree
+    return best_named or best or src.tree
+
+
+def arms(stmt: ast.AST) -> list[tuple[str, list]]:
+    """A compound statement's blocks, each named: an `if`'s body and else, a loop's body
+    (and else), a `try`'s body and handlers, a `match`'s cases, a `with`'s body."""
+    if isinstance(stmt, ast.If):
+        return [("body", stmt.body), ("else", stmt.orelse)]
+    if isinstance(stmt, LOOPS):
+        return [("body", stmt.body), ("else", stmt.orelse)]
+    if isinstance(stmt, ast.Try) or type(stmt).__name__ == "TryStar":
+        return ([("body", stmt.body + stmt.orelse)]
+                + [(f"handler {i}", h.body) for i, h in enumerate(stmt.handlers)]
+                + [("finally", stmt.finalbody)])
+    if type(stmt).__name__ == "Match":
+        return [(f"case {i}", c.body) for i, c in enumerate(stmt.cases)]
+    if isinstance(stmt, (ast.With, ast.AsyncWith)):
+        return [("body", stmt.body)]
+    return []
+
+
+def is_main_guard(stmt: ast.AST) -> bool:
+    """`if __name__ == "__main__":`"""
+    return isinstance(stmt, ast.If) and "__name__" in {
+        n.id for n in ast.walk(stmt.test) if isinstance(n, ast.Name)}
+
+
+def path_to(fn: ast.AST, line: int) -> list[tuple[ast.AST, str]]:
+    """The compound statements of `fn` (not of the defs nested in it) that hold `line`,
+    outermost first, each with the name of the arm that holds it."""
+    out, block = [], getattr(fn, "body", [])
+    while True:
+        stmt = next((s for s in block if s.lineno <= line <= end(s)), None)
+        if stmt is None or isinstance(stmt, FUNCS + (ast.ClassDef,)):
+            return out
+        found = next(((name, b) for name, b in arms(stmt) if spans(b, line)), None)
+        if found is None:
+            return out
+        out.append((stmt, found[0]))
+        block = found[1]
+
+
+def exits_in(block, loop_exits: bool = True) -> list[ast.AST]:
+    """The exit statements in a block, not those of defs nested in it, nor a `break` or
+    `continue` of a loop nested in it."""
+    out = []
+    for stmt in block:
+        if isinstance(stmt, EXITS):
+            out.append(stmt)
+        elif isinstance(stmt, FUNCS + (ast.ClassDef,)):
+            continue
+        else:
+            inner_loop = isinstance(stmt, LOOPS)
+            for _, b in arms(stmt):
+                out += [e for e in exits_in(b, loop_exits and not inner_loop)
+                        if loop_exits and not inner_loop
+                        or isinstance(e, (ast.Return, ast.Raise))]
+    return out
+
+
+def ways_out(fn: ast.AST, after: int | None, before: int | None) -> list[tuple]:
+    """The early exits of `fn` a rank could have taken after line `after` (None: from
+    the start) instead of reaching line `before` (None: anywhere): a `return` or
+    `raise`, or a `break`/`continue` of a loop that holds `before`. A `before` at or
+    above `after` is a loop come round: any line of it. Each as (the exit, the `if`
+    statements around it in `fn`, outermost first, the loop it leaves or None)."""
+    out = []
+    wrapped = after is not None and before is not None and before <= after
+
+    def visit(block, ifs, loops):
+        for stmt in block:
+            if isinstance(stmt, FUNCS + (ast.ClassDef,)):
+                continue
+            line = stmt.lineno
+            if isinstance(stmt, EXITS):
+                loop = loops[-1] if loops else None
+                in_range = wrapped or ((after is None or line > after)
+                                       and (before is None or line < before))
+                leaves = isinstance(stmt, (ast.Return, ast.Raise)) or (
+                    loop is not None and (before is None or loop.lineno <= before <= end(loop)))
+                if in_range and leaves:
+                    out.append((stmt, list(ifs), loop))
+                continue
+            for _, b in arms(stmt):
+                visit(b, ifs + [stmt] if isinstance(stmt, ast.If) else ifs,
+                      loops + [stmt] if isinstance(stmt, LOOPS) else loops)
+
+    visit(getattr(fn, "body", []), [], [])
+    return out
