@@ -102,9 +102,9 @@ def site_phrase(callsite: dict | None, function: bool = False, full: bool = Fals
     if text is None:
         return ""
     fw = framework_text(cs)
-    if fw is not None:
-        call = f" {cs['call']}" if cs.get("call") else ""
-        return f" in {fw}, from{call} at {text}"
+    if fw is not None:  # "from trainer.fit at train.py:82", or "called at ..." unnamed
+        return (f" in {fw}, from {cs['call']} at {text}" if cs.get("call")
+                else f" in {fw}, called at {text}")
     return f" at {text}" + (f" in {cs['function']}" if function and cs.get("function") else "")
 
 

@@ -168,6 +168,29 @@ def parting(ours: list[Event], theirs: list[Event]) -> Parting | None:
     return None
 
 
+def paired_from_two_lines(ours: list[Event], theirs: list[Event]) -> Parting | None:
+    """The last pair of alike ops the two sides issued from different lines with no op
+    from one line after it: where a stray barrier paired with the others' own barrier and
+    the peer then left (nothing after it disagrees, so `parting` finds only the op left
+    over at the end). None when every pair after the first lines up by site."""
+    if not ours or not theirs:
+        return None
+    cols = _align(ours, theirs)
+    found = None
+    for k, (i, j) in enumerate(cols):
+        if i is None or j is None or signature(ours[i]) != signature(theirs[j]):
+            continue
+        if site(ours[i]) == site(theirs[j]):
+            found = None  # in step again after it
+            continue
+        before = [c for c in cols[:k] if c[0] is not None and c[1] is not None]
+        rest_ours = [c[0] for c in cols[k + 1:] if c[0] is not None]
+        found = Parting("differ", ours[i], theirs[j],
+                        ours[before[-1][0]] if before else None,
+                        ours[rest_ours[0]] if rest_ours else None, None)
+    return found
+
+
 def familiar(ev: Event | None, histories, before_seq: int) -> bool | None:
     """Whether the job issued a call like `ev` (op and site) before seq `before_seq` on
     its group, in the ranks' recent histories; None when they hold nothing that old."""

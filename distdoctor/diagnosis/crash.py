@@ -178,6 +178,8 @@ def merge_crashes(found: list[Finding], all_ranks: set[int]) -> list[Finding]:
         f in crashes and (at(f) <= raised if f.details.get("source") == "log"
                           else not seen_end(f) and at(f) <= from_log))]
     _keep_steps(crashes, [f for f in out if f in crashes and f.details.get("source") == "log"])
+    _not_at_startup(crashes, [f for f in out if f.details.get("source") == "log"
+                              and f.details.get("family") == "startup"])
     same: dict[tuple, list[Finding]] = {}
     for f in out:
         d = f.details
@@ -216,6 +218,29 @@ def _keep_steps(crashes: list[Finding], from_log: list[Finding]) -> None:
         if span:
             f.details["span"] = span
             f.summary += f"; rank {f.ranks[0]} was in {span}"
+
+
+def _not_at_startup(crashes: list[Finding], startup: list[Finding]) -> None:
+    """A log's "every rank failed at start-up" where the ranks' ops say they had run
+    collectives: the failure came mid-run; said with the step the ranks were in."""
+    for f in startup:
+        ran = [c for c in crashes if c.details.get("source") != "log"
+               and set(c.ranks) & set(f.ranks) and c.details.get("last_op") is not None]
+        if not ran:
+            continue
+        f.details["family"] = "exceptions"
+        f.summary = f.summary.replace(" failed at start-up with ", " raised ", 1)
+        span = next((c.details["span"] for c in ran if c.details.get("span")), None)
+        last = ran[0].details["last_op"]
+        f.summary += (f", after {last.get('op')} #{last.get('seq')} in group "
+                      f"{last.get('group')} completed" + (f", in {span}" if span else "")
+                      + " (mid-run, not at start-up)")
+        if span:
+            f.details["span"] = span
+        f.remedy = ("Every rank raised the same error mid-run: fix that one error (the "
+                    "traceback names its line).")
+        if not f.callsites:
+            f.callsites = [c for r in ran for c in r.callsites[:1]]
 
 
 def _ranks(ranks: list[int]) -> str:

@@ -362,7 +362,12 @@ def _cycle_finding(comp: list[int], edges, views, familiar) -> Finding:
         wrv = edges[w][0]
         peer = (wrv.key[3] if w == wrv.key[2] else wrv.key[2]) if wrv.is_p2p else None
         if peer in comp and not edges[peer][0].is_p2p:
-            return unmatched_p2p_finding(peer, edges[peer][0], wrv, callsites, details)
+            prv = edges[peer][0]
+            if w in prv.missing and len(prv.arrivals) > max(1, len(prv.missing)):
+                # a majority waits in the collective: w skipped it and went on to its
+                # send/recv, which waits for a peer that is in the collective
+                return skipped_finding(w, wrv, prv, views, callsites, details)
+            return unmatched_p2p_finding(peer, prv, wrv, callsites, details)
     if len(lone) == 1 and len(others) == 1 and len(comp) > 1:
         r = lone[0]
         rv, _ = edges[r]

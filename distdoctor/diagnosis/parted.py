@@ -14,7 +14,7 @@ nothing tells who strayed, the finding says it is a tie and blames nobody.
 from __future__ import annotations
 
 from distdoctor.diagnosis import align as D
-from distdoctor.diagnosis import blame
+from distdoctor.diagnosis import blame, order
 from distdoctor.diagnosis import threads as T
 from distdoctor.diagnosis.branch import Branch
 from distdoctor.diagnosis.rendezvous import Rendezvous
@@ -200,9 +200,12 @@ def explain_mismatch(f: Finding, rv: Rendezvous, histories: dict,
 
 def _last_exchange(f: Finding, histories: dict) -> Finding:
     """An unmatched send/recv: the culprit's own last exchange with the waiting rank (its
-    batch, which lacked the matching op) goes with its line."""
+    batch, which lacked the matching op) goes with its line. Where that exchange's line
+    never held the matching op in the job, nothing says the peer dropped it: the waiting
+    rank's op is the one with no counterpart (a batch list built with one op too many)."""
     culprit = f.ranks[0]
-    peer = (f.details.get("unmatched") or {}).get("rank")
+    unmatched = f.details.get("unmatched") or {}
+    peer = unmatched.get("rank")
     last = None
     for ev in histories.get(culprit, ()):
         if ev.kind == "p2p" and ev.peer_global == peer:
@@ -211,6 +214,21 @@ def _last_exchange(f: Finding, histories: dict) -> Finding:
         return f
     f.details["last_exchange"] = {"op": last.op, "seq": last.seq,
                                   "callsite": D.site_entry(culprit, last)}
+    wanted = "send" if "recv" in (unmatched.get("op") or "") else "recv"
+    matched_before = any(ev.kind == "p2p" and ev.peer_global == peer and wanted in ev.op
+                         and D.site(ev) == D.site(last) for ev in histories.get(culprit, ()))
+    waiting = next((ev for ev in reversed(histories.get(peer, ())) if ev.kind == "p2p"
+                    and ev.peer_global == culprit and ev.seq == f.seq), None)
+    if not matched_before and waiting is not None:
+        f.ranks = [peer]
+        f.details["evidence"] = (f"rank {culprit}'s exchange at {D.describe(last)} never held "
+                                 f"a {wanted} to rank {peer} in this job")
+        f.summary = (f"rank {peer}'s {D.describe(waiting)} has no counterpart: rank "
+                     f"{culprit}'s exchange with it ({D.describe(last)}) never held a {wanted} "
+                     f"to rank {peer} in this job, and rank {culprit} went on. It showed as: "
+                     f"{f.summary}")
+        f.callsites = _merge_sites([D.site_entry(peer, waiting)], f.callsites)
+        return f
     f.summary += (f"; rank {culprit}'s last exchange with rank {peer} was "
                   f"{D.describe(last)}, without the matching op")
     f.callsites = _merge_sites([D.site_entry(culprit, last)], f.callsites)
@@ -227,6 +245,18 @@ def _tie(f: Finding, p: D.Parting, a: int, b: int, verdict, tail: str) -> Findin
     f.details["tie"] = [a, b] if a < b else [b, a]
     f.details["parted_at"] = D.as_details(p, a, b)
     _say_branch(f, verdict, [[a], [b]])
+    loop = order.loop_of(p)
+    if loop is not None:  # one line, two ops: the order is the finding
+        f.details["order"] = loop
+        f.details["evidence"] = "the same line issued different collectives inside a loop"
+        f.summary = order.sentence(loop, a, b, p) + tail
+        f.remedy = ("Make every rank issue the loop's collectives in one order: iterate "
+                    "sorted(...) rather than a set or a dict built from one, or gather the "
+                    "names first and agree on them.")
+        f.callsites = _merge_sites([D.site_entry(a, p.ours), D.site_entry(b, p.theirs),
+                                    {"rank": a, "file": loop["file"], "line": loop["line"],
+                                     "role": "loop"}], f.callsites)
+        return f
     differs = f.details.get("differs_in") or []
     how = f" they differ in {', '.join(differs)};" if differs else ""
     split = ""
@@ -271,11 +301,17 @@ def explain_hang(f: Finding, histories: dict) -> Finding:
     if not others:
         return f
     culprit, other = f.ranks[0], others[0]
-    p = D.parting(D.on_group(histories.get(culprit, ()), f.group, f.seq),
-                  D.on_group(histories.get(other, ()), f.group, f.seq))
+    ours = D.on_group(histories.get(culprit, ()), f.group, f.seq)
+    theirs = D.on_group(histories.get(other, ()), f.group, f.seq)
+    p = D.parting(ours, theirs)
+    majority = len(set(involved)) != 2
+    if (p is None or (p.ours or p.theirs).seq >= f.seq) and f.details.get("exited_ranks"):
+        # the peer left: a stray op paired with one of its own from another line
+        p = D.paired_from_two_lines(ours, theirs)
+        if p is None or blame.judge(p, culprit, other, histories, majority).branch is None:
+            return f
     if p is None or (p.ours or p.theirs).seq >= f.seq:
         return f
-    majority = len(set(involved)) != 2
     verdict, p, side, _ = _judged(p, [culprit], [other], histories, f.group, f.seq, majority)
     if not majority:  # no majority: the program decides, or it is a tie
         f.details["evidence"] = verdict.why
