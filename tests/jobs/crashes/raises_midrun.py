@@ -9,7 +9,6 @@ failure. 2 ranks for keyerror, 3 for bad_src.
 """
 import sys
 
-import torch
 import torch.distributed as dist
 
 sys.path.insert(0, __file__.rsplit("/", 2)[0] + "/bugs")
