@@ -40,6 +40,7 @@ class Branch:
     # the branch does not hold the op: its arm shaped what the op's line sends (a key
     # added to the dict a metrics call syncs), so the side that entered issued more
     feeds: bool = False
+    exit_line: int | None = None  # the `return`/`break`/... a side took under it
 
     def flip(self) -> None:
         """The same branch with the two sides in the other order."""
@@ -52,7 +53,7 @@ class Branch:
     def as_details(self, sides: list[list[int]]) -> dict:
         return {"file": self.file, "line": self.line, "function": self.function,
                 "statement": self.statement, "condition": self.condition,
-                "kind": self.kind,
+                "kind": self.kind, "exit_line": self.exit_line,
                 "arms": [{"ranks": sorted(r), "did": self.said(k, "it")}
                          for k, r in enumerate(sides)]}
 
@@ -158,6 +159,12 @@ def _arm_words(stmt: ast.AST, arm: str) -> str:
 def _split_in(src, fn, l1, l2, after) -> Branch | None:
     """The statement of `fn` at which a side at line l1 and one at l2 (END: it left the
     function) went different ways, both having passed line `after` (None: unknown)."""
+    for side, mine, other in ((0, l1, l2), (1, l2, l1)):
+        if mine is not END and (other is END or (after is not None and other <= after
+                                                 and mine > after)):
+            # the other side left the function or came round the loop: it passed the
+            # rest of the way to `mine` by another path
+            return _way_out(src, fn, mine, after, side)
     p1 = S.path_to(fn, l1)
     p2 = S.path_to(fn, l2) if l2 is not END else []
     k = 0
@@ -225,9 +232,34 @@ _LEFT = {ast.Return: "returned early", ast.Raise: "raised", ast.Continue:
 
 def _exit_branch(src, fn, stmt: ast.If, ex: ast.AST, side: int) -> Branch:
     """`side` took the way out `ex` under `stmt`; the other side went on past it."""
-    return _make(src, fn, stmt, _pair(side, f"{_LEFT.get(type(ex), 'left')} (line "
-                                            f"{ex.lineno}) under {{b}}", "went on past {b}"),
-                 _pair(side, False, True), _pair(side, True, False))
+    b = _make(src, fn, stmt, _pair(side, f"{_LEFT.get(type(ex), 'left')} (line "
+                                         f"{ex.lineno}) under {{b}}", "went on past {b}"),
+              _pair(side, False, True), _pair(side, True, False))
+    b.exit_line = ex.lineno
+    return b
+
+
+def _loop_holding(fn, line, after):
+    """The innermost loop holding both `line` and `after` (both ranks ran its earlier
+    iteration), else None."""
+    if after is None:
+        return None
+    loops = [s for s, _ in S.path_to(fn, line) if isinstance(s, S.LOOPS)
+             and s.lineno <= after <= S.end(s)]
+    return loops[-1] if loops else None
+
+
+def _invariant(stmt, loop) -> bool:
+    """An `if`/`while` whose condition calls nothing and reads no name the loop binds:
+    it is the same in every iteration (`if mode == "eval":`)."""
+    test = getattr(stmt, "test", None)
+    if not isinstance(stmt, (ast.If, ast.While)) or test is None:
+        return False
+    if any(isinstance(n, (ast.Call, ast.Attribute, ast.Subscript)) for n in ast.walk(test)):
+        return False
+    names = {n.id for n in ast.walk(test) if isinstance(n, ast.Name)}
+    return not names & _stored(loop.body + [ast.Assign(targets=[loop.target], value=ast.Constant(0))]
+                                if hasattr(loop, "target") else loop.body)
 
 
 def _way_out(src, fn, line, after, side: int) -> Branch | None:
@@ -238,26 +270,40 @@ def _way_out(src, fn, line, after, side: int) -> Branch | None:
     def own_rank_test(stmt):
         return isinstance(stmt, ast.If) and C.kind_of(src, stmt.test) == "rank"
 
-    cands = []
+    cands = []  # (on the rank's identity, explains where the other went, line, ...)
     for ex, ifs, _loop in S.ways_out(fn, after, line):
         if not ifs:
             continue  # an exit no branch guards: every rank takes it
         ranked = [s for s in ifs if own_rank_test(s)]
-        cands.append((bool(ranked) or _rank_guarded(src, fn, ifs[-1]), ex.lineno,
+        cands.append((bool(ranked) or _rank_guarded(src, fn, ifs[-1]), True, ex.lineno,
                       "exit", (ranked or ifs)[-1], ex))
-    for stmt, _arm in S.path_to(fn, line):
-        if S.is_main_guard(stmt):
-            continue  # every rank runs the script as __main__
+    loop = _loop_holding(fn, line, after)
+    for stmt, arm in S.path_to(fn, line):
+        if S.is_main_guard(stmt) or (loop is not None and _invariant(stmt, loop)):
+            continue  # every rank runs the script as __main__; a condition the loop
+            # does not change went the same way as in the iteration both ranks ran
+        if isinstance(stmt, ast.Try) and arm == "body" and stmt.handlers and not (
+                after is not None and stmt.lineno <= after <= S.end(stmt)):
+            out = any(S.exits_in(h.body) for h in stmt.handlers)
+            cands.append((False, out, stmt.lineno, "raised", stmt, stmt.handlers[0]))
         if isinstance(stmt, (ast.If,) + S.LOOPS) and not (
                 after is not None and stmt.lineno <= after <= S.end(stmt)):
-            cands.append((_rank_guarded(src, fn, stmt), stmt.lineno, "enter", stmt, None))
+            cands.append((_rank_guarded(src, fn, stmt), False, stmt.lineno, "enter", stmt,
+                          None))
     if not cands:
         return _feeding(src, fn, line, after, side)
     # a condition on the rank's identity says more than any other; else the first met
-    cands.sort(key=lambda c: (not c[0], c[1]))
-    _, _, how, stmt, ex = cands[0]
+    cands.sort(key=lambda c: (not c[0], not c[1], c[2]))
+    _, _, _, how, stmt, ex = cands[0]
     if how == "exit":
         return _exit_branch(src, fn, stmt, ex, 1 - side)
+    if how == "raised":  # the other side raised in the `try` and took its handler
+        b = _make(src, fn, stmt, _pair(side, "stayed in the try of {b}",
+                                       f"raised and took the except at line {ex.lineno} of "
+                                       f"{{b}}"),
+                  _pair(side, True, False), _pair(side, False, True))
+        b.exit_line = ex.lineno
+        return b
     arm = next(a for s, a in S.path_to(fn, line) if s is stmt)
     return _make(src, fn, stmt, _pair(side, _arm_words(stmt, arm), "did not enter {b}"
                                       if isinstance(stmt, ast.If) else "passed {b} by"),
@@ -343,12 +389,24 @@ def find(before: Event | None, ev1: Event | None, ev2: Event | None) -> Branch |
         src = _src(file)
         fn = S.function_at(src, func, l1)
         after = _line_in(cp, c1[:i], c1[i])
-        b = _split_in(src, fn, l1, l2, after)
-        if b is not None:
+        # a side whose line here is the call the shared op came from is still in that call
+        in1, in2 = (l1 == after and i + 1 < len(c1)), (l2 == after and j + 1 < len(c2))
+        b = None if in1 or in2 else _split_in(src, fn, l1, l2, after)
+        # the side still in a call the other passed through (or came back round to)
+        if in1 or (not in2 and after is not None and l2 <= after < l1):
+            deeper, side, at = c1, 0, i + 1
+        elif in2 or (after is not None and l1 <= after < l2):
+            deeper, side, at = c2, 1, j + 1
+        else:
+            deeper, side, at = (c1, 0, i + 1) if l1 < l2 else (c2, 1, j + 1)
+        if b is not None and b.kind == "rank":
             return b
-        # in sequence: the side at the earlier line went into a call the other passed
-        deeper, side, at = (c1, 0, i + 1) if l1 < l2 else (c2, 1, j + 1)
-        return _descend(deeper, side, at, cp)
+        # a condition on the rank's identity further in says more than one on data here
+        inner = _quiet(_descend, deeper, side, at, cp) if at < len(deeper) else None
+        if b is None or (inner is not None and inner.kind == "rank"):
+            return inner if inner is not None or b is not None else _descend(
+                deeper, side, at, cp)
+        return b
     # one chain ends where the other goes on (or the two lines call different
     # functions): the longer one went further in
     if i < len(c1):

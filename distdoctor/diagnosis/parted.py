@@ -141,7 +141,10 @@ def _say_branch(f: Finding, verdict, sides: list[list[int]]) -> None:
     f.details["branch"] = br.as_details(sides)
     entry = {"rank": sides[0][0], "file": br.file, "line": br.line, "function": br.function,
              "role": "branch"}
-    f.callsites = _merge_sites(f.callsites, [entry])
+    took = next((k for k in (0, 1) if br.left[k]), None)
+    exits = ([{**entry, "rank": sides[took][0], "line": br.exit_line, "role": "exit"}]
+             if br.exit_line is not None and took is not None else [])
+    f.callsites = _merge_sites(f.callsites, [entry, *exits])
 
 
 def explain_mismatch(f: Finding, rv: Rendezvous, histories: dict,
