@@ -26,32 +26,36 @@ def _race(f: Finding, ranks, histories) -> Finding | None:
     group had ops from two user threads of a rank, and the ranks' ops at the failing
     collective came from different threads (a failure elsewhere on such a group, a rank
     stuck in compute, say, is not the race)."""
-    at = set()
+    # the ranks run one program: a torch thread seen beside the main thread on one rank
+    # is the same thread on the others
+    seen_beside = any(T.beside_main(histories.get(r, ()), f.group) for r in ranks)
+    at, beside = set(), dict.fromkeys(ranks, seen_beside)
     for r in ranks:
         for ev in histories.get(r, ()):
             if ev.kind == "collective" and ev.group == f.group and ev.seq == f.seq:
-                at.add(T.thread_label(ev))
+                at.add(T.key_of(ev, beside[r]))
     if len(at) < 2:
         return None
     used = {}
     for r in ranks:
-        seen = T.threads_on(histories.get(r, ()), f.group)
+        seen = T.threads_on(histories.get(r, ()), f.group, seen_beside)
         if len(seen) > 1:
             used[r] = seen
     if not used:
         return None
     r, seen = next(iter(sorted(used.items())))
-    f.details["ranks_in_order"] = sorted(f.ranks)  # who the op's vote named: not a cause
-    f.ranks = []  # every rank runs the racing threads: no rank is the odd one
+    f.details["ranks_in_order"] = sorted(f.ranks)  # who the op's vote named
+    f.ranks = sorted(used)  # each of these ranks races its own threads on the group
     desc = f" ({f.details.get('group_desc')})" if f.details.get("group_desc") else ""
     f.details["threads_share_group"] = {
-        str(rank): [T.where(ev) for ev in s.values()] for rank, s in sorted(used.items())}
+        str(rank): [T.where(ev, beside.get(rank, False)) for ev in s.values()]
+        for rank, s in sorted(used.items())}
     f.details["reason"] = "threads_share_group"
     f.summary = (f"group {f.group}{desc} is used from {len(seen)} threads of "
-                 f"{who(used)}: {' and '.join(T.where(ev) for ev in seen.values())}; the "
+                 f"{who(used)}: {' and '.join(T.where(ev, beside[r]) for ev in seen.values())}; the "
                  f"order of collectives across threads is not defined, so the ranks issued "
                  f"them in different orders. It showed as: {f.summary}")
-    thread_sites = [{**callsite_of(r, ev.callsite), "thread": T.thread_label(ev)}
+    thread_sites = [{**callsite_of(r, ev.callsite), "thread": T.label_of(ev, beside[r])}
                     for ev in seen.values()]
     f.callsites = thread_sites + [c for c in f.callsites if (c.get("file"), c.get("line"))
                                   not in {(t["file"], t["line"]) for t in thread_sites}]

@@ -33,20 +33,54 @@ def thread_label(ev: Event) -> str:
     return cs.get("thread") if cs.get("thread_id") else "the main thread"
 
 
-def threads_on(history, group: str) -> dict[int, Event]:
-    """The user threads that issued collectives on `group` in a rank's recent ops:
-    thread -> its latest op there."""
+BACKGROUND = -1  # a thread torch runs beside the main thread (no user frame of its own)
+
+
+def _background(ev: Event) -> bool:
+    return bool(ev.other_thread) and not thread_of(ev)
+
+
+def beside_main(history, group: str) -> bool:
+    """Whether a thread with no user frame issued ops on `group` while the main thread
+    was itself in a collective on it (the op took the main thread's line, and that line
+    issued a collective on the group from the main thread): a thread running beside the
+    main thread, such as an async checkpoint's executor. Autograd's threads issue while
+    the main thread waits in backward(), a line that issues nothing itself."""
+    ops = [ev for ev in history if ev.kind == "collective" and ev.group == group]
+    main = {(ev.callsite or {}).get("line") for ev in ops if not ev.other_thread}
+    return any(_background(ev) and (ev.callsite or {}).get("line") in main for ev in ops)
+
+
+def key_of(ev: Event, beside: bool) -> int:
+    return BACKGROUND if beside and _background(ev) else thread_of(ev)
+
+
+def label_of(ev: Event, beside: bool) -> str:
+    if key_of(ev, beside) == BACKGROUND:
+        return "a thread of torch's beside the main thread"
+    return thread_label(ev)
+
+
+def threads_on(history, group: str, beside: bool | None = None) -> dict[int, Event]:
+    """The user threads (and a torch thread running beside the main thread: `beside`,
+    found in this history when None) that issued collectives on `group` in a rank's
+    recent ops: thread -> its latest op there."""
+    if beside is None:
+        beside = beside_main(history, group)
     out: dict[int, Event] = {}
     for ev in history:
         if ev.kind == "collective" and ev.group == group:
-            out[thread_of(ev)] = ev
+            out[key_of(ev, beside)] = ev
     return out
 
 
-def where(ev: Event) -> str:
+def where(ev: Event, beside: bool = False) -> str:
     cs = ev.callsite or {}
     at = site_text(cs) or f"?:{cs.get('line')}"
-    return f"{thread_label(ev)} ({ev.op} in {cs.get('function') or '?'} at {at})"
+    fw = (cs.get("framework") or {}).get("function")
+    what = f"in {fw}, while the main thread was at {at}" if (
+        key_of(ev, beside) == BACKGROUND and fw) else f"in {cs.get('function') or '?'} at {at}"
+    return f"{label_of(ev, beside)} ({ev.op} {what})"
 
 
 REMEDY = ("Issue a group's collectives from one thread only: give the background work "
