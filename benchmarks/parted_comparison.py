@@ -139,11 +139,14 @@ _NOISE = re.compile(r"^\s*(File \"|Traceback|\^|~|During handling|The above exce
                     r"\[rank\d+\]:\s*(File \"|Traceback|\^|~))")
 
 
-def detail_side(job: Path, nproc: int, gloo_timeout: float, limit: float = 60.0) -> dict:
-    """The bare job under torchrun with TORCH_DISTRIBUTED_DEBUG=DETAIL: the first error
-    line the ranks printed (torchrun's own summary last), and when."""
-    env = dict(os.environ, TORCH_DISTRIBUTED_DEBUG="DETAIL", PYTHONUNBUFFERED="1",
-               PARTED_GLOO_TIMEOUT=str(gloo_timeout))
+def detail_side(job: Path, nproc: int, gloo_timeout: float, limit: float = 60.0,
+                debug: str | None = "DETAIL") -> dict:
+    """The bare job under torchrun with TORCH_DISTRIBUTED_DEBUG=DETAIL (`debug`; None:
+    without it): the first error line the ranks printed (torchrun's own summary last),
+    and when."""
+    env = dict(os.environ, PYTHONUNBUFFERED="1", PARTED_GLOO_TIMEOUT=str(gloo_timeout))
+    if debug:
+        env["TORCH_DISTRIBUTED_DEBUG"] = debug
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
            "--nproc-per-node", str(nproc), str(job)]
     t0 = time.monotonic()

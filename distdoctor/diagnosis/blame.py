@@ -21,10 +21,12 @@ issued before); position in time ("further along") never decides.
 
 from __future__ import annotations
 
+import ast
 from dataclasses import dataclass
 
 from distdoctor.diagnosis import align as A
 from distdoctor.diagnosis import branch as B
+from distdoctor.diagnosis import source as S
 from distdoctor.runlog.reader import Event
 
 # framework functions whose barrier orders the ranks on purpose: the main process runs a
@@ -67,8 +69,32 @@ class Sides:
 
 
 def _designed(ev: Event | None) -> bool:
-    fw = ((ev.callsite or {}).get("framework") or {}) if ev is not None else {}
-    return any(name in (fw.get("function") or "") for name in DESIGNED_BARRIERS)
+    """The op is the barrier of a framework's ordering context (`with
+    accelerator.main_process_first():`), not one the user called: a `wait_for_everyone`
+    the user calls under `if is_main_process:` is the user's stray barrier."""
+    cs = (ev.callsite or {}) if ev is not None else {}
+    said = f"{cs.get('call') or ''} {(cs.get('framework') or {}).get('function') or ''}"
+    return any(name in said for name in DESIGNED_BARRIERS if name != "wait_for_everyone") \
+        or ("wait_for_everyone" in said and "wait_for_everyone" not in (cs.get("call") or "")
+            and bool(cs.get("call")))
+
+
+def _designed_branch(ev: Event, inside: int) -> B.Branch | None:
+    """The ordering context as the branch: the main process runs its block first and
+    alone; side `inside` issued a collective in it."""
+    cs = ev.callsite or {}
+    src = S.read(cs.get("file"))
+    if src is None or not cs.get("line"):
+        return None
+    node = next((n for n in ast.walk(src.tree) if isinstance(n, (ast.With, ast.AsyncWith))
+                 and n.lineno == cs["line"]), None)
+    text = ("with " + ", ".join(src.segment(i.context_expr) for i in node.items) + ":"
+            if node is not None else src.text.splitlines()[cs["line"] - 1].split("#")[0].strip())
+    did = ["ran the block of {b} first and alone (the main process)",
+           "waited in the barrier of {b}, as it is meant to,"]
+    return B.Branch(cs["file"], cs["line"], cs.get("function") or "?", "with", text, "rank",
+                    did if inside == 0 else did[::-1],
+                    [inside == 0, inside == 1], [False, False])
 
 
 def _by_branch(s: Sides, br: B.Branch) -> Verdict:
@@ -168,6 +194,13 @@ def judge(p: A.Parting, a: int, b: int, histories, majority: bool) -> Verdict:
     if majority:
         return Verdict(0, "", False, br, unreadable)
     designed = [_designed(ev) for ev in s.now]
+    if designed[0] != designed[1]:  # one side waits in a framework's designed barrier
+        inside = 1 if designed[0] else 0
+        ctx = _designed_branch(s.now[1 - inside], inside) or br
+        return Verdict(inside, f"rank {(s.a, s.b)[1 - inside]} waits in the barrier of the "
+                               f"framework's main-process-first context, by design; the "
+                               f"collective inside the block is the fault", False, ctx,
+                       unreadable)
     verdict = _by_branch(s, br) if br is not None else None
     if verdict is None or verdict.side is None:
         fallback = _by_rhythm(s) or _by_history(s)
@@ -180,9 +213,5 @@ def judge(p: A.Parting, a: int, b: int, histories, majority: bool) -> Verdict:
                f"nothing tells which rank strayed: the source of {unreadable} could not be "
                f"read to find the branch")
         verdict = Verdict(None, why, False, br)
-    if verdict.side is not None and designed[verdict.side] and not designed[1 - verdict.side]:
-        verdict = Verdict(1 - verdict.side, "the other side waits in the framework's designed "
-                                            "barrier (it orders the ranks on purpose)",
-                          False, br)
     verdict.unreadable = unreadable
     return verdict
