@@ -26,7 +26,7 @@ def vocab_stats(sizes):
 
 
 dist.all_reduce(torch.ones(1))  # everyone is up
-for epoch in range(2):
+for _epoch in range(2):
     with accelerator.main_process_first():  # expect: designed
         stats = vocab_stats([3, 4, 5])
     dist.all_reduce(torch.ones(4))
