@@ -234,7 +234,7 @@ def _not_at_startup(crashes: list[Finding], startup: list[Finding]) -> None:
         last = ran[0].details["last_op"]
         f.summary += (f", after {last.get('op')} #{last.get('seq')} in group "
                       f"{last.get('group')} completed" + (f", in {span}" if span else "")
-                      + " (mid-run, not at start-up)")
+                      + ", mid-run")
         if span:
             f.details["span"] = span
         f.remedy = ("Every rank raised the same error mid-run: fix that one error (the "

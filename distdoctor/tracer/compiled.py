@@ -45,9 +45,11 @@ from itertools import islice
 from distdoctor.tracer.callsite import is_internal_file, user_frame
 
 _MAX_NODES = 4096  # the node table's bound: a job compiles a few graphs, not thousands
-_nodes: dict = {}  # (file of the compiled function, node name) -> [site dict, ...]
+# (file of the compiled function, node name) -> [(site dict, op key), ...]
+_nodes: dict = {}
 _FRAME_RE = re.compile(r'File "([^"]+)", line (\d+), in (\S+)')
 _SOURCE_RE = re.compile(r"Source Nodes: \[([^\]]*)\]")
+_ATEN_RE = re.compile(r"Original ATen: \[([^\]]*)\]")
 _lock = threading.Lock()
 _hooked: set = set()
 
@@ -76,7 +78,12 @@ def is_generated(filename: str) -> bool:
 
 # --- compile time: dynamo's nodes -----------------------------------------------------
 def _is_collective(target) -> bool:
+    """A node that issues a collective. Not functional collectives' `wait_tensor`: every
+    graph of a function has one under that name, and two graphs of one function (the two
+    arms of a branch dynamo specialised on) would share its key and its line."""
     text = getattr(target, "__module__", "") or ""
+    if "wait_tensor" in str(target):
+        return False
     return "c10d" in str(target) or "distributed" in text
 
 
@@ -100,8 +107,23 @@ def remember_graph(gm) -> None:
             continue
         outer, site = found
         entries = _nodes.setdefault((outer["file"], node.name), [])
-        if site not in entries:
-            entries.append(dict(site, compiled=outer["function"]))
+        entry = (dict(site, compiled=outer["function"]), _op_name(node.target))
+        if entry not in entries:
+            entries.append(entry)
+
+
+def _op_name(target) -> str:
+    """'all_gather_into_tensor' of `torch.ops._c10d_functional.all_gather_into_tensor`:
+    two graphs of one function name their collective nodes alike ("tensor"), so the op
+    tells which graph's line a wrapper's line is."""
+    return _op_key(str(getattr(target, "__name__", None) or target))
+
+
+def _op_key(text: str) -> str:
+    """One name for an op at dynamo's level and at inductor's: `all_gather_tensor`,
+    `_c10d_functional.all_gather_into_tensor.default` -> 'all_gather'."""
+    text = text.split(".default")[0].rsplit(".", 1)[-1]
+    return text.replace("_into_tensor", "").replace("_tensor", "").rstrip("_")
 
 
 def _wrap_call_user_compiler(module) -> None:
@@ -132,15 +154,19 @@ def _skip_distdoctor(module) -> None:
 
 
 # --- run time: a generated frame's site -------------------------------------------------
-def _source_nodes(filename: str, line: int) -> list[str]:
+def _source_nodes(filename: str, line: int) -> tuple[list[str], list[str]]:
+    """The graph nodes the wrapper's line comes from, and the ops it names ("Original
+    ATen: [_c10d_functional.all_gather_into_tensor]"), from the comment above it."""
     lines = linecache.getlines(filename)
     for i in range(line - 2, max(line - 6, -1), -1):  # the comment sits just above
         if i >= len(lines):
             continue
         m = _SOURCE_RE.search(lines[i])
         if m:
-            return [n.strip() for n in m.group(1).split(",") if n.strip()]
-    return []
+            aten = _ATEN_RE.search(lines[i])
+            ops = [_op_key(o.strip()) for o in aten.group(1).split(",")] if aten else []
+            return [n.strip() for n in m.group(1).split(",") if n.strip()], ops
+    return [], []
 
 
 def frame_site(frame) -> dict:
@@ -288,12 +314,12 @@ def _site_of_generated(frame) -> dict | None:
 def _inductor_site(frame, compiled, fn: str) -> dict | None:
     """The user's line of an inductor wrapper's line: its source nodes' (the comment
     above it), as dynamo's graph of the compiled function kept them."""
-    for name in _source_nodes(frame.f_code.co_filename, frame.f_lineno):
+    names, ops = _source_nodes(frame.f_code.co_filename, frame.f_lineno)
+    for name in names:
         entries = _nodes.get((compiled.f_code.co_filename, name)) or []
-        site = next((e for e in entries if e["compiled"] == fn), None) or (
-            entries[0] if entries else None)
-        if site is not None:
-            return site
+        ranked = sorted(entries, key=lambda e: (e[1] not in ops, e[0]["compiled"] != fn))
+        if ranked:
+            return ranked[0][0]
     return None
 
 
