@@ -3,7 +3,9 @@
 Step 2 of where-the-ranks-parted. align.py found the op where the ranks' sequences
 parted; here the user's source (source.py) is read at the frames the tracer kept for
 each side's op (its line and up to three callers): both sides ran the same code up to
-the last op they issued alike, and then one reached a line the other did not. The
+the last op they issued alike, and then one reached a line the other did not. This
+module walks the frames to the function where that happened (and into the calls one
+side made and the other passed); arms.py reads that function's statements. The
 statement between is the innermost `if`/`elif`/`else`, `try`/`except`, `match`, loop
 (a `break`, fewer iterations) or early exit (`return`, `continue`, `raise` under an
 `if`) whose arms hold the two sides' lines, or a decorator that runs a function on some
@@ -13,55 +15,11 @@ identity or on the ranks' data (conditions.py), which blame.py reads to say who 
 
 from __future__ import annotations
 
-import ast
-import os
-from dataclasses import dataclass, field
-
-from distdoctor.diagnosis import conditions as C
+from distdoctor.diagnosis import arms
 from distdoctor.diagnosis import source as S
 from distdoctor.runlog.reader import Event
 
-END = None  # a side that left the function (or the program) without another op there
-
-
-@dataclass
-class Branch:
-    file: str
-    line: int
-    function: str
-    statement: str  # "if", "while", "for", "try", "match", "decorator"
-    condition: str  # its source text: "if rank == 0:"
-    kind: str  # "rank": on the rank's identity; "data": on what the ranks computed
-    # what each side (0: the first side given, 1: the second) did there, in words with
-    # {b} for the branch ("entered {b}", "returned early (line 12) under {b}")
-    did: list[str] = field(default_factory=lambda: ["", ""])
-    inside: list[bool] = field(default_factory=lambda: [False, False])  # op in an arm
-    left: list[bool] = field(default_factory=lambda: [False, False])  # took a way out
-    # the branch does not hold the op: its arm shaped what the op's line sends (a key
-    # added to the dict a metrics call syncs), so the side that entered issued more
-    feeds: bool = False
-    exit_line: int | None = None  # the `return`/`break`/... a side took under it
-
-    def flip(self) -> None:
-        """The same branch with the two sides in the other order."""
-        for name in ("did", "inside", "left"):
-            setattr(self, name, getattr(self, name)[::-1])
-
-    def where(self) -> str:
-        return f"{os.path.basename(self.file)}:{self.line}"
-
-    def as_details(self, sides: list[list[int]]) -> dict:
-        return {"file": self.file, "line": self.line, "function": self.function,
-                "statement": self.statement, "condition": self.condition,
-                "kind": self.kind, "exit_line": self.exit_line,
-                "arms": [{"ranks": sorted(r), "did": self.said(k, "it")}
-                         for k, r in enumerate(sides)]}
-
-    def said(self, side: int, name: str | None = None) -> str:
-        """What `side` did there, the branch named as `name` (default: its condition and
-        line)."""
-        return self.did[side].replace("{b}", name or f"`{self.condition}` ({self.where()})")
-
+Branch, END = arms.Branch, arms.END  # what find() returns; a side gone
 
 Frame = tuple  # (file, function, line)
 
@@ -106,263 +64,6 @@ def _src(path) -> S.Source:
     return src
 
 
-def _rank_guarded(src: S.Source, fn: ast.AST, stmt: ast.AST) -> bool:
-    """Whether the statement's condition, or one of the conditions around it in its
-    function, reads the rank's identity."""
-    tests = [s.test for s, _ in S.path_to(fn, stmt.lineno) if isinstance(s, (ast.If, ast.While))]
-    if isinstance(stmt, (ast.If, ast.While)):
-        tests.append(stmt.test)
-    return any(C.kind_of(src, t) == "rank" for t in tests)
-
-
-def _header(src: S.Source, stmt: ast.AST) -> tuple[str, str]:
-    """(the statement's keyword, its first line as the user wrote it, shortened)."""
-    if isinstance(stmt, ast.If):
-        word = "elif" if src.text.splitlines()[stmt.lineno - 1].lstrip().startswith("elif") \
-            else "if"
-        return "if", f"{word} {src.segment(stmt.test)}:"
-    if isinstance(stmt, ast.While):
-        return "while", f"while {src.segment(stmt.test)}:"
-    if isinstance(stmt, (ast.For, ast.AsyncFor)):
-        return "for", f"for {src.segment(stmt.target)} in {src.segment(stmt.iter)}:"
-    if isinstance(stmt, ast.Try) or type(stmt).__name__ == "TryStar":
-        names = [src.segment(h.type) if h.type is not None else "" for h in stmt.handlers]
-        return "try", "try: ... except " + ", ".join(n for n in names if n) + ":" if any(
-            names) else "try: ... except:"
-    if type(stmt).__name__ == "Match":
-        return "match", f"match {src.segment(stmt.subject)}:"
-    return type(stmt).__name__.lower(), src.segment(stmt)
-
-
-def _make(src, fn, stmt, did, inside, left) -> Branch:
-    word, text = _header(src, stmt)
-    kind = "rank" if _rank_guarded(src, fn, stmt) else (
-        "exception" if word == "try" else "data")
-    return Branch(src.path, stmt.lineno, getattr(fn, "name", "<module>"), word, text,
-                  kind, did, inside, left)
-
-
-def _arm_words(stmt: ast.AST, arm: str) -> str:
-    if isinstance(stmt, ast.If):
-        return "entered {b}" if arm == "body" else (
-            f"took the else (line {stmt.orelse[0].lineno}) of {{b}}")
-    if isinstance(stmt, S.LOOPS):
-        return "was still in {b}" if arm == "body" else "finished {b}"
-    if arm.startswith("handler"):
-        h = stmt.handlers[int(arm.split()[1])]
-        return f"took the except at line {h.lineno} of {{b}}"
-    if arm.startswith("case"):
-        return f"took the case at line {stmt.cases[int(arm.split()[1])].lineno} of {{b}}"
-    return "stayed in the try of {b}" if arm == "body" else f"was in the {arm} of {{b}}"
-
-
-def _split_in(src, fn, l1, l2, after) -> Branch | None:
-    """The statement of `fn` at which a side at line l1 and one at l2 (END: it left the
-    function) went different ways, both having passed line `after` (None: unknown)."""
-    for side, mine, other in ((0, l1, l2), (1, l2, l1)):
-        if mine is not END and (other is END or (after is not None and other <= after
-                                                 and mine > after)):
-            # the other side left the function or came round the loop: it passed the
-            # rest of the way to `mine` by another path
-            return _way_out(src, fn, mine, after, side)
-    p1 = S.path_to(fn, l1)
-    p2 = S.path_to(fn, l2) if l2 is not END else []
-    k = 0
-    while k < min(len(p1), len(p2)) and p1[k][0] is p2[k][0] and p1[k][1] == p2[k][1]:
-        k += 1
-    if k < min(len(p1), len(p2)) and p1[k][0] is p2[k][0]:  # one statement, two arms
-        stmt = p1[k][0]
-        if "finally" in (p1[k][1], p2[k][1]):
-            return None  # every path runs the `finally`: it follows the other arm
-        if not isinstance(stmt, (ast.With, ast.AsyncWith)):
-            a1, a2 = p1[k][1], p2[k][1]
-            return _make(src, fn, stmt, [_arm_words(stmt, a1), _arm_words(stmt, a2)],
-                         [True, True], [a1.startswith("handler"), a2.startswith("handler")])
-    # the constructs one side entered that the other passed by (or left)
-    for side, rest, other in ((0, p1[k:], l2), (1, p2[k:], l1)):
-        wrapped = other is not END and after is not None and other <= after
-        for stmt, arm in rest:
-            if isinstance(stmt, (ast.With, ast.AsyncWith)) or stmt is fn:
-                continue
-            holds_after = after is not None and stmt.lineno <= after <= S.end(stmt)
-            if holds_after and not isinstance(stmt, S.LOOPS):
-                continue  # both entered it: the split is further in
-            passed = other is END or other > S.end(stmt) or wrapped
-            if not passed:
-                continue
-            if isinstance(stmt, S.LOOPS) and holds_after:
-                # both were in the loop and one left it: a `break`, or fewer iterations
-                brk = _break_in(src, fn, stmt, after)
-                if brk is not None:
-                    return _exit_branch(src, fn, *brk, 1 - side)
-                return _make(src, fn, stmt, _pair(side, "went round {b} again",
-                                                  "left {b}"), _pair(side, True, False),
-                             _pair(side, False, True))
-            # `if c: ...; return` and an op after it in the same block are two arms
-            other_arm = (other is not END and not wrapped and isinstance(stmt, ast.If)
-                         and not stmt.orelse and arm == "body" and bool(S.exits_in(stmt.body))
-                         and isinstance(stmt.body[-1], S.EXITS))
-            return _make(src, fn, stmt, _pair(side, _arm_words(stmt, arm), "did not enter {b}"
-                                              if isinstance(stmt, ast.If) and arm == "body"
-                                              else "passed {b} by"),
-                         _pair(side, True, other_arm), _pair(side, False, False))
-    return None
-
-
-def _pair(side: int, mine, theirs) -> list:
-    return [mine, theirs] if side == 0 else [theirs, mine]
-
-
-def _break_in(src, fn, loop, after) -> tuple | None:
-    """(the `if`, its `break`) in the loop's body that leaves the loop early, a branch
-    on the rank's identity first."""
-    found = [(ifs, ex) for ex, ifs, leaves in S.ways_out(fn, None, None)
-             if isinstance(ex, ast.Break) and leaves is loop and ifs]
-    if not found:
-        return None
-    found.sort(key=lambda f: (not _rank_guarded(src, fn, f[0][-1]), f[1].lineno))
-    ifs, ex = found[0]
-    ranked = [s for s in ifs if isinstance(s, ast.If) and C.kind_of(src, s.test) == "rank"]
-    return (ranked or ifs)[-1], ex
-
-
-_LEFT = {ast.Return: "returned early", ast.Raise: "raised", ast.Continue:
-         "skipped to the next iteration", ast.Break: "broke out of the loop"}
-
-
-def _exit_branch(src, fn, stmt: ast.If, ex: ast.AST, side: int) -> Branch:
-    """`side` took the way out `ex` under `stmt`; the other side went on past it."""
-    b = _make(src, fn, stmt, _pair(side, f"{_LEFT.get(type(ex), 'left')} (line "
-                                         f"{ex.lineno}) under {{b}}", "went on past {b}"),
-              _pair(side, False, True), _pair(side, True, False))
-    b.exit_line = ex.lineno
-    return b
-
-
-def _loop_holding(fn, line, after):
-    """The innermost loop holding both `line` and `after` (both ranks ran its earlier
-    iteration), else None."""
-    if after is None:
-        return None
-    loops = [s for s, _ in S.path_to(fn, line) if isinstance(s, S.LOOPS)
-             and s.lineno <= after <= S.end(s)]
-    return loops[-1] if loops else None
-
-
-def _invariant(stmt, loop) -> bool:
-    """An `if`/`while` whose condition calls nothing and reads no name the loop binds:
-    it is the same in every iteration (`if mode == "eval":`)."""
-    test = getattr(stmt, "test", None)
-    if not isinstance(stmt, (ast.If, ast.While)) or test is None:
-        return False
-    if any(isinstance(n, (ast.Call, ast.Attribute, ast.Subscript)) for n in ast.walk(test)):
-        return False
-    names = {n.id for n in ast.walk(test) if isinstance(n, ast.Name)}
-    return not names & _stored(loop.body + [ast.Assign(targets=[loop.target], value=ast.Constant(0))]
-                                if hasattr(loop, "target") else loop.body)
-
-
-def _way_out(src, fn, line, after, side: int) -> Branch | None:
-    """The other side left the path to `line` (it went out of the function, or round
-    the loop, or out of it): the first of the early exits between `after` and `line`
-    and the `if`s holding `line` that `after` is not in, a branch on the rank's identity
-    first."""
-    def own_rank_test(stmt):
-        return isinstance(stmt, ast.If) and C.kind_of(src, stmt.test) == "rank"
-
-    cands = []  # (on the rank's identity, explains where the other went, line, ...)
-    for ex, ifs, _loop in S.ways_out(fn, after, line):
-        if not ifs:
-            continue  # an exit no branch guards: every rank takes it
-        ranked = [s for s in ifs if own_rank_test(s)]
-        cands.append((bool(ranked) or _rank_guarded(src, fn, ifs[-1]), True, ex.lineno,
-                      "exit", (ranked or ifs)[-1], ex))
-    loop = _loop_holding(fn, line, after)
-    for stmt, arm in S.path_to(fn, line):
-        if S.is_main_guard(stmt) or (loop is not None and _invariant(stmt, loop)):
-            continue  # every rank runs the script as __main__; a condition the loop
-            # does not change went the same way as in the iteration both ranks ran
-        if isinstance(stmt, ast.Try) and arm == "body" and stmt.handlers and not (
-                after is not None and stmt.lineno <= after <= S.end(stmt)):
-            out = any(S.exits_in(h.body) for h in stmt.handlers)
-            cands.append((False, out, stmt.lineno, "raised", stmt, stmt.handlers[0]))
-        if isinstance(stmt, (ast.If,) + S.LOOPS) and not (
-                after is not None and stmt.lineno <= after <= S.end(stmt)):
-            cands.append((_rank_guarded(src, fn, stmt), False, stmt.lineno, "enter", stmt,
-                          None))
-    if not cands:
-        return _feeding(src, fn, line, after, side)
-    # a condition on the rank's identity says more than any other; else the first met
-    cands.sort(key=lambda c: (not c[0], not c[1], c[2]))
-    _, _, _, how, stmt, ex = cands[0]
-    if how == "exit":
-        return _exit_branch(src, fn, stmt, ex, 1 - side)
-    if how == "raised":  # the other side raised in the `try` and took its handler
-        b = _make(src, fn, stmt, _pair(side, "stayed in the try of {b}",
-                                       f"raised and took the except at line {ex.lineno} of "
-                                       f"{{b}}"),
-                  _pair(side, True, False), _pair(side, False, True))
-        b.exit_line = ex.lineno
-        return b
-    arm = next(a for s, a in S.path_to(fn, line) if s is stmt)
-    return _make(src, fn, stmt, _pair(side, _arm_words(stmt, arm), "did not enter {b}"
-                                      if isinstance(stmt, ast.If) else "passed {b} by"),
-                 _pair(side, True, False), _pair(side, False, False))
-
-
-def _stored(block) -> set[str]:
-    """Names a block binds or changes: `x = ...`, `d[k] = ...`, `d.update(...)`."""
-    out = set()
-    for node in (n for stmt in block for n in ast.walk(stmt)):
-        if isinstance(node, (ast.Name, ast.Attribute, ast.Subscript)) and isinstance(
-                getattr(node, "ctx", None), ast.Store):
-            while isinstance(node, (ast.Subscript, ast.Attribute)):
-                node = node.value
-            if isinstance(node, ast.Name):
-                out.add(node.id)
-        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and \
-                isinstance(node.func.value, ast.Name) and node.func.attr in _CHANGES:
-            out.add(node.func.value.id)
-    return out
-
-
-_CHANGES = {"update", "append", "extend", "setdefault", "insert", "add", "pop"}
-
-
-def _feeding(src, fn, line, after, side: int) -> Branch | None:
-    """An `if` before `line` (after line `after`) whose arm changes a name the statement
-    at `line` reads: the ranks' paths did not split at the op, but what it sends did (a
-    metric added to the dict a logging call syncs on one rank only)."""
-    stmt_at = next((n for n in ast.walk(fn) if isinstance(n, ast.stmt)
-                    and not isinstance(n, S.FUNCS) and n.lineno == line), None)
-    if stmt_at is None:
-        return None
-    if after is not None and after >= line:  # the op before came from the same line
-        after = None
-    read = {n.id for n in ast.walk(stmt_at) if isinstance(n, ast.Name)}
-    found = [n for n in ast.walk(fn) if isinstance(n, ast.If) and S.end(n) < line
-             and (after is None or n.lineno > after)
-             and (_stored(n.body) | _stored(n.orelse)) & read]
-    if not found:
-        return None
-    stmt = max(found, key=lambda n: n.lineno)
-    b = _make(src, fn, stmt, _pair(side, f"entered {{b}}, which changed what line {line} "
-                                         f"sends,", "did not enter {b}"),
-              _pair(side, True, False), _pair(side, False, False))
-    b.feeds = True
-    return b
-
-
-def _decorated(src, fn, side: int) -> Branch | None:
-    dec = C.rank_decorator(fn)
-    if dec is None:
-        return None
-    b = Branch(src.path, dec.lineno, fn.name, "decorator", f"@{src.segment(dec)}", "rank",
-               _pair(side, f"ran {fn.name} under {{b}}", f"skipped {fn.name} under {{b}}"),
-               _pair(side, True, False), _pair(side, False, False))
-    return b
-
-
 def find(before: Event | None, ev1: Event | None, ev2: Event | None) -> Branch | None:
     """The branch at which side 1 (now at `ev1`: its op at the parting, or what it went
     on to; None: it issued none) and side 2 (at `ev2`) went different ways after both
@@ -391,7 +92,7 @@ def find(before: Event | None, ev1: Event | None, ev2: Event | None) -> Branch |
         after = _line_in(cp, c1[:i], c1[i])
         # a side whose line here is the call the shared op came from is still in that call
         in1, in2 = (l1 == after and i + 1 < len(c1)), (l2 == after and j + 1 < len(c2))
-        b = None if in1 or in2 else _split_in(src, fn, l1, l2, after)
+        b = None if in1 or in2 else arms.split_in(src, fn, l1, l2, after)
         # the side still in a call the other passed through (or came back round to)
         if in1 or (not in2 and after is not None and l2 <= after < l1):
             deeper, side, at = c1, 0, i + 1
@@ -444,9 +145,9 @@ def _descend(deeper: list[Frame], side: int, start: int, cp: list[Frame]) -> Bra
         file, func, line = deeper[k]
         src = _src(file)
         fn = S.function_at(src, func, line)
-        b = _decorated(src, fn, side)
+        b = arms.decorated(src, fn, side)
         if b is None:
-            b = _way_out(src, fn, line, _line_in(cp, deeper[:k], deeper[k]), side)
+            b = arms.way_out(src, fn, line, _line_in(cp, deeper[:k], deeper[k]), side)
         if b is not None:
             return b
     return None

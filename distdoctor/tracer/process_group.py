@@ -37,6 +37,12 @@ _BACKEND_TYPES = {
 
 
 class TracingProcessGroup(RealProcessGroup):
+    def __repr__(self) -> str:
+        # torch puts a group in its error messages ("Global rank 2 is not part of group
+        # <...>"): the job's output reads as it would without distdoctor
+        real = RealProcessGroup
+        return f"<{real.__module__}.{real.__qualname__} object at {id(self):#x}>"
+
     def __init__(self, *args):
         # torch builds groups as ProcessGroup(store, rank, size), before torch 2.6 with
         # the group's Options fourth; only the (rank, size) constructor supports Python
