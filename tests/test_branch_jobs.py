@@ -42,6 +42,7 @@ KINDS = {
     ("loop_break", 2): ([1], "rank"),
     ("except_continue", 2): ([1], "exception"),
     ("except_continue", 4): ([1], "exception"),
+    ("rank_gate", 2): ([0], "rank"),
     ("even_split", 4): ([0, 2], "rank"),
 }
 

@@ -40,6 +40,7 @@ class Branch:
     # added to the dict a metrics call syncs), so the side that entered issued more
     feeds: bool = False
     exit_line: int | None = None  # the `return`/`break`/... a side took under it
+    gate: bool = False  # that exit opens the function: the rest is for the ranks let through
 
     def flip(self) -> None:
         """The same branch with the two sides in the other order."""
@@ -192,7 +193,20 @@ def _exit_branch(src, fn, stmt: ast.If, ex: ast.AST, side: int) -> Branch:
                                          f"{ex.lineno}) under {{b}}", "went on past {b}"),
               _pair(side, False, True), _pair(side, True, False))
     b.exit_line = ex.lineno
+    b.gate = _is_gate(fn, stmt, ex)
     return b
+
+
+def _is_gate(fn, stmt: ast.If, ex: ast.AST) -> bool:
+    """`if not is_main: return` among a function's first statements: a gate, the rest of
+    the function meant for the ranks it lets through (not a bail-out of common code)."""
+    if not isinstance(ex, (ast.Return, ast.Raise)) or stmt not in getattr(fn, "body", []):
+        return False
+    before = fn.body[:fn.body.index(stmt)]
+    simple = (ast.Assign, ast.AnnAssign, ast.Import, ast.ImportFrom, ast.Pass, ast.Global,
+              ast.Nonlocal)
+    return all(isinstance(b, simple) or (isinstance(b, ast.Expr)
+                                         and isinstance(b.value, ast.Constant)) for b in before)
 
 
 def _loop_holding(fn, line, after):

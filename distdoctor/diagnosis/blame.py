@@ -103,6 +103,12 @@ def _by_branch(s: Sides, br: B.Branch) -> Verdict:
     ranks = (s.a, s.b)
     if br.left[0] != br.left[1]:  # one side took a way out the other did not
         side = 0 if br.left[0] else 1
+        if br.kind == "rank" and br.gate:  # the rest of the function is for the others
+            went = 1 - side
+            return Verdict(went, f"{said} is a branch on the rank's identity that lets only "
+                                 f"some ranks into the rest of {br.function}: the collective "
+                                 f"there, which rank {ranks[went]} issued, is meant for them "
+                                 f"alone", False, br)
         what = ("a branch on the rank's identity: code meant for some ranks only"
                 if br.kind == "rank" else
                 f"a branch on the ranks' data: rank {ranks[side]}'s data sent it out")

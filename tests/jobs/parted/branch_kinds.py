@@ -13,6 +13,8 @@ the condition must.
 - loop_break: a rank-guarded `break` leaves the epoch loop on rank 1 (rank 1);
 - except_continue: rank 1's sample fails to parse; its `except` arm skips the sync
   (rank 1);
+- rank_gate: `if dist.get_rank() != 0: return` opens a save helper whose barrier only
+  rank 0 reaches (rank 0);
 - even_split: 4 ranks, `if rank % 2 == 0:` around a barrier (ranks 0, 2);
 - healthy: each of these shapes written right (rank-0 work with no collective under
   it, a rank-0 broadcast that the others receive, a designed main-process-first
@@ -66,6 +68,15 @@ def step_with_early_return(step):
     return out
 
 
+def save_state(step):
+    """Writes the state on the main process."""
+    path = os.devnull
+    if dist.get_rank() != 0:  # expect: branch
+        return
+    torch.save({"step": step}, path)
+    dist.barrier()  # expect: parted
+
+
 def parse(step):
     if rank == 1 and step == 2:
         raise ValueError("bad sample")
@@ -109,6 +120,9 @@ for step in range(4):
             dist.all_reduce(value)  # expect: other
         except ValueError:  # expect: parted
             continue
+    elif kind == "rank_gate":
+        if step == 2:
+            save_state(step)
     elif kind == "even_split":
         if rank % 2 == 0 and step == 2:  # expect: branch
             dist.barrier()  # expect: parted
