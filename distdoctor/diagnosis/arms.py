@@ -116,6 +116,14 @@ def _arm_words(stmt: ast.AST, arm: str) -> str:
 def split_in(src, fn, l1, l2, after) -> Branch | None:
     """The statement of `fn` at which a side at line l1 and one at l2 (END: it left the
     function) went different ways, both having passed line `after` (None: unknown)."""
+    loop = _loop_left(fn, l1, l2, after)
+    if loop is not None:  # both ran the loop; one side left it, the other went round
+        stayed = 0 if loop.lineno <= l1 <= S.end(loop) else 1
+        brk = _break_in(src, fn, loop, after)
+        if brk is not None:
+            return _exit_branch(src, fn, *brk, 1 - stayed)
+        return _make(src, fn, loop, _pair(stayed, "went round {b} again", "left {b}"),
+                     _pair(stayed, True, False), _pair(stayed, False, True))
     for side, mine, other in ((0, l1, l2), (1, l2, l1)):
         if mine is not END and (other is END or (after is not None and other <= after
                                                  and mine > after)):
@@ -209,6 +217,33 @@ def _is_gate(fn, stmt: ast.If, ex: ast.AST) -> bool:
                                          and isinstance(b.value, ast.Constant)) for b in before)
 
 
+def _loop_left(fn, l1, l2, after):
+    """The innermost loop that holds `after` and one side's line while the other side's
+    line lies past its end: that side left the loop (fewer iterations, a `break`)."""
+    if after is None or END in (l1, l2):
+        return None
+    for inside, outside in ((l1, l2), (l2, l1)):
+        loops = [s for s, _ in S.path_to(fn, inside) if isinstance(s, S.LOOPS)
+                 and s.lineno <= after <= S.end(s) and outside > S.end(s)]
+        if loops:
+            return loops[-1]
+    return None
+
+
+def _other_arm_of_a_constant(src, fn, theirs, mine, loop) -> bool:
+    """Whether the two paths part at an `if` whose condition is not the rank's and does
+    not change in the loop both sides ran (`if mode == "eval":`): the side at `mine`
+    took its arm, so the other side did too, and an exit in another arm was never on
+    its way."""
+    for (s1, a1), (s2, a2) in zip(theirs, mine, strict=False):
+        if s1 is not s2:
+            return False
+        if a1 != a2:
+            return (isinstance(s1, ast.If) and C.kind_of(src, s1.test) != "rank"
+                    and loop is not None and _invariant(s1, loop))
+    return False
+
+
 def _loop_holding(fn, line, after):
     """The innermost loop holding both `line` and `after` (both ranks ran its earlier
     iteration), else None."""
@@ -241,20 +276,24 @@ def way_out(src, fn, line, after, side: int) -> Branch | None:
         return isinstance(stmt, ast.If) and C.kind_of(src, stmt.test) == "rank"
 
     cands = []  # (on the rank's identity, explains where the other went, line, ...)
+    loop = _loop_holding(fn, line, after)
+    mine = S.path_to(fn, line)
     for ex, ifs, _loop in S.ways_out(fn, after, line):
-        if not ifs:
-            continue  # an exit no branch guards: every rank takes it
+        if not ifs or _other_arm_of_a_constant(src, fn, S.path_to(fn, ex.lineno), mine, loop):
+            continue  # an exit no branch guards (every rank takes it), or out of reach
         ranked = [s for s in ifs if own_rank_test(s)]
         cands.append((bool(ranked) or _rank_guarded(src, fn, ifs[-1]), True, ex.lineno,
                       "exit", (ranked or ifs)[-1], ex))
-    loop = _loop_holding(fn, line, after)
     for stmt, arm in S.path_to(fn, line):
         if S.is_main_guard(stmt) or (loop is not None and _invariant(stmt, loop)):
             continue  # every rank runs the script as __main__; a condition the loop
             # does not change went the same way as in the iteration both ranks ran
         if isinstance(stmt, ast.Try) and arm == "body" and stmt.handlers and not (
                 after is not None and stmt.lineno <= after <= S.end(stmt)):
-            out = any(S.exits_in(h.body) for h in stmt.handlers)
+            # a handler that leaves (or, in the loop both ran, falls through to the next
+            # iteration) explains where the other side is
+            out = any(S.exits_in(h.body) for h in stmt.handlers) or (
+                loop is not None and S.end(stmt) <= S.end(loop))
             cands.append((False, out, stmt.lineno, "raised", stmt, stmt.handlers[0]))
         if isinstance(stmt, (ast.If,) + S.LOOPS) and not (
                 after is not None and stmt.lineno <= after <= S.end(stmt)):

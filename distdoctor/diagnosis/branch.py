@@ -100,11 +100,14 @@ def find(before: Event | None, ev1: Event | None, ev2: Event | None) -> Branch |
             deeper, side, at = c2, 1, j + 1
         else:
             deeper, side, at = (c1, 0, i + 1) if l1 < l2 else (c2, 1, j + 1)
-        if b is not None and b.kind == "rank":
+        if b is not None and (b.kind == "rank" or b.exit_line is not None):
             return b
         # a condition on the rank's identity further in says more than one on data here
         inner = _quiet(_descend, deeper, side, at, cp) if at < len(deeper) else None
-        if b is None or (inner is not None and inner.kind == "rank"):
+        # ... and an early exit further in explains the other side better than an `if`
+        # it did not enter here (it entered the call and left it)
+        if b is None or (inner is not None and (inner.kind == "rank"
+                                                or inner.exit_line is not None)):
             return inner if inner is not None or b is not None else _descend(
                 deeper, side, at, cp)
         return b

@@ -137,7 +137,7 @@ def ways_out(fn: ast.AST, after: int | None, before: int | None) -> list[tuple]:
     out = []
     wrapped = after is not None and before is not None and before <= after
 
-    def visit(block, ifs, loops):
+    def visit(block, ifs, loops, in_try):
         for stmt in block:
             if isinstance(stmt, FUNCS + (ast.ClassDef,)):
                 continue
@@ -148,12 +148,19 @@ def ways_out(fn: ast.AST, after: int | None, before: int | None) -> list[tuple]:
                                        and (before is None or line < before))
                 leaves = isinstance(stmt, (ast.Return, ast.Raise)) or (
                     loop is not None and (before is None or loop.lineno <= before <= end(loop)))
-                if in_range and leaves:
+                if in_range and leaves and not (in_try and isinstance(stmt, ast.Raise)):
                     out.append((stmt, list(ifs), loop))
                 continue
-            for _, b in arms(stmt):
+            for name, b in arms(stmt):
+                if name == "body" and isinstance(stmt, ast.Try) and stmt.handlers:
+                    # a `raise` in a `try` lands in its handler: not a way out
+                    b = [x for x in b if not isinstance(x, ast.Raise)]
+                    caught = True
+                else:
+                    caught = False
                 visit(b, ifs + [stmt] if isinstance(stmt, ast.If) else ifs,
-                      loops + [stmt] if isinstance(stmt, LOOPS) else loops)
+                      loops + [stmt] if isinstance(stmt, LOOPS) else loops,
+                      in_try or caught)
 
-    visit(getattr(fn, "body", []), [], [])
+    visit(getattr(fn, "body", []), [], [], False)
     return out
