@@ -20,6 +20,7 @@ from distdoctor.diagnosis.waits import (
     dropped_sends,
     extra_collective,
     long_wait_finding,
+    same_batch,
     skipped_finding,
     unmatched_p2p_finding,
     wrong_peer_finding,
@@ -343,8 +344,7 @@ def _all_joined_finding(rv: Rendezvous, views, explained: bool) -> Finding:
 
 
 def _cycle_finding(comp: list[int], edges, views, familiar) -> Finding:
-    parts = []
-    callsites = []
+    parts, callsites = [], []
     for r in comp:
         rv, missing = edges[r]
         ev = rv.arrivals[r]
@@ -363,9 +363,9 @@ def _cycle_finding(comp: list[int], edges, views, familiar) -> Finding:
         peer = (wrv.key[3] if w == wrv.key[2] else wrv.key[2]) if wrv.is_p2p else None
         if peer in comp and not edges[peer][0].is_p2p:
             prv = edges[peer][0]
-            if w in prv.missing and len(prv.arrivals) > max(1, len(prv.missing)):
-                # a majority waits in the collective: w skipped it and went on to its
-                # send/recv, which waits for a peer that is in the collective
+            if (w in prv.missing and len(prv.arrivals) > max(1, len(prv.missing))
+                    and not same_batch(views.get(w), wrv.arrivals.get(w))):
+                # a majority waits in it: w went past it to a send/recv with one of them
                 return skipped_finding(w, wrv, prv, views, callsites, details)
             return unmatched_p2p_finding(peer, prv, wrv, callsites, details)
     if len(lone) == 1 and len(others) == 1 and len(comp) > 1:

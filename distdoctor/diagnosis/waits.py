@@ -173,6 +173,19 @@ def skipped_finding(r: int, rv: Rendezvous, main: Rendezvous, views, callsites,
                    "on a group, in the same order.")
 
 
+def same_batch(view, ev) -> bool:
+    """Whether the rank's pending send/recv came in one batch with the op before it
+    (batch_isend_irecv: consecutive ops, the same peer, within a few ms): the two
+    sides' lists disagree, rather than the rank having gone past a collective."""
+    done = view.last_done if view is not None else None
+    return (ev is not None and done is not None and done.kind == "p2p"
+            and done.index == ev.index - 1 and done.peer_global == ev.peer_global
+            and abs(ev.t_enter_ns - done.t_enter_ns) < _BATCH_NS)
+
+
+_BATCH_NS = 5_000_000  # the ops of one batch_isend_irecv are posted within a few ms
+
+
 def unmatched_p2p_finding(r: int, rv: Rendezvous, main: Rendezvous, callsites,
                           details) -> Finding:
     """The others wait in a send or receive with rank r, and r went on to a collective
