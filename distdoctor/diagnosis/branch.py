@@ -90,9 +90,16 @@ def find(before: Event | None, ev1: Event | None, ev2: Event | None) -> Branch |
         src = _src(file)
         fn = S.function_at(src, func, l1)
         after = _line_in(cp, c1[:i], c1[i])
+        # a side back at the shared op's own site, by a call of this function that no
+        # loop in it repeats, came round to a new call of it: it left the one both were in
+        l1 = arms.END if _came_round(c1, cp, fn, l1, after) else l1
+        l2 = arms.END if _came_round(c2, cp, fn, l2, after) else l2
         # a side whose line here is the call the shared op came from is still in that call
         in1, in2 = (l1 == after and i + 1 < len(c1)), (l2 == after and j + 1 < len(c2))
         b = None if in1 or in2 else arms.split_in(src, fn, l1, l2, after)
+        if arms.END in (l1, l2):  # the side still in this call is the deeper one
+            return b if b is not None else _quiet(
+                _descend, *((c1, 0, i + 1) if l2 is arms.END else (c2, 1, j + 1)), cp)
         # the side still in a call the other passed through (or came back round to)
         if in1 or (not in2 and after is not None and l2 <= after < l1):
             deeper, side, at = c1, 0, i + 1
@@ -118,6 +125,13 @@ def find(before: Event | None, ev1: Event | None, ev2: Event | None) -> Branch |
     if j < len(c2):
         return _descend(c2, 1, j, cp)
     return None
+
+
+def _came_round(c: list[Frame], cp: list[Frame], fn, line, after) -> bool:
+    """The side's op is at the shared op's site, frame for frame, and no loop of the
+    function where the sides meet holds that line: the function was called again."""
+    return (bool(cp) and c == cp and line == after
+            and not any(isinstance(s, S.LOOPS) for s, _ in S.path_to(fn, line)))
 
 
 def _quiet(fn, *args):

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from distdoctor.diagnosis import align as D
 from distdoctor.diagnosis import blame, order
+from distdoctor.diagnosis import branch as B
 from distdoctor.diagnosis import threads as T
 from distdoctor.diagnosis.branch import Branch
 from distdoctor.diagnosis.rendezvous import Rendezvous
@@ -242,6 +243,35 @@ def _last_exchange(f: Finding, histories: dict) -> Finding:
     return f
 
 
+def _skipped_branch(f: Finding, culprit: int, other: int, histories: dict) -> Finding:
+    """A rank that went past a collective it never issued on the group (so no ops of its
+    there to align): the branch between where it is and the others' collective."""
+    ops = [ev for ev in histories.get(culprit, ()) if ev.kind in ("collective", "p2p")]
+    mine = ops[-1] if ops else None
+    # its own op before: the others ran the same code up to there too (they issued what
+    # it did, or its peer's side of it)
+    before = ops[-2] if len(ops) > 1 else None
+    theirs = next((ev for ev in histories.get(other, ()) if ev.kind == "collective"
+                   and ev.group == f.group and ev.seq == f.seq), None)
+    try:
+        br = B.find(before, mine, theirs)
+    except B.Unreadable as exc:
+        f.details["source_unreadable"] = exc.path
+        return f
+    if br is None:
+        return f
+    waiting = f.details.get("waiting_ranks") or [other]
+    f.details["branch"] = br.as_details([[culprit], waiting])
+    f.summary += (f": rank {culprit} {br.said(0)}; {who(waiting)} {br.said(1, 'it')} and "
+                  f"issued {D.describe(theirs)}")
+    f.callsites = _merge_sites(f.callsites, [
+        {"rank": culprit, "file": br.file, "line": br.line, "function": br.function,
+         "role": "branch"}] + ([{"rank": culprit, "file": br.file, "line": br.exit_line,
+                                 "function": br.function, "role": "exit"}]
+                               if br.exit_line is not None else []))
+    return f
+
+
 def _tie(f: Finding, p: D.Parting, a: int, b: int, verdict, tail: str) -> Finding:
     """No majority and no evidence: both sides, rank order, equal weight; nobody blamed.
     The summary says how the two ops differ and the branch that split them, if read."""
@@ -317,6 +347,8 @@ def explain_hang(f: Finding, histories: dict) -> Finding:
         p = D.paired_from_two_lines(ours, theirs)
         if p is None or blame.judge(p, culprit, other, histories, majority).branch is None:
             return f
+    if p is None and f.details.get("reason") == "skipped_collective":
+        return _skipped_branch(f, culprit, other, histories)
     if p is None or (p.ours or p.theirs).seq >= f.seq:
         return f
     verdict, p, side, _ = _judged(p, [culprit], [other], histories, f.group, f.seq, majority)
