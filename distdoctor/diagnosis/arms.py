@@ -122,6 +122,14 @@ def split_in(src, fn, l1, l2, after) -> Branch | None:
         brk = _break_in(src, fn, loop, after)
         if brk is not None:
             return _exit_branch(src, fn, *brk, 1 - stayed)
+        skip = _skip_in(fn, loop, (l1, l2)[stayed])
+        if skip is not None:  # one iteration fewer of the collective: a `continue` skipped it
+            b = _make(src, fn, skip[0], _pair(stayed, "went through {b} every iteration",
+                                              f"skipped an iteration (line {skip[1].lineno}) "
+                                              f"under {{b}}"),
+                      _pair(stayed, True, False), _pair(stayed, False, True))
+            b.exit_line = skip[1].lineno
+            return b
         return _make(src, fn, loop, _pair(stayed, "went round {b} again", "left {b}"),
                      _pair(stayed, True, False), _pair(stayed, False, True))
     for side, mine, other in ((0, l1, l2), (1, l2, l1)):
@@ -228,6 +236,28 @@ def _loop_left(fn, l1, l2, after):
         if loops:
             return loops[-1]
     return None
+
+
+def _skip_in(fn, loop, line) -> tuple | None:
+    """(the `if` or `try` whose arm holds it, the `continue`) of `loop` before `line`, the
+    op the staying side is at: a way to skip that op in one iteration."""
+    for stmt in ast.walk(loop):
+        if stmt is loop or not isinstance(stmt, (ast.If, ast.Try)) or stmt.lineno >= line:
+            continue
+        blocks = ([stmt.body, stmt.orelse] if isinstance(stmt, ast.If)
+                  else [h.body for h in stmt.handlers])
+        for block in blocks:
+            cont = next((e for e in S.exits_in(block, loop_exits=True)
+                         if isinstance(e, ast.Continue)), None)
+            if cont is not None and any(x is stmt for x, _ in S.path_to(fn, stmt.lineno)
+                                        ) is False and _innermost_loop(fn, cont) is loop:
+                return stmt, cont
+    return None
+
+
+def _innermost_loop(fn, node):
+    loops = [s for s, _ in S.path_to(fn, node.lineno) if isinstance(s, S.LOOPS)]
+    return loops[-1] if loops else None
 
 
 def _other_arm_of_a_constant(src, fn, theirs, mine, loop) -> bool:
