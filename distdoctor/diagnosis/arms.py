@@ -18,6 +18,7 @@ import os
 from dataclasses import dataclass, field
 
 from distdoctor.diagnosis import conditions as C
+from distdoctor.diagnosis import loops as L
 from distdoctor.diagnosis import source as S
 
 END = None  # a side that left the function (or the program) without another op there
@@ -116,13 +117,13 @@ def _arm_words(stmt: ast.AST, arm: str) -> str:
 def split_in(src, fn, l1, l2, after) -> Branch | None:
     """The statement of `fn` at which a side at line l1 and one at l2 (END: it left the
     function) went different ways, both having passed line `after` (None: unknown)."""
-    loop = _loop_left(fn, l1, l2, after)
+    loop = L.left(fn, l1, l2, after)
     if loop is not None:  # both ran the loop; one side left it, the other went round
         stayed = 0 if loop.lineno <= l1 <= S.end(loop) else 1
         brk = _break_in(src, fn, loop, after)
         if brk is not None:
             return _exit_branch(src, fn, *brk, 1 - stayed)
-        skip = _skip_in(fn, loop, (l1, l2)[stayed])
+        skip = L.skip_in(fn, loop, (l1, l2)[stayed])
         if skip is not None:  # one iteration fewer of the collective: a `continue` skipped it
             b = _make(src, fn, skip[0], _pair(stayed, "went through {b} every iteration",
                                               f"skipped an iteration (line {skip[1].lineno}) "
@@ -225,41 +226,6 @@ def _is_gate(fn, stmt: ast.If, ex: ast.AST) -> bool:
                                          and isinstance(b.value, ast.Constant)) for b in before)
 
 
-def _loop_left(fn, l1, l2, after):
-    """The innermost loop that holds `after` and one side's line while the other side's
-    line lies past its end: that side left the loop (fewer iterations, a `break`)."""
-    if after is None or END in (l1, l2):
-        return None
-    for inside, outside in ((l1, l2), (l2, l1)):
-        loops = [s for s, _ in S.path_to(fn, inside) if isinstance(s, S.LOOPS)
-                 and s.lineno <= after <= S.end(s) and outside > S.end(s)]
-        if loops:
-            return loops[-1]
-    return None
-
-
-def _skip_in(fn, loop, line) -> tuple | None:
-    """(the `if` or `try` whose arm holds it, the `continue`) of `loop` before `line`, the
-    op the staying side is at: a way to skip that op in one iteration."""
-    for stmt in ast.walk(loop):
-        if stmt is loop or not isinstance(stmt, (ast.If, ast.Try)) or stmt.lineno >= line:
-            continue
-        blocks = ([stmt.body, stmt.orelse] if isinstance(stmt, ast.If)
-                  else [h.body for h in stmt.handlers])
-        for block in blocks:
-            cont = next((e for e in S.exits_in(block, loop_exits=True)
-                         if isinstance(e, ast.Continue)), None)
-            if cont is not None and any(x is stmt for x, _ in S.path_to(fn, stmt.lineno)
-                                        ) is False and _innermost_loop(fn, cont) is loop:
-                return stmt, cont
-    return None
-
-
-def _innermost_loop(fn, node):
-    loops = [s for s, _ in S.path_to(fn, node.lineno) if isinstance(s, S.LOOPS)]
-    return loops[-1] if loops else None
-
-
 def _other_arm_of_a_constant(src, fn, theirs, mine, loop) -> bool:
     """Whether the two paths part at an `if` whose condition is not the rank's and does
     not change in the loop both sides ran (`if mode == "eval":`): the side at `mine`
@@ -270,31 +236,8 @@ def _other_arm_of_a_constant(src, fn, theirs, mine, loop) -> bool:
             return False
         if a1 != a2:
             return (isinstance(s1, ast.If) and C.kind_of(src, s1.test) != "rank"
-                    and loop is not None and _invariant(s1, loop))
+                    and loop is not None and L.invariant(s1, loop))
     return False
-
-
-def _loop_holding(fn, line, after):
-    """The innermost loop holding both `line` and `after` (both ranks ran its earlier
-    iteration), else None."""
-    if after is None:
-        return None
-    loops = [s for s, _ in S.path_to(fn, line) if isinstance(s, S.LOOPS)
-             and s.lineno <= after <= S.end(s)]
-    return loops[-1] if loops else None
-
-
-def _invariant(stmt, loop) -> bool:
-    """An `if`/`while` whose condition calls nothing and reads no name the loop binds:
-    it is the same in every iteration (`if mode == "eval":`)."""
-    test = getattr(stmt, "test", None)
-    if not isinstance(stmt, (ast.If, ast.While)) or test is None:
-        return False
-    if any(isinstance(n, (ast.Call, ast.Attribute, ast.Subscript)) for n in ast.walk(test)):
-        return False
-    names = {n.id for n in ast.walk(test) if isinstance(n, ast.Name)}
-    return not names & _stored(loop.body + [ast.Assign(targets=[loop.target], value=ast.Constant(0))]
-                                if hasattr(loop, "target") else loop.body)
 
 
 def way_out(src, fn, line, after, side: int) -> Branch | None:
@@ -306,7 +249,7 @@ def way_out(src, fn, line, after, side: int) -> Branch | None:
         return isinstance(stmt, ast.If) and C.kind_of(src, stmt.test) == "rank"
 
     cands = []  # (on the rank's identity, explains where the other went, line, ...)
-    loop = _loop_holding(fn, line, after)
+    loop = L.holding(fn, line, after)
     mine = S.path_to(fn, line)
     for ex, ifs, _loop in S.ways_out(fn, after, line):
         if not ifs or _other_arm_of_a_constant(src, fn, S.path_to(fn, ex.lineno), mine, loop):
@@ -315,7 +258,7 @@ def way_out(src, fn, line, after, side: int) -> Branch | None:
         cands.append((bool(ranked) or _rank_guarded(src, fn, ifs[-1]), True, ex.lineno,
                       "exit", (ranked or ifs)[-1], ex))
     for stmt, arm in S.path_to(fn, line):
-        if S.is_main_guard(stmt) or (loop is not None and _invariant(stmt, loop)):
+        if S.is_main_guard(stmt) or (loop is not None and L.invariant(stmt, loop)):
             continue  # every rank runs the script as __main__; a condition the loop
             # does not change went the same way as in the iteration both ranks ran
         if isinstance(stmt, ast.Try) and arm == "body" and stmt.handlers and not (
@@ -349,25 +292,6 @@ def way_out(src, fn, line, after, side: int) -> Branch | None:
                  _pair(side, True, False), _pair(side, False, False))
 
 
-def _stored(block) -> set[str]:
-    """Names a block binds or changes: `x = ...`, `d[k] = ...`, `d.update(...)`."""
-    out = set()
-    for node in (n for stmt in block for n in ast.walk(stmt)):
-        if isinstance(node, (ast.Name, ast.Attribute, ast.Subscript)) and isinstance(
-                getattr(node, "ctx", None), ast.Store):
-            while isinstance(node, (ast.Subscript, ast.Attribute)):
-                node = node.value
-            if isinstance(node, ast.Name):
-                out.add(node.id)
-        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and \
-                isinstance(node.func.value, ast.Name) and node.func.attr in _CHANGES:
-            out.add(node.func.value.id)
-    return out
-
-
-_CHANGES = {"update", "append", "extend", "setdefault", "insert", "add", "pop"}
-
-
 def _feeding(src, fn, line, after, side: int) -> Branch | None:
     """An `if` before `line` (after line `after`) whose arm changes a name the statement
     at `line` reads: the ranks' paths did not split at the op, but what it sends did (a
@@ -381,7 +305,7 @@ def _feeding(src, fn, line, after, side: int) -> Branch | None:
     read = {n.id for n in ast.walk(stmt_at) if isinstance(n, ast.Name)}
     found = [n for n in ast.walk(fn) if isinstance(n, ast.If) and S.end(n) < line
              and (after is None or n.lineno > after)
-             and (_stored(n.body) | _stored(n.orelse)) & read]
+             and (S.stored(n.body) | S.stored(n.orelse)) & read]
     if not found:
         return None
     stmt = max(found, key=lambda n: n.lineno)

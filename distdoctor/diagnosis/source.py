@@ -164,3 +164,22 @@ def ways_out(fn: ast.AST, after: int | None, before: int | None) -> list[tuple]:
 
     visit(getattr(fn, "body", []), [], [], False)
     return out
+
+
+CHANGES = {"update", "append", "extend", "setdefault", "insert", "add", "pop"}
+
+
+def stored(block) -> set[str]:
+    """Names a block binds or changes: `x = ...`, `d[k] = ...`, `d.update(...)`."""
+    out = set()
+    for node in (n for stmt in block for n in ast.walk(stmt)):
+        if isinstance(node, (ast.Name, ast.Attribute, ast.Subscript)) and isinstance(
+                getattr(node, "ctx", None), ast.Store):
+            while isinstance(node, (ast.Subscript, ast.Attribute)):
+                node = node.value
+            if isinstance(node, ast.Name):
+                out.add(node.id)
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and \
+                isinstance(node.func.value, ast.Name) and node.func.attr in CHANGES:
+            out.add(node.func.value.id)
+    return out
