@@ -93,7 +93,7 @@ def test_a_job_forwarded_over_tls_with_a_client_certificate_crosses_the_wire_unr
     assert node.returncode == 0 and node.stdout == STEPS, node.stderr
     assert "forwarding to the collector" in node.stderr and "in clear" not in node.stderr
     assert _copied_rings(tmp_path) == ["rank-00000.ring", "rank-00001.ring"]
-    assert len(relay.seen) > 20_000  # the logs went through the relay ...
+    assert len(relay.seen) > 8_000  # the logs went through the relay ...
     wire = bytes(relay.seen)  # ... and none of it is readable there
     for secret in (TOKEN, str(JOB), "secret_steps.py", "distdoctor-forward", "DDFW"):
         assert secret.encode() not in wire, secret
@@ -108,7 +108,7 @@ def test_a_refused_node_gets_nothing_in_and_its_job_runs_to_its_end(tmp_path, tl
     env = {} if case == "plaintext" else tls_certs.node_env(ca=tls_certs.other_ca)
     try:
         node = _node(tmp_path, port, env)
-        line = said.wait_for("refused", 20)
+        line = said.wait_for("distdoctor: refused", 20)
     finally:
         stop_process(collector)
     assert node.returncode == 0 and node.stdout == STEPS, node.stderr
@@ -119,7 +119,7 @@ def test_a_refused_node_gets_nothing_in_and_its_job_runs_to_its_end(tmp_path, tl
         assert "TLS" in told[0], told
     else:
         assert "failed verification" in told[0] and "DISTDOCTOR_TLS_CA" in told[0], told
-    assert sum("refused" in x for x in said.lines) == 1, said.lines
+    assert sum(x.startswith("distdoctor: refused") for x in said.lines) == 1, said.lines
     assert _copied_rings(tmp_path) == [] and "connected" not in "".join(said.lines)
     assert "Traceback" not in node.stderr + "".join(said.lines)
 

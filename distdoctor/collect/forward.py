@@ -194,7 +194,11 @@ class Forwarder:
         except ssl.SSLError as exc:  # TLS 1.3: a client certificate is judged after
             sock.close()
             return self._refused(_tls_why(exc, shaken=True))
-        except (OSError, wire.WireError) as exc:
+        except (wire.WireError, ConnectionResetError) as exc:  # not an answer of ours
+            sock.close()
+            hint = "" if self.tls is not None else "; does it require TLS? (DISTDOCTOR_TLS_CA)"
+            return self._refused(f"it did not answer as a collector ({exc}){hint}")
+        except OSError as exc:
             sock.close()
             self._back_off()
             hint = "" if self.tls is not None else "; does it require TLS? (DISTDOCTOR_TLS_CA)"
