@@ -210,3 +210,21 @@ def test_flags_win_over_the_environment(tls_certs):
     assert not tls.settings(env={}).enabled
     assert isinstance(tls.settings(ca=str(tls_certs.ca), env={}).client_context("run"),
                       ssl.SSLContext)
+
+
+@pytest.mark.timeout(60)
+def test_without_tls_off_loopback_run_and_watch_say_once_that_all_travels_in_clear(tmp_path):
+    port = free_port()
+    watch = start_cli(["watch", "--listen", f"0.0.0.0:{port}", str(tmp_path / "copy")],
+                      env={"DISTDOCTOR_TOKEN": TOKEN})
+    said = Lines(watch)
+    try:
+        said.wait_for("collecting on", 30)
+        node = run_cli(["run", "--nproc", "1", "--run-dir", str(tmp_path / "node"),
+                        "--forward", f"0.0.0.0:{port}", "--", "python", "-c", "print(1)"],
+                       timeout=40, env={"DISTDOCTOR_TOKEN": TOKEN}, run_dir=tmp_path / "node")
+    finally:
+        stop_process(watch)
+    assert node.returncode == 0 and node.stdout == "1\n", node.stderr
+    assert node.stderr.count("travel in clear") == 1, node.stderr
+    assert "".join(said.lines).count("travel in clear") == 1, said.lines

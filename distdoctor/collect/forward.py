@@ -182,9 +182,16 @@ class Forwarder:
         if self.tls is not None:
             try:  # the handshake, within SEND_TIMEOUT_S
                 sock = self.tls.wrap_socket(sock, server_hostname=self.address[0])
-            except (ssl.SSLError, OSError) as exc:
+            except ssl.SSLError as exc:  # its certificate, or no TLS there
                 sock.close()
                 return self._refused(_tls_why(exc))
+            except OSError as exc:  # slow, or gone: tried again soon
+                sock.close()
+                self._back_off()
+                self._say("connect", f"the collector at {_where(self.address)} did not "
+                          f"finish a TLS handshake ({exc.strerror or exc}); the job goes "
+                          f"on, retrying")
+                return False
         try:
             sock.settimeout(SEND_TIMEOUT_S)
             sock.sendall(wire.json_frame(wire.HELLO, {
