@@ -228,3 +228,53 @@ def test_without_tls_off_loopback_run_and_watch_say_once_that_all_travels_in_cle
     assert node.returncode == 0 and node.stdout == "1\n", node.stderr
     assert node.stderr.count("travel in clear") == 1, node.stderr
     assert "".join(said.lines).count("travel in clear") == 1, said.lines
+
+
+def _wait(predicate, timeout_s: float = 10) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not predicate() and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
+@pytest.mark.timeout(60)
+def test_the_relay_would_see_the_token_of_a_plaintext_stream(tmp_path):
+    """The wire check's control: without TLS the same relay records the token and the
+    frames, so their absence above is TLS's doing."""
+    said: list[str] = []
+    collector = Collector(tmp_path / "copy", listen(("127.0.0.1", 0), tls.TLSSettings()),
+                          TOKEN, said.append).start()
+    relay = Relay(collector.address)
+    _ring(tmp_path / "node")
+    try:
+        fwd = Forwarder(tmp_path / "node", ("127.0.0.1", relay.port), token=TOKEN)
+        fwd.tick()
+        fwd.stop()
+        _wait(lambda: _copied_rings(tmp_path))
+    finally:
+        relay.close()
+        collector.stop()
+    assert TOKEN.encode() in relay.seen and b"DDFW" in relay.seen
+
+
+@pytest.mark.timeout(60)
+def test_a_node_refused_again_and_again_is_one_line_on_each_side(tmp_path, tls_certs,
+                                                                capsys):
+    c = tls_certs
+    said: list[str] = []
+    server = tls.TLSSettings(str(c.server), str(c.server_key))
+    collector = Collector(tmp_path / "copy", listen(("127.0.0.1", 0), server), None,
+                          said.append).start()
+    _ring(tmp_path / "node")
+    try:
+        fwd = Forwarder(tmp_path / "node", collector.address)  # plaintext
+        for _ in range(3):
+            fwd._next_try_s = 0.0  # as if its 30 s back-off had passed
+            fwd.tick()
+        fwd.stop()
+        _wait(lambda: said)
+        time.sleep(0.5)
+    finally:
+        collector.stop()
+    assert len(said) == 1 and "no TLS handshake" in said[0], said
+    assert capsys.readouterr().err.count("refused this node") == 1
+    assert _copied_rings(tmp_path) == []

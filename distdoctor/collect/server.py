@@ -87,6 +87,7 @@ class Collector:
         self._lost_checked_s = 0.0
         self._lock = threading.Lock()
         self._conns: set[socket.socket] = set()
+        self._refused: set[tuple[str, str]] = set()  # (peer address, why) said once
         self._stopping = False
         self._listener = listener
         self.address = listener.getsockname()[:2]
@@ -205,14 +206,14 @@ class Collector:
                     tls.handshake(conn)
                 except (ssl.SSLError, OSError) as exc:  # a plaintext node, a wrong CA
                     if not self._stopping:
-                        self.say(f"refused {who}: {tls.failure(exc)}")
+                        self._say_refused(peer, who, tls.failure(exc))
                     return
             hello = self._hello(conn)
             if hello is None:
                 return
             if self.token is not None and not hmac.compare_digest(
                     str(hello.get("token") or "").encode(), self.token.encode()):
-                self._refuse(conn, who, "wrong or missing token (DISTDOCTOR_TOKEN)")
+                self._refuse(conn, peer, "wrong or missing token (DISTDOCTOR_TOKEN)")
                 return
             node = NodeMirror(self.mirror, hello)
             conn.sendall(wire.frame(wire.WELCOME))
@@ -233,7 +234,7 @@ class Collector:
                 self.mirror.lost_node(node)
         except wire.WireError as exc:
             if node is None:  # before WELCOME: the node is told why, and backs off
-                self._refuse(conn, who, str(exc))
+                self._refuse(conn, peer, str(exc))
             else:
                 self.say(f"dropped {who}: {exc}")
         except OSError as exc:
@@ -281,8 +282,16 @@ class Collector:
             raise wire.WireError("HELLO is not a distdoctor forwarder's")
         return hello
 
-    def _refuse(self, conn: socket.socket, who: str, why: str) -> None:
-        self.say(f"refused {who}: {why}")
+    def _say_refused(self, peer, who: str, why: str) -> None:
+        """One line per peer address and reason: a refused node asks again every 30 s."""
+        with self._lock:
+            new = (peer[0], why) not in self._refused
+            self._refused.add((peer[0], why))
+        if new:
+            self.say(f"refused {who}: {why}")
+
+    def _refuse(self, conn: socket.socket, peer, why: str) -> None:
+        self._say_refused(peer, f"{peer[0]}:{peer[1]}", why)
         try:
             conn.sendall(wire.json_frame(wire.REFUSED, {"why": why}))
         except OSError:
