@@ -50,9 +50,12 @@ class Node:
         self.prev = 0  # ops done at its last digest
         self.held: list[tuple[float, bytes]] = []  # digests sent late: (when, frame)
 
-    def connect(self, port: int) -> Node:
+    def connect(self, port: int, tls=None) -> Node:
+        """`tls`: a client ssl.SSLContext (benchmarks/tls_cost.py)."""
         per_node = self.per_node
         self.sock = socket.create_connection(("127.0.0.1", port))
+        if tls is not None:
+            self.sock = tls.wrap_socket(self.sock, server_hostname="127.0.0.1")
         self.sock.sendall(wire.json_frame(wire.HELLO, {
             "format": wire.FORMAT, "version": wire.VERSION, "host": f"node{self.node:03d}",
             "token": None, "run": {}}))
@@ -214,12 +217,13 @@ def _findings(copy: str) -> list[dict]:
 
 
 class CollectorProcess:
-    def __init__(self, port: int, copy: str, hang_timeout: str):
+    def __init__(self, port: int, copy: str, hang_timeout: str, env: dict | None = None):
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "distdoctor", "watch", "--listen", f"127.0.0.1:{port}",
              copy, "--hang-timeout", hang_timeout],
             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-            env=dict(os.environ, PYTHONUNBUFFERED="1"), start_new_session=True)
+            env=dict(os.environ, PYTHONUNBUFFERED="1", **(env or {})),
+            start_new_session=True)
         self.lines: list[tuple[float, str]] = []
         threading.Thread(target=self._read, daemon=True).start()
         self.ps = psutil.Process(self.proc.pid)

@@ -279,3 +279,12 @@ def pytest_collection_modifyitems(config, items):
             config.hook.pytest_deselected(
                 items=[i for i in items if i.get_closest_marker("extended") is not None])
             items[:] = kept
+
+
+@pytest.fixture(scope="session")
+def tls_certs(tmp_path_factory):
+    """A CA, the collector's and a node's certificates, and a CA nobody trusts
+    (tests/tlscerts.py), made with the openssl CLI once per session."""
+    import tlscerts
+
+    return tlscerts.make(tmp_path_factory.mktemp("tls"))

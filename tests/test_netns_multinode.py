@@ -38,10 +38,17 @@ class MultiNodeJob:
     """The collector on the hub, then one `distdoctor run --forward` of the torchrun job
     on each node; rank 0's step lines (job output) with the time each came."""
 
-    def __init__(self, net: netns.Cluster, tmp_path, nproc: int, hang_timeout: str):
+    def __init__(self, net: netns.Cluster, tmp_path, nproc: int, hang_timeout: str,
+                 tls=None):
+        """`tls`: tests/tlscerts.py's certificates, for TLS with client certificates
+        between the nodes and the collector."""
         self.net, self.tmp_path, self.nproc = net, tmp_path, nproc
         self.hang_timeout = hang_timeout
         self.env = {"DISTDOCTOR_TOKEN": f"token-{net.tag}", "GLOO_SOCKET_IFNAME": netns.NIC}
+        self.collector_env = dict(self.env)
+        if tls is not None:
+            self.collector_env.update(tls.server_env(require_clients=True))
+            self.env.update(tls.node_env(client_cert=True))
         self.copy = tmp_path / "copy"
         self.collector = None
         self.said: Lines | None = None
@@ -52,7 +59,7 @@ class MultiNodeJob:
         hub = f"{netns.HUB_ADDRESS}:{COLLECTOR_PORT}"
         self.collector = self.net.start(self.net.hub, [
             sys.executable, "-m", "distdoctor", "watch", "--listen", hub, str(self.copy),
-            "--hang-timeout", self.hang_timeout], self.env)
+            "--hang-timeout", self.hang_timeout], self.collector_env)
         self.said = Lines(self.collector)
         self.said.wait_for("collecting on", 30)
         first = next(iter(self.net.nodes.values()))  # hosts the rendezvous
@@ -175,14 +182,16 @@ def test_a_rate_limited_link_is_one_straggler_whose_cause_is_the_link_between_it
 
 
 @pytest.mark.timeout(90)
-def test_a_node_whose_link_goes_down_is_a_hang_naming_that_node_and_its_ranks(tmp_path):
+def test_a_node_whose_link_goes_down_is_a_hang_naming_that_node_and_its_ranks(tmp_path,
+                                                                             tls_certs):
     """Node b's link goes down mid-job (no reset: its packets just stop): ranks 0-1 on
     node a wait in an all-reduce for ranks 2-3, and node b's stream to the collector
     stalls. The collector names node b and its ranks; node a's own run dir names its
-    ranks too. Each node's ranks carry the node's own host name."""
+    ranks too. Each node's ranks carry the node's own host name. The nodes' streams are
+    TLS with client certificates (the collector requires them)."""
     with netns.cluster(["a", "b"]) as net:
         a, b = net.nodes["a"], net.nodes["b"]
-        job = MultiNodeJob(net, tmp_path, nproc=2, hang_timeout="3")
+        job = MultiNodeJob(net, tmp_path, nproc=2, hang_timeout="3", tls=tls_certs)
         try:
             job.start()
             job.wait_steps(20, timeout_s=60)
@@ -210,7 +219,12 @@ def test_a_node_whose_link_goes_down_is_a_hang_naming_that_node_and_its_ranks(tm
     # node a's own run: its ranks wait for node b's, which it cannot see
     own = [f for f in job.findings("a") if f["kind"] == "hang"]
     assert [f["ranks"] for f in own] == [on_b], own
-    assert "Traceback" not in "".join(job.said.lines)
+    said = "".join(job.said.lines)
+    assert "Traceback" not in said and "in clear" not in said
+    assert "distdoctor: refused" not in said and said.count(" connected") >= 2, said
+    for _, lines in job.runs.values():  # each node forwarded over TLS, welcomed
+        told = "".join(lines.lines)
+        assert "forwarding to the collector" in told and "in clear" not in told, told
 
 
 # --- the same findings from digests (`run --forward --forward-digest`), in process -------

@@ -86,16 +86,17 @@ def dashboard_queries(job: str) -> list[str]:
 class Prometheus:
     """A Prometheus server on loopback scraping `target` every second, with our rules."""
 
-    def __init__(self, tmp: Path, target: str):
+    def __init__(self, tmp: Path, target: str, config: str | None = None):
+        """`config`: a whole config file (else a plain scrape of `target`)."""
         binary = _tool("prometheus")
         self.port = free_port()
-        (tmp / "prometheus.yml").write_text(
+        (tmp / "prometheus.yml").write_text(config or (
             "global: {scrape_interval: 1s, evaluation_interval: 1s}\n"
             f"rule_files: [{json.dumps(str(RULES))}]\n"
             "scrape_configs:\n"
             "  - job_name: distdoctor\n"
             "    honor_labels: true\n"
-            f"    static_configs: [{{targets: [{json.dumps(target)}]}}]\n")
+            f"    static_configs: [{{targets: [{json.dumps(target)}]}}]\n"))
         self.log = open(tmp / "prometheus.log", "wb")
         self.proc = subprocess.Popen(
             [binary, f"--config.file={tmp / 'prometheus.yml'}",
@@ -246,3 +247,50 @@ def test_bad_metrics_addresses_get_one_line_and_leave_nothing(tmp_path):
     assert "Traceback" not in out.stderr and not (tmp_path / "c").exists()
     out = run_cli(["watch", str(tmp_path), "--metrics", "127.0.0.1:0"])
     assert out.returncode == 2 and "use it with --listen" in out.stderr
+
+
+# --- over https, with a client certificate -------------------------------------------------
+@pytest.mark.timeout(90)
+def test_prometheus_scrapes_metrics_over_https_with_its_client_certificate(tmp_path,
+                                                                           tls_certs):
+    """The documented TLS scrape config (docs/prometheus/prometheus-tls.yml), its paths
+    pointed at certificates made for this test, scrapes /metrics over https with a client
+    certificate; plain http and https without a client certificate get nothing."""
+    import ssl
+
+    from distdoctor.collect.tls import TLSSettings
+
+    c = tls_certs
+    ctx = TLSSettings(str(c.server), str(c.server_key), str(c.ca)).server_context("test")
+    live = LiveDiagnosis(tmp_path, owner=False, backlog=0)
+    server = MetricsServer(("127.0.0.1", 0), "s3cret", ctx).serve(live, "tls-job")
+    target = f"127.0.0.1:{server.address[1]}"
+    assert server.url == f"https://{target}/metrics"
+    (tmp_path / "token").write_text("s3cret\n")
+    config = (DOCS / "prometheus" / "prometheus-tls.yml").read_text()
+    for doc, ours in (("/etc/prometheus/distdoctor-ca.pem", c.ca),
+                      ("/etc/prometheus/prometheus-client.pem", c.client),
+                      ("/etc/prometheus/prometheus-client.key", c.client_key),
+                      ("/etc/prometheus/distdoctor.token", tmp_path / "token"),
+                      ('"node001:9464", "node002:9464"', json.dumps(target)),
+                      ("distdoctor.rules.yml", str(RULES)), ("15s", "1s")):
+        assert doc in config, doc
+        config = config.replace(doc, str(ours))
+    prom = None
+    try:
+        with pytest.raises((OSError, urllib.error.URLError)):  # http: no answer at all
+            _get(f"http://{target}/metrics", token="s3cret")
+        no_cert = ssl.create_default_context(cafile=str(c.ca))
+        with pytest.raises((OSError, urllib.error.URLError)):
+            urllib.request.urlopen(server.url, timeout=5, context=no_cert).read()
+        prom = Prometheus(tmp_path, target, config)
+        _until("Prometheus ready", lambda: _get(f"{prom.base}/-/ready")[0] == 200, 30)
+        up = _until("an https scrape", lambda: prom.query("up == 1"), 45)
+        assert up and server.scrapes >= 1
+        ingested = prom.query('distdoctor_events_ingested_total{job="tls-job"}')
+        assert ingested, prom.api("targets")
+    finally:
+        if prom is not None:
+            prom.stop()
+        server.stop()
+        live.close()

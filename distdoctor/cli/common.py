@@ -60,3 +60,22 @@ def add_run_hang_timeout(parser) -> None:
 def check_hang_timeout(value: float | str | None, command: str) -> None:
     if value is not None and value != AUTO and value <= 0:
         raise UserError(f"{command}: --hang-timeout must be 'auto' or positive", 2)
+
+
+def add_tls(parser) -> None:
+    """--tls-cert/--tls-key/--tls-ca for a command that opens a network endpoint (the
+    environment's DISTDOCTOR_TLS_* otherwise: collect/tls.py)."""
+    parser.add_argument("--tls-cert", metavar="PEM", help="TLS certificate: a server's "
+                        "(/metrics), or this node's client certificate for --forward "
+                        "($DISTDOCTOR_TLS_CERT)")
+    parser.add_argument("--tls-key", metavar="PEM", help="its private key "
+                        "($DISTDOCTOR_TLS_KEY)")
+    parser.add_argument("--tls-ca", metavar="PEM", help="the CA that signed the "
+                        "collector's certificate; on /metrics, scrapers' client "
+                        "certificates signed by it are then required ($DISTDOCTOR_TLS_CA)")
+
+
+def tls_settings(args):
+    from distdoctor.collect.tls import settings
+
+    return settings(args.tls_cert, args.tls_key, args.tls_ca)

@@ -59,6 +59,7 @@ def register(sub) -> None:
     p.add_argument("--metrics", metavar="HOST:PORT",
                    help="serve this node's ranks as Prometheus metrics at /metrics "
                    "(loopback unless $DISTDOCTOR_TOKEN is set)")
+    common.add_tls(p)
     p.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- CMD ...",
                    help="the training command")
     p.set_defaults(func=run)
@@ -84,18 +85,19 @@ def run(args) -> int:
     if args.nproc is not None and args.nproc < 1:
         raise UserError("run: --nproc must be at least 1", 2)
     common.check_hang_timeout(args.hang_timeout, "run")
-    forward_to = None
+    forward_to, tls = None, None
     if args.forward:
         from distdoctor.collect.server import parse_address
 
         forward_to = parse_address(args.forward, "run --forward")
+        tls = common.tls_settings(args).client_context("run")  # bad files: one line now
     elif args.forward_digest:
         raise UserError("run: --forward-digest needs --forward HOST:PORT", 2)
     metrics = None
     if args.metrics:  # bound before the run dir is made: a port in use leaves nothing
         from distdoctor.export.metrics_http import bind_metrics
 
-        metrics = bind_metrics(args.metrics, "run")
+        metrics = bind_metrics(args.metrics, "run", common.tls_settings(args))
     cmd = python_command(cmd)
 
     try:
@@ -138,8 +140,8 @@ def run(args) -> int:
     try:
         try:
             gate.arm(job.stop)
-            forwarder = (_start_forwarder(run_dir, forward_to, args, live) if forward_to
-                         else None)
+            forwarder = (_start_forwarder(run_dir, forward_to, args, live, tls)
+                         if forward_to else None)
             while job.poll():
                 if args.on_hang == "kill" and _hang_found(live):
                     err_console.print("distdoctor: stopping the job (--on-hang kill)")
@@ -280,14 +282,18 @@ class _SignalGate:
         self._closed = True
 
 
-def _start_forwarder(run_dir, address, args, live):
+def _start_forwarder(run_dir, address, args, live, tls):
     import os
 
     from distdoctor.collect.forward import Forwarder
+    from distdoctor.collect.server import is_loopback
 
+    if tls is None and not is_loopback(address[0]):
+        print(f"distdoctor: run --forward: no TLS to {address[0]}: the token and this "
+              f"node's data travel in clear (set DISTDOCTOR_TLS_CA)", file=sys.stderr)
     return Forwarder(run_dir, address, os.environ.get("DISTDOCTOR_TOKEN"), run_meta={
         "hang_timeout_s": common.hang_timeout_s(args.hang_timeout), "run_dir": str(run_dir)},
-        live=live if args.forward_digest else None).start()
+        live=live if args.forward_digest else None, tls=tls).start()
 
 
 def _write_exits(run_dir, job, live, report) -> list[dict]:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import os
 import socket
+import ssl
 import sys
 import threading
 import time
@@ -34,9 +35,12 @@ SEND_TIMEOUT_S = 5.0
 
 class Forwarder:
     def __init__(self, run_dir: str | os.PathLike, address: tuple[str, int],
-                 token: str | None = None, run_meta: dict | None = None, live=None):
+                 token: str | None = None, run_meta: dict | None = None, live=None,
+                 tls: ssl.SSLContext | None = None):
         """`live`: the node's LiveDiagnosis, to send digests of (collect/digest.py)
-        instead of the logs themselves."""
+        instead of the logs themselves; `tls`: the client context (collect/tls.py), the
+        stream then encrypted from its first byte (the token goes inside it)."""
+        self.tls = tls
         self.run_dir = Path(run_dir)
         self.address = address
         self.token = token
@@ -55,6 +59,7 @@ class Forwarder:
         self._connected_s = 0.0
         self._next_try_s = 0.0
         self._failures = 0  # attempts since the last connection that lasted STABLE_S
+        self._refused_by: str | None = None  # the collector's last refusal, until welcomed
         self._said: set[str] = set()
         self._samples = None
         self._findings_seen: int | None = None  # findings.json's mtime, last read
@@ -165,8 +170,8 @@ class Forwarder:
 
     def _connect(self, final: bool) -> bool:
         now = time.monotonic()
-        if now < self._next_try_s and not final:
-            return False
+        if now < self._next_try_s and (not final or self._refused_by):
+            return False  # (a collector that refused this node is not asked again at the end)
         try:
             sock = socket.create_connection(self.address, timeout=SEND_TIMEOUT_S)
         except OSError as exc:
@@ -174,31 +179,53 @@ class Forwarder:
             self._say("connect", f"cannot reach the collector at {_where(self.address)} "
                       f"({exc.strerror or exc}); the job goes on, retrying")
             return False
+        if self.tls is not None:
+            try:  # the handshake, within SEND_TIMEOUT_S
+                sock = self.tls.wrap_socket(sock, server_hostname=self.address[0])
+            except ssl.SSLError as exc:  # its certificate, or no TLS there
+                sock.close()
+                return self._refused(_tls_why(exc))
+            except OSError as exc:  # slow, or gone: tried again soon
+                sock.close()
+                self._back_off()
+                self._say("connect", f"the collector at {_where(self.address)} did not "
+                          f"finish a TLS handshake ({exc.strerror or exc}); the job goes "
+                          f"on, retrying")
+                return False
         try:
             sock.settimeout(SEND_TIMEOUT_S)
             sock.sendall(wire.json_frame(wire.HELLO, {
                 "format": wire.FORMAT, "version": wire.VERSION, "host": self.host,
                 "token": self.token, "run": self.run_meta}))
             verdict = wire.read_frame(sock.makefile("rb").read)
-        except (OSError, wire.WireError) as exc:
+        except ssl.SSLError as exc:  # TLS 1.3: a client certificate is judged after
+            sock.close()
+            return self._refused(_tls_why(exc, shaken=True))
+        except (wire.WireError, ConnectionResetError) as exc:  # not an answer of ours
+            sock.close()
+            hint = "" if self.tls is not None else "; does it require TLS? (DISTDOCTOR_TLS_CA)"
+            return self._refused(f"it did not answer as a collector ({exc}){hint}")
+        except OSError as exc:
             sock.close()
             self._back_off()
+            hint = "" if self.tls is not None else "; does it require TLS? (DISTDOCTOR_TLS_CA)"
             self._say("connect", f"the collector at {_where(self.address)} did not answer "
-                      f"({exc}); the job goes on, retrying")
+                      f"({exc}){hint}; the job goes on, retrying")
             return False
         if verdict is None or verdict[0] != wire.WELCOME:
             sock.close()
             why = "closed the connection"
+            if self.tls is None:
+                why += " (does it require TLS? set DISTDOCTOR_TLS_CA)"
+            elif verdict is None:
+                why = _tls_why(ssl.SSLEOFError(), shaken=True)
             if verdict is not None and verdict[0] == wire.REFUSED:
                 try:
                     why = str(wire.json_payload(wire.REFUSED, verdict[3]).get("why"))[:200]
                 except wire.WireError as exc:
                     why = str(exc)
-            self._back_off(RETRY_S[-1])
-            self._say("refused", f"the collector at {_where(self.address)} refused this "
-                      f"node: {why}; the job goes on")
-            return False
-        self._sock, self._connected_s = sock, now
+            return self._refused(why)
+        self._sock, self._connected_s, self._refused_by = sock, now, None
         self._findings_sent = None
         for src in self.sources.values():
             src.reset()
@@ -208,6 +235,13 @@ class Forwarder:
                 self.digest.reset()
         self._say("connected", f"forwarding to the collector at {_where(self.address)}")
         return True
+
+    def _refused(self, why: str) -> bool:
+        self._refused_by = why
+        self._back_off(RETRY_S[-1])
+        self._say("refused", f"the collector at {_where(self.address)} refused this "
+                  f"node: {why}; the job goes on")
+        return False
 
     def _back_off(self, at_least_s: float = 0.0) -> None:
         self._failures += 1
@@ -287,6 +321,26 @@ class Forwarder:
             return
         self._said.add(key)
         print(f"distdoctor: {message}", file=sys.stderr)
+
+
+def _tls_why(exc: BaseException, shaken: bool = False) -> str:
+    """A failed TLS connection, in words; `shaken`: after this side's handshake, when a
+    TLS 1.3 server judges the client's certificate."""
+    if isinstance(exc, ssl.SSLCertVerificationError):
+        return (f"its TLS certificate failed verification ({exc.verify_message}; is "
+                f"DISTDOCTOR_TLS_CA the CA that signed it, for this address?)")
+    reason = getattr(exc, "reason", None)
+    if reason == "TLSV13_ALERT_CERTIFICATE_REQUIRED":
+        return "it requires a client certificate (DISTDOCTOR_TLS_CERT, DISTDOCTOR_TLS_KEY)"
+    if reason in ("TLSV1_ALERT_UNKNOWN_CA", "SSLV3_ALERT_BAD_CERTIFICATE") or shaken and (
+            reason == "UNEXPECTED_EOF_WHILE_READING" or isinstance(exc, ssl.SSLEOFError)):
+        return ("it did not accept this node's client certificate, or wants one "
+                "(DISTDOCTOR_TLS_CERT, DISTDOCTOR_TLS_KEY, signed by its DISTDOCTOR_TLS_CA)")
+    if reason in ("WRONG_VERSION_NUMBER", "UNEXPECTED_EOF_WHILE_READING") or isinstance(
+            exc, ssl.SSLEOFError):
+        return "no TLS handshake (does it speak TLS? DISTDOCTOR_TLS_CERT on the collector)"
+    text = (reason or str(exc) or type(exc).__name__).replace("_", " ").lower()
+    return f"TLS failed ({text})"
 
 
 def _where(address: tuple[str, int]) -> str:

@@ -13,12 +13,14 @@ from __future__ import annotations
 import hmac
 import ipaddress
 import socket
+import ssl
+import sys
 import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
 
-from distdoctor.collect import wire
+from distdoctor.collect import tls, wire
 from distdoctor.collect.mirror import Mirror, NodeMirror
 from distdoctor.errors import UserError
 
@@ -47,15 +49,26 @@ def is_loopback(host: str) -> bool:
         return False
 
 
-def listen(address: tuple[str, int]) -> socket.socket:
-    """The collector's socket (bound before anything is written: a port in use leaves no
-    run dir behind)."""
+def listen(address: tuple[str, int], settings: tls.TLSSettings | None = None,
+           what: str = "watch") -> socket.socket:
+    """The collector's socket (bound before anything is written: a port in use, or a TLS
+    setting that cannot be used, leaves no run dir behind). With TLS (`settings`, else
+    DISTDOCTOR_TLS_*) it is a TLS listener: each node's handshake is done on its own
+    thread, and a node that does not speak TLS gets nothing in."""
+    settings = tls.settings() if settings is None else settings
+    ctx = settings.server_context(what)
     try:
         family = socket.AF_INET6 if ":" in address[0] else socket.AF_INET
-        return socket.create_server(address, family=family)
+        sock = socket.create_server(address, family=family)
     except OSError as exc:
-        raise UserError(f"watch: cannot listen on {address[0]}:{address[1]}: "
+        raise UserError(f"{what}: cannot listen on {address[0]}:{address[1]}: "
                         f"{exc.strerror or exc}") from None
+    if ctx is None:
+        if not is_loopback(address[0]):
+            print(f"distdoctor: {what}: no TLS on {address[0]}: the token and the nodes' "
+                  f"data travel in clear (set {tls.CERT} and {tls.KEY})", file=sys.stderr)
+        return sock
+    return ctx.wrap_socket(sock, server_side=True, do_handshake_on_connect=False)
 
 
 class Collector:
@@ -74,6 +87,7 @@ class Collector:
         self._lost_checked_s = 0.0
         self._lock = threading.Lock()
         self._conns: set[socket.socket] = set()
+        self._refused: set[tuple[str, str]] = set()  # (peer address, why) said once
         self._stopping = False
         self._listener = listener
         self.address = listener.getsockname()[:2]
@@ -187,12 +201,19 @@ class Collector:
         who = f"{peer[0]}:{peer[1]}"
         node = None
         try:
+            if isinstance(conn, ssl.SSLSocket):
+                try:
+                    tls.handshake(conn)
+                except (ssl.SSLError, OSError) as exc:  # a plaintext node, a wrong CA
+                    if not self._stopping:
+                        self._say_refused(peer, who, tls.failure(exc))
+                    return
             hello = self._hello(conn)
             if hello is None:
                 return
             if self.token is not None and not hmac.compare_digest(
                     str(hello.get("token") or "").encode(), self.token.encode()):
-                self._refuse(conn, who, "wrong or missing token (DISTDOCTOR_TOKEN)")
+                self._refuse(conn, peer, "wrong or missing token (DISTDOCTOR_TOKEN)")
                 return
             node = NodeMirror(self.mirror, hello)
             conn.sendall(wire.frame(wire.WELCOME))
@@ -213,7 +234,7 @@ class Collector:
                 self.mirror.lost_node(node)
         except wire.WireError as exc:
             if node is None:  # before WELCOME: the node is told why, and backs off
-                self._refuse(conn, who, str(exc))
+                self._refuse(conn, peer, str(exc))
             else:
                 self.say(f"dropped {who}: {exc}")
         except OSError as exc:
@@ -261,8 +282,16 @@ class Collector:
             raise wire.WireError("HELLO is not a distdoctor forwarder's")
         return hello
 
-    def _refuse(self, conn: socket.socket, who: str, why: str) -> None:
-        self.say(f"refused {who}: {why}")
+    def _say_refused(self, peer, who: str, why: str) -> None:
+        """One line per peer address and reason: a refused node asks again every 30 s."""
+        with self._lock:
+            new = (peer[0], why) not in self._refused
+            self._refused.add((peer[0], why))
+        if new:
+            self.say(f"refused {who}: {why}")
+
+    def _refuse(self, conn: socket.socket, peer, why: str) -> None:
+        self._say_refused(peer, f"{peer[0]}:{peer[1]}", why)
         try:
             conn.sendall(wire.json_frame(wire.REFUSED, {"why": why}))
         except OSError:

@@ -30,6 +30,9 @@ writes it, and drops a connection that sends a malformed one (what came before s
              ranks): each rank's position and the collectives its ranks entered, one JSON
              object (collect/digest.py)
 
+With TLS (collect/tls.py) the same frames go inside a TLS connection, its handshake first:
+the token in HELLO is never in clear.
+
 and from the collector, once, the answer to HELLO:
 
     WELCOME  go on

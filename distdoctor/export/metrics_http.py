@@ -2,7 +2,9 @@
 
 Binds loopback unless told otherwise; any other address needs DISTDOCTOR_TOKEN, which a
 scraper then sends as `Authorization: Bearer TOKEN` (Prometheus: `authorization:
-{credentials: TOKEN}` in the scrape config). A scrape runs on the server's own thread, at
+{credentials: TOKEN}` in the scrape config). With DISTDOCTOR_TLS_CERT and _KEY it answers
+https only (and with DISTDOCTOR_TLS_CA, only to scrapers with a client certificate signed
+by that CA: collect/tls.py); each handshake is done on its request's thread. A scrape runs on the server's own thread, at
 low priority: the live engine's lock is held only while numbers are copied out.
 """
 
@@ -10,6 +12,7 @@ from __future__ import annotations
 
 import hmac
 import socket
+import ssl
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -29,6 +32,24 @@ class _Handler(BaseHTTPRequestHandler):
 
 class _HTTPServer(ThreadingHTTPServer):
     daemon_threads = True
+    tls: ssl.SSLContext | None = None
+
+    def get_request(self):
+        conn, peer = super().get_request()
+        if self.tls is not None:  # no handshake here: a slow peer must not hold the rest
+            conn = self.tls.wrap_socket(conn, server_side=True, do_handshake_on_connect=False)
+        return conn, peer
+
+    def finish_request(self, request, client_address):
+        if isinstance(request, ssl.SSLSocket):
+            from distdoctor.collect.tls import handshake
+
+            try:  # a plaintext scraper, a missing client certificate: nothing in
+                handshake(request)
+            except (ssl.SSLError, OSError):
+                return
+            request.settimeout(None)
+        super().finish_request(request, client_address)
 
 
 class _HTTPServer6(_HTTPServer):
@@ -39,7 +60,8 @@ class MetricsServer:
     """Bound at once (a port in use is found before anything is written); serving once
     `serve` gives it the live engine to read."""
 
-    def __init__(self, address: tuple[str, int], token: str | None):
+    def __init__(self, address: tuple[str, int], token: str | None,
+                 tls: ssl.SSLContext | None = None):
         self.live, self.token, self.job = None, token, ""
         self.scrapes = 0
         self.error: str | None = None  # the last scrape's failure, if any
@@ -49,6 +71,7 @@ class MetricsServer:
             raise UserError(f"--metrics: cannot listen on {address[0]}:{address[1]}: "
                             f"{exc.strerror or exc}") from None
         self.httpd.owner = self
+        self.httpd.tls = tls
         self.address = self.httpd.server_address[:2]
         self._thread = threading.Thread(target=self._serve, name="distdoctor-metrics",
                                         daemon=True)
@@ -56,7 +79,8 @@ class MetricsServer:
     @property
     def url(self) -> str:
         host, port = self.address
-        return f"http://{f'[{host}]' if ':' in host else host}:{port}/metrics"
+        scheme = "https" if self.httpd.tls is not None else "http"
+        return f"{scheme}://{f'[{host}]' if ':' in host else host}:{port}/metrics"
 
     def serve(self, live, job: str | None = None, fleet=None) -> MetricsServer:
         """`fleet`: the collector's engine over the nodes that send digests."""
@@ -105,10 +129,13 @@ def _reply(req, code: int, body: bytes, ctype: str = "text/plain; charset=utf-8"
         pass
 
 
-def bind_metrics(text: str, what: str) -> MetricsServer:
-    """`--metrics HOST:PORT` of `what` (run, watch): checked and bound, not yet serving."""
+def bind_metrics(text: str, what: str, tls_settings=None) -> MetricsServer:
+    """`--metrics HOST:PORT` of `what` (run, watch): checked and bound, not yet serving.
+    `tls_settings`: the command's (collect/tls.py), else DISTDOCTOR_TLS_*."""
     import os
+    import sys
 
+    from distdoctor.collect import tls
     from distdoctor.collect.server import is_loopback, parse_address
 
     host, port = parse_address(text, f"{what} --metrics")
@@ -116,4 +143,9 @@ def bind_metrics(text: str, what: str) -> MetricsServer:
     if not is_loopback(host) and token is None:
         raise UserError(f"{what}: --metrics on {host} (not loopback) needs a shared token: "
                         f"set DISTDOCTOR_TOKEN (scrapers send it as a bearer token)", 2)
-    return MetricsServer((host, port), token)
+    settings = tls.settings() if tls_settings is None else tls_settings
+    ctx = settings.server_context(f"{what} --metrics")
+    if ctx is None and not is_loopback(host):
+        print(f"distdoctor: {what} --metrics: no TLS on {host}: the token and the metrics "
+              f"travel in clear (set {tls.CERT} and {tls.KEY})", file=sys.stderr)
+    return MetricsServer((host, port), token, ctx)
