@@ -278,3 +278,15 @@ def test_a_node_refused_again_and_again_is_one_line_on_each_side(tmp_path, tls_c
     assert len(said) == 1 and "no TLS handshake" in said[0], said
     assert capsys.readouterr().err.count("refused this node") == 1
     assert _copied_rings(tmp_path) == []
+
+
+@pytest.mark.timeout(60)
+def test_watch_takes_the_tls_flags_too(tmp_path, tls_certs):
+    """`watch --listen` with --tls-cert/--tls-key as `run` has them: a missing file is one
+    line and exit 2, nothing bound or written."""
+    out = run_cli(["watch", "--listen", f"127.0.0.1:{free_port()}", str(tmp_path / "run"),
+                   "--tls-cert", str(tmp_path / "nope.pem"),
+                   "--tls-key", str(tls_certs.server_key)], timeout=30)
+    lines = out.stderr.strip().splitlines()
+    assert out.returncode == 2 and len(lines) == 1 and "nope.pem" in lines[0], out.stderr
+    assert not (tmp_path / "run").exists()

@@ -60,6 +60,7 @@ def register(sub) -> None:
     p.add_argument("--metrics", metavar="HOST:PORT",
                    help="with --listen: serve every rank as Prometheus metrics at /metrics "
                    "(loopback unless $DISTDOCTOR_TOKEN is set)")
+    common.add_tls(p)
     p.set_defaults(func=run)
 
 
@@ -114,13 +115,14 @@ def _collect(args) -> int:
         raise UserError(f"watch: listening on {host} (not loopback) needs a shared token: "
                         f"set DISTDOCTOR_TOKEN here and on every node", 2)
     hang_timeout = common.hang_timeout_s(args.hang_timeout)  # None: by progress
-    listener = listen((host, port))
+    tls = common.tls_settings(args)  # the flags, else DISTDOCTOR_TLS_*
+    listener = listen((host, port), tls)
     metrics = None
     if args.metrics:
         from distdoctor.export.metrics_http import bind_metrics
 
         try:
-            metrics = bind_metrics(args.metrics, "watch")
+            metrics = bind_metrics(args.metrics, "watch", tls)
         except UserError:
             listener.close()
             raise
