@@ -38,7 +38,6 @@ import json
 import os
 import re
 import shutil
-import statistics
 import sys
 import tempfile
 import time
@@ -229,9 +228,7 @@ def main() -> None:
         t0 = time.monotonic()
         rows.append(run_case(name, known[name], tools, args.fr_timeout))
         print(f"{name}: done in {time.monotonic() - t0:.0f} s", file=sys.stderr, flush=True)
-    print(f"corpus {corpus}; {len(rows)} case(s); median case time "
-          f"{statistics.median([r.get('distdoctor', {}).get('time') or 0 for r in rows]):.1f} s "
-          f"under distdoctor\n")
+    print(f"corpus {corpus}; {len(rows)} case(s); tools: {', '.join(tools)}\n")
     print(render(rows, tools))
     if args.out:
         Path(args.out).write_text(json.dumps({"corpus": str(corpus), "results": rows},
