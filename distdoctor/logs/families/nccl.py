@@ -114,6 +114,9 @@ ALWAYS_BENIGN = re.compile(r"NET/Plugin|[Nn]o plugin found|libnccl-net|NCCL_\w+ 
                            r"Ignoring unknown|Failed to open libibverbs|No IB devices")
 _TOPOLOGY = re.compile(r"real path|/sys/|[Tt]opo|pci|PCI|numa|xml")
 # "host:pid:tid [dev] NCCL INFO file.cc:123 -> 2": an error code climbing back through NCCL
+# init going on after a failed return: NCCL dropped an optional path (an IB plugin on a machine
+# with none) and chose another ("Using network Socket", channels, a comm's init)
+_ONWARD = re.compile(r"Init (?:COMPLETE|START)|Using network |Channel \d+/\d+|Connected all ")
 _CHAIN = re.compile(r"NCCL INFO (?:[\w./-]+:\d+ )?-> (?P<code>\d+)")
 _CODES = {1: "ncclUnhandledCudaError", 2: "ncclSystemError", 3: "ncclInternalError",
           4: "ncclInvalidArgument", 5: "ncclInvalidUsage", 6: "ncclRemoteError"}
@@ -180,7 +183,7 @@ class NcclFamily(Family):
         connect returned ..."), and the "-> N" lines that make the WARN before them fatal."""
         if " -> " in text and (m := _CHAIN.search(text)):
             return self._chain(line, int(m["code"]))
-        if "Init COMPLETE" in text:  # the process got past the WARN: NCCL found another way
+        if _ONWARD.search(text):  # the process got past the WARN: NCCL found another way
             done = self._fatal.pop(_proc(line), None)
             if done is not None:
                 done.fields["recovered"] = True

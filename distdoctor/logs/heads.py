@@ -1,0 +1,103 @@
+"""Line heads no rule in lines.py knows, learned from the log itself.
+
+A project's logger puts the same head before every payload: `(VllmWorker rank=0 pid=104) ERROR
+09-09 02:24:28 [multiproc_executor.py:522] `, `I0311 app | worker-3 | `, a pod name and a time
+stamp. lines.py peels the heads it has a rule for; what it leaves, this module learns the way
+a log template miner (Drain) does, on the head only: each line's leading tokens are classed
+(a bracketed or parenthesised group, a level word, a date or time, `file.py:123`, `key=value`,
+a separator), digits masked, and the class sequence most lines of the file's first MiB share is
+the file's head template. A line that starts with that template has it peeled, and the rank
+and pid its groups name (`rank=0`, `rank 3`, `Rank3`, `pid=104`) become the line's.
+
+Only tokens that look like a head are ever learned: a payload's words ("Waiting in store ...")
+repeated on every line are no head, and a line that does not start with the template keeps
+its text whole.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from dataclasses import dataclass
+
+# one head token, at the start of what is left; the group name is its class
+_TOKEN = re.compile(
+    r"(?P<group>\([^()\n]{1,160}\)|\[(?!(?:PG|Rank) )[^\[\]\n]{1,160}\]|<[^<>\n]{1,80}>)"
+    r"|(?P<level>(?:CRITICAL|ERROR|WARNING|WARN|INFO|DEBUG|TRACE|FATAL|NOTICE)\b:?)"
+    r"|(?P<time>\d[\d:./,T+-]*\d(?:Z|[ap]m)?(?=[\s|\]]))"
+    r"|(?P<site>[\w.-]+\.(?:py|cpp|cc|h|go|rs):\d+(?::\w+)?\]?:?)"
+    r"|(?P<kv>[a-z_]+=[\w.:-]+)"
+    r"|(?P<sep>\||-{1,2}|::?|>>)(?=\s)"
+)
+_SPACE = re.compile(r"[ \t]+")
+_RANK = re.compile(r"\b(?:global_)?rank[ =:_-]?(\d{1,6})\b", re.IGNORECASE)
+_PID = re.compile(r"\bpid[ =:]?(\d{1,8})\b", re.IGNORECASE)
+_LEVELS = {"WARN": "WARNING", "FATAL": "CRITICAL"}
+MAX_TOKENS = 8
+MIN_SHARE = 0.3  # the template must head this share of the sample's lines
+
+
+@dataclass(frozen=True, slots=True)
+class Head:
+    """A file's learned head: the classes of its tokens, in order."""
+
+    kinds: tuple[str, ...]
+
+    def peel(self, text: str) -> tuple[str, int | None, int | None, str | None] | None:
+        """(payload, rank, pid, level) when `text` starts with this head, else None."""
+        toks = _tokens(text, len(self.kinds))
+        if len(toks) < len(self.kinds) or tuple(k for k, _, _ in toks) != self.kinds:
+            return None
+        rank = pid = level = None
+        for kind, value, _ in toks:
+            if kind in ("group", "kv"):
+                if rank is None and (m := _RANK.search(value)):
+                    rank = int(m.group(1))
+                if pid is None and (m := _PID.search(value)):
+                    pid = int(m.group(1))
+            elif kind == "level":
+                w = value.rstrip(":")
+                level = _LEVELS.get(w, w)
+        return text[toks[-1][2]:], rank, pid, level
+
+
+def _tokens(text: str, limit: int = MAX_TOKENS) -> list[tuple[str, str, int]]:
+    """The head tokens at the start of `text`: (class, text, end offset after its spaces)."""
+    out: list[tuple[str, str, int]] = []
+    i = 0
+    while len(out) < limit:
+        m = _TOKEN.match(text, i)
+        if m is None:
+            break
+        j = m.end()
+        sp = _SPACE.match(text, j)
+        if sp is None and j < len(text) and m.lastgroup not in ("group", "site"):
+            break  # a head token ends at a space (or a group's bracket)
+        end = sp.end() if sp else j
+        out.append((m.lastgroup, m.group(0), end))
+        i = end
+    return out
+
+
+def learn(texts: list[str]) -> Head | None:
+    """The head template most of `texts` (what known layers left of each line) start with:
+    the longest class sequence that heads at least MIN_SHARE of the lines, holding a group or
+    a level word (a bare time stamp is lines.py's business), or None."""
+    texts = [t for t in texts if t.strip()]
+    if len(texts) < 2:
+        return None
+    seqs = Counter()
+    for t in texts:
+        kinds = tuple(k for k, _, _ in _tokens(t))
+        for n in range(1, len(kinds) + 1):
+            seqs[kinds[:n]] += 1
+    need = max(2, MIN_SHARE * len(texts))
+    best = None
+    for kinds, n in seqs.items():
+        if n < need or not ({"group", "level"} & set(kinds)):
+            continue
+        if kinds[-1] == "sep" or kinds[-1] == "time":
+            continue  # a head ends on a tag, a level or a site, not mid-way
+        if best is None or len(kinds) > len(best):
+            best = kinds
+    return Head(best) if best else None
