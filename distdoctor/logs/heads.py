@@ -96,8 +96,6 @@ def learn(texts: list[str]) -> Head | None:
     for kinds, n in seqs.items():
         if n < need or not ({"group", "level"} & set(kinds)):
             continue
-        if kinds[-1] == "sep" or kinds[-1] == "time":
-            continue  # a head ends on a tag, a level or a site, not mid-way
         if best is None or len(kinds) > len(best):
             best = kinds
     return Head(best) if best else None

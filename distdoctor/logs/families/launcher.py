@@ -32,9 +32,12 @@ RULES = (
     rule("membership", NAME, CONTEXT,
          r"Detected (?P<new>\d+) new nodes? from group_rank=(?P<group_rank>\d+); will restart",
          ints=("new", "group_rank")),
-    # DeepSpeed's launcher
+    # DeepSpeed's launcher (launch.py's sigkill_handler): the command it prints is the one its
+    # spawn loop left behind, the LAST spawned local rank's, not the failing one's; only the
+    # return code is the failing process's. local_rank=0 there means one process was spawned.
     rule("rank_failed", NAME, EXIT,
-         r"--local_rank=(?P<local_rank>\d+).*?exits with return code = (?P<exit_code>-?\d+)",
+         r"(?P<last_spawned>)--local_rank=(?P<local_rank>\d+).*?exits with return code = "
+         r"(?P<exit_code>-?\d+)",
          ints=("local_rank", "exit_code")),
     # DeepSpeed's launch.py when it does not list the command (newer versions, or a cut
     # line): which rank is not said
@@ -197,6 +200,9 @@ def collect_exits(signals: list[Signal], teardown_pids: set[int],
             if per_node:
                 continue
             rank = f.get("task")
+        if rank is None and "last_spawned" in f and f["local_rank"] != 0:
+            rank = -1 - i  # DeepSpeed printed the last spawned rank's command: which failed?
+            f.pop("local_rank")
         if rank is None and "local_rank" in f:
             rank = table_ranks.get(((s.line.host, s.line.rank), f["local_rank"]))
             # a node label whose lines show other global ranks: the local rank is not one

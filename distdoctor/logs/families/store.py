@@ -16,7 +16,7 @@ from distdoctor.logs.problems import (
     plural,
     ranks_text,
 )
-from distdoctor.logs.signals import CAUSE, TIMEOUT, VICTIM, Family, Signal, rule
+from distdoctor.logs.signals import BENIGN, CAUSE, TIMEOUT, VICTIM, Family, Signal, rule
 
 NAME = "store"
 
@@ -66,6 +66,9 @@ RULES = (
          ints=("owner",)),
     rule("key_timeout", NAME, TIMEOUT,
          r"wait timeout after (?P<ms>\d+)ms(?:, keys: (?P<keys>.*))?", ints=("ms",)),
+    # store.wait()'s bare error: the barrier's loop catches it to log and raises its own
+    # (above), chained to it; said once, by that one
+    rule("inner_wait", NAME, BENIGN, r"DistStoreError: [Ww]ait timeout\s*$"),
     rule("key_timeout", NAME, TIMEOUT,
          r"(?:(?:DistStoreError|TCPStore|store).*?)?(?:Socket Timeout|[Tt]imeout waiting for key|"
          r"timed out waiting for key)(?:.*?key[s]?[: ]+(?P<keys>\S+))?"),
@@ -79,7 +82,8 @@ class StoreFamily(Family):
     anchors = (b"socket has", b"failed to bind", b"EADDRINUSE", b"already in use",
                b"Rendezvous", b"endezvous", b"clients joined", b"wait timeout",
                b"Socket Timeout", b"imeout waiting for key", b"failed to recv", b"C10d store",
-               b"store based barrier", b"ncclUniqueId", b"by peer", b"Broken pipe")
+               b"store based barrier", b"ncclUniqueId", b"by peer", b"Broken pipe",
+               b"DistStoreError: ")
     rules = RULES
 
     def feed(self, line: LogLine) -> list[Signal]:
