@@ -116,6 +116,11 @@ class RankActivity:
     last_text: str = ""  # the last segment's message ('\r' redraws: the last one)
 
 
+# "...155.57 examples/s][E ProcessGroupNCCL.cpp:475] [Rank 2] ...": two writes, no newline
+_GLUED_HEAD = re.compile(r"(?<=\])(?=\[[EWIF](?:\d{3,4} \d\d:\d\d:\d\d[.\d]*)? *(?:\d+ )?"
+                         r"[\w./-]+:\d+\] )")
+
+
 def split_segments(raw: str) -> list[str]:
     """A raw line into what a terminal shows as separate lines: '\\r' redraws split apart.
 
@@ -123,8 +128,12 @@ def split_segments(raw: str) -> list[str]:
     """
     if "\r" not in raw:
         s = raw.rstrip("\n")
-        return [s] if s else []
-    return [s for s in raw.rstrip("\n").split("\r") if s]
+        segs = [s] if s else []
+    else:
+        segs = [s for s in raw.rstrip("\n").split("\r") if s]
+    if "][" in raw:  # a C++ log head glued to another write's "]" (a progress bar's end)
+        segs = [p for s in segs for p in _GLUED_HEAD.split(s) if p]
+    return segs
 
 
 def strip_ansi(s: str) -> str:

@@ -62,7 +62,7 @@ RULES = (
     # ProcessGroupNCCL: "[1] is setting up NCCL communicator and retrieving ncclUniqueId from
     # [0] via c10d key-value store by key '0', but store->get('0') got error: Socket Timeout"
     rule("unique_id_timeout", NAME, TIMEOUT,
-         r"retrieving ncclUniqueId from \[(?P<owner>\d+)\].*?got error: (?P<error>.*)",
+         r"retrieving ncclUniqueId from \[(?P<owner>\d+)\].*?got error(?:: (?P<error>.*))?",
          ints=("owner",)),
     rule("key_timeout", NAME, TIMEOUT,
          r"wait timeout after (?P<ms>\d+)ms(?:, keys: (?P<keys>.*))?", ints=("ms",)),
@@ -190,8 +190,8 @@ def _barrier(p: Problem) -> str:
 
 
 def _unique_id(p: Problem) -> str:
-    return (f"ranks waited for rank {p.field('owner')}'s NCCL unique id in the c10d store "
-            f"({clip(p.field('error', ''), 60)})")
+    error = clip(p.field("error", ""), 60) or "the log cuts off its error"
+    return f"ranks waited for rank {p.field('owner')}'s NCCL unique id in the c10d store ({error})"
 
 
 def _key(p: Problem) -> str:
