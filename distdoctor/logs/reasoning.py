@@ -91,7 +91,8 @@ class Reasoner:
         for a in activity.values():
             if a.host and a.rank is not None and len(by_host) < 10_000:
                 by_host.setdefault(a.host, set()).add(a.rank)
-        self.exits = collect_exits(exits, teardown_pids, by_host)
+        agents = any(s.fields.get("in_launcher") for s in signals)
+        self.exits = collect_exits(exits, teardown_pids, by_host, agents)
         self.launcher_seen = bool(exits) or any(p.family == "launcher"
                                                 for p in self.problems.values())
 

@@ -178,7 +178,7 @@ def describe(p: Problem, ctx) -> Finding:
 
 
 def collect_exits(signals: list[Signal], teardown_pids: set[int],
-                  ranks_by_host: dict | None = None) -> dict[int, dict]:
+                  ranks_by_host: dict | None = None, agents: bool = False) -> dict[int, dict]:
     """Each failed rank's exit as its launcher reported it, by rank (the earliest report, a
     root-cause entry over others). A launcher that does not say which rank gets a negative
     key. A local rank stands for the rank on one node; under srun with a torchrun per node
@@ -189,7 +189,8 @@ def collect_exits(signals: list[Signal], teardown_pids: set[int],
     hosts = {s.fields.get("host") for s in signals if s.fields.get("host")}
     one_node = len(hosts) <= 1 and len(labels) <= 1
     # srun's "task N" is a node when torchrun (or another launcher) runs under it
-    per_node = any(s.rule == "rank_failed" for s in signals)
+    # (`agents`: a launcher's agent printed its own traceback, torchrun's elastic agent)
+    per_node = agents or any(s.rule == "rank_failed" for s in signals)
     out: dict[int, dict] = {}
     for i, s in enumerate(signals):
         f = dict(s.fields)

@@ -141,6 +141,8 @@ def describe(p: Problem, ctx) -> Finding:
     host = [0] if ranks and 0 not in ranks and p.rule != "rdzv_connection" \
         and not retried else []
     who = "; rank 0, which hosts the store, was not listening" if host else ""
+    if bad := _not_a_host(p):
+        host, who = [], f"; {bad}"
     return ctx.finding(p, "comm_error", "error", f"{exception_prefix(p)}could not reach the c10d "
                        f"store{at}{after}{where_on}{who}", host, R.STORE_CONNECT)
 
@@ -211,3 +213,20 @@ TIMEOUTS = {
 NOT_A_HANG = ("join_timeout", "rdzv_timeout", "barrier_timeout")
 VICTIMS = {"store_gone": "lost the connection to the c10d store",
            "rdzv_closed": "the rendezvous was closed"}
+
+
+# an address no host has: "this network" (0.0.0.0/8), which a host name made of digits
+# becomes when a resolver reads it as a 32-bit number ("6841231" -> 0.104.99.143)
+_ZERO_NET = re.compile(r"^(?:::ffff:)?0\.\d+\.\d+\.\d+$")
+
+
+def _not_a_host(p: Problem) -> str:
+    hosts = {str(s.fields["host"]).strip("[]") for s in p.signals if s.fields.get("host")}
+    digits = sorted(h for h in hosts if h.isdigit())
+    zero = sorted(h for h in hosts if _ZERO_NET.match(h))
+    if not (digits or zero):
+        return ""
+    name = f"the host name {digits[0]} is all digits: " if digits else ""
+    return (f"{name}the store's address resolved to {zero[0] if zero else 'a number'}, which "
+            f"no host has (a numeric hostname read as an IPv4 number): set MASTER_ADDR / "
+            f"--master_addr to a real address or rename the host")
