@@ -1,0 +1,172 @@
+"""Issue 42's behaviour: heads no rule knows learned from the log, stalls told only by INFO
+and WARNING lines, launchers' traps. Fixtures: tests/fixtures/logs/round4/ (each with a
+sidecar naming its source project, version and what a right diagnosis says)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from distdoctor.logs import scan_logs
+from distdoctor.logs.heads import learn
+from distdoctor.logs.lines import parse_line
+
+ROUND4 = Path(__file__).parent / "fixtures" / "logs" / "round4"
+JOBS = Path(__file__).parent / "jobs"
+
+
+def _loud(found):
+    return [f for f in found if f.severity in ("error", "warning")]
+
+
+def _write(tmp_path: Path, name: str, text: str) -> str:
+    p = tmp_path / name
+    p.write_text(text)
+    return str(p)
+
+
+@pytest.mark.parametrize("log", sorted(ROUND4.glob("*.log")), ids=lambda p: p.stem)
+def test_each_fixture_says_what_its_sidecar_expects(log):
+    expect = json.loads(log.with_suffix(".json").read_text())["expect"]
+    found, _ = scan_logs([str(log)])
+    loud = _loud(found)
+    assert bool(loud) == expect["serious"], [f.summary for f in found]
+    if not loud:
+        return
+    text = " ".join(f.summary for f in loud)
+    for word in expect["words"]:
+        assert word in text, text
+    assert sorted({r for f in loud for r in f.ranks}) == expect["ranks"], text
+
+
+# --- any head -------------------------------------------------------------------------------
+# heads of shapes lines.py has no rule for: (head, the rank it names or None)
+HEADS = [
+    ("(VllmWorker rank={r} pid=10{r}) ERROR 09-09 02:24:28 [multiproc_executor.py:522] ", True),
+    ("(EngineCore_DP{r} pid=33{r}) WARNING 11-02 10:01:12 [core.py:701] ", False),
+    ("<worker rank={r}> 2025-06-01 10:00:01.123 | ERROR | train.py:88 | ", True),
+    ("[trainer] [global_rank {r}] 10:00:01 ERROR - ", True),
+]
+
+
+@pytest.mark.parametrize("head, has_rank", HEADS)
+def test_an_exception_after_any_head_is_found_with_the_rank_the_head_names(tmp_path, head,
+                                                                           has_rank):
+    body = "".join(head.format(r=r) + f"step {i} done in 0.31s\n" for i in range(4)
+                   for r in range(3))
+    body += head.format(r=2) + "ckpt.io.ShardWriteError: shard 5 of 8 lost its lease\n"
+    found, read = scan_logs([_write(tmp_path, "job.log", body)])
+    (top,) = _loud(found)
+    assert "ShardWriteError" in top.summary
+    assert top.ranks == ([2] if has_rank else [])
+
+
+@pytest.mark.parametrize("head, _", HEADS)
+def test_a_healthy_log_under_any_head_stays_quiet(tmp_path, head, _):
+    body = "".join(head.format(r=r) + f"step {i} loss {2.0 - i / 10:.2f} error_rate 0.01\n"
+                   for i in range(20) for r in range(4))
+    found, _ = scan_logs([_write(tmp_path, "job.log", body)])
+    assert _loud(found) == []
+
+
+def test_the_learned_head_is_peeled_and_a_payload_repeated_on_every_line_is_not():
+    lines = [f"(VllmWorker rank={r} pid=4{r}) INFO 01-01 00:00:0{r} [gpu_worker.py:9] hello"
+             for r in range(4)]
+    head = learn([parse_line(t).text for t in lines])
+    line = parse_line(lines[3], head=head)
+    assert (line.text, line.rank, line.pid, line.level) == ("hello", 3, 43, "INFO")
+    same = ["Waiting in store based barrier for rank: 0"] * 10
+    assert learn(same) is None
+
+
+def test_interleaved_workers_are_told_apart(tmp_path):
+    found, read = scan_logs([str(ROUND4 / "vllm_v1_interleaved.log")])
+    assert "from 3 ranks" in read
+
+
+# --- stalls told by INFO lines ----------------------------------------------------------------
+BARRIER = ("[2025-03-11 08:14:{s:02d},101] INFO torch.distributed.distributed_c10d: Waiting in "
+           "store based barrier to initialize process group for rank: 0, key: "
+           "store_based_barrier_key:1 (world_size=4, worker_count={n}, timeout=0:30:00)\n")
+
+
+def test_a_barrier_that_completes_is_no_stall(tmp_path):
+    body = "".join(BARRIER.format(s=10 * i, n=1) for i in range(3))
+    body += ("[2025-03-11 08:14:40,101] INFO torch.distributed.distributed_c10d: Rank 0: "
+             "Completed store-based barrier for key:store_based_barrier_key:1 with 4 nodes.\n")
+    assert _loud(scan_logs([_write(tmp_path, "a.log", body)])[0]) == []
+    full = "".join(BARRIER.format(s=10 * i, n=1 + i) for i in range(4))  # 4 of 4 arrive
+    assert _loud(scan_logs([_write(tmp_path, "b.log", full)])[0]) == []
+
+
+def test_a_barrier_short_of_its_world_is_a_stall_with_counts_and_time(tmp_path):
+    body = "".join(BARRIER.format(s=10 * i, n=min(1 + i, 3)) for i in range(5))
+    (top,) = _loud(scan_logs([_write(tmp_path, "c.log", body)])[0])
+    assert "3 of 4 ranks checked in" in top.summary and "40 s" in top.summary
+    assert "0:30:00" in top.summary and top.ranks == []
+
+
+def test_real_torch_barrier_wait_cut_before_its_timeout_is_a_stall(tmp_path):
+    real = (ROUND4 / "torch_store_barrier_real.log").read_text().splitlines(keepends=True)
+    waits = [ln for ln in real if "Waiting in store based barrier" in ln]
+    cut = real[:real.index(waits[-1]) + 1]
+    (top,) = _loud(scan_logs([_write(tmp_path, "cut.log", "".join(cut))])[0])
+    assert "stall" in top.summary and "1 of 2" in top.summary and "rank 0" in top.summary
+
+
+@pytest.mark.extended
+def test_real_torch_barrier_wait_produced_here(tmp_path):
+    out = subprocess.run([sys.executable, str(JOBS / "store_barrier_alone.py"), "11"],
+                         capture_output=True, text=True, timeout=120)
+    lines = (out.stdout + out.stderr).splitlines(keepends=True)
+    waits = [i for i, ln in enumerate(lines) if "Waiting in store based barrier" in ln]
+    assert waits, lines[:5]
+    cut = _write(tmp_path, "cut.log", "".join(lines[:waits[-1] + 1]))
+    (top,) = _loud(scan_logs([cut])[0])
+    assert "1 of 2 ranks checked in" in top.summary
+    (full,) = _loud(scan_logs([_write(tmp_path, "full.log", "".join(lines))])[0])
+    assert "timed out" in full.summary and "1 of 2" in full.summary
+
+
+def test_wait_for_input_timeouts_are_the_stall_not_the_cut_traceback():
+    found, _ = scan_logs([str(ROUND4 / "c10d_wait_for_input_cut.log")])
+    (top,) = _loud(found)
+    assert "ranks 3, 4" in top.summary and "node-0:5000" in top.summary
+    assert "cuts off" not in top.summary
+
+
+def test_a_repeated_shared_memory_broadcast_wait_is_a_stall(tmp_path):
+    line = ("(VllmWorker rank=0 pid=7) INFO 09-09 02:{m:02d}:00 [shm_broadcast.py:466] No "
+            "available shared memory broadcast block found in 60 seconds. This typically "
+            "happens when some processes are hanging.\n")
+    (top,) = _loud(scan_logs([_write(tmp_path, "s.log", "".join(
+        line.format(m=m) for m in range(3)))])[0])
+    assert "3 times" in top.summary and "2 min" not in top.summary
+    quiet = _write(tmp_path, "q.log", line.format(m=0))
+    assert _loud(scan_logs([quiet])[0]) == []
+
+
+# --- launchers ----------------------------------------------------------------------------
+DS = ("[2025-01-07 11:02:13,554] [INFO] [launch.py:319:sigkill_handler] Killing subprocess 911\n"
+      "[2025-01-07 11:02:13,555] [INFO] [launch.py:319:sigkill_handler] Killing subprocess 912\n"
+      "[2025-01-07 11:02:13,604] [ERROR] [launch.py:325:sigkill_handler] ['/usr/bin/python', "
+      "'-u', 'train.py', '--local_rank={lr}', '--deepspeed'] exits with return code = 1\n")
+
+
+def test_deepspeeds_sigkill_command_is_the_last_spawned_rank_not_the_failing_one(tmp_path):
+    (top,) = _loud(scan_logs([_write(tmp_path, "ds.log", DS.format(lr=1))])[0])
+    assert top.ranks == [] and "does not say which" in top.summary
+    one = DS.format(lr=0).replace(DS.splitlines(keepends=True)[1], "")
+    (top,) = _loud(scan_logs([_write(tmp_path, "ds1.log", one)])[0])
+    assert top.ranks == [0]
+
+
+def test_bad_input_is_one_line_not_a_traceback(tmp_path):
+    from tests.conftest import run_cli
+
+    r = run_cli(["diagnose", "--log", str(tmp_path / "missing.log")])
+    assert r.returncode != 0 and "Traceback" not in r.stderr
