@@ -190,6 +190,7 @@ class Sniff:
     has_local: bool
     ansi: bool  # colour codes hide prefixes from the fast path's regex: parse every line
     head: Head | None = None  # a head no layer knows, learned (heads.py): parse every line
+    first: str = ""  # the first line's message (window.py: does the log start mid-run?)
 
 
 def sniff_file(path: str) -> Sniff:
@@ -229,4 +230,6 @@ def sniff_file(path: str) -> Sniff:
     text = [strip_ansi(r.decode("utf-8", "replace").rstrip("\r")) for r in physical]
     width = detect_width(text)
     learned = None if width else learn([parse_line(t).text for t in text[:HEAD_LINES]])
-    return Sniff(layers, width, has_rank, has_local, b"\x1b" in head, learned)
+    first = next((t for t in text if t.strip()), "")
+    first = parse_line(first, head=learned).text if first else ""
+    return Sniff(layers, width, has_rank, has_local, b"\x1b" in head, learned, first)

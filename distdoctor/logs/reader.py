@@ -64,6 +64,7 @@ class LogReader:
         self._names = numbers_in_names(self.files)
         self._last_raw: dict[tuple, bytes] = {}
         self._ended_mid_line = False
+        self.first_text = ""  # the first file's first line, its prefixes peeled (window.py)
 
     def lines(self, anchors: tuple[bytes, ...]) -> Iterator[LogLine]:
         """Every logical line whose message holds one of `anchors` (case-sensitive)."""
@@ -72,6 +73,8 @@ class LogReader:
         for path in self.files:
             try:
                 sniff = sniff_file(path)
+                if path == self.files[0]:
+                    self.first_text = sniff.first
                 rank, host = self._identity_from_name(path, sniff)
                 if sniff.width is not None:
                     self.wrapped_width = sniff.width

@@ -65,6 +65,7 @@ class Reasoner:
         # live under `run`: the launcher's own ranks are known, and their exits are seen by the
         # engine itself (not printed in the output this scanner reads)
         self.live = bool(known_ranks)
+        self.mid_run = False  # the log starts mid-run: a rank it does not show proves nothing
         self.progress = progress or {}
         self.problems: dict[tuple, Problem] = {}
         self._context: dict[tuple, dict] = {}
@@ -276,7 +277,7 @@ class Reasoner:
     def _absent(self, reporters: list[int]) -> list[int]:
         """Ranks named from absence: only where the world is known and the log holds their
         other lines (it is complete for them)."""
-        if self.ev.world is None or not reporters:
+        if self.ev.world is None or not reporters or self.mid_run:
             return []
         missing = sorted(set(range(self.ev.world)) - set(reporters))
         if missing and len(missing) < self.ev.world / 2 + 1 and all(

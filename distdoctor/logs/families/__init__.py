@@ -84,7 +84,7 @@ ANCHORS: tuple[bytes, ...] = (
     # c10d store, rendezvous, Gloo
     b"socket has", b"already in use", b"EADDRINUSE", b"endezvous", b"C10d store",
     b"clients joined", b"wait timeout", b"Socket Timeout", b"imeout waiting for key",
-    b"store based barrier", b"store-based barrier", b"waitForInput",
+    b"store based barrier", b"Completed store", b"waitForInput",
     b"No available shared memory broadcast", b"ncclUniqueId", b"by peer", b"Broken pipe", b"Timed out waiting",
     b"Connection refused", b"Connect timeout", b"getaddrinfo", b"No route to host",
     b"resolve hostname", b"connectFullMesh", b"Unable to find address",

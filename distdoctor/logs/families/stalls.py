@@ -9,7 +9,8 @@ timeout, said while it still waits.
   a stall: J of W arrived, waited so long, T ahead.
 - c10d's socket layer: `[c10d] waitForInput: socket SocketImpl(..., remote=HOST:PORT) timed
   out after Nms`: a store client waited N ms for the store's answer. Said as the stall, on
-  the ranks that waited, naming the store; a traceback cut off after it is its consequence.
+  the ranks that waited, naming the store, where the log does not go on to the store's own
+  error (which names the key: store.py's); a traceback cut off after it is its consequence.
 - A line repeated by a waiting runtime with nothing moving (vLLM's `No available shared memory
   broadcast block found in 60 seconds`): said with the number of repeats and the time.
 
@@ -39,6 +40,9 @@ _BARRIER_DONE = re.compile(r"(?:Completed store-based barrier|Timed out initiali
 _WAIT_INPUT = re.compile(
     r"waitForInput: socket .*?remote=\[?(?P<host>[^\]\s,)]+)\]?:(?P<port>\d+)\)? timed out "
     r"after (?P<ms>\d+)ms")
+# the error a timed-out store read raises next, when the log shows it (store.py reads it)
+_STORE_ERROR = re.compile(r"DistStoreError|DistNetworkError|[Ww]ait timeout|Socket Timeout|"
+                          r"[Tt]imeout waiting for key")
 _SHM_WAIT = re.compile(r"No available shared memory broadcast block found in (?P<secs>\d+) sec")
 _CLOCK = re.compile(r"(\d\d):(\d\d):(\d\d)")
 MAX_OPEN = 10_000
@@ -46,19 +50,24 @@ MAX_OPEN = 10_000
 
 class StallFamily(Family):
     name = NAME
-    anchors = (b"store based barrier", b"store-based barrier", b"waitForInput",
-               b"No available shared memory broadcast")
+    anchors = (b"store based barrier", b"Completed store", b"waitForInput",
+               b"No available shared memory broadcast", b"DistStoreError", b"DistNetworkError",
+               b"wait timeout", b"Wait timeout", b"Socket Timeout", b"imeout waiting for key")
 
     def __init__(self):
         self._barriers: dict[str, list] = {}  # key -> [first wait, last wait, waits]
         self._waits = 0
         self._shm: list[Signal] = []
+        self._inputs: dict[object, Signal] = {}  # per process: its waitForInput timeout
 
     def feed(self, line: LogLine) -> list[Signal]:
         text = line.text
         if m := _WAIT_INPUT.search(text):
             f = {"host": m["host"], "port": int(m["port"]), "ms": int(m["ms"])}
-            return [Signal("store_input_timeout", NAME, CAUSE, line, f)]
+            if len(self._inputs) < MAX_OPEN:
+                self._inputs.setdefault(line.who, Signal("store_input_timeout", NAME, CAUSE,
+                                                         line, f))
+            return []
         if m := _BARRIER_DONE.search(text):
             self._barriers.pop(m["key"], None)
             return []
@@ -77,6 +86,9 @@ class StallFamily(Family):
             elif len(self._barriers) < MAX_OPEN:
                 self._barriers[f["key"]] = [s, s, 1]
             return []
+        if _STORE_ERROR.search(text):
+            self._inputs.pop(line.who, None)  # the store's own error says more: its key
+            return []
         if m := _SHM_WAIT.search(text):
             s = Signal("shm_wait", NAME, CAUSE, line, {"secs": int(m["secs"])})
             self._shm = self._shm[:1] + [s]
@@ -86,7 +98,7 @@ class StallFamily(Family):
 
     def pending(self) -> list[Signal]:
         """The barriers still short of the world where the log ends; a repeated wait."""
-        out = []
+        out = list(self._inputs.values())
         for first, last, waits in self._barriers.values():
             f = dict(last.fields)
             f.update(waits=waits, waited=_waited(first, last))
