@@ -170,3 +170,62 @@ def test_bad_input_is_one_line_not_a_traceback(tmp_path):
 
     r = run_cli(["diagnose", "--log", str(tmp_path / "missing.log")])
     assert r.returncode != 0 and "Traceback" not in r.stderr
+
+
+# --- a cut window proves no absence ---------------------------------------------------------
+TIMEOUTS = "".join(
+    f"[rank{r}]:[E1102 10:30:00.1 ProcessGroupNCCL.cpp:632] [Rank {r}] Watchdog caught "
+    f"collective operation timeout: WorkNCCL(SeqNum=9, OpType=ALLREDUCE, NumelIn=1, "
+    f"NumelOut=1, Timeout(ms)=600000) ran for 600083 milliseconds before timing out.\n"
+    for r in range(3))
+START = "".join(f"[rank{r}]:world_size=4 rank={r} starting\n" for r in range(4))
+
+
+def test_a_window_that_starts_mid_run_names_no_rank_from_absence(tmp_path):
+    whole = _write(tmp_path, "whole.log", START + "[rank3]:step 1\n" + TIMEOUTS)
+    (top,) = _loud(scan_logs([whole])[0])
+    assert top.ranks == [3]  # the log shows rank 3 and its start: its silence is evidence
+    cut = _write(tmp_path, "cut.log", '  File "/w/train.py", line 9, in step\n'
+                 + START + TIMEOUTS)
+    found, read = scan_logs([cut])
+    (top,) = _loud(found)
+    assert top.ranks == [] and "starts mid-run" in read and "File" in read
+    assert "starts mid-run" not in scan_logs([whole])[1]
+
+
+# --- what follows an NCCL error, and writes glued together -----------------------------------
+NCCL_ERR = ("torch.distributed.DistBackendError: NCCL error in: /pt/ProcessGroupNCCL.cpp:93, "
+            "unhandled cuda error (run with NCCL_DEBUG=INFO for details), NCCL version 2.29.3\n"
+            "ncclUnhandledCudaError: Call to CUDA function failed.\nLast error:\n{last}\n")
+
+
+def test_an_nccl_errors_late_last_error_line_names_its_cause(tmp_path):
+    nvls = ("Failed to bind NVLink SHARP (NVLS) Multicast memory of size 4194304 : CUDA error "
+            "401 'the operation cannot be performed in the present state'")
+    (top,) = _loud(scan_logs([_write(tmp_path, "a.log", NCCL_ERR.format(last=nvls))])[0])
+    assert "NVLS" in top.summary and "401" in top.summary
+    sock = NCCL_ERR.format(last="Bootstrap : no socket interface found")
+    (top,) = _loud(scan_logs([_write(tmp_path, "b.log", sock)])[0])
+    assert "socket" in top.summary
+
+
+def test_an_nvls_warning_nccl_fell_back_from_stays_quiet(tmp_path):
+    body = ("host1:77:77 [0] NCCL INFO NVLS multicast support is available on dev 0\n"
+            "host1:77:77 [0] NCCL WARN Failed to bind NVLink SHARP (NVLS) Multicast memory of "
+            "size 4194304 : CUDA error 401\n"
+            "host1:77:77 [0] NCCL INFO Channel 00/24 : 0 1 2 3\n"
+            "host1:77:77 [0] NCCL INFO ncclCommInitRank comm 0x1 rank 0 nranks 4 - Init "
+            "COMPLETE\n")
+    assert _loud(scan_logs([_write(tmp_path, "w.log", body)])[0]) == []
+
+
+def test_a_log_head_glued_to_a_progress_bar_is_its_own_line(tmp_path):
+    bars = {1: "Map:  41%|████      | 4100/10000 [29:58<41:02, 2.3 examples/s]",
+            3: "Map:  42%|████▏     | 4200/10000 [30:41<41:00, 2.3 examples/s]"}
+    body = "".join(
+        f"{bars.get(r, '')}[E ProcessGroupNCCL.cpp:475] [Rank {r}] Watchdog caught "
+        f"collective operation timeout: WorkNCCL(SeqNum=2, OpType=ALLREDUCE, NumelIn=1, "
+        f"NumelOut=1, Timeout(ms)=1800000) ran for 1800527 milliseconds before timing out.\n"
+        for r in (1, 2, 3))
+    (top,) = _loud(scan_logs([_write(tmp_path, "g.log", body)])[0])
+    assert top.ranks == [0] and "busy" in top.summary
