@@ -91,7 +91,8 @@ class LauncherFamily(Family):
                b"non-zero exit status", b"exited on signal", b"srun: error",
                b"Root Cause", b"Failures:", b"local_rank:", b"ProcessExitedException",
                b"terminated with the following",
-               b"host      :", b"error_file", b"traceback :", b"time      :")
+               b"host      :", b"error_file", b"traceback :", b"time      :",
+               b"Terminating StepId")
     rules = RULES
 
     def __init__(self):
@@ -109,7 +110,19 @@ class LauncherFamily(Family):
         m = _TABLE.match(text)
         if m:
             return self._table_field(line, m["key"], m["v"].strip())
-        return self._close() + super().feed(line)
+        if "Terminating StepId" in text:
+            self._step_ending = True  # srun tearing the step down: agents get SIGTERM next
+            return []
+        out = self._close() + super().feed(line)
+        for s in out:
+            if s.rule == "task_failed":
+                self._step_ending = True
+            elif s.rule == "launcher_signaled" and self._step_ending and s.fields.get(
+                    "signame", s.fields.get("signum")) in ("15", 15, "SIGTERM"):
+                s.role = TEARDOWN  # the scheduler ending a step a task failed in: no cause
+        return out
+
+    _step_ending = False
 
     def _section(self, root: bool) -> list[Signal]:
         if not root or not self._root_follows:
