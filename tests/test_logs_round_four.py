@@ -229,3 +229,30 @@ def test_a_log_head_glued_to_a_progress_bar_is_its_own_line(tmp_path):
         for r in (1, 2, 3))
     (top,) = _loud(scan_logs([_write(tmp_path, "g.log", body)])[0])
     assert top.ranks == [0] and "busy" in top.summary
+
+
+def test_an_agents_sigterm_after_srun_ended_the_step_is_no_cause(tmp_path):
+    agent = "WARNING:torch.distributed.elastic.agent.server.api:"
+    body = ("srun: error: node-b12: task 1: Exited with exit code 1\n"
+            "srun: Terminating StepId=5512.0\n"
+            f"{agent}Received 15 death signal, shutting down workers\n"
+            "WARNING:torch.distributed.elastic.multiprocessing.api:Sending process 4110 closing "
+            "signal SIGTERM\n")
+    found, _ = scan_logs([_write(tmp_path, "s.log", body)])
+    assert not any("launcher itself" in f.summary for f in _loud(found))
+    alone = _write(tmp_path, "t.log", f"{agent}Received 15 death signal, shutting down workers\n")
+    (top,) = _loud(scan_logs([alone])[0])
+    assert "launcher itself" in top.summary  # with no step torn down, the signal is the cause
+
+
+def test_a_store_address_no_host_has_is_named(tmp_path):
+    body = "".join(
+        f"[W socket.cpp:697] [c10d] The client socket has failed to connect to {a}:29400 "
+        f"(errno: 110 - Connection timed out).\n" for a in ("[::ffff:0.61.88.17]", "0.61.88.17"))
+    body += ("[E socket.cpp:753] [c10d] The client socket has failed to connect to any network "
+             "address of (4020241, 29400).\n")
+    (top,) = _loud(scan_logs([_write(tmp_path, "n.log", body)])[0])
+    assert "4020241 is all digits" in top.summary and "0.61.88.17" in top.summary
+    good = body.replace("0.61.88.17", "10.2.0.7").replace("4020241", "head-node")
+    (top,) = _loud(scan_logs([_write(tmp_path, "g.log", good)])[0])
+    assert "all digits" not in top.summary and "no host has" not in top.summary
