@@ -256,3 +256,16 @@ def test_a_store_address_no_host_has_is_named(tmp_path):
     good = body.replace("0.61.88.17", "10.2.0.7").replace("4020241", "head-node")
     (top,) = _loud(scan_logs([_write(tmp_path, "g.log", good)])[0])
     assert "all digits" not in top.summary and "no host has" not in top.summary
+
+
+def test_a_network_plugins_failed_request_blames_the_fabric_not_the_rank_that_saw_it(tmp_path):
+    body = ("[rank5]: torch.distributed.DistBackendError: NCCL error in: /pt/ProcessGroupNCCL."
+            "cpp:3763, remote process exited or there was a network error, NCCL version 2.28.8\n"
+            "[rank5]: ncclRemoteError: A call failed possibly due to a network error or a remote "
+            "process exiting prematurely.\n[rank5]: Last error:\n"
+            "[rank5]: NET/OFI Request 0x7f00aa10 completed with error. RC: 113. Error: 2 "
+            "(UNDELIVERABLE). Completed length: 0\n"
+            "[rank6]: Traceback (most recent call last):\n"
+            '[rank6]:   File "/w/train.py", line 40, in <module>\n')
+    (top,) = _loud(scan_logs([_write(tmp_path, "o.log", body)])[0])
+    assert "OFI" in top.summary and "UNDELIVERABLE" in top.summary and top.ranks == []

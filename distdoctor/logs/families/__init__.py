@@ -77,7 +77,7 @@ ANCHORS: tuple[bytes, ...] = (
     b"local_rank", b"error_file", b"with PID", b"srun: error", b"death signal", b"Terminating StepId", b"time      :",
     b"new nodes from group_rank", b"return code = ", b"terminated with the following",
     # NCCL, CUDA, OOM
-    b"NCCL", b"nccl", b"Watchdog", b"Heartbeat", b"Duplicate GPU", b"Cuda failure", b"Bootstrap", b"NVLS",
+    b"NCCL", b"nccl", b"Watchdog", b"Heartbeat", b"Duplicate GPU", b"Cuda failure", b"Bootstrap", b"NVLS", b"NET/",
     b"peer access", b"shared memory", b"ibv_", b"IBV_", b"cudaIpc", b"out of memory",
     b"Out of memory", b"oom-kill", b"oom_kill", b"out-of-memory", b"is killed by signal",
     b"DefaultCPUAllocator", b"Killed", b"CUDA error: ", b"_STATUS_", b"Assertion `",

@@ -81,6 +81,10 @@ RULES = (
          r"Connection refused|Connection timed out|socketStartConnect|unexpected EOF|"
          r"[Tt]imeout|failed to connect)"),
     rule("socket", NAME, CAUSE, r"Call to connect returned (?P<error>[^,]+)"),
+    # a network plugin's failed request (aws-ofi-nccl: "NET/OFI Request 0x.. completed with
+    # error. RC: 113. Error: 2 (UNDELIVERABLE)"): the fabric, seen from the rank that asked
+    rule("net_request", NAME, CAUSE, r"NET/(?P<net>\w+) Request \S+ completed with error"
+         r"(?:.*?RC: (?P<rc>\d+))?(?:.*?\((?P<status>[A-Z_]+)\))?"),
     # NCCL 2.29+: a failed NVLink SHARP multicast bind ends communicator init (2.28 warned and
     # fell back: a WARN, which ALWAYS_BENIGN keeps quiet); as the error's "Last error:" line
     rule("nvls", NAME, CAUSE, r"^Failed to bind NVLink SHARP \(NVLS\) Multicast memory(?:.*?"
@@ -136,7 +140,7 @@ class NcclFamily(Family):
     name = NAME
     anchors = (b"NCCL", b"nccl", b"atchdog", b"Heartbeat", b"Duplicate GPU", b"Cuda failure",
                b"peer access", b"shared memory", b"ibv_", b"cudaIpc", b"IBV_", b"Bootstrap",
-               b"NVLS")
+               b"NVLS", b"NET/")
     rules = RULES
 
     def __init__(self):
@@ -333,6 +337,9 @@ def describe(p: Problem, ctx) -> Finding:
                       _warn_remedy(f.get("code"))),
         "nvls": (f"NCCL could not bind NVLink SHARP (NVLS) multicast memory{where} (CUDA error "
                  f"{f.get('code', '?')}): the Fabric Manager or the NVSwitches", R.NVLS),
+        "net_request": (f"NCCL's network plugin ({f.get('net')}) had a request fail"
+                        f"{on(ranks).replace(' on ', ' (seen by ', 1) + (')' if ranks else '')}: RC {f.get('rc', '?')} {f.get('status', '')}; the fabric "
+                        f"or a remote process that exited, not that rank", R.NCCL_REMOTE),
         "system_error": (f"NCCL unhandled system error{where}", R.NCCL_SYSTEM),
         "cuda_error": (f"CUDA error in NCCL{where}" + (f": Cuda failure {p.field('code', '')} "
                        f"'{p.field('msg')}'" if p.field("msg") else ""), R.NCCL_CUDA),
@@ -346,7 +353,8 @@ def describe(p: Problem, ctx) -> Finding:
         summary = f"{summary}, caused by {what}: {clip(cause['line'], 140)}"
     elif r in _GENERIC and cause.get("line"):
         summary = f"{summary}: {clip(cause['line'], 140)}"
-    culprits = sorted({f.get("a"), f.get("b")} - {None}) if r == "duplicate_gpu" else ranks
+    culprits = sorted({f.get("a"), f.get("b")} - {None}) if r == "duplicate_gpu" else (
+        [] if r == "net_request" else ranks)
     return ctx.finding(p, "comm_error", "error", summary, culprits, remedy)
 
 
