@@ -20,15 +20,17 @@ import re
 from collections import Counter
 from dataclasses import dataclass
 
+# the head token classes, in the order they are tried at a position
+_KINDS = {
+    "group": r"\([^()\n]{1,160}\)|\[(?!(?:PG|Rank) )[^\[\]\n]{1,160}\]|<[^<>\n]{1,80}>",
+    "level": r"(?:CRITICAL|ERROR|WARNING|WARN|INFO|DEBUG|TRACE|FATAL|NOTICE)\b:?",
+    "time": r"\d[\d:./,T+-]*\d(?:Z|[ap]m)?(?=[\s|\]])",
+    "site": r"[\w.-]+\.(?:py|cpp|cc|h|go|rs):\d+(?::\w+)?\]?:?",
+    "kv": r"[a-z_]+=[\w.:-]+",
+    "sep": r"(?:\||-{1,2}|::?|>>)(?=\s)",
+}
 # one head token, at the start of what is left; the group name is its class
-_TOKEN = re.compile(
-    r"(?P<group>\([^()\n]{1,160}\)|\[(?!(?:PG|Rank) )[^\[\]\n]{1,160}\]|<[^<>\n]{1,80}>)"
-    r"|(?P<level>(?:CRITICAL|ERROR|WARNING|WARN|INFO|DEBUG|TRACE|FATAL|NOTICE)\b:?)"
-    r"|(?P<time>\d[\d:./,T+-]*\d(?:Z|[ap]m)?(?=[\s|\]]))"
-    r"|(?P<site>[\w.-]+\.(?:py|cpp|cc|h|go|rs):\d+(?::\w+)?\]?:?)"
-    r"|(?P<kv>[a-z_]+=[\w.:-]+)"
-    r"|(?P<sep>\||-{1,2}|::?|>>)(?=\s)"
-)
+_TOKEN = re.compile("|".join(f"(?P<{k}>{v})" for k, v in _KINDS.items()))
 _SPACE = re.compile(r"[ \t]+")
 _RANK = re.compile(r"\b(?:global_)?rank[ =:_-]?(\d{1,6})\b", re.IGNORECASE)
 _PID = re.compile(r"\bpid[ =:]?(\d{1,8})\b", re.IGNORECASE)
@@ -45,20 +47,41 @@ class Head:
 
     def peel(self, text: str) -> tuple[str, int | None, int | None, str | None] | None:
         """(payload, rank, pid, level) when `text` starts with this head, else None."""
-        toks = _tokens(text, len(self.kinds))
-        if len(toks) < len(self.kinds) or tuple(k for k, _, _ in toks) != self.kinds:
+        m = _compiled(self.kinds).match(text)
+        if m is None:
             return None
         rank = pid = level = None
-        for kind, value, _ in toks:
-            if kind in ("group", "kv"):
-                if rank is None and (m := _RANK.search(value)):
-                    rank = int(m.group(1))
-                if pid is None and (m := _PID.search(value)):
-                    pid = int(m.group(1))
-            elif kind == "level":
-                w = value.rstrip(":")
-                level = _LEVELS.get(w, w)
-        return text[toks[-1][2]:], rank, pid, level
+        tags = " ".join(t for t in m.groups() if t)  # the groups, key=value, the level
+        if (r := _RANK.search(tags)) is not None:
+            rank = int(r.group(1))
+        if (p := _PID.search(tags)) is not None:
+            pid = int(p.group(1))
+        word = m.groupdict().get("level")
+        if word:
+            level = _LEVELS.get(word.rstrip(":"), word.rstrip(":"))
+        return text[m.end():], rank, pid, level
+
+
+_CACHE: dict[tuple[str, ...], re.Pattern] = {}
+
+
+def _compiled(kinds: tuple[str, ...]) -> re.Pattern:
+    """A head's token classes as one anchored regex (one match a line, not one a token):
+    the tags (groups, key=value) captured, the first level word named."""
+    rx = _CACHE.get(kinds)
+    if rx is None:
+        parts, level = [], False
+        for k in kinds:
+            pat = f"(?:{_KINDS[k]})"
+            if k in ("group", "kv"):
+                pat = f"({_KINDS[k]})"
+            elif k == "level" and not level:
+                pat, level = f"(?P<level>{_KINDS[k]})", True
+            # a token ends at spaces (a group or a site may be followed at once)
+            gap = "[ \t]*" if k in ("group", "site") else "(?:[ \t]+|$)"
+            parts.append(pat + gap)
+        rx = _CACHE[kinds] = re.compile("".join(parts))
+    return rx
 
 
 def _tokens(text: str, limit: int = MAX_TOKENS) -> list[tuple[str, str, int]]:
