@@ -50,6 +50,19 @@ HEADS = [
     ("(EngineCore_DP{r} pid=33{r}) WARNING 11-02 10:01:12 [core.py:701] ", False),
     ("<worker rank={r}> 2025-06-01 10:00:01.123 | ERROR | train.py:88 | ", True),
     ("[trainer] [global_rank {r}] 10:00:01 ERROR - ", True),
+    # SGLang's "[time TPn]" (a tensor-parallel rank, not a global one)
+    ("[2025-09-09 02:24:28 TP{r}] ", False),
+    # torchtitan under torchrun: "[rankN]:[titan] time - logger - LEVEL - "
+    ("[rank{r}]:[titan] 2025-01-01 10:00:01,123 - root - INFO - ", True),
+    # Ascend HCCL's head, the rank last
+    ("[ERROR] HCCL(4{r}1,python):2025-01-01-10:00:00.123.456 [hccl_comm.cc:88][4{r}1][Rank {r}]",
+     True),
+    # loguru's default format
+    ("2025-01-01 10:00:00.123 | INFO     | worker{r} | train:run:41 - ", False),
+    # LLaMA-Factory's transformers logger head
+    ("[INFO|trainer.py:2245] 2025-01-01 10:00:00,123 >> ", False),
+    # Megatron-style " [time] rank N: "
+    (" [2025-01-01 10:00:01] rank {r}: ", True),
 ]
 
 

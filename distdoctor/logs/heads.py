@@ -28,11 +28,19 @@ _KINDS = {
     "site": r"[\w.-]+\.(?:py|cpp|cc|h|go|rs):\d+(?::\w+)?\]?:?",
     "kv": r"[a-z_]+=[\w.:-]+",
     "sep": r"(?:\||-{1,2}|::?|>>)(?=\s)",
+    # "[Rank 3]" after another tag (HCCL's head); first in a line it is c10d's payload
+    "rankgroup": r"\[(?:Rank|RANK|rank) ?\d{1,6}\]",
+    # "rank 2:", "global_rank=3" (a local rank is no rank: see _RANK)
+    "who": r"(?:[Gg]lobal[_ ]|[Ll]ocal[_ ])?(?:[Rr]ank|RANK)[ =_-]?\d{1,6}:?(?=\s)",
+    # a name with its details: "HCCL(1234,python):2025-01-01-10:00:00.123"
+    "tag": r"[A-Za-z_][\w.-]*\([^()\n]{0,80}\):\S*",  # (with its colon: no code line)
+    # a bare name just before a separator: loguru's "worker2 | ", "root - "
+    "name": r"[\w.:-]{1,64}(?=[ \t]+(?:\||-{1,2}|>>)[ \t])",
 }
 # one head token, at the start of what is left; the group name is its class
 _TOKEN = re.compile("|".join(f"(?P<{k}>{v})" for k, v in _KINDS.items()))
 _SPACE = re.compile(r"[ \t]+")
-_RANK = re.compile(r"\b(?:global_)?rank[ =:_-]?(\d{1,6})\b", re.IGNORECASE)
+_RANK = re.compile(r"(?<!local[ _])\b(?:global_)?rank[ =:_-]?(\d{1,6})\b", re.IGNORECASE)
 _PID = re.compile(r"\bpid[ =:]?(\d{1,8})\b", re.IGNORECASE)
 _LEVELS = {"WARN": "WARNING", "FATAL": "CRITICAL"}
 MAX_TOKENS = 8
@@ -73,28 +81,29 @@ def _compiled(kinds: tuple[str, ...]) -> re.Pattern:
         parts, level = [], False
         for k in kinds:
             pat = f"(?:{_KINDS[k]})"
-            if k in ("group", "kv"):
+            if k in ("group", "kv", "who", "tag", "rankgroup"):
                 pat = f"({_KINDS[k]})"
             elif k == "level" and not level:
                 pat, level = f"(?P<level>{_KINDS[k]})", True
             # a token ends at spaces (a group or a site may be followed at once)
-            gap = "[ \t]*" if k in ("group", "site") else "(?:[ \t]+|$)"
+            gap = "[ \t]*" if k in ("group", "site", "tag", "rankgroup") else "(?:[ \t]+|$)"
             parts.append(pat + gap)
-        rx = _CACHE[kinds] = re.compile("".join(parts))
+        rx = _CACHE[kinds] = re.compile("[ \t]*" + "".join(parts))
     return rx
 
 
 def _tokens(text: str, limit: int = MAX_TOKENS) -> list[tuple[str, str, int]]:
     """The head tokens at the start of `text`: (class, text, end offset after its spaces)."""
     out: list[tuple[str, str, int]] = []
-    i = 0
+    i = len(text) - len(text.lstrip(" \t"))  # a head may be indented
     while len(out) < limit:
         m = _TOKEN.match(text, i)
         if m is None:
             break
         j = m.end()
         sp = _SPACE.match(text, j)
-        if sp is None and j < len(text) and m.lastgroup not in ("group", "site"):
+        if sp is None and j < len(text) and m.lastgroup not in ("group", "site", "tag",
+                                                                 "rankgroup"):
             break  # a head token ends at a space (or a group's bracket)
         end = sp.end() if sp else j
         out.append((m.lastgroup, m.group(0), end))
@@ -106,7 +115,8 @@ def learn(texts: list[str]) -> Head | None:
     """The head template most of `texts` (what known layers left of each line) start with:
     the longest class sequence that heads at least MIN_SHARE of the lines, holding a group or
     a level word (a bare time stamp is lines.py's business), or None."""
-    texts = [t for t in texts if t.strip()]
+    # (a traceback's indented source lines are code, never a head to learn from)
+    texts = [t for t in texts if t.strip() and not t.startswith(("  ", "\t"))]
     if len(texts) < 2:
         return None
     seqs = Counter()
@@ -117,7 +127,10 @@ def learn(texts: list[str]) -> Head | None:
     need = max(2, MIN_SHARE * len(texts))
     best = None
     for kinds, n in seqs.items():
-        if n < need or not ({"group", "level"} & set(kinds)):
+        # a head holds a tag or a level word, or a time stamp with more after it (a bare
+        # time stamp is lines.py's business), and never starts with a payload's "[Rank N]"
+        if n < need or not ({"group", "level", "who", "tag"} & set(kinds)
+                            or len(kinds) >= 2 and "time" in kinds) or kinds[0] == "rankgroup":
             continue
         if best is None or len(kinds) > len(best):
             best = kinds

@@ -231,6 +231,8 @@ def _parse(s: str, file: str, lineno: int, rank: int | None, host: str | None) -
                             pid = int(m.group(3))
                     else:
                         m = _STAMP.match(s)
+                        if m is not None and "]" not in m.group(0):
+                            m = None  # "[2025-09-09 02:24:28 TP1] ": a group, not a stamp
                         if m is not None:
                             when = m.group(0)
                             s, level = _after_stamp(s, m)
