@@ -201,7 +201,7 @@ class NcclFamily(Family):
         connect returned ..."), and the "-> N" lines that make the WARN before them fatal."""
         if " -> " in text and (m := _CHAIN.search(text)):
             return self._chain(line, int(m["code"]))
-        if _ONWARD.search(text):  # the process got past the WARN: NCCL found another way
+        if self._fatal and _ONWARD.search(text):  # got past the WARN: NCCL found another way
             done = self._fatal.pop(_proc(line), None)
             if done is not None:
                 done.fields["recovered"] = True
