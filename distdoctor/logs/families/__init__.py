@@ -84,8 +84,9 @@ ANCHORS: tuple[bytes, ...] = (
     # c10d store, rendezvous, Gloo
     b"socket has", b"already in use", b"EADDRINUSE", b"endezvous", b"C10d store",
     b"clients joined", b"wait timeout", b"Socket Timeout", b"imeout waiting for key",
-    b"store based barrier", b"Completed store", b"waitForInput",
-    b"No available shared memory broadcast", b"ncclUniqueId", b"by peer", b"Broken pipe", b"Timed out waiting",
+    # (a barrier's "Rank 0: Completed store-based barrier" holds "Rank ", vLLM's "No available
+    # shared memory broadcast block" holds "shared memory": no word of their own to search)
+    b"store based barrier", b"waitForInput", b"ncclUniqueId", b"by peer", b"Broken pipe", b"Timed out waiting",
     b"Connection refused", b"Connect timeout", b"getaddrinfo", b"No route to host",
     b"resolve hostname", b"connectFullMesh", b"Unable to find address",
     b"Received data size", b"length <= op.nbytes",
