@@ -12,6 +12,8 @@ live scan of the output find.
                with exits.py (the launcher's reports), restarts.py (torchelastic restarts)
                and fallback.py (an error line no family knows: never silence)
   scanner.py   lines in, findings out (live and post-mortem)
+  window.py    whether a log starts mid-run (then absence from it proves nothing)
+  heads.py     line heads no rule knows, learned from the log itself
   remedies.py  what to try
 
 Layer: detectors (tests/test_layers.py), beside distdoctor/diagnosis: it reads text and
@@ -33,6 +35,7 @@ def scan_logs(specs: list[str], anchors: tuple[bytes, ...] | None = None
     from distdoctor.logs.families import ANCHORS
     from distdoctor.logs.reader import LogReader
     from distdoctor.logs.scanner import LogScanner
+    from distdoctor.logs.window import starts_mid_run, window_note
 
     reader = LogReader(specs)
     scanner = LogScanner()
@@ -40,8 +43,11 @@ def scan_logs(specs: list[str], anchors: tuple[bytes, ...] | None = None
         scanner.feed_line(line)
     scanner.activity = reader.activity
     scanner.file_lines = reader.file_lines
+    scanner.mid_run = starts_mid_run(reader.first_text)
     found = scanner.findings()
     read = scanner.read_summary(reader.total_lines)
+    if scanner.mid_run:
+        read += window_note(reader.first_text)
     if reader.wrapped_width:
         read += f" (lines wrapped at {reader.wrapped_width} columns rejoined)"
     if reader.truncated:

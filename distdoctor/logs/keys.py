@@ -10,11 +10,13 @@ from collections import Counter
 from dataclasses import dataclass
 
 from distdoctor.logs.files import open_log
-from distdoctor.logs.lines import LogLine, parse_raw, strip_ansi
+from distdoctor.logs.heads import Head, learn
+from distdoctor.logs.lines import LogLine, parse_line, parse_raw, strip_ansi
 from distdoctor.logs.wraps import detect_width
 
 SNIFF_BYTES = 1 << 20
 SNIFF_LINES = 20_000
+HEAD_LINES = 2_000  # lines a head template is learned from
 WINDOW = 1 << 20  # where each chunk's last lines are looked for first
 FEW = 64  # processes missing from the window searched one by one below this many
 
@@ -187,6 +189,8 @@ class Sniff:
     has_rank: bool
     has_local: bool
     ansi: bool  # colour codes hide prefixes from the fast path's regex: parse every line
+    head: Head | None = None  # a head no layer knows, learned (heads.py): parse every line
+    first: str = ""  # the first line's message (window.py: does the log start mid-run?)
 
 
 def sniff_file(path: str) -> Sniff:
@@ -224,4 +228,8 @@ def sniff_file(path: str) -> Sniff:
     if "bracket" in layers and rank_only:
         layers = ["rank"]
     text = [strip_ansi(r.decode("utf-8", "replace").rstrip("\r")) for r in physical]
-    return Sniff(layers, detect_width(text), has_rank, has_local, b"\x1b" in head)
+    width = detect_width(text)
+    learned = None if width else learn([parse_line(t).text for t in text[:HEAD_LINES]])
+    first = next((t for t in text if t.strip()), "")
+    first = parse_line(first, head=learned).text if first else ""
+    return Sniff(layers, width, has_rank, has_local, b"\x1b" in head, learned, first)

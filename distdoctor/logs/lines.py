@@ -3,8 +3,8 @@
 Real logs arrive wrapped in layers: srun's task label outside torchrun's `[default3]:`,
 outside torch's C++ `[rank3]:`, outside a glog head `[E1123 10:37:34.6 ProcessGroupNCCL.cpp:1234]`,
 and somewhere an ANSI colour code. `parse_line` peels every layer it knows, innermost last,
-and keeps what each told: rank, local rank, host, pid, level. What is left is the message,
-which the failure families match.
+then a head learned from the file itself (heads.py), and keeps what each told: rank, local
+rank, host, pid, level. What is left is the message, which the failure families match.
 
 It runs on every line `distdoctor run` sees live, so it must be cheap and never raise:
 dispatch on the first character, one anchored regex per layer, no search over the message
@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+
+from distdoctor.logs.heads import Head
 
 _ANSI = re.compile(r"\x1b(?:\[[0-9;?]*[ -/]*[@-~]|\][^\x07\x1b]*(?:\x07|\x1b\\)|[@-Z\\-_])")
 
@@ -114,6 +116,11 @@ class RankActivity:
     last_text: str = ""  # the last segment's message ('\r' redraws: the last one)
 
 
+# "...155.57 examples/s][E ProcessGroupNCCL.cpp:475] [Rank 2] ...": two writes, no newline
+_GLUED_HEAD = re.compile(r"(?<=\])(?=\[[EWIF](?:\d{3,4} \d\d:\d\d:\d\d[.\d]*)? *(?:\d+ )?"
+                         r"[\w./-]+:\d+\] )")
+
+
 def split_segments(raw: str) -> list[str]:
     """A raw line into what a terminal shows as separate lines: '\\r' redraws split apart.
 
@@ -121,8 +128,12 @@ def split_segments(raw: str) -> list[str]:
     """
     if "\r" not in raw:
         s = raw.rstrip("\n")
-        return [s] if s else []
-    return [s for s in raw.rstrip("\n").split("\r") if s]
+        segs = [s] if s else []
+    else:
+        segs = [s for s in raw.rstrip("\n").split("\r") if s]
+    if "][" in raw:  # a C++ log head glued to another write's "]" (a progress bar's end)
+        segs = [p for s in segs for p in _GLUED_HEAD.split(s) if p]
+    return segs
 
 
 def strip_ansi(s: str) -> str:
@@ -162,14 +173,21 @@ def split_interleaved(segment: str) -> list[str]:
 
 
 def parse_line(segment: str, *, file: str = "", lineno: int = 0, rank: int | None = None,
-               host: str | None = None) -> LogLine:
+               host: str | None = None, head: Head | None = None) -> LogLine:
     """Peel every known prefix off one segment (see `split_segments`) and fill the fields.
 
     `rank` and `host` are what the caller knows (the live launcher, a per-rank file name);
     a prefix or the message saying otherwise wins.
     """
     try:
-        return _parse(segment, file, lineno, rank, host)
+        line = _parse(segment, file, lineno, rank, host)
+        if head is not None and (peeled := head.peel(line.text)) is not None:
+            line.text, p_rank, p_pid, p_level = peeled
+            if p_rank is not None and (line.rank is None or line.rank == rank):
+                line.rank = p_rank
+            line.pid = p_pid if p_pid is not None else line.pid
+            line.level = p_level or line.level
+        return line
     except Exception:  # a malformed line is still a line: never let one stop a scan
         return LogLine(segment, rank, None, host, None, None, file, lineno)
 
@@ -213,6 +231,8 @@ def _parse(s: str, file: str, lineno: int, rank: int | None, host: str | None) -
                             pid = int(m.group(3))
                     else:
                         m = _STAMP.match(s)
+                        if m is not None and "]" not in m.group(0):
+                            m = None  # "[2025-09-09 02:24:28 TP1] ": a group, not a stamp
                         if m is not None:
                             when = m.group(0)
                             s, level = _after_stamp(s, m)
@@ -305,10 +325,11 @@ def _after_stamp(s: str, stamp: re.Match) -> tuple[str, str | None]:
 
 
 def parse_raw(raw: str, *, file: str = "", lineno: int = 0, rank: int | None = None,
-              host: str | None = None) -> list[LogLine]:
+              host: str | None = None, head: Head | None = None) -> list[LogLine]:
     """A raw line as read (maybe with '\\r' redraws and mixed ranks) into its parsed lines."""
     out = []
     for seg in split_segments(raw):
         for piece in split_interleaved(seg):
-            out.append(parse_line(piece, file=file, lineno=lineno, rank=rank, host=host))
+            out.append(parse_line(piece, file=file, lineno=lineno, rank=rank, host=host,
+                                  head=head))
     return out

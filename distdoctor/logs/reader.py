@@ -12,8 +12,9 @@ the prefix layers sniffed in the file's first MiB; each process's first and last
 found from a window at the chunk's end, widened or searched for when a process is absent
 from it. Lines of a prefix shape the sniff did not see are counted when they hold an anchor.
 
-A hard-wrapped file (a terminal or a copy-paste cut every line at one width) and a file with
-ANSI colour codes in its first MiB take the slow path: physical lines rejoined, every line
+A hard-wrapped file (a terminal or a copy-paste cut every line at one width), a file with
+ANSI colour codes in its first MiB and one whose lines start with a head no layer knows (learned
+from the file: heads.py) take the slow path: physical lines rejoined, every line
 parsed. `exact=True` forces that path; it is the
 reference the fast path is tested against.
 
@@ -63,6 +64,7 @@ class LogReader:
         self._names = numbers_in_names(self.files)
         self._last_raw: dict[tuple, bytes] = {}
         self._ended_mid_line = False
+        self.first_text = ""  # the first file's first line, its prefixes peeled (window.py)
 
     def lines(self, anchors: tuple[bytes, ...]) -> Iterator[LogLine]:
         """Every logical line whose message holds one of `anchors` (case-sensitive)."""
@@ -71,11 +73,13 @@ class LogReader:
         for path in self.files:
             try:
                 sniff = sniff_file(path)
+                if path == self.files[0]:
+                    self.first_text = sniff.first
                 rank, host = self._identity_from_name(path, sniff)
                 if sniff.width is not None:
                     self.wrapped_width = sniff.width
-                if self.exact or sniff.width is not None or sniff.ansi:
-                    yield from self._slow(path, texts, rank, host, sniff.width)
+                if self.exact or sniff.width is not None or sniff.ansi or sniff.head:
+                    yield from self._slow(path, texts, rank, host, sniff)
                 else:
                     yield from self._fast(path, anchors, texts, rank, host, sniff)
             except OSError as exc:
@@ -121,16 +125,17 @@ class LogReader:
 
     # --- slow path: every line parsed ------------------------------------------------------
     def _slow(self, path: str, texts: tuple[str, ...], rank: int | None, host: str | None,
-              width: int | None) -> Iterator[LogLine]:
+              sniff: Sniff) -> Iterator[LogLine]:
         self._ended_mid_line = False
         with open_log(path) as fh:
             follow = {a.decode(): n for a, n in FOLLOW.items() if a.decode() in texts}
             after_frame = 0  # lines still to hand over after a frame or a report's head
             lineno = 0
-            for lineno, raw in logical_lines(fh, width, self):
+            for lineno, raw in logical_lines(fh, sniff.width, self):
                 seen: set = set()
                 next_too = 0
-                for ll in parse_raw(raw, file=path, lineno=lineno, rank=rank, host=host):
+                for ll in parse_raw(raw, file=path, lineno=lineno, rank=rank, host=host,
+                                    head=sniff.head):
                     who = ll.who
                     if who is not None and who not in seen:
                         seen.add(who)

@@ -65,6 +65,7 @@ class Reasoner:
         # live under `run`: the launcher's own ranks are known, and their exits are seen by the
         # engine itself (not printed in the output this scanner reads)
         self.live = bool(known_ranks)
+        self.mid_run = False  # the log starts mid-run: a rank it does not show proves nothing
         self.progress = progress or {}
         self.problems: dict[tuple, Problem] = {}
         self._context: dict[tuple, dict] = {}
@@ -91,7 +92,8 @@ class Reasoner:
         for a in activity.values():
             if a.host and a.rank is not None and len(by_host) < 10_000:
                 by_host.setdefault(a.host, set()).add(a.rank)
-        self.exits = collect_exits(exits, teardown_pids, by_host)
+        agents = any(s.fields.get("in_launcher") for s in signals)
+        self.exits = collect_exits(exits, teardown_pids, by_host, agents)
         self.launcher_seen = bool(exits) or any(p.family == "launcher"
                                                 for p in self.problems.values())
 
@@ -275,7 +277,7 @@ class Reasoner:
     def _absent(self, reporters: list[int]) -> list[int]:
         """Ranks named from absence: only where the world is known and the log holds their
         other lines (it is complete for them)."""
-        if self.ev.world is None or not reporters:
+        if self.ev.world is None or not reporters or self.mid_run:
             return []
         missing = sorted(set(range(self.ev.world)) - set(reporters))
         if missing and len(missing) < self.ev.world / 2 + 1 and all(

@@ -57,6 +57,9 @@ IB = ("InfiniBand transport error: check the links (`ibstat`, `ibv_devinfo`), NC
       "the scheduler's limits.")
 P2P = ("GPU peer-to-peer access failed between two GPUs: check `nvidia-smi topo -m`, disable "
        "ACS / set iommu=pt, or work around it with NCCL_P2P_DISABLE=1 (or NCCL_P2P_LEVEL=NVL).")
+NVLS = ("NVLink SHARP multicast failed: check the Fabric Manager (`systemctl status "
+        "nvidia-fabricmanager`, `nvidia-smi -q | grep -i fabric`) and the NVSwitches; "
+        "NCCL_NVLS_ENABLE=0 runs without NVLS.")
 WATCHDOG_STUCK = ("The NCCL watchdog itself made no progress, usually a CUDA call hung in the "
                   "driver: check `nvidia-smi` and `dmesg` for XID errors.")
 PEER_GONE = ("A peer process went away mid-collective: the real failure is on the rank that "

@@ -49,6 +49,7 @@ class LogScanner:
         self._emitted: dict[str, dict] = {}
         self._dirty = False
         self.live = False  # fed line by line as a job prints (then a traceback may be open)
+        self.mid_run = False  # the log starts mid-run (window.py): absence proves nothing
 
     # --- live ------------------------------------------------------------------------------
     def feed(self, text: str, rank: int | None = None) -> None:
@@ -135,8 +136,9 @@ class LogScanner:
                 s.order = len(signals)
                 signals.append(s)
         assign_ranks(signals)  # Ray workers' pids -> ranks, where the log tells
-        found = Reasoner(signals, self.activity, self.ranks_seen, progress,
-                         self.file_lines).findings()
+        reasoner = Reasoner(signals, self.activity, self.ranks_seen, progress, self.file_lines)
+        reasoner.mid_run = self.mid_run
+        found = reasoner.findings()
         if self.dropped:
             for f in found:
                 f.details["signals_dropped"] = self.dropped

@@ -25,6 +25,7 @@ from distdoctor.logs.families import (
     ras,
     ray,
     slurm,
+    stalls,
     store,
 )
 from distdoctor.logs.families.context import ContextFamily
@@ -41,10 +42,12 @@ from distdoctor.logs.families.progress import ProgressFamily
 from distdoctor.logs.families.ras import RasFamily
 from distdoctor.logs.families.ray import RayFamily
 from distdoctor.logs.families.slurm import SlurmFamily
+from distdoctor.logs.families.stalls import StallFamily
 from distdoctor.logs.families.store import StoreFamily
 from distdoctor.logs.families.unknown import UnknownErrors
 
-FAMILIES = (ProgressFamily, LauncherFamily, OomFamily, MismatchFamily, DdpFamily, StoreFamily,
+FAMILIES = (ProgressFamily, LauncherFamily, OomFamily, MismatchFamily, DdpFamily, StallFamily,
+            StoreFamily,
             CudaErrors, NcclFamily, GlooFamily, RayFamily, SlurmFamily, RasFamily, K8sFamily,
             UsageErrors, ContextFamily)
 
@@ -52,7 +55,7 @@ FAMILIES = (ProgressFamily, LauncherFamily, OomFamily, MismatchFamily, DdpFamily
 MEANINGS = {"launcher": launcher, "oom": oom, "mismatch": mismatch, "ddp": ddp,
             "store": store, "nccl": nccl, "gloo": gloo, "exception": exceptions,
             "startup": exceptions, "ray": ray, "slurm": slurm, "ras": ras,
-            "k8s": k8s}
+            "k8s": k8s, "stall": stalls}
 
 # every byte string some family routes on (a family reads only lines holding one of its own)
 ROUTES: tuple[bytes, ...] = tuple(sorted({a for f in FAMILIES + (Tracebacks, UnknownErrors)
@@ -71,17 +74,19 @@ ANCHORS: tuple[bytes, ...] = (
     b"received at time=", b"Process received signal", b"Signal: ", b"End of error message",
     # launchers
     b"SIG", b"FAILED", b"Failures:", b"Root Cause", b"exitcode", b"host      :",
-    b"local_rank", b"error_file", b"with PID", b"srun: error", b"death signal", b"time      :",
+    b"local_rank", b"error_file", b"with PID", b"srun: error", b"death signal", b"Terminating StepId", b"time      :",
     b"new nodes from group_rank", b"return code = ", b"terminated with the following",
     # NCCL, CUDA, OOM
-    b"NCCL", b"nccl", b"Watchdog", b"Heartbeat", b"Duplicate GPU", b"Cuda failure",
+    b"NCCL", b"nccl", b"Watchdog", b"Heartbeat", b"Duplicate GPU", b"Cuda failure", b"Bootstrap", b"NVLS", b"NET/",
     b"peer access", b"shared memory", b"ibv_", b"IBV_", b"cudaIpc", b"out of memory",
     b"Out of memory", b"oom-kill", b"oom_kill", b"out-of-memory", b"is killed by signal",
     b"DefaultCPUAllocator", b"Killed", b"CUDA error: ", b"_STATUS_", b"Assertion `",
     # c10d store, rendezvous, Gloo
     b"socket has", b"already in use", b"EADDRINUSE", b"endezvous", b"C10d store",
     b"clients joined", b"wait timeout", b"Socket Timeout", b"imeout waiting for key",
-    b"store based barrier", b"ncclUniqueId", b"by peer", b"Broken pipe", b"Timed out waiting",
+    # (a barrier's "Rank 0: Completed store-based barrier" holds "Rank ", vLLM's "No available
+    # shared memory broadcast block" holds "shared memory": no word of their own to search)
+    b"store based barrier", b"waitForInput", b"ncclUniqueId", b"by peer", b"Broken pipe", b"Timed out waiting",
     b"Connection refused", b"Connect timeout", b"getaddrinfo", b"No route to host",
     b"resolve hostname", b"connectFullMesh", b"Unable to find address",
     b"Received data size", b"length <= op.nbytes",

@@ -8,7 +8,7 @@ import re
 from distdoctor.findings import Finding
 from distdoctor.logs import remedies as R
 from distdoctor.logs.lines import LogLine
-from distdoctor.logs.problems import Problem, clip, on
+from distdoctor.logs.problems import Problem, clip, on, plural, ranks_text
 from distdoctor.logs.signals import CAUSE, CONTEXT, Family, Signal
 
 NAME = "ddp"
@@ -66,8 +66,14 @@ def _clean(f: dict) -> dict:
 def describe(p: Problem, ctx) -> Finding:
     ranks = sorted(p.ranks)
     if p.rule == "model_mismatch":
+        # the reporter compares every rank's count with its own: the rank it names as
+        # inconsistent (and that reports nothing itself) is the one out of step
+        odd = sorted({s.fields["other"] for s in p.signals if "other" in s.fields}
+                     - p.ranks - {s.fields.get("rank") for s in p.signals})
+        odd_text = f"; rank{plural(odd)} {ranks_text(odd)} out of step" if odd else ""
         return ctx.finding(p, "mismatch", "error", f"DDP model differs across ranks{on(ranks)}: "
-                           f"{clip(p.first.line.text, 160)}", ranks, R.DDP_MODEL_MISMATCH)
+                           f"{clip(p.first.line.text, 160)}{odd_text}", odd or ranks,
+                           R.DDP_MODEL_MISMATCH)
     # which parameters: in the error itself, or in the INFO/DETAIL lines that follow it
     detail: dict = {}
     for fields in [s.fields for s in p.signals] + [ctx.context_of("unused_detail", r)

@@ -146,7 +146,8 @@ class Tracebacks:
             if tb["frames"] and not tb["ignored"]:
                 out.append(Signal("error_line", "unknown", UNKNOWN, tb["line"], {
                     "error": "cut", "exception": "Traceback", "message": "",
-                    "where": _where(tb["frames"], tb["sources"])}))
+                    "where": _where(tb["frames"], tb["sources"]),
+                    "in_launcher": any(_LAUNCHER.search(f[0]) for f in tb["frames"])}))
         return out
 
 

@@ -102,21 +102,22 @@ def victim_culprit(p: Problem, ctx) -> Finding | None:
         where = s.fields.get("where") or {}
         m = _PEER_CALL.search(where.get("source", ""))
         r = rank_of(s.line)
-        if m and r is not None:
-            named[r] = (int(m["peer"] or m["kw"]), where)
+        if m and (r is not None or not p.ranks):  # (one unlabelled process: it is not
+            named[-1 if r is None else r] = (int(m["peer"] or m["kw"]), where)  # its peer)
     peers = {peer for peer, _ in named.values()} - set(named) - p.ranks
     if len(peers) != 1:
         return None
     peer = peers.pop()
     waiting = sorted(r for r, (q, _) in named.items() if q == peer)
     where = named[waiting[0]][1]
-    fnd = ctx.finding(p, "comm_error", "error", f"rank {peer} went away while rank"
-                      f"{plural(waiting)} {ranks_text(waiting)} waited on it: Gloo's connection "
+    who = f"rank{plural(waiting)} {ranks_text(waiting)}" if waiting[0] >= 0 else "a rank"
+    fnd = ctx.finding(p, "comm_error", "error", f"rank {peer} went away while "
+                      f"{who} waited on it: Gloo's connection "
                       f"was closed by peer in `{clip(where.get('source', ''), 60)}` "
                       f"({short_path(where.get('file', '?'))}:{where.get('line')}); rank "
                       f"{peer} exited or died first", [peer], R.PEER_LEFT)
     fnd.callsites = [{"rank": r, **{k: v for k, v in named[r][1].items() if k != "source"}}
-                     for r in waiting[:8]]
+                     for r in waiting[:8] if r >= 0]
     return fnd
 
 

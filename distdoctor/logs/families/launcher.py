@@ -32,9 +32,12 @@ RULES = (
     rule("membership", NAME, CONTEXT,
          r"Detected (?P<new>\d+) new nodes? from group_rank=(?P<group_rank>\d+); will restart",
          ints=("new", "group_rank")),
-    # DeepSpeed's launcher
+    # DeepSpeed's launcher (launch.py's sigkill_handler): the command it prints is the one its
+    # spawn loop left behind, the LAST spawned local rank's, not the failing one's; only the
+    # return code is the failing process's. local_rank=0 there means one process was spawned.
     rule("rank_failed", NAME, EXIT,
-         r"--local_rank=(?P<local_rank>\d+).*?exits with return code = (?P<exit_code>-?\d+)",
+         r"(?P<last_spawned>)--local_rank=(?P<local_rank>\d+).*?exits with return code = "
+         r"(?P<exit_code>-?\d+)",
          ints=("local_rank", "exit_code")),
     # DeepSpeed's launch.py when it does not list the command (newer versions, or a cut
     # line): which rank is not said
@@ -88,7 +91,8 @@ class LauncherFamily(Family):
                b"non-zero exit status", b"exited on signal", b"srun: error",
                b"Root Cause", b"Failures:", b"local_rank:", b"ProcessExitedException",
                b"terminated with the following",
-               b"host      :", b"error_file", b"traceback :", b"time      :")
+               b"host      :", b"error_file", b"traceback :", b"time      :",
+               b"Terminating StepId")
     rules = RULES
 
     def __init__(self):
@@ -106,7 +110,19 @@ class LauncherFamily(Family):
         m = _TABLE.match(text)
         if m:
             return self._table_field(line, m["key"], m["v"].strip())
-        return self._close() + super().feed(line)
+        if "Terminating StepId" in text:
+            self._step_ending = True  # srun tearing the step down: agents get SIGTERM next
+            return []
+        out = self._close() + super().feed(line)
+        for s in out:
+            if s.rule == "task_failed":
+                self._step_ending = True
+            elif s.rule == "launcher_signaled" and self._step_ending and s.fields.get(
+                    "signame", s.fields.get("signum")) in ("15", 15, "SIGTERM"):
+                s.role = TEARDOWN  # the scheduler ending a step a task failed in: no cause
+        return out
+
+    _step_ending = False
 
     def _section(self, root: bool) -> list[Signal]:
         if not root or not self._root_follows:
@@ -175,7 +191,7 @@ def describe(p: Problem, ctx) -> Finding:
 
 
 def collect_exits(signals: list[Signal], teardown_pids: set[int],
-                  ranks_by_host: dict | None = None) -> dict[int, dict]:
+                  ranks_by_host: dict | None = None, agents: bool = False) -> dict[int, dict]:
     """Each failed rank's exit as its launcher reported it, by rank (the earliest report, a
     root-cause entry over others). A launcher that does not say which rank gets a negative
     key. A local rank stands for the rank on one node; under srun with a torchrun per node
@@ -186,7 +202,8 @@ def collect_exits(signals: list[Signal], teardown_pids: set[int],
     hosts = {s.fields.get("host") for s in signals if s.fields.get("host")}
     one_node = len(hosts) <= 1 and len(labels) <= 1
     # srun's "task N" is a node when torchrun (or another launcher) runs under it
-    per_node = any(s.rule == "rank_failed" for s in signals)
+    # (`agents`: a launcher's agent printed its own traceback, torchrun's elastic agent)
+    per_node = agents or any(s.rule == "rank_failed" for s in signals)
     out: dict[int, dict] = {}
     for i, s in enumerate(signals):
         f = dict(s.fields)
@@ -197,6 +214,9 @@ def collect_exits(signals: list[Signal], teardown_pids: set[int],
             if per_node:
                 continue
             rank = f.get("task")
+        if rank is None and "last_spawned" in f and f["local_rank"] != 0:
+            rank = -1 - i  # DeepSpeed printed the last spawned rank's command: which failed?
+            f.pop("local_rank")
         if rank is None and "local_rank" in f:
             rank = table_ranks.get(((s.line.host, s.line.rank), f["local_rank"]))
             # a node label whose lines show other global ranks: the local rank is not one

@@ -14,6 +14,7 @@ from collections import deque
 
 from distdoctor.findings import Finding
 from distdoctor.logs import remedies as R
+from distdoctor.logs.families.nccl_peers import victim_culprit  # noqa: F401 (its meaning)
 from distdoctor.logs.lines import LogLine
 from distdoctor.logs.problems import Problem, clip, on, secs
 from distdoctor.logs.signals import (
@@ -80,6 +81,14 @@ RULES = (
          r"Connection refused|Connection timed out|socketStartConnect|unexpected EOF|"
          r"[Tt]imeout|failed to connect)"),
     rule("socket", NAME, CAUSE, r"Call to connect returned (?P<error>[^,]+)"),
+    # a network plugin's failed request (aws-ofi-nccl: "NET/OFI Request 0x.. completed with
+    # error. RC: 113. Error: 2 (UNDELIVERABLE)"): the fabric, seen from the rank that asked
+    rule("net_request", NAME, CAUSE, r"NET/(?P<net>\w+) Request \S+ completed with error"
+         r"(?:.*?RC: (?P<rc>\d+))?(?:.*?\((?P<status>[A-Z_]+)\))?"),
+    # NCCL 2.29+: a failed NVLink SHARP multicast bind ends communicator init (2.28 warned and
+    # fell back: a WARN, which ALWAYS_BENIGN keeps quiet); as the error's "Last error:" line
+    rule("nvls", NAME, CAUSE, r"^Failed to bind NVLink SHARP \(NVLS\) Multicast memory(?:.*?"
+         r"CUDA error (?P<code>\d+))?", ints=("code",)),
     # src/misc/socket.cc: the peer's end of a socket went away (it died first)
     rule("remote_error", NAME, VICTIM,
          r"Connection closed by remote peer (?P<peer>[\w.:-]+)|"
@@ -107,13 +116,16 @@ BENIGN_WARN = re.compile(
     r"Missing \"iommu=pt\"|CUDA Driver Version|pci.*?path|topo.*?(?:speed|width)|"
     r"Could not (?:get|find) .*?(?:sysfs|numa|cpu)|setting .*?affinity|NCCL_P2P_LEVEL|"
     r"\[Service thread\] Accept failed|GID table change|Ignoring unknown")
-_SPECIFIC = ("p2p", "shm", "ib", "socket", "duplicate_gpu", "topology", "nccl_warn")
+_SPECIFIC = ("p2p", "shm", "ib", "socket", "duplicate_gpu", "topology", "nccl_warn", "nvls")
 # WARNs harmless even when a return code follows them (NCCL tries another way)
 ALWAYS_BENIGN = re.compile(r"NET/Plugin|[Nn]o plugin found|libnccl-net|NCCL_\w+ set by environment|"
                            r"NVLS|[Mm]ulticast|\[Service thread\]|GID table change|"
                            r"Ignoring unknown|Failed to open libibverbs|No IB devices")
 _TOPOLOGY = re.compile(r"real path|/sys/|[Tt]opo|pci|PCI|numa|xml")
 # "host:pid:tid [dev] NCCL INFO file.cc:123 -> 2": an error code climbing back through NCCL
+# init going on after a failed return: NCCL dropped an optional path (an IB plugin on a machine
+# with none) and chose another ("Using network Socket", channels, a comm's init)
+_ONWARD = re.compile(r"Init (?:COMPLETE|START)|Using network |Channel \d+/\d+|Connected all ")
 _CHAIN = re.compile(r"NCCL INFO (?:[\w./-]+:\d+ )?-> (?P<code>\d+)")
 _CODES = {1: "ncclUnhandledCudaError", 2: "ncclSystemError", 3: "ncclInternalError",
           4: "ncclInvalidArgument", 5: "ncclInvalidUsage", 6: "ncclRemoteError"}
@@ -127,7 +139,8 @@ _VERSION = re.compile(r"NCCL version (?P<version>\d+\.\d+\.\d+)")
 class NcclFamily(Family):
     name = NAME
     anchors = (b"NCCL", b"nccl", b"atchdog", b"Heartbeat", b"Duplicate GPU", b"Cuda failure",
-               b"peer access", b"shared memory", b"ibv_", b"cudaIpc", b"IBV_")
+               b"peer access", b"shared memory", b"ibv_", b"cudaIpc", b"IBV_", b"Bootstrap",
+               b"NVLS", b"NET/")
     rules = RULES
 
     def __init__(self):
@@ -138,6 +151,7 @@ class NcclFamily(Family):
         self._open: dict[object, Signal] = {}
         self._fatal: dict[object, Signal] = {}
         self.ip_host: dict[str, str] = {}  # "10.0.0.7" -> "node7", from the Bootstrap lines
+        self._uncaused: Signal | None = None  # the last NCCL error that named no cause yet
 
     def feed(self, line: LogLine) -> list[Signal]:
         text = line.text
@@ -151,6 +165,11 @@ class NcclFamily(Family):
             # a specific cause (often a WARN, or the "Last error:" after an NCCL error):
             # remembered for the NCCL error that names no cause of its own
             self._remember(line, out[0])
+            # an NCCL error's "Last error:" block comes after it: that error's cause
+            late = self._uncaused
+            if late is not None and late.line.who == line.who and "cause" not in late.fields:
+                late.fields["cause"] = self._cause_of(line)
+            self._uncaused = None
             return out
         if w and not out:
             message = w["message"][:200]
@@ -167,6 +186,8 @@ class NcclFamily(Family):
             cause = self._cause_of(line)
             if cause is not None:
                 out[0].fields["cause"] = cause
+            else:
+                self._uncaused = out[0]
         if not out:
             if m := _WORLD.search(text):
                 return [Signal("world", NAME, CONTEXT, line, {"world": int(m["world"])})]
@@ -180,7 +201,7 @@ class NcclFamily(Family):
         connect returned ..."), and the "-> N" lines that make the WARN before them fatal."""
         if " -> " in text and (m := _CHAIN.search(text)):
             return self._chain(line, int(m["code"]))
-        if "Init COMPLETE" in text:  # the process got past the WARN: NCCL found another way
+        if self._fatal and _ONWARD.search(text):  # got past the WARN: NCCL found another way
             done = self._fatal.pop(_proc(line), None)
             if done is not None:
                 done.fields["recovered"] = True
@@ -251,13 +272,15 @@ def _proc(line: LogLine) -> object:
 _GENERIC = ("system_error", "cuda_error", "internal_error", "invalid_usage")
 # which specific causes NCCL reports under each generic error code
 _EXPLAINS = {"system_error": ("shm", "socket", "ib", "topology", "nccl_warn"),
-             "cuda_error": ("p2p", "nccl_warn"),
+             "cuda_error": ("p2p", "nvls", "nccl_warn"),
              "internal_error": ("socket", "ib", "p2p", "topology", "nccl_warn"),
              "invalid_usage": ("duplicate_gpu", "socket", "nccl_warn")}
 _CAUSE_TEXT = {"shm": ("shared memory (/dev/shm)", R.SHM), "socket": ("a socket", R.SOCKET),
                "ib": ("InfiniBand", R.IB), "p2p": ("GPU peer-to-peer access", R.P2P),
                "duplicate_gpu": ("two ranks on one GPU", R.NCCL_USAGE),
                "topology": ("NCCL's topology detection (/sys)", R.TOPOLOGY),
+               "nvls": ("NVLink SHARP (NVLS) multicast, which needs the Fabric Manager and the "
+                        "NVSwitches", R.NVLS),
                "nccl_warn": ("the NCCL WARN before it", R.NCCL_SYSTEM)}
 
 
@@ -312,6 +335,11 @@ def describe(p: Problem, ctx) -> Finding:
                      f"{clip(f.get('message', ''), 140)}", R.TOPOLOGY),
         "nccl_warn": (f"NCCL failed{where} ({_code(f)}) after: {clip(f.get('message', ''), 140)}",
                       _warn_remedy(f.get("code"))),
+        "nvls": (f"NCCL could not bind NVLink SHARP (NVLS) multicast memory{where} (CUDA error "
+                 f"{f.get('code', '?')}): the Fabric Manager or the NVSwitches", R.NVLS),
+        "net_request": (f"NCCL's network plugin ({f.get('net')}) had a request fail"
+                        f"{on(ranks).replace(' on ', ' (seen by ', 1) + (')' if ranks else '')}: RC {f.get('rc', '?')} {f.get('status', '')}; the fabric "
+                        f"or a remote process that exited, not that rank", R.NCCL_REMOTE),
         "system_error": (f"NCCL unhandled system error{where}", R.NCCL_SYSTEM),
         "cuda_error": (f"CUDA error in NCCL{where}" + (f": Cuda failure {p.field('code', '')} "
                        f"'{p.field('msg')}'" if p.field("msg") else ""), R.NCCL_CUDA),
@@ -325,7 +353,8 @@ def describe(p: Problem, ctx) -> Finding:
         summary = f"{summary}, caused by {what}: {clip(cause['line'], 140)}"
     elif r in _GENERIC and cause.get("line"):
         summary = f"{summary}: {clip(cause['line'], 140)}"
-    culprits = sorted({f.get("a"), f.get("b")} - {None}) if r == "duplicate_gpu" else ranks
+    culprits = sorted({f.get("a"), f.get("b")} - {None}) if r == "duplicate_gpu" else (
+        [] if r == "net_request" else ranks)
     return ctx.finding(p, "comm_error", "error", summary, culprits, remedy)
 
 
@@ -364,31 +393,3 @@ TIMEOUTS = {"watchdog_timeout": (_watchdog, R.FIND_LATE_RANK),
                                   R.WATCHDOG_STUCK)}
 VICTIMS = {"remote_error": "NCCL remote error: a peer exited or the network failed"}
 
-
-def victim_culprit(p: Problem, ctx) -> Finding | None:
-    """A peer NCCL's socket names (the host or address whose end closed): it died first.
-    Its rank is named where the log tells: the one rank seen on that host, or the one rank
-    of the world the log shows nowhere else."""
-    if p.rule != "remote_error":
-        return None
-    peers = {s.fields["peer"] for s in p.signals if s.fields.get("peer")}
-    if len(peers) != 1:
-        return None
-    peer = peers.pop()
-    ev = ctx.ev
-    on_peer = sorted(r for r, h in ev.hosts_of.items() if h == peer)
-    ranks = on_peer if len(on_peer) == 1 else []
-    if not on_peer and ev.world and peer not in ev.hosts_of.values():
-        unseen = set(range(ev.world)) - ev.ranks - set(ev.hosts_of) - p.ranks
-        ranks = sorted(unseen) if len(unseen) == 1 else []
-    who = f"rank {ranks[0]} on {peer}" if ranks else f"the peer on {peer}"
-    seen = f" (seen by rank{'s' if len(p.ranks) > 1 else ''} " \
-           f"{', '.join(map(str, sorted(p.ranks)))})" if p.ranks else ""
-    line = next((s.line.text for s in p.signals if s.fields.get("peer")), "")
-    i = line.find("NCCL WARN")
-    fnd = ctx.finding(p, "comm_error", "error", f"{who} went away mid-collective: NCCL's "
-                      f"connection to it was closed from its end{seen} "
-                      f"({clip(line[i + 9:] if i >= 0 else line, 100)}); that peer died or "
-                      f"was killed first", ranks, R.NCCL_REMOTE)
-    fnd.details["peer"] = peer
-    return fnd

@@ -75,6 +75,8 @@ _HOST = {"host_oom": "the host's OOM killer killed a process",
 def describe(p: Problem, ctx) -> Finding:
     f, ranks = p.first.fields, sorted(p.ranks)
     if p.rule == "cuda_oom":
+        if not ranks and (r := _next_rank(p.first.line, ctx)) is not None:
+            ranks = [r]
         gpu = f" on GPU {f['gpu']}" if "gpu" in f else ""
         ask = f": tried to allocate {f['requested']}" if "requested" in f else ""
         free = f" with {f['free']} free of {f['total']}" if "free" in f else ""
@@ -93,3 +95,11 @@ def describe(p: Problem, ctx) -> Finding:
         return ctx.finding(p, "crash", "error", f"Slurm's cgroup OOM handler killed a process "
                            f"(SIGKILL){on(ranks)}{who}", ranks, R.HOST_OOM)
     return ctx.finding(p, "crash", "error", f"{_HOST[p.rule]}{on(ranks)}", ranks, R.HOST_OOM)
+
+
+def _next_rank(line, ctx) -> int | None:
+    """An unlabelled OOM line printed right before one rank's labelled lines begin (torch
+    writes the exception, then the launcher's prefixed copy of its traceback): that rank's."""
+    after = [w[1] for w, a in ctx.ev.activity.items() if w and w[0] == "rank"
+             and a.first_file == line.file and a.first_lineno == line.lineno + 1]
+    return after[0] if len(after) == 1 else None

@@ -16,7 +16,7 @@ from distdoctor.logs.problems import (
     plural,
     ranks_text,
 )
-from distdoctor.logs.signals import CAUSE, TIMEOUT, VICTIM, Family, Signal, rule
+from distdoctor.logs.signals import BENIGN, CAUSE, TIMEOUT, VICTIM, Family, Signal, rule
 
 NAME = "store"
 
@@ -62,10 +62,13 @@ RULES = (
     # ProcessGroupNCCL: "[1] is setting up NCCL communicator and retrieving ncclUniqueId from
     # [0] via c10d key-value store by key '0', but store->get('0') got error: Socket Timeout"
     rule("unique_id_timeout", NAME, TIMEOUT,
-         r"retrieving ncclUniqueId from \[(?P<owner>\d+)\].*?got error: (?P<error>.*)",
+         r"retrieving ncclUniqueId from \[(?P<owner>\d+)\].*?got error(?:: (?P<error>.*))?",
          ints=("owner",)),
     rule("key_timeout", NAME, TIMEOUT,
          r"wait timeout after (?P<ms>\d+)ms(?:, keys: (?P<keys>.*))?", ints=("ms",)),
+    # store.wait()'s bare error: the barrier's loop catches it to log and raises its own
+    # (above), chained to it; said once, by that one
+    rule("inner_wait", NAME, BENIGN, r"DistStoreError: [Ww]ait timeout\s*$"),
     rule("key_timeout", NAME, TIMEOUT,
          r"(?:(?:DistStoreError|TCPStore|store).*?)?(?:Socket Timeout|[Tt]imeout waiting for key|"
          r"timed out waiting for key)(?:.*?key[s]?[: ]+(?P<keys>\S+))?"),
@@ -79,7 +82,8 @@ class StoreFamily(Family):
     anchors = (b"socket has", b"failed to bind", b"EADDRINUSE", b"already in use",
                b"Rendezvous", b"endezvous", b"clients joined", b"wait timeout",
                b"Socket Timeout", b"imeout waiting for key", b"failed to recv", b"C10d store",
-               b"store based barrier", b"ncclUniqueId", b"by peer", b"Broken pipe")
+               b"store based barrier", b"ncclUniqueId", b"by peer", b"Broken pipe",
+               b"DistStoreError: ")
     rules = RULES
 
     def feed(self, line: LogLine) -> list[Signal]:
@@ -137,6 +141,8 @@ def describe(p: Problem, ctx) -> Finding:
     host = [0] if ranks and 0 not in ranks and p.rule != "rdzv_connection" \
         and not retried else []
     who = "; rank 0, which hosts the store, was not listening" if host else ""
+    if bad := _not_a_host(p):
+        host, who = [], f"; {bad}"
     return ctx.finding(p, "comm_error", "error", f"{exception_prefix(p)}could not reach the c10d "
                        f"store{at}{after}{where_on}{who}", host, R.STORE_CONNECT)
 
@@ -186,8 +192,8 @@ def _barrier(p: Problem) -> str:
 
 
 def _unique_id(p: Problem) -> str:
-    return (f"ranks waited for rank {p.field('owner')}'s NCCL unique id in the c10d store "
-            f"({clip(p.field('error', ''), 60)})")
+    error = clip(p.field("error", ""), 60) or "the log cuts off its error"
+    return f"ranks waited for rank {p.field('owner')}'s NCCL unique id in the c10d store ({error})"
 
 
 def _key(p: Problem) -> str:
@@ -207,3 +213,20 @@ TIMEOUTS = {
 NOT_A_HANG = ("join_timeout", "rdzv_timeout", "barrier_timeout")
 VICTIMS = {"store_gone": "lost the connection to the c10d store",
            "rdzv_closed": "the rendezvous was closed"}
+
+
+# an address no host has: "this network" (0.0.0.0/8), which a host name made of digits
+# becomes when a resolver reads it as a 32-bit number ("6841231" -> 0.104.99.143)
+_ZERO_NET = re.compile(r"^(?:::ffff:)?0\.\d+\.\d+\.\d+$")
+
+
+def _not_a_host(p: Problem) -> str:
+    hosts = {str(s.fields["host"]).strip("[]") for s in p.signals if s.fields.get("host")}
+    digits = sorted(h for h in hosts if h.isdigit())
+    zero = sorted(h for h in hosts if _ZERO_NET.match(h))
+    if not (digits or zero):
+        return ""
+    name = f"the host name {digits[0]} is all digits: " if digits else ""
+    return (f"{name}the store's address resolved to {zero[0] if zero else 'a number'}, which "
+            f"no host has (a numeric hostname read as an IPv4 number): set MASTER_ADDR / "
+            f"--master_addr to a real address or rename the host")
