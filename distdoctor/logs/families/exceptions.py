@@ -12,6 +12,7 @@ import re
 from distdoctor.findings import Finding
 from distdoctor.logs import remedies as R
 from distdoctor.logs.families.launcher import how_it_ended
+from distdoctor.logs.families.progress import trained_before
 from distdoctor.logs.lines import LogLine
 from distdoctor.logs.problems import Problem, clip, plural, ranks_text, short_path
 from distdoctor.logs.signals import (
@@ -203,6 +204,8 @@ def describe(p: Problem, ctx) -> Finding:
         early = not any(q.role == TIMEOUT or q.family in ("nccl", "gloo")
                         for q in ctx.problems.values()
                         if q.first.order < p.first.order and q.role != BENIGN)
+        # a failure after the job reported training steps came mid-run
+        early = early and not trained_before(p.first.line)
         lead = (f"every rank ({ranks_text(ranks)}) failed at start-up with " if early
                 else f"every rank ({ranks_text(ranks)}) raised ")
         fnd = ctx.finding(p, "crash", "error", f"{lead}{f['exception']}{msg}{at}", ranks,

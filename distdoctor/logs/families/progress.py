@@ -36,3 +36,27 @@ class ProgressFamily(Family):
             if q is not None:
                 q.append(line)
         return []
+
+
+# a training step's report: "step 30 | loss 2.41", "iter 200: loss 3.1", "Epoch 1 ... loss=",
+# HF's "{'loss': 2.3, ...}"
+_STEP = re.compile(r"\b(?:step|iter(?:ation)?|epoch|global_step|it)\b\W{0,3}\d+.{0,200}?\bloss\b"
+                   r"|['\"]loss['\"]\s*:\s*-?[\d.]", re.I)
+_STEP_ANCHOR = "loss"
+
+
+def trained_before(line: LogLine, limit: int = 2_000_000) -> bool:
+    """Whether the file printed a training step's report before `line`: then a failure
+    there came mid-run, not at start-up. Read again from the file only when a start-up
+    failure is about to be said (a rare question), stopping at the first report found
+    or at `limit` lines; False where the file cannot be read."""
+    try:
+        with open(line.file, encoding="utf-8", errors="replace") as fh:
+            for n, text in enumerate(fh, 1):
+                if n >= min(line.lineno, limit):
+                    return False
+                if _STEP_ANCHOR in text.lower() and _STEP.search(text):
+                    return True
+    except (OSError, ValueError):
+        return False
+    return False
