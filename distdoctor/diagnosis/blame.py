@@ -29,10 +29,9 @@ from distdoctor.diagnosis import branch as B
 from distdoctor.diagnosis import source as S
 from distdoctor.runlog.reader import Event
 
-# framework functions whose barrier orders the ranks on purpose: the main process runs a
-# block first while the others wait, then the others run it
-DESIGNED_BARRIERS = ("main_process_first", "local_main_process_first",
-                     "wait_for_everyone", "rank_zero_first", "main_process_first_context")
+# framework contexts whose barrier orders the ranks on purpose: the main process runs
+# the block first while the others wait, then the others run it
+ORDERING_CONTEXTS = ("main_process_first", "local_main_process_first", "rank_zero_first")
 
 
 @dataclass
@@ -70,13 +69,14 @@ class Sides:
 
 def _designed(ev: Event | None) -> bool:
     """The op is the barrier of a framework's ordering context (`with
-    accelerator.main_process_first():`), not one the user called: a `wait_for_everyone`
+    accelerator.main_process_first():`), or the framework's own `wait_for_everyone`
+    reached through another of its calls; not one the user called: a `wait_for_everyone`
     the user calls under `if is_main_process:` is the user's stray barrier."""
     cs = (ev.callsite or {}) if ev is not None else {}
-    said = f"{cs.get('call') or ''} {(cs.get('framework') or {}).get('function') or ''}"
-    return any(name in said for name in DESIGNED_BARRIERS if name != "wait_for_everyone") \
-        or ("wait_for_everyone" in said and "wait_for_everyone" not in (cs.get("call") or "")
-            and bool(cs.get("call")))
+    call, fw = cs.get("call") or "", (cs.get("framework") or {}).get("function") or ""
+    if any(name in call or name in fw for name in ORDERING_CONTEXTS):
+        return True
+    return "wait_for_everyone" in fw and bool(call) and "wait_for_everyone" not in call
 
 
 def _designed_branch(ev: Event, inside: int) -> B.Branch | None:
