@@ -66,7 +66,8 @@ def _race(f: Finding, ranks, histories) -> Finding | None:
 
 def _sentence(p: D.Parting, subject: str, others: str, skipped: bool = False) -> str:
     """What happened at the parting, said of `subject` ("rank 2", "ranks 2, 3"), the side
-    that strayed (`skipped`: it is further along, past an op the others are still in)."""
+    that strayed (`skipped`: it left out the op the others are in and went on). Used where
+    no branch was read; with one, _branch_words says it."""
     be = "is" if others.startswith("rank ") else "are"
     if p.how == "differ" and skipped:
         return (f"{subject} skipped {D.describe(p.theirs)}, which {others} {be} in, and "
