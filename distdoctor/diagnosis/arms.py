@@ -120,19 +120,7 @@ def split_in(src, fn, l1, l2, after) -> Branch | None:
     loop = L.left(fn, l1, l2, after)
     if loop is not None:  # both ran the loop; one side left it, the other went round
         stayed = 0 if loop.lineno <= l1 <= S.end(loop) else 1
-        brk = _break_in(src, fn, loop, after)
-        if brk is not None:
-            return _exit_branch(src, fn, *brk, 1 - stayed)
-        skip = L.skip_in(fn, loop, (l1, l2)[stayed])
-        if skip is not None:  # one iteration fewer of the collective: a `continue` skipped it
-            b = _make(src, fn, skip[0], _pair(stayed, "went through {b} every iteration",
-                                              f"skipped an iteration (line {skip[1].lineno}) "
-                                              f"under {{b}}"),
-                      _pair(stayed, True, False), _pair(stayed, False, True))
-            b.exit_line = skip[1].lineno
-            return b
-        return _make(src, fn, loop, _pair(stayed, "went round {b} again", "left {b}"),
-                     _pair(stayed, True, False), _pair(stayed, False, True))
+        return _left_loop(src, fn, loop, stayed, after, (l1, l2)[stayed])
     for side, mine, other in ((0, l1, l2), (1, l2, l1)):
         if mine is not END and (other is END or (after is not None and other <= after
                                                  and mine > after)):
@@ -166,12 +154,7 @@ def split_in(src, fn, l1, l2, after) -> Branch | None:
                 continue
             if isinstance(stmt, S.LOOPS) and holds_after:
                 # both were in the loop and one left it: a `break`, or fewer iterations
-                brk = _break_in(src, fn, stmt, after)
-                if brk is not None:
-                    return _exit_branch(src, fn, *brk, 1 - side)
-                return _make(src, fn, stmt, _pair(side, "went round {b} again",
-                                                  "left {b}"), _pair(side, True, False),
-                             _pair(side, False, True))
+                return _left_loop(src, fn, stmt, side, after)
             # `if c: ...; return` and an op after it in the same block are two arms
             other_arm = (other is not END and not wrapped and isinstance(stmt, ast.If)
                          and not stmt.orelse and arm == "body" and bool(S.exits_in(stmt.body))
@@ -181,6 +164,25 @@ def split_in(src, fn, l1, l2, after) -> Branch | None:
                                               else "passed {b} by"),
                          _pair(side, True, other_arm), _pair(side, False, False))
     return None
+
+
+def _left_loop(src, fn, loop, stayed: int, after, line: int | None = None) -> Branch:
+    """Both sides ran `loop`; side `stayed` went round again (to `line`, where known), the
+    other left it: by a `break`, by a `continue` that skipped the op at `line` in one
+    iteration, or with fewer iterations."""
+    brk = _break_in(src, fn, loop, after)
+    if brk is not None:
+        return _exit_branch(src, fn, *brk, 1 - stayed)
+    skip = L.skip_in(fn, loop, line) if line is not None else None
+    if skip is not None:  # one iteration fewer of the collective: a `continue` skipped it
+        b = _make(src, fn, skip[0], _pair(stayed, "went through {b} every iteration",
+                                          f"skipped an iteration (line {skip[1].lineno}) "
+                                          f"under {{b}}"),
+                  _pair(stayed, True, False), _pair(stayed, False, True))
+        b.exit_line = skip[1].lineno
+        return b
+    return _make(src, fn, loop, _pair(stayed, "went round {b} again", "left {b}"),
+                 _pair(stayed, True, False), _pair(stayed, False, True))
 
 
 def _pair(side: int, mine, theirs) -> list:
@@ -196,8 +198,14 @@ def _break_in(src, fn, loop, after) -> tuple | None:
         return None
     found.sort(key=lambda f: (not _rank_guarded(src, fn, f[0][-1]), f[1].lineno))
     ifs, ex = found[0]
+    return _guard_of(src, ifs), ex
+
+
+def _guard_of(src, ifs: list) -> ast.If:
+    """Of the `if`s around an exit (outermost first), the one to name: the innermost on
+    the rank's identity, else the innermost."""
     ranked = [s for s in ifs if isinstance(s, ast.If) and C.kind_of(src, s.test) == "rank"]
-    return (ranked or ifs)[-1], ex
+    return (ranked or ifs)[-1]
 
 
 _LEFT = {ast.Return: "returned early", ast.Raise: "raised", ast.Continue:
@@ -245,18 +253,15 @@ def way_out(src, fn, line, after, side: int) -> Branch | None:
     the loop, or out of it): the first of the early exits between `after` and `line`
     and the `if`s holding `line` that `after` is not in, a branch on the rank's identity
     first."""
-    def own_rank_test(stmt):
-        return isinstance(stmt, ast.If) and C.kind_of(src, stmt.test) == "rank"
-
     cands = []  # (on the rank's identity, explains where the other went, line, ...)
     loop = L.holding(fn, line, after)
     mine = S.path_to(fn, line)
     for ex, ifs, _loop in S.ways_out(fn, after, line):
         if not ifs or _other_arm_of_a_constant(src, fn, S.path_to(fn, ex.lineno), mine, loop):
             continue  # an exit no branch guards (every rank takes it), or out of reach
-        ranked = [s for s in ifs if own_rank_test(s)]
-        cands.append((bool(ranked) or _rank_guarded(src, fn, ifs[-1]), True, ex.lineno,
-                      "exit", (ranked or ifs)[-1], ex))
+        # (the `if`s around it are all conditions around its innermost one)
+        cands.append((_rank_guarded(src, fn, ifs[-1]), True, ex.lineno, "exit",
+                      _guard_of(src, ifs), ex))
     for stmt, arm in S.path_to(fn, line):
         if S.is_main_guard(stmt) or (loop is not None and L.invariant(stmt, loop)):
             continue  # every rank runs the script as __main__; a condition the loop
@@ -320,9 +325,8 @@ def decorated(src, fn, side: int) -> Branch | None:
     dec = C.rank_decorator(fn)
     if dec is None:
         return None
-    b = Branch(src.path, dec.lineno, fn.name, "decorator", f"@{src.segment(dec)}", "rank",
-               _pair(side, f"ran {fn.name} under {{b}}", f"skipped {fn.name} under {{b}}"),
-               _pair(side, True, False), _pair(side, False, False))
-    return b
+    return Branch(src.path, dec.lineno, fn.name, "decorator", f"@{src.segment(dec)}", "rank",
+                  _pair(side, f"ran {fn.name} under {{b}}", f"skipped {fn.name} under {{b}}"),
+                  _pair(side, True, False), _pair(side, False, False))
 
 

@@ -180,23 +180,12 @@ def _by_history(s: Sides) -> Verdict | None:
     return None
 
 
-def branch_of(s: Sides) -> tuple[B.Branch | None, str | None]:
-    """The branch that split the two sides, and the file that could not be read where
-    that stopped the reading."""
-    try:
-        return B.find(s.p.after, s.now[0], s.now[1]), None
-    except B.Unreadable as exc:
-        return None, exc.path
-    except (RecursionError, ValueError, IndexError, AttributeError):
-        return None, None  # a program shape the reading does not know: said as no branch
-
-
 def judge(p: A.Parting, a: int, b: int, histories, majority: bool) -> Verdict:
     """Which side strayed: side a (rank `a`'s, `p.ours`) or side b (rank `b`'s), why,
     and the branch that split them. With a majority, side a is the odd one out and the
     branch only shapes the words."""
     s = Sides(p, a, b, histories)
-    br, unreadable = branch_of(s)
+    br, unreadable = B.read(s.p.after, s.now[0], s.now[1])
     if majority:
         return Verdict(0, "", False, br, unreadable)
     designed = [_designed(ev) for ev in s.now]

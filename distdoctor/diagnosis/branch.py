@@ -97,26 +97,28 @@ def find(before: Event | None, ev1: Event | None, ev2: Event | None) -> Branch |
         # a side whose line here is the call the shared op came from is still in that call
         in1, in2 = (l1 == after and i + 1 < len(c1)), (l2 == after and j + 1 < len(c2))
         b = None if in1 or in2 else arms.split_in(src, fn, l1, l2, after)
-        if arms.END in (l1, l2):  # the side still in this call is the deeper one
-            return b if b is not None else _quiet(
-                _descend, *((c1, 0, i + 1) if l2 is arms.END else (c2, 1, j + 1)), cp)
         # the side still in a call the other passed through (or came back round to)
-        if in1 or (not in2 and after is not None and l2 <= after < l1):
+        if l2 is arms.END or in1 or (not in2 and after is not None and l2 <= after < l1):
             deeper, side, at = c1, 0, i + 1
-        elif in2 or (after is not None and l1 <= after < l2):
+        elif l1 is arms.END or in2 or (after is not None and l1 <= after < l2):
             deeper, side, at = c2, 1, j + 1
         else:
             deeper, side, at = (c1, 0, i + 1) if l1 < l2 else (c2, 1, j + 1)
-        if b is not None and (b.kind == "rank" or b.exit_line is not None):
+        if b is not None and (arms.END in (l1, l2) or b.kind == "rank"
+                              or b.exit_line is not None):
             return b
-        # a condition on the rank's identity further in says more than one on data here
-        inner = _quiet(_descend, deeper, side, at, cp) if at < len(deeper) else None
-        # ... and an early exit further in explains the other side better than an `if`
-        # it did not enter here (it entered the call and left it)
-        if b is None or (inner is not None and (inner.kind == "rank"
-                                                or inner.exit_line is not None)):
-            return inner if inner is not None or b is not None else _descend(
-                deeper, side, at, cp)
+        try:
+            inner, unreadable = _descend(deeper, side, at, cp), None
+        except Unreadable as exc:
+            inner, unreadable = None, exc
+        # a condition on the rank's identity further in says more than one on data here,
+        # and an early exit further in explains the other side better than an `if` it did
+        # not enter here (it entered the call and left it)
+        if inner is not None and (b is None or inner.kind == "rank"
+                                  or inner.exit_line is not None):
+            return inner
+        if b is None and unreadable is not None:
+            raise unreadable
         return b
     # one chain ends where the other goes on (or the two lines call different
     # functions): the longer one went further in
@@ -132,6 +134,19 @@ def _came_round(c: list[Frame], cp: list[Frame], fn, line, after) -> bool:
     function where the sides meet holds that line: the function was called again."""
     return (bool(cp) and c == cp and line == after
             and not any(isinstance(s, S.LOOPS) for s, _ in S.path_to(fn, line)))
+
+
+def read(before: Event | None, ev1: Event | None, ev2: Event | None
+         ) -> tuple[Branch | None, str | None]:
+    """find(), for a diagnosis that must go on whatever the program looks like: the
+    branch (or None), and the file whose source could not be read where that stopped
+    the reading (or None)."""
+    try:
+        return find(before, ev1, ev2), None
+    except Unreadable as exc:
+        return None, exc.path
+    except (RecursionError, ValueError, IndexError, AttributeError):
+        return None, None  # a program shape the reading does not know: said as no branch
 
 
 def _quiet(fn, *args):

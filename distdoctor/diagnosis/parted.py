@@ -137,11 +137,12 @@ def _branch_words(br: Branch, p: D.Parting, subject: str, others: str) -> str:
             f"{others} {br.said(1, 'it')}{then(p.theirs, p.next_theirs)}")
 
 
-def _say_branch(f: Finding, verdict, sides: list[list[int]]) -> None:
-    """details.branch, and the branch's line among the call sites (after the ops')."""
-    br = verdict.branch
-    if verdict.unreadable:
-        f.details["source_unreadable"] = verdict.unreadable
+def _say_branch(f: Finding, br: Branch | None, sides: list[list[int]],
+                unreadable: str | None = None) -> None:
+    """details.branch, and the branch's line (and the way out a side took) among the call
+    sites, after the ops'."""
+    if unreadable:
+        f.details["source_unreadable"] = unreadable
     if br is None:
         return
     f.details["branch"] = br.as_details(sides)
@@ -182,7 +183,7 @@ def explain_mismatch(f: Finding, rv: Rendezvous, histories: dict,
     others = (f"rank {other}" if len(main) == 1 else
               f"ranks {', '.join(map(str, sorted(main)))}" if not majority else "the others")
     f.details["parted_at"] = D.as_details(p, culprit, other)
-    _say_branch(f, verdict, [side, rest])
+    _say_branch(f, verdict.branch, [side, rest], verdict.unreadable)
     if _at_failure(p, rv) and majority and verdict.branch is None:
         return f  # the op that disagrees is where they parted: the summary says it
     skipped = verdict.skipped
@@ -254,22 +255,12 @@ def _skipped_branch(f: Finding, culprit: int, other: int, histories: dict) -> Fi
     before = ops[-2] if len(ops) > 1 else None
     theirs = next((ev for ev in histories.get(other, ()) if ev.kind == "collective"
                    and ev.group == f.group and ev.seq == f.seq), None)
-    try:
-        br = B.find(before, mine, theirs)
-    except B.Unreadable as exc:
-        f.details["source_unreadable"] = exc.path
-        return f
-    if br is None:
-        return f
     waiting = f.details.get("waiting_ranks") or [other]
-    f.details["branch"] = br.as_details([[culprit], waiting])
-    f.summary += (f": rank {culprit} {br.said(0)}; {who(waiting)} {br.said(1, 'it')} and "
-                  f"issued {D.describe(theirs)}")
-    f.callsites = _merge_sites(f.callsites, [
-        {"rank": culprit, "file": br.file, "line": br.line, "function": br.function,
-         "role": "branch"}] + ([{"rank": culprit, "file": br.file, "line": br.exit_line,
-                                 "function": br.function, "role": "exit"}]
-                               if br.exit_line is not None else []))
+    br, unreadable = B.read(before, mine, theirs)
+    _say_branch(f, br, [[culprit], waiting], unreadable)
+    if br is not None:
+        f.summary += (f": rank {culprit} {br.said(0)}; {who(waiting)} {br.said(1, 'it')} and "
+                      f"issued {D.describe(theirs)}")
     return f
 
 
@@ -282,7 +273,7 @@ def _tie(f: Finding, p: D.Parting, a: int, b: int, verdict, tail: str) -> Findin
     f.ranks = []
     f.details["tie"] = [a, b] if a < b else [b, a]
     f.details["parted_at"] = D.as_details(p, a, b)
-    _say_branch(f, verdict, [[a], [b]])
+    _say_branch(f, verdict.branch, [[a], [b]], verdict.unreadable)
     loop = order.loop_of(p)
     if loop is not None:  # one line, two ops: the order is the finding
         f.details["order"] = loop
@@ -361,7 +352,8 @@ def explain_hang(f: Finding, histories: dict) -> Finding:
             culprit, other = other, culprit
             f.ranks = [culprit]
     f.details["parted_at"] = D.as_details(p, culprit, other)
-    _say_branch(f, verdict, [[culprit], [other]] if not majority else [[culprit], others])
+    sides = [[culprit], [other] if not majority else others]
+    _say_branch(f, verdict.branch, sides, verdict.unreadable)
     word = "the others" if len(others) > 1 else f"rank {other}"
     where = p.ours or p.theirs
     why = f" ({f.details['evidence']})" if f.details.get("evidence") else ""

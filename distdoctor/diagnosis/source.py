@@ -116,15 +116,11 @@ def exits_in(block, loop_exits: bool = True) -> list[ast.AST]:
     out = []
     for stmt in block:
         if isinstance(stmt, EXITS):
-            out.append(stmt)
-        elif isinstance(stmt, FUNCS + (ast.ClassDef,)):
-            continue
-        else:
-            inner_loop = isinstance(stmt, LOOPS)
+            if loop_exits or isinstance(stmt, (ast.Return, ast.Raise)):
+                out.append(stmt)
+        elif not isinstance(stmt, FUNCS + (ast.ClassDef,)):
             for _, b in arms(stmt):
-                out += [e for e in exits_in(b, loop_exits and not inner_loop)
-                        if loop_exits and not inner_loop
-                        or isinstance(e, (ast.Return, ast.Raise))]
+                out += exits_in(b, loop_exits and not isinstance(stmt, LOOPS))
     return out
 
 
