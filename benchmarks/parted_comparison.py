@@ -144,7 +144,8 @@ def detail_side(job: Path, nproc: int, gloo_timeout: float, limit: float = 60.0,
     """The bare job under torchrun with TORCH_DISTRIBUTED_DEBUG=DETAIL (`debug`; None:
     without it): the first error line the ranks printed (torchrun's own summary last),
     and when."""
-    env = dict(os.environ, PYTHONUNBUFFERED="1", PARTED_GLOO_TIMEOUT=str(gloo_timeout))
+    env = {k: v for k, v in os.environ.items() if k != "TORCH_DISTRIBUTED_DEBUG"}
+    env.update(PYTHONUNBUFFERED="1", PARTED_GLOO_TIMEOUT=str(gloo_timeout))
     if debug:
         env["TORCH_DISTRIBUTED_DEBUG"] = debug
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",

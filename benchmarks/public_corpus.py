@@ -108,12 +108,7 @@ def _bare_cell(first: str | None, lines: list[str], case: dict) -> tuple[bool, b
 def timeout_side(job: Path, nproc: int, limit: float = 90.0) -> dict:
     """The bare job under torchrun: its first error line, when the case's own timeout
     (or crash) ends it; DETAIL's runner without DETAIL."""
-    saved = os.environ.pop("TORCH_DISTRIBUTED_DEBUG", None)
-    try:
-        return detail_side(job, nproc, gloo_timeout=30.0, limit=limit, debug=None)
-    finally:
-        if saved is not None:
-            os.environ["TORCH_DISTRIBUTED_DEBUG"] = saved
+    return detail_side(job, nproc, gloo_timeout=30.0, limit=limit, debug=None)
 
 
 def run_case(name: str, case: dict, tools, fr_timeout: float) -> dict:
