@@ -14,6 +14,7 @@ live scan of the output find.
   scanner.py   lines in, findings out (live and post-mortem)
   window.py    whether a log starts mid-run (then absence from it proves nothing)
   heads.py     line heads no rule knows, learned from the log itself
+  repeats.py   a log that ends in one line over and over with nothing moving: a stall
   remedies.py  what to try
 
 Layer: detectors (tests/test_layers.py), beside distdoctor/diagnosis: it reads text and
@@ -34,6 +35,7 @@ def scan_logs(specs: list[str], anchors: tuple[bytes, ...] | None = None
     families' short cover)."""
     from distdoctor.logs.families import ANCHORS
     from distdoctor.logs.reader import LogReader
+    from distdoctor.logs.repeats import stall_signals
     from distdoctor.logs.scanner import LogScanner
     from distdoctor.logs.window import starts_mid_run, window_note
 
@@ -44,6 +46,7 @@ def scan_logs(specs: list[str], anchors: tuple[bytes, ...] | None = None
     scanner.activity = reader.activity
     scanner.file_lines = reader.file_lines
     scanner.mid_run = starts_mid_run(reader.first_text)
+    scanner.repeats = stall_signals(reader.files, reader.file_lines)
     found = scanner.findings()
     read = scanner.read_summary(reader.total_lines)
     if scanner.mid_run:

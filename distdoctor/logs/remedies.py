@@ -114,3 +114,7 @@ MISMATCH = ("Ranks called different collectives at the same point: find the bran
             "evaluation); `distdoctor run` names the line on each rank.")
 MONITORED_BARRIER = ("That rank never reached the barrier: look at what it was doing (its "
                      "stack: `py-spy dump --pid PID`, or `distdoctor run`).")
+REPEAT_WAIT = ("The job prints the same line and nothing else: what it waits on never came (a "
+               "rank, a worker or a resource it asked for). Take a stack of every rank now "
+               "(`py-spy dump --pid PID`), or rerun under `distdoctor run`, which names the rank "
+               "the others wait for.")

@@ -18,11 +18,12 @@ from distdoctor.logs.families.ray import assign_ranks
 from distdoctor.logs.families.unknown import UnknownErrors
 from distdoctor.logs.lines import LogLine, RankActivity, parse_raw
 from distdoctor.logs.reasoning import Reasoner
-from distdoctor.logs.signals import CONTEXT, Signal
+from distdoctor.logs.signals import CAUSE, CONTEXT, EXIT, TIMEOUT, UNKNOWN, VICTIM, Signal
 
 MAX_SIGNALS = 50_000   # a log of thousands of failing ranks keeps the first ones of each kind
 MAX_PER_KIND = 4       # signals kept per (rule, process, problem)
 MAX_LINE_CHARS = 64 * 1024
+_FAILING = (CAUSE, TIMEOUT, VICTIM, EXIT, UNKNOWN)
 # one alternation of every family's anchors: the live path's filter (faster than `in` each)
 _ANCHOR_RE = re.compile("|".join(re.escape(a.decode())
                                  for a in sorted(ROUTES, key=len, reverse=True)))
@@ -50,6 +51,7 @@ class LogScanner:
         self._dirty = False
         self.live = False  # fed line by line as a job prints (then a traceback may be open)
         self.mid_run = False  # the log starts mid-run (window.py): absence proves nothing
+        self.repeats: list[Signal] = []  # a tail repeated with nothing moving (repeats.py)
 
     # --- live ------------------------------------------------------------------------------
     def feed(self, text: str, rank: int | None = None) -> None:
@@ -133,6 +135,10 @@ class LogScanner:
         # what the log ends in the middle of; live, an open traceback is one still printing
         for fam in self.families if self.live else [*self.families, self.tracebacks]:
             for s in fam.pending():
+                s.order = len(signals)
+                signals.append(s)
+        if not any(s.role in _FAILING for s in signals):  # the stall no rule names, last
+            for s in self.repeats:
                 s.order = len(signals)
                 signals.append(s)
         assign_ranks(signals)  # Ray workers' pids -> ranks, where the log tells

@@ -24,7 +24,7 @@ import re
 from distdoctor.findings import Finding
 from distdoctor.logs import remedies as R
 from distdoctor.logs.lines import LogLine
-from distdoctor.logs.problems import Problem, plural, ranks_text
+from distdoctor.logs.problems import Problem, clip, plural, ranks_text
 from distdoctor.logs.signals import CAUSE, Family, Signal
 
 NAME = "stall"
@@ -145,6 +145,8 @@ def describe(p: Problem, ctx) -> Finding:
                            f"block in {f['secs']} seconds, {f.get('waits')} times in a row"
                            f"{took}{on}: a worker stopped reading (stuck or dead)", [],
                            R.FIND_LATE_RANK)
+    if p.rule == "repeat_wait":
+        return _repeat_wait(p, on, ctx)
     if not reporters and "rank" in f:
         on = f" on rank {f['rank']}"
     world, joined = f.get("world"), f.get("joined")
@@ -158,3 +160,16 @@ def describe(p: Problem, ctx) -> Finding:
     return ctx.finding(p, "hang", "error", f"stall: the store-based barrier of "
                        f"init_process_group/new_group (key {f.get('key')}) is stuck{on}: "
                        f"{count}{missing}{took}{ahead}", [], R.STORE_JOIN)
+
+
+def _repeat_wait(p: Problem, on: str, ctx) -> Finding:
+    """The stall no rule names (repeats.py): the log ends in one line, over and over."""
+    last = p.signals[-1].fields
+    waited = max((s.fields["waited"] or 0 for s in p.signals), default=0) or None
+    repeats = max(s.fields["repeats"] for s in p.signals)
+    took = f" over {_time(waited)}" if waited else " (the log shows no times)"
+    severity = "error" if waited and waited >= 120 else "warning"
+    return ctx.finding(p, "hang", severity, f"stall: the log ends in the same line {repeats} "
+                       f"times{on}{took}, {clip(last['text'], 140)!r}, with nothing else printed "
+                       f"and no number in it moving: the job waits for something that does not "
+                       f"come", [], R.REPEAT_WAIT)
