@@ -91,7 +91,9 @@ def test_a_job_forwarded_over_tls_with_a_client_certificate_crosses_the_wire_unr
         relay.close()
         stop_process(collector)
     assert node.returncode == 0 and node.stdout == STEPS, node.stderr
-    assert "forwarding to the collector" in node.stderr and "in clear" not in node.stderr
+    assert "forwarding to the collector" in node.stderr and "over TLS" in node.stderr
+    assert "in clear" not in node.stderr
+    assert "(over TLS, client certificates required)" in said.lines[0], said.lines
     assert _copied_rings(tmp_path) == ["rank-00000.ring", "rank-00001.ring"]
     assert len(relay.seen) > 8_000  # the logs went through the relay ...
     wire = bytes(relay.seen)  # ... and none of it is readable there

@@ -146,7 +146,8 @@ def _collect(args) -> int:
                           on_finding=None if dashboard else print_finding,
                           hang_timeout_s=hang_timeout).start()
     where = f"{collector.address[0]}:{collector.address[1]}"
-    err_console.print(f"distdoctor: collecting on {where} into {run_dir}", highlight=False)
+    err_console.print(f"distdoctor: collecting on {where} ({tls.server_words()}) into "
+                      f"{run_dir}", highlight=False, soft_wrap=True)  # one line, as said
     try:
         if dashboard:
             show(run_dir, hang_timeout, args.backlog or DEFAULT_BACKLOG, args.refresh,

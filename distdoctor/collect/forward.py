@@ -233,7 +233,8 @@ class Forwarder:
         if self.digest is not None:
             with self.live._lock:
                 self.digest.reset()
-        self._say("connected", f"forwarding to the collector at {_where(self.address)}")
+        over = " over TLS" if self.tls is not None else ""
+        self._say("connected", f"forwarding to the collector at {_where(self.address)}{over}")
         return True
 
     def _refused(self, why: str) -> bool:

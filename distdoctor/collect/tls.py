@@ -35,6 +35,12 @@ class TLSSettings:
     def enabled(self) -> bool:
         return bool(self.cert or self.key or self.ca)
 
+    def server_words(self) -> str:
+        """How a listener with these settings takes its peers, for its start line."""
+        if not self.enabled:
+            return "in clear"
+        return "over TLS, client certificates required" if self.ca else "over TLS"
+
     def server_context(self, what: str) -> ssl.SSLContext | None:
         """For a listener (`what`: the command, for the error line); None without TLS."""
         if not self.enabled:
