@@ -138,6 +138,19 @@ def read_findings(run_dir: str | os.PathLike) -> list[Finding]:
         raise ValueError(f"{path} is not a findings file ({exc!r})") from None
 
 
+# the order findings are listed in: the most severe first, then the kinds that usually
+# explain the others (a mismatch explains a hang, a hang a crash of the waiters)
+SEVERITY_ORDER = {"error": 0, "warning": 1, "info": 2}
+KIND_ORDER = {"mismatch": 0, "deadlock": 1, "hang": 2, "crash": 3, "comm_error": 4,
+              "long_wait": 5, "throttle": 6, "straggler": 7}
+
+
+def most_severe_first(found: list[Finding]) -> list[Finding]:
+    """`found` in the order a report lists them (stable: ties keep their order)."""
+    return sorted(found, key=lambda f: (SEVERITY_ORDER.get(f.severity, 3),
+                                        KIND_ORDER.get(f.kind, 9)))
+
+
 def merge_findings(found: list[Finding], written: list[Finding]) -> list[Finding]:
     """Recomputed findings, with the stacks of their written twins and the call sites read
     from those stacks (only the live engine, beside the running ranks, could take stacks),

@@ -240,3 +240,23 @@ def test_a_ring_with_foreign_strings_reads_as_unknown_not_a_traceback(tmp_path):
     assert (good.group, good.group_desc, good.group_ranks) == ("7", "tp", (2, 3))
     assert (good.shapes, good.dtypes, good.numel_in) == (((4, 2),), ("bfloat16",), 8)
     assert (last.group, last.shapes) == ("?", ())
+
+
+@pytest.mark.timeout(150)
+def test_a_ranks_exception_is_said_once_and_listed_first(tmp_path):
+    """Told by the job's output and by the tracer: one live line, one finding, the cause
+    before its consequences (rank 0's closed connection) live and post-mortem."""
+    run_dir = tmp_path / "run"
+    job = JOBS / "crashes" / "one_rank_raises.py"
+    out = run_cli(["run", "--nproc", "2", "--run-dir", str(run_dir), "--", str(job)],
+                  run_dir=run_dir)
+    assert out.returncode != 0
+    said = [ln for ln in out.stderr.splitlines() if ln.startswith("distdoctor: CRASH")]
+    assert sum("CheckpointWriteError" in ln for ln in said) == 1, out.stderr
+    written = json.loads((run_dir / "findings.json").read_text())["findings"]
+    assert [f["severity"] for f in written][0] == "error" and written[0]["ranks"] == [1]
+    assert sum("CheckpointWriteError" in f["summary"] for f in written) == 1, written
+    assert "one_rank_raises.py:20" in written[0]["summary"]
+    report = json.loads(run_cli(["diagnose", "--json", str(run_dir)]).stdout)["findings"]
+    assert report[0]["ranks"] == [1] and report[0]["severity"] == "error", report
+    assert all(f["severity"] != "error" for f in report[1:]), report

@@ -158,7 +158,8 @@ def merge_crashes(found: list[Finding], all_ranks: set[int]) -> list[Finding]:
     """One finding per problem, not one per rank:
     - a crash the job's output explains (a traceback, an OOM: findings with source "log")
       replaces the exit-code crash of the same rank (of the same incarnation), unless the
-      tracer saw that rank's exception itself: then that one stays and the log's goes;
+      tracer saw that rank's exception itself: then that one stays and the log's goes
+      (but a failure the log tells shared by several ranks stays one finding);
     - ranks that all failed the same way before issuing any op (a start-up error, an
       argparse usage error) are one finding."""
     def at(f: Finding) -> set:
@@ -174,9 +175,13 @@ def merge_crashes(found: list[Finding], all_ranks: set[int]) -> list[Finding]:
     raised = {x for f in crashes if f.details.get("source") != "log" and seen_end(f)
               for x in at(f)}
     from_log = {x for f in crashes if f.details.get("source") == "log" for x in at(f)}
-    out = [f for f in found if not (
-        f in crashes and (at(f) <= raised if f.details.get("source") == "log"
-                          else not seen_end(f) and at(f) <= from_log))]
+    # ... except where the log tells one failure shared by several ranks (every rank's
+    # KeyError, an OOM on two): that one finding, not one per rank
+    shared = {x for f in crashes if f.details.get("source") == "log" and len(f.ranks) > 1
+              for x in at(f)}
+    out = [f for f in found if not (f in crashes and (
+        at(f) <= raised and len(f.ranks) == 1 if f.details.get("source") == "log"
+        else at(f) <= shared or not seen_end(f) and at(f) <= from_log))]
     _keep_steps(crashes, [f for f in out if f in crashes and f.details.get("source") == "log"])
     _not_at_startup(crashes, [f for f in out if f.details.get("source") == "log"
                               and f.details.get("family") == "startup"])

@@ -242,6 +242,9 @@ class Engine(FindingBook, WaitJudge):
         if (info.call is None and info.how == "exit" and st.exit is not None
                 and st.exit.call is not None):  # the launcher's code, the log's line
             info = replace(info, call=st.exit.call)
+        if info.how == "exit" and st.exit is not None and st.exit.how == "raised" \
+                and info.failed:  # the launcher's code for the raise the rank's log saw
+            info = replace(st.exit, code=info.code)
         st.exit = info
 
     def revive(self, rank: int) -> None:

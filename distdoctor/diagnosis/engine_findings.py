@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from distdoctor.diagnosis.crash import merge_crashes
-from distdoctor.findings import Finding
+from distdoctor.findings import Finding, most_severe_first
 
 # how long a mismatch the job's output tells with no culprit waits for the traced one
 # (across nodes, the collector's: digests every 0.5 s, then its own settle time)
@@ -61,9 +61,6 @@ class FindingBook:
 
     def findings(self) -> list[Finding]:
         """Every finding so far, most severe kinds first."""
-        order = {"mismatch": 0, "deadlock": 1, "hang": 2, "crash": 3, "comm_error": 4,
-                 "long_wait": 5, "throttle": 6, "straggler": 7}
-        severity = {"error": 0, "warning": 1, "info": 2}
         # a hang blamed on ranks later found dead is that death, not a second problem
         # (also when the death was itself a consequence: its cause is reported already)
         held = [self._held_as_settled(f) for f, _ in self._held]  # (see add_finding)
@@ -89,8 +86,7 @@ class FindingBook:
                  and f.details.get("reason") == "threads_share_group"}
         kept = [f for f in kept if not (f.severity == "info" and f.group in raced
                                         and f.details.get("reason") == "threads_share_group")]
-        return sorted(kept,
-                      key=lambda f: (severity.get(f.severity, 3), order.get(f.kind, 9)))
+        return most_severe_first(kept)
 
 
 def _external_key(f: Finding) -> tuple:

@@ -31,6 +31,7 @@ from distdoctor.diagnosis.optional import (
     sample_tail,
     start_sampler,
 )
+from distdoctor.diagnosis.report import SaidOnce
 from distdoctor.findings import Finding, write_findings
 from distdoctor.priority import lower_this_thread
 from distdoctor.runlog.follow import RunFollower
@@ -86,6 +87,7 @@ class LiveDiagnosis:
         self._done: set[int] = set()  # incarnations left as they are
         self._write_failed = False
         self.on_finding = on_finding
+        self._said = SaidOnce()  # a rank's crash printed once, whichever source told it
         self.stacks_mode = stacks
         self.exits = exits  # rank -> (exit status, stopped by distdoctor), when known
         self._stop = threading.Event()
@@ -285,7 +287,8 @@ class LiveDiagnosis:
                           file=sys.stderr)
         if self.on_finding is not None:
             for f in changed:
-                self.on_finding(f)
+                if self._said.new(f):
+                    self.on_finding(f)
 
     def _remember(self, events) -> None:
         """Each rank's newest ops by event number, for a viewer's rank detail; a

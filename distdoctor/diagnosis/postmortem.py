@@ -8,7 +8,13 @@ from pathlib import Path
 from distdoctor.diagnosis.crash import ExitInfo, merge_crashes
 from distdoctor.diagnosis.engine import Engine
 from distdoctor.diagnosis.progress import hang_timeout_s as timeout_of
-from distdoctor.findings import FINDINGS_FILE, Finding, merge_findings, read_findings
+from distdoctor.findings import (
+    FINDINGS_FILE,
+    Finding,
+    merge_findings,
+    most_severe_first,
+    read_findings,
+)
 from distdoctor.runlog.run import Run
 
 HEARTBEAT_SLACK_S = 1.5
@@ -83,8 +89,9 @@ def diagnose_events(events: dict[int, list], headers: dict, exits: dict[int, Exi
             engine.straggler.findings()
     for rank, header in headers.items():
         engine.heartbeat(rank, header.heartbeat_mono_ns, 0.0)
-        if header.closed and (rank not in exits or header.exit_call):
+        if header.closed and (rank not in exits or header.exit_call or header.exception):
             # then the launcher's word, if any: it keeps the line of the log's exit call
+            # and the raise the log saw
             engine.exited(rank, ExitInfo.of_closed_log(header))
     for rank, info in exits.items():
         engine.exited(rank, info)
@@ -112,8 +119,8 @@ def diagnose_runs(runs: list[Run], hang_timeout_s: float | None = None
         findings += found
         notes += [n for n in run_notes if n not in notes]
     ranks = {r for run in runs for r in run.events}
-    return merge_crashes(agree_with_live(findings, _live_findings(runs[0].path, notes),
-                                         completed), ranks), notes
+    return most_severe_first(merge_crashes(agree_with_live(
+        findings, _live_findings(runs[0].path, notes), completed), ranks)), notes
 
 
 def diagnose_run(run: Run, hang_timeout_s: float | None = None) -> tuple[list[Finding], list[str]]:
@@ -128,7 +135,8 @@ def diagnose_run(run: Run, hang_timeout_s: float | None = None) -> tuple[list[Fi
     if run.incarnations > 1:
         found = [label_incarnation(f, run.incarnation) for f in found]
         written = [f for f in written if f.details.get("incarnation") == run.incarnation]
-    return merge_crashes(agree_with_live(found, written, completed), set(run.events)), notes
+    return most_severe_first(merge_crashes(agree_with_live(found, written, completed),
+                                           set(run.events))), notes
 
 
 def agree_with_live(found: list[Finding], written: list[Finding],

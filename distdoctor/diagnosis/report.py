@@ -5,7 +5,7 @@ from __future__ import annotations
 from rich.markup import escape
 from rich.text import Text
 
-from distdoctor.findings import Finding, framework_text
+from distdoctor.findings import SEVERITY_ORDER, Finding, framework_text
 
 STYLE = {"error": "bold red", "warning": "bold yellow", "info": "bold cyan"}
 STACK_LINES = 25  # per rank in the full report; the JSON keeps them whole
@@ -72,6 +72,25 @@ def live_line(f: Finding) -> Text:
     if culprit_sites:
         text.append("\n    at " + "; ".join(site_text(c) for c in culprit_sites[:3]), style="dim")
     return text
+
+
+class SaidOnce:
+    """Which crashes `distdoctor run` has printed: a rank's death is one line, whichever
+    source told it first (its traceback in the job's output, or the tracer's record of
+    the raise a moment later); said again only when it grows more severe."""
+
+    def __init__(self):
+        self._crashes: dict[tuple, int] = {}  # (ranks, incarnation) -> severity said
+
+    def new(self, f: Finding) -> bool:
+        if f.kind != "crash" or not f.ranks:
+            return True
+        key = (tuple(f.ranks), f.details.get("incarnation"))
+        severity = SEVERITY_ORDER.get(f.severity, 3)
+        if key in self._crashes and self._crashes[key] <= severity:
+            return False
+        self._crashes[key] = severity
+        return True
 
 
 def print_report(findings: list[Finding], console, notes: list[str] = (),
