@@ -145,6 +145,25 @@ def test_a_break_under_a_rank_guard_names_the_guard(tmp_path):
         """, "# barrier", None, before="# before")
     assert br.line == _line(path, "# guard") and br.kind == "rank"
     assert br.left == [False, True] and "broke out" in br.said(1)
+    assert not br.gate  # the break is the guarded code, not a gate before code for rank 0
+
+
+def test_an_if_that_only_leaves_on_some_ranks_is_a_gate_for_the_rest(tmp_path):
+    """`if local_rank != 0: continue` mid-loop: what follows is meant for rank 0 alone, so
+    its collective is the stray one (the side that went on past is the culprit)."""
+    path, br = _two_sides(tmp_path, """
+        def f(local_rank):
+            for step in range(4):
+                dist.all_reduce(x)  # before
+                if local_rank != 0:  # guard
+                    print("not the main process")
+                    continue
+                dist.all_reduce(stats)  # stats
+
+        f(local_rank)  # call
+        """, "# stats", None, before="# before")
+    assert br.line == _line(path, "# guard") and br.kind == "rank" and br.gate
+    assert br.left == [False, True] and "skipped to the next iteration" in br.said(1)
 
 
 def test_an_except_arm_is_the_side_whose_exception_sent_it_there(tmp_path):

@@ -223,8 +223,14 @@ def _exit_branch(src, fn, stmt: ast.If, ex: ast.AST, side: int) -> Branch:
 
 
 def _is_gate(fn, stmt: ast.If, ex: ast.AST) -> bool:
-    """`if not is_main: return` among a function's first statements: a gate, the rest of
-    the function meant for the ranks it lets through (not a bail-out of common code)."""
+    """A gate, what follows it meant for the ranks it lets through (not a bail-out of
+    common code): `if not is_main: return` among a function's first statements, or an
+    `if` whose arm does nothing but leave (`if local_rank != 0: continue`, a log line at
+    most). An exit deeper inside (r21: `if rank == 0:` ... `if patience ...: break`) is
+    no gate: it is the guarded code."""
+    if ex in stmt.body and not stmt.orelse and all(
+            b is ex or isinstance(b, (ast.Expr, ast.Pass)) for b in stmt.body):
+        return True
     if not isinstance(ex, (ast.Return, ast.Raise)) or stmt not in getattr(fn, "body", []):
         return False
     before = fn.body[:fn.body.index(stmt)]

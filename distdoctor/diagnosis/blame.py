@@ -106,9 +106,9 @@ def _by_branch(s: Sides, br: B.Branch) -> Verdict:
         if br.kind == "rank" and br.gate:  # the rest of the function is for the others
             went = 1 - side
             return Verdict(went, f"{said} is a branch on the rank's identity that lets only "
-                                 f"some ranks into the rest of {br.function}: the collective "
-                                 f"there, which rank {ranks[went]} issued, is meant for them "
-                                 f"alone", False, br)
+                                 f"some ranks past line {br.exit_line}: the collective after "
+                                 f"it, which rank {ranks[went]} issued, is code meant for "
+                                 f"them alone", False, br)
         what = ("a branch on the rank's identity: code meant for some ranks only"
                 if br.kind == "rank" else
                 f"a branch on the ranks' data: rank {ranks[side]}'s data sent it out")
