@@ -78,6 +78,26 @@ def test_an_exception_after_any_head_is_found_with_the_rank_the_head_names(tmp_p
     assert top.ranks == ([2] if has_rank else [])
 
 
+@pytest.mark.parametrize("head, has_rank", HEADS[:3])
+def test_a_bare_exception_after_any_head_is_the_failure_not_a_cut_traceback(tmp_path, head,
+                                                                             has_rank):
+    """`raise Exception("...")` (vLLM's WorkerProc.wait_for_ready, user code) ends its
+    traceback with the bare class name; alone on a line it is said too."""
+    body = "".join(head.format(r=r) + f"step {i} done in 0.31s\n" for i in range(4)
+                   for r in range(3))
+    tb = ["Traceback (most recent call last):", '  File "worker.py", line 41, in wait_ready',
+          "    raise e from None", "Exception: WorkerProc initialization failed"]
+    body += "".join(head.format(r=1) + ln + "\n" for ln in tb)
+    (top,) = _loud(scan_logs([_write(tmp_path, "job.log", body)])[0])
+    assert "Exception: WorkerProc initialization failed" in top.summary
+    assert "cuts off" not in top.summary and top.ranks == ([1] if has_rank else [])
+    alone = _write(tmp_path, "alone.log", "loading\nException: config key 'lr' missing\n")
+    (top,) = _loud(scan_logs([alone])[0])
+    assert "config key 'lr' missing" in top.summary
+    quiet = _write(tmp_path, "quiet.log", "Exception ignored in: <function Pool.__del__>\n")
+    assert _loud(scan_logs([quiet])[0]) == []
+
+
 @pytest.mark.parametrize("head, _", HEADS)
 def test_a_healthy_log_under_any_head_stays_quiet(tmp_path, head, _):
     body = "".join(head.format(r=r) + f"step {i} loss {2.0 - i / 10:.2f} error_rate 0.01\n"

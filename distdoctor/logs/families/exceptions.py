@@ -31,8 +31,9 @@ NAME = "exception"
 
 _START = "Traceback (most recent call last):"
 _FRAME = re.compile(r'^\s*File "(?P<file>[^"]+)", line (?P<line>\d+), in (?P<function>.+)$')
-_EXC = re.compile(r"^(?P<type>(?:[A-Za-z_]\w*\.)*[A-Z]\w*(?:Error|Exception|Interrupt|Exit|"
-                  r"Iteration|Failure|Timeout|Warning|Fault))(?::\s?(?P<message>.*))?$")
+# (the bare `Exception` too: `raise Exception("...")` is common in user and framework code)
+_EXC = re.compile(r"^(?P<type>(?:[A-Za-z_]\w*\.)*(?:[A-Z]\w*(?:Error|Exception|Interrupt|Exit|"
+                  r"Iteration|Failure|Timeout|Warning|Fault)|Exception))(?::\s?(?P<message>.*))?$")
 _OTHER_EXC = re.compile(r"^(?P<type>(?:[A-Za-z_]\w*\.)+[A-Z]\w*|[A-Z][a-z0-9]+(?:[A-Z][a-z0-9]*)+)"
                         r"(?::\s?(?P<message>.*))?$")
 _CHAINED = ("During handling of the above exception", "The above exception was the direct")

@@ -34,8 +34,8 @@ ANCHORS = (b"Error", b"Exception", b"Failure", b"what():", b"Fatal Python error"
            b"Floating point exception", b"Caught signal", b"received at time=",
            b"Process received signal", b"Signal: ", b"End of error message")
 
-_EXC = re.compile(r"^(?P<type>(?:[A-Za-z_]\w*\.)*[A-Z][A-Za-z0-9_]*(?:Error|Exception|"
-                  r"Failure))(?::[ \t]*(?P<message>.*))?$")
+_EXC = re.compile(r"^(?P<type>(?:[A-Za-z_]\w*\.)*(?:[A-Z][A-Za-z0-9_]*(?:Error|Exception|"
+                  r"Failure)|Exception))(?::[ \t]*(?P<message>.*))?$")
 _TERMINATE = re.compile(r"^terminate called (?:after throwing an instance of '(?P<type>[^']+)'|"
                         r"(?P<bare>without an active exception|recursively))")
 _WHAT = re.compile(r"^\s*what\(\):\s*(?P<message>.*)$")
