@@ -302,3 +302,26 @@ def test_a_network_plugins_failed_request_blames_the_fabric_not_the_rank_that_sa
             '[rank6]:   File "/w/train.py", line 40, in <module>\n')
     (top,) = _loud(scan_logs([_write(tmp_path, "o.log", body)])[0])
     assert "OFI" in top.summary and "UNDELIVERABLE" in top.summary and top.ranks == []
+
+
+@pytest.mark.timeout(90)
+def test_an_excerpt_ending_in_torchruns_sigterms_says_a_worker_failed(tmp_path):
+    """Real torchrun output, cut after the agent's SIGTERMs (before its failure table, as
+    pasted excerpts often are): a worker failed, and it is not one of those stopped."""
+    from distdoctor.launch.env import free_port
+
+    out = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "3", "--master-port",
+         str(free_port()), "-r", "3", "--log-dir", str(tmp_path / "workers"),
+         str(JOBS / "logfail" / "one_worker_exits.py")],
+        capture_output=True, text=True, timeout=80, stdin=subprocess.DEVNULL)
+    lines = (out.stdout + out.stderr).splitlines(keepends=True)
+    stops = [i for i, ln in enumerate(lines) if "closing signal SIGTERM" in ln]
+    failed = next(ln for ln in lines if "failed (exitcode: 3)" in ln)
+    assert len(stops) == 2, lines
+    cut = _write(tmp_path, "cut.log", "".join(lines[:stops[-1] + 1]))
+    (top,) = _loud(scan_logs([cut])[0])
+    assert "stopped 2 workers" in top.summary and top.ranks == [], top.summary
+    assert failed.split("(pid: ")[1].split(")")[0] not in top.summary
+    full = _loud(scan_logs([_write(tmp_path, "full.log", "".join(lines))])[0])
+    assert full[0].ranks == [1] and not any("stopped 2 workers" in f.summary for f in full)

@@ -118,3 +118,6 @@ REPEAT_WAIT = ("The job prints the same line and nothing else: what it waits on 
                "rank, a worker or a resource it asked for). Take a stack of every rank now "
                "(`py-spy dump --pid PID`), or rerun under `distdoctor run`, which names the rank "
                "the others wait for.")
+WORKERS_STOPPED = ("torchrun stops the other workers once one fails: read the output of the one "
+                   "it did not stop (its own log file with --log-dir/--tee, or the lines before "
+                   "this excerpt), or rerun under `distdoctor run`, which names it.")

@@ -13,12 +13,22 @@ import re
 from distdoctor.findings import Finding
 from distdoctor.logs.families import FAMILIES, ROUTES
 from distdoctor.logs.families.exceptions import Tracebacks
+from distdoctor.logs.families.launcher import workers_stopped
 from distdoctor.logs.families.progress import ProgressFamily
 from distdoctor.logs.families.ray import assign_ranks
 from distdoctor.logs.families.unknown import UnknownErrors
 from distdoctor.logs.lines import LogLine, RankActivity, parse_raw
 from distdoctor.logs.reasoning import Reasoner
-from distdoctor.logs.signals import CAUSE, CONTEXT, EXIT, TIMEOUT, UNKNOWN, VICTIM, Signal
+from distdoctor.logs.signals import (
+    CAUSE,
+    CONTEXT,
+    EXIT,
+    TEARDOWN,
+    TIMEOUT,
+    UNKNOWN,
+    VICTIM,
+    Signal,
+)
 
 MAX_SIGNALS = 50_000   # a log of thousands of failing ranks keeps the first ones of each kind
 MAX_PER_KIND = 4       # signals kept per (rule, process, problem)
@@ -119,7 +129,7 @@ class LogScanner:
     def _keep(self, s: Signal) -> None:
         f = s.fields
         key = (s.rule, s.line.who, f.get("seq"), f.get("rank"), f.get("local_rank"),
-               f.get("root_cause"))
+               f.get("root_cause"), f.get("pid") if s.role == TEARDOWN else None)
         n = self._kept.get(key, 0)
         if n >= MAX_PER_KIND or len(self.signals) >= MAX_SIGNALS:
             self.dropped += 1
@@ -137,8 +147,8 @@ class LogScanner:
             for s in fam.pending():
                 s.order = len(signals)
                 signals.append(s)
-        if not any(s.role in _FAILING for s in signals):  # the stall no rule names, last
-            for s in self.repeats:
+        if not any(s.role in _FAILING for s in signals):  # what is left to say, last
+            for s in self.repeats + workers_stopped(signals):
                 s.order = len(signals)
                 signals.append(s)
         assign_ranks(signals)  # Ray workers' pids -> ranks, where the log tells

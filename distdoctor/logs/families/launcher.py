@@ -182,9 +182,32 @@ def _seconds(m: re.Match) -> int:
 
 
 # --- what its problems mean ---------------------------------------------------------------
+def workers_stopped(signals: list[Signal]) -> list[Signal]:
+    """torchrun's agent sending its workers SIGTERM, in a log that shows no failure, no
+    restart and no signal to the agent itself: a worker failed (the agent stops the
+    others only then) in lines this log does not hold."""
+    if any(s.rule in ("restart", "membership") for s in signals):
+        return []  # an elastic restart or a scale event stops workers too
+    stopped = [s for s in signals if s.rule == "teardown"]
+    if not stopped:
+        return []
+    pids = sorted({s.fields["pid"] for s in stopped})
+    return [Signal("workers_stopped", NAME, CAUSE, stopped[0].line,
+                   {"pids": pids[:64], "stopped": len(pids),
+                    "sig": stopped[0].fields.get("sig", "SIGTERM")})]
+
+
 def describe(p: Problem, ctx) -> Finding:
-    """The launcher itself stopped (the only CAUSE of this family)."""
+    """The launcher itself stopped, or stopped its workers after one failed (the CAUSEs of
+    this family)."""
     f = p.first.fields
+    if p.rule == "workers_stopped":
+        n, pids = f["stopped"], f["pids"]
+        shown = ", ".join(map(str, pids[:8])) + (", ..." if n > 8 else "")
+        return ctx.finding(p, "crash", "error", f"the launcher stopped {n} worker"
+                           f"{'s' if n != 1 else ''} ({f['sig']} to pid {shown}): one of its "
+                           f"workers failed first, and that worker is not among them; its "
+                           f"error is not in this log", [], R.WORKERS_STOPPED)
     sig = f.get("signame") or (signal_name(f["signum"]) if "signum" in f else "a signal")
     return ctx.finding(p, "crash", "error", f"the launcher itself received {sig} and stopped "
                        f"the ranks", [], R.LAUNCHER_SIGNALED)
