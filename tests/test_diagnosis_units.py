@@ -371,3 +371,21 @@ def test_a_late_stretch_that_has_ended_is_no_straggler():
     assert not StragglerTracker().is_straggler(score(ended))
     going_on = ended[:10] + [14.9, 13.6, 15.1]
     assert StragglerTracker().is_straggler(score(going_on))
+
+
+def test_a_batch_is_ops_posted_before_the_one_before_completed_not_a_quick_blocking_recv():
+    """same_batch: batch_isend_irecv posts each op before the one before it completes; a
+    blocking recv that found its message waiting, then the next recv a moment later (r23
+    on a loaded machine: 1 ms apart), is two steps, not one batch."""
+    from types import SimpleNamespace
+
+    from distdoctor.diagnosis.waits import same_batch
+
+    s = Stream(3)
+    first = s.op("recv", kind="p2p", peer=2, t=1.0, wait=0.0002)  # done at 1.0002
+    blocking = s.op("recv", kind="p2p", peer=2, t=1.001, done=False)
+    assert not same_batch(SimpleNamespace(last_done=first), blocking)
+    s = Stream(3)
+    first = s.op("recv", kind="p2p", peer=2, t=1.0, wait=0.004)  # still pending at 1.001
+    batched = s.op("recv", kind="p2p", peer=2, t=1.001, done=False)
+    assert same_batch(SimpleNamespace(last_done=first), batched)

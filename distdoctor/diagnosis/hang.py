@@ -17,11 +17,13 @@ from dataclasses import dataclass
 from distdoctor.diagnosis.progress import UNKNOWN, Policy, Verdict
 from distdoctor.diagnosis.rendezvous import Rendezvous
 from distdoctor.diagnosis.waits import (
+    all_joined_finding,
     dropped_sends,
     extra_collective,
     long_wait_finding,
     same_batch,
     skipped_finding,
+    still_arriving,
     unmatched_p2p_finding,
     wrong_peer_finding,
 )
@@ -201,7 +203,9 @@ def hang_findings(open_rv, views: dict[int, RankView], policy: Policy | float,
         elif min(views[r].waited_s(edges[r][0].arrivals[r]) for r in comp) < confirm:
             continue  # every rank of it must have waited a moment (the logs lag)
         in_cycle.update(comp)
-        findings.append(_cycle_finding(comp, edges, views, familiar))
+        found = _cycle_finding(comp, edges, views, familiar)
+        if found is not None:  # (None: ranks on their way may yet tell who went past)
+            findings.append(found)
     by_rv: dict[tuple, tuple[Rendezvous, list[int]]] = {}
     for rv in decided if decided is not None else open_rv:
         waiters = [r for r in _blocked(rv, views) if r not in explained]
@@ -211,7 +215,7 @@ def hang_findings(open_rv, views: dict[int, RankView], policy: Policy | float,
             if decided is not None or (known(rv) and waited >= confirm) or (
                     waiters and waited >= policy.all_joined_bound(normal(rv))):
                 if not (set(rv.arrivals) & explained):
-                    findings.append(_all_joined_finding(rv, views, known(rv)))
+                    findings.append(all_joined_finding(rv, views, known(rv)))
             continue
         roots = [r for r in missing if r not in edges and r not in skip_ranks]
         if not roots or set(missing) & in_cycle:
@@ -323,27 +327,7 @@ def _hang_finding(roots: list[int], items, views) -> Finding:
                    details=details, remedy=_HANG_REMEDY)
 
 
-def _all_joined_finding(rv: Rendezvous, views, explained: bool) -> Finding:
-    waiters = _waiters(rv)
-    waited = max((views[r].waited_s(rv.arrivals[r]) for r in waiters if r in views), default=0)
-    if explained:
-        summary = (f"hang: ranks {', '.join(map(str, waiters))} are stuck in {rv.label()} "
-                   f"for {waited:.0f} s because of the mismatch reported there")
-        return Finding("hang", "warning", summary, [], rv.group, rv.seq, [],
-                       details={"waiting_ranks": waiters, "waited_s": round(waited, 1),
-                                "explained_by": "mismatch"})
-    summary = (f"hang: every rank joined {rv.label()} but it has not completed after "
-               f"{waited:.0f} s; the transport is stuck or the ranks disagree in a way the "
-               f"tracer cannot see")
-    return Finding("hang", "error", summary, [], rv.group, rv.seq,
-                   [callsite_of(r, rv.arrivals[r].callsite) for r in waiters[:1]],
-                   details={"waiting_ranks": waiters, "waited_s": round(waited, 1),
-                            "group_desc": rv.group_desc},
-                   remedy="Check the network/transport (NCCL_DEBUG=INFO) and the ranks' "
-                   "stacks; a collective on tensors of different sizes can also block.")
-
-
-def _cycle_finding(comp: list[int], edges, views, familiar) -> Finding:
+def _cycle_finding(comp: list[int], edges, views, familiar) -> Finding | None:
     parts, callsites = [], []
     for r in comp:
         rv, missing = edges[r]
@@ -367,6 +351,8 @@ def _cycle_finding(comp: list[int], edges, views, familiar) -> Finding:
                     and not same_batch(views.get(w), wrv.arrivals.get(w))):
                 # a majority waits in it: w went past it to a send/recv with one of them
                 return skipped_finding(w, wrv, prv, views, callsites, details)
+            if still_arriving(prv, comp, views, views[w].waited_s(wrv.arrivals[w])):
+                return None
             return unmatched_p2p_finding(peer, prv, wrv, callsites, details)
     if len(lone) == 1 and len(others) == 1 and len(comp) > 1:
         r = lone[0]

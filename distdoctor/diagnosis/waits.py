@@ -175,15 +175,57 @@ def skipped_finding(r: int, rv: Rendezvous, main: Rendezvous, views, callsites,
 
 def same_batch(view, ev) -> bool:
     """Whether the rank's pending send/recv came in one batch with the op before it
-    (batch_isend_irecv: consecutive ops, the same peer, within a few ms): the two
-    sides' lists disagree, rather than the rank having gone past a collective."""
+    (batch_isend_irecv: consecutive ops, the same peer, within a few ms, the second
+    posted before the first completed): the two sides' lists disagree, rather than the
+    rank having gone past a collective. A blocking recv that found its message waiting
+    and the next one posted a moment later (r23 on a loaded machine) are no batch."""
     done = view.last_done if view is not None else None
     return (ev is not None and done is not None and done.kind == "p2p"
             and done.index == ev.index - 1 and done.peer_global == ev.peer_global
-            and abs(ev.t_enter_ns - done.t_enter_ns) < _BATCH_NS)
+            and abs(ev.t_enter_ns - done.t_enter_ns) < _BATCH_NS
+            and (done.t_end_ns is None or ev.t_enter_ns <= done.t_end_ns))
 
 
 _BATCH_NS = 5_000_000  # the ops of one batch_isend_irecv are posted within a few ms
+
+
+# how long a wait cycle's blame waits for the other ranks of the collective a peer went on
+# to (under load they may be seconds behind): their arrival is what tells who went past it
+ARRIVING_S = 30.0
+
+
+def still_arriving(rv: Rendezvous, comp: list[int], views: dict, waited_s: float) -> bool:
+    """Ranks missing from the collective `rv`, outside the wait cycle `comp`, alive, not
+    stopped and in no wait (issued nothing yet, or their last op completed): on their way
+    to it. While they are, and the cycle is younger than ARRIVING_S, its blame waits."""
+    if waited_s >= ARRIVING_S:
+        return False
+    for m in rv.missing:
+        v = views.get(m)
+        if m not in comp and v is not None and not v.exit and not v.stopped and (
+                v.latest is None or v.latest.t_end_ns is not None):
+            return True
+    return False
+
+
+def all_joined_finding(rv: Rendezvous, views, explained: bool) -> Finding:
+    waiters = sorted(r for r, e in rv.arrivals.items() if e.t_end_ns is None)
+    waited = max((views[r].waited_s(rv.arrivals[r]) for r in waiters if r in views), default=0)
+    if explained:
+        summary = (f"hang: ranks {', '.join(map(str, waiters))} are stuck in {rv.label()} "
+                   f"for {waited:.0f} s because of the mismatch reported there")
+        return Finding("hang", "warning", summary, [], rv.group, rv.seq, [],
+                       details={"waiting_ranks": waiters, "waited_s": round(waited, 1),
+                                "explained_by": "mismatch"})
+    summary = (f"hang: every rank joined {rv.label()} but it has not completed after "
+               f"{waited:.0f} s; the transport is stuck or the ranks disagree in a way the "
+               f"tracer cannot see")
+    return Finding("hang", "error", summary, [], rv.group, rv.seq,
+                   [callsite_of(r, rv.arrivals[r].callsite) for r in waiters[:1]],
+                   details={"waiting_ranks": waiters, "waited_s": round(waited, 1),
+                            "group_desc": rv.group_desc},
+                   remedy="Check the network/transport (NCCL_DEBUG=INFO) and the ranks' "
+                   "stacks; a collective on tensors of different sizes can also block.")
 
 
 def unmatched_p2p_finding(r: int, rv: Rendezvous, main: Rendezvous, callsites,
