@@ -3,7 +3,8 @@
 The node sampler (`sampler.py`: host, rank processes and GPUs at 1 Hz, written to
 RUN_DIR/probes/), every NVML call through one module (`nvml.py`, `nvml_values.py`,
 `nvml_replay.py` for recorded readings), the ranks' stacks (`stacks.py`) and their
-progress read from /proc (`progress.py`). What the readings mean is the detectors' part
+progress read from /proc (`progress.py`), and NVIDIA's Xid events (`xids.py`: the
+driver's format and what each means). What the readings mean is the detectors' part
 (diagnosis/progress.py, diagnosis/throttle.py).
 
 Layer: sensors (tests/test_layers.py). May import the base modules only (errors,

@@ -20,41 +20,13 @@ import subprocess
 import time
 
 from distdoctor.check.table import Row
+from distdoctor.probes.xids import APPLICATION, DRAIN, RESET_SOON, meaning
+from distdoctor.probes.xids import KERNEL_XID as _XID
 
 REPLAY_ENV = "DISTDOCTOR_KMSG_REPLAY"  # tests: a file of /dev/kmsg records read instead
 MAX_EVENTS = 200  # a GPU in trouble can log an Xid a second: the newest are kept
 
-_XID = re.compile(r"NVRM: Xid \((?:PCI:)?(?P<pci>[0-9a-fA-F]{4}:[0-9a-fA-F]{2}:"
-                  r"[0-9a-fA-F]{2})[^)]*\): (?P<xid>\d+), (?P<rest>.*)")
 _PROCESS = re.compile(r"^pid=[^,]*, name=[^,]*, ")
-
-# What NVIDIA's Xid catalog says of the common ones, in three kinds: the GPU or its link
-# failed (drain the node, reset the GPU or reboot); the GPU wants a reset when it is idle
-# (a row to remap, a contained error that ended one application); or an application was
-# at fault (a bad kernel, a killed process: the GPU itself may be fine).
-DRAIN = {
-    48: "double-bit ECC error", 61: "internal micro-controller breakpoint",
-    62: "internal micro-controller halt", 64: "memory row remapping failed",
-    74: "NVLink error", 79: "GPU has fallen off the bus", 95: "uncontained ECC error",
-    119: "GSP RPC timeout", 120: "GSP error", 121: "C2C link error",
-    140: "unrecovered ECC error", 154: "GPU recovery action changed (reset or reboot required)",
-}
-RESET_SOON = {
-    63: "a memory row marked for remapping", 92: "high single-bit ECC error rate",
-    94: "contained ECC error",
-}
-APPLICATION = {
-    13: "graphics engine exception", 31: "GPU memory page fault",
-    43: "GPU stopped processing", 45: "preemptive cleanup (a process was killed)",
-    68: "video processor exception", 69: "graphics engine class error",
-    109: "context switch timeout",
-}
-
-
-def meaning(xid: int) -> str:
-    return (DRAIN.get(xid) or RESET_SOON.get(xid) or APPLICATION.get(xid)
-            or "see NVIDIA's Xid catalog")
-
 
 def read(since_s: float | None = None) -> dict:
     """{"source", "events": [{"pci", "xid", "message", "age_s"}], "error"}: the Xids in

@@ -27,6 +27,7 @@ from distdoctor.logs.families import (
     slurm,
     stalls,
     store,
+    xid,
 )
 from distdoctor.logs.families.context import ContextFamily
 from distdoctor.logs.families.cuda import CudaErrors
@@ -45,9 +46,10 @@ from distdoctor.logs.families.slurm import SlurmFamily
 from distdoctor.logs.families.stalls import StallFamily
 from distdoctor.logs.families.store import StoreFamily
 from distdoctor.logs.families.unknown import UnknownErrors
+from distdoctor.logs.families.xid import XidFamily
 
 FAMILIES = (ProgressFamily, LauncherFamily, OomFamily, MismatchFamily, DdpFamily, StallFamily,
-            StoreFamily,
+            StoreFamily, XidFamily,
             CudaErrors, NcclFamily, GlooFamily, RayFamily, SlurmFamily, RasFamily, K8sFamily,
             UsageErrors, ContextFamily)
 
@@ -55,7 +57,7 @@ FAMILIES = (ProgressFamily, LauncherFamily, OomFamily, MismatchFamily, DdpFamily
 MEANINGS = {"launcher": launcher, "oom": oom, "mismatch": mismatch, "ddp": ddp,
             "store": store, "nccl": nccl, "gloo": gloo, "exception": exceptions,
             "startup": exceptions, "ray": ray, "slurm": slurm, "ras": ras,
-            "k8s": k8s, "stall": stalls}
+            "k8s": k8s, "stall": stalls, "xid": xid}
 
 # every byte string some family routes on (a family reads only lines holding one of its own)
 ROUTES: tuple[bytes, ...] = tuple(sorted({a for f in FAMILIES + (Tracebacks, UnknownErrors)
@@ -80,7 +82,7 @@ ANCHORS: tuple[bytes, ...] = (
     b"NCCL", b"nccl", b"Watchdog", b"Heartbeat", b"Duplicate GPU", b"Cuda failure", b"Bootstrap", b"NVLS", b"NET/",
     b"peer access", b"shared memory", b"ibv_", b"IBV_", b"cudaIpc", b"out of memory",
     b"Out of memory", b"oom-kill", b"oom_kill", b"out-of-memory", b"is killed by signal",
-    b"DefaultCPUAllocator", b"Killed", b"CUDA error: ", b"_STATUS_", b"Assertion `",
+    b"DefaultCPUAllocator", b"Killed", b"CUDA error: ", b"_STATUS_", b"Assertion `", b"Xid",
     # c10d store, rendezvous, Gloo
     b"socket has", b"already in use", b"EADDRINUSE", b"endezvous", b"C10d store",
     b"clients joined", b"wait timeout", b"Socket Timeout", b"imeout waiting for key",
