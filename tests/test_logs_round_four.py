@@ -325,3 +325,14 @@ def test_an_excerpt_ending_in_torchruns_sigterms_says_a_worker_failed(tmp_path):
     assert failed.split("(pid: ")[1].split(")")[0] not in top.summary
     full = _loud(scan_logs([_write(tmp_path, "full.log", "".join(lines))])[0])
     assert full[0].ranks == [1] and not any("stopped 2 workers" in f.summary for f in full)
+
+
+def test_a_monitored_barrier_peer_says_the_rank_torch_points_at_without_blaming_it(tmp_path):
+    """ProcessGroupGloo.cpp's words (torch 2.x): the rank it names may itself be a victim,
+    so it is said as where to look, not as the culprit."""
+    text = "".join(
+        f"[rank{r}]:[E421 04:13:43.4266 ProcessGroupGloo.cpp:143] Rank {r} successfully reached "
+        f"monitoredBarrier, but received errors while waiting for send/recv from rank 0. "
+        f"Please check rank 0 logs for faulty rank.\n" for r in (2, 3))
+    (top,) = _loud(scan_logs([_write(tmp_path, "job.log", text)])[0])
+    assert "from rank 0 (torch: check rank 0's logs)" in top.summary and top.ranks == []

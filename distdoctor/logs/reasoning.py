@@ -289,6 +289,7 @@ class Reasoner:
     def _victim_finding(self, p: Problem, first_cause: Finding | None) -> Finding | None:
         reporters = sorted(p.ranks)
         what = getattr(MEANINGS.get(p.family), "VICTIMS", {}).get(p.rule, p.rule)
+        what = what(p) if callable(what) else what  # (words from the problem's own fields)
         seen = f" (seen by rank{plural(reporters)} {ranks_text(reporters)})" if reporters else ""
         if first_cause is not None:
             self._add_consequence(first_cause, p, f"{what}{seen}")

@@ -6,7 +6,7 @@ A family module also says what its problems mean, for the reasoning (reasoning.p
 - `describe(problem, ctx) -> Finding` for its causes;
 - `TIMEOUTS = {rule: (text(problem), remedy)}` for what its waiting ranks reported, and
   `owners(problem, ctx)` when the message itself names the rank waited for;
-- `VICTIMS = {rule: text}` for what ranks that lost a peer reported;
+- `VICTIMS = {rule: text or text(problem)}` for what ranks that lost a peer reported;
 - `prepare(causes)` to merge its causes before they are judged (optional).
 
 Adding a family: a module with a `Family` subclass (its anchors and its rules) and those

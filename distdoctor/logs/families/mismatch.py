@@ -25,6 +25,7 @@ _DETAIL = re.compile(r"Detected mismatch between collectives on ranks\. Rank (?P
 _OP = re.compile(r"OpType=(?P<op>\w+)")
 _SEQ = re.compile(r"SequenceNumber=(?P<seq>\d+)")
 _SHAPE = re.compile(r"TensorShape=(?P<shape>\[[^\]]*\](?:, \[[^\]]*\])*)")
+_FROM_RANK = re.compile(r"waiting for send/recv from rank (\d+)")
 _MONITORED = re.compile(r"Ranks? (?P<ranks>\d+(?:\s*,\s*\d+)*) failed to pass monitoredBarrier"
                         r"(?: in (?P<ms>\d+) ms)?")
 
@@ -52,7 +53,9 @@ class MismatchFamily(Family):
                 f["theirs"] = fingerprint(m["theirs"])
             return [Signal("detail_mismatch", NAME, CAUSE, line, f)]
         if "successfully reached monitoredBarrier" in text:  # waited for the reporter
-            return [Signal("monitored_barrier_peer", NAME, VICTIM, line, {})]
+            m = _FROM_RANK.search(text)  # the rank torch says to look at (it may be a victim too)
+            return [Signal("monitored_barrier_peer", NAME, VICTIM, line,
+                           {"from_rank": int(m[1])} if m else {})]
         if m := _MONITORED.search(text):
             ranks = [int(r) for r in re.split(r"\s*,\s*", m["ranks"])]
             f = {"missing": ranks}
@@ -98,4 +101,10 @@ def _op_text(fp: dict) -> str:
     return f"{op} of shape {fp['shape']}" if fp.get("shape") else op
 
 
-VICTIMS = {"monitored_barrier_peer": "ranks waiting in monitored_barrier got errors"}
+def _barrier_peer(p) -> str:
+    r = p.field("from_rank")
+    return "ranks waiting in monitored_barrier got errors" + (
+        f" from rank {r} (torch: check rank {r}'s logs)" if r is not None else "")
+
+
+VICTIMS = {"monitored_barrier_peer": _barrier_peer}
