@@ -244,3 +244,19 @@ def test_an_unreadable_source_is_said_not_guessed(tmp_path):
     verdict = blame.judge(p, 0, 1, {0: [extra], 1: [barrier]}, majority=False)
     assert verdict.side is None and verdict.unreadable == path
     assert "could not be read" in verdict.why
+
+
+def test_a_fault_at_one_point_under_a_rank_check_is_no_gate(tmp_path):
+    """`if rank == 1 and step == 2: break` (branch_kinds' loop_break): the break is the
+    odd behaviour, not a gate letting rank 0 alone into the rest of the loop."""
+    path, br = _two_sides(tmp_path, """
+        def f(rank, step):
+            for micro in range(3):
+                dist.all_reduce(x)  # before
+                if rank == 1 and step == 2 and micro == 1:  # guard
+                    break
+            dist.all_reduce(y)  # after
+
+        f(rank, step)  # call
+        """, "# before", "# after", before="# before")
+    assert br.line == _line(path, "# guard") and br.kind == "rank" and not br.gate

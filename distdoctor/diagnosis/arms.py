@@ -218,17 +218,18 @@ def _exit_branch(src, fn, stmt: ast.If, ex: ast.AST, side: int) -> Branch:
                                          f"{ex.lineno}) under {{b}}", "went on past {b}"),
               _pair(side, False, True), _pair(side, True, False))
     b.exit_line = ex.lineno
-    b.gate = _is_gate(fn, stmt, ex)
+    b.gate = _is_gate(src, fn, stmt, ex)
     return b
 
 
-def _is_gate(fn, stmt: ast.If, ex: ast.AST) -> bool:
+def _is_gate(src, fn, stmt: ast.If, ex: ast.AST) -> bool:
     """A gate, what follows it meant for the ranks it lets through (not a bail-out of
     common code): `if not is_main: return` among a function's first statements, or an
-    `if` whose arm does nothing but leave (`if local_rank != 0: continue`, a log line at
-    most). An exit deeper inside (r21: `if rank == 0:` ... `if patience ...: break`) is
-    no gate: it is the guarded code."""
-    if ex in stmt.body and not stmt.orelse and all(
+    `if` on the rank alone whose arm does nothing but leave (`if local_rank != 0:
+    continue`, a log line at most). An exit deeper inside (r21: `if rank == 0:` ... `if
+    patience ...: break`) or under a fault at one point (`if rank == 1 and step == 2:
+    break`) is no gate: it is the guarded code."""
+    if ex in stmt.body and not stmt.orelse and C.only_rank(src, stmt.test) and all(
             b is ex or isinstance(b, (ast.Expr, ast.Pass)) for b in stmt.body):
         return True
     if not isinstance(ex, (ast.Return, ast.Raise)) or stmt not in getattr(fn, "body", []):

@@ -121,6 +121,16 @@ def kind_of(src: Source, test: ast.AST | None) -> str:
     return "rank" if _reads_rank(test, _bound_from_rank(src)) else "data"
 
 
+def only_rank(src: Source, test: ast.AST) -> bool:
+    """Whether every term of the condition reads the rank's identity (`local_rank != 0`,
+    `not is_main`), unlike a fault injected at one point (`rank == 1 and step == 2`)."""
+    if isinstance(test, ast.BoolOp):
+        return all(only_rank(src, v) for v in test.values)
+    if isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not):
+        return only_rank(src, test.operand)
+    return _reads_rank(test, _bound_from_rank(src))
+
+
 def rank_decorator(fn: ast.AST) -> ast.AST | None:
     """The decorator that runs the function on some ranks only (`@rank_zero_only`)."""
     for dec in getattr(fn, "decorator_list", ()):
