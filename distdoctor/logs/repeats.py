@@ -20,9 +20,10 @@ Said only where no other failure is (scanner.py): a crash the waiting follows is
 
 from __future__ import annotations
 
+import gzip
 import re
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from distdoctor.logs.files import open_log
 from distdoctor.logs.keys import sniff_file
@@ -73,7 +74,6 @@ class Repeat:
     last: LogLine
     count: int
     span_s: float | None
-    whos: set = field(default_factory=set)
 
 
 def template(text: str) -> tuple[str, tuple]:
@@ -107,16 +107,15 @@ def tail_lines(path: str, total: int | None = None, nbytes: int = TAIL_BYTES
     numbered as in the file where its line count `total` is known."""
     sniff = sniff_file(path)
     with open_log(path) as fh:
-        try:
-            size = fh.seek(0, 2)
-            fh.seek(max(0, size - nbytes))
-            data = fh.read()
-            cut = size > nbytes
-        except OSError:  # a gzip stream: read through, keep the end
+        if isinstance(fh, gzip.GzipFile):  # no seeking back without reading it twice
             data, cut = b"", False
             while chunk := fh.read(8 << 20):
+                cut = cut or len(data) + len(chunk) > nbytes
                 data = (data + chunk)[-nbytes:]
-                cut = True
+        else:
+            size = fh.seek(0, 2)
+            fh.seek(max(0, size - nbytes))
+            data, cut = fh.read(), size > nbytes
     if cut and b"\n" in data:
         data = data.split(b"\n", 1)[1]
     raws = data.decode("utf-8", "replace").splitlines()
@@ -161,7 +160,7 @@ def repeating_tail(lines: list[tuple[LogLine, str]]) -> list[Repeat]:
         span = _span(run)
         if span is None and len(run) < MIN_REPEATS_UNTIMED:
             continue
-        out.append(Repeat(run[0].line, run[-1].line, len(run), span, {k[0]}))
+        out.append(Repeat(run[0].line, run[-1].line, len(run), span))
     return out
 
 
