@@ -66,11 +66,33 @@ def test_a_crash_the_waiting_follows_is_the_cause(tmp_path):
 
 
 def test_untimed_repeats_need_more_of_them_and_are_only_a_warning(tmp_path):
-    three = _write(tmp_path, "x\n" + "waiting for the parameter server\n" * 3, "three.log")
-    assert _loud(scan_logs([three])[0]) == []
-    six = _write(tmp_path, "x\n" + "waiting for the parameter server\n" * 6, "six.log")
-    (top,) = _loud(scan_logs([six])[0])
+    eight = _write(tmp_path, "x\n" + "waiting for the parameter server\n" * 8, "eight.log")
+    assert _loud(scan_logs([eight])[0]) == []
+    twelve = _write(tmp_path, "x\n" + "waiting for the parameter server\n" * 12, "12.log")
+    (top,) = _loud(scan_logs([twelve])[0])
     assert top.severity == "warning" and "the log shows no times" in top.summary
+
+
+def test_healthy_ends_that_repeat_a_line_are_no_stall(tmp_path):
+    """A job that finished after its waits; unlabelled ranks' one farewell, untimed or all
+    at one moment."""
+    done = _waits(20, "ckpt: waiting for the upload to finish") + [
+        "2026-02-03 10:20:00,000 INFO ckpt: upload finished, exiting"]
+    farewell = ["Finished training at step 1000"] * 16
+    at_once = ["2026-02-03 10:00:02,000 INFO Waiting for all ranks before exit"] * 8
+    for name, lines in (("done", done), ("farewell", farewell), ("at_once", at_once)):
+        path = _write(tmp_path, "\n".join(["step 999 loss 0.5"] + lines) + "\n", name + ".log")
+        assert _loud(scan_logs([path])[0]) == [], name
+
+
+@pytest.mark.timeout(60)  # a hang guard: they once took minutes (backtracking, a min() a line)
+def test_odd_tails_are_read_and_said_to_be_no_stall(tmp_path):
+    """A 200,000-digit line, and 40,000 distinct lines."""
+    digits = _write(tmp_path, "start\n" + "7" * 200_000 + "\n", "digits.log")
+    distinct = _write(tmp_path, "".join(f"line {i:x} of its own\n" for i in range(40_000)),
+                      "distinct.log")
+    for path in (digits, distinct):
+        assert repeating_tail(tail_lines(path)) == [] and _loud(scan_logs([path])[0]) == []
 
 
 def test_a_line_repeated_without_a_wait_word_is_no_stall(tmp_path):

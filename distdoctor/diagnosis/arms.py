@@ -230,7 +230,7 @@ def _is_gate(src, fn, stmt: ast.If, ex: ast.AST) -> bool:
     patience ...: break`) or under a fault at one point (`if rank == 1 and step == 2:
     break`) is no gate: it is the guarded code."""
     if ex in stmt.body and not stmt.orelse and C.only_rank(src, stmt.test) and all(
-            b is ex or isinstance(b, (ast.Expr, ast.Pass)) for b in stmt.body):
+            b is ex or isinstance(b, ast.Pass) or _said_only(b) for b in stmt.body):
         return True
     if not isinstance(ex, (ast.Return, ast.Raise)) or stmt not in getattr(fn, "body", []):
         return False
@@ -239,6 +239,21 @@ def _is_gate(src, fn, stmt: ast.If, ex: ast.AST) -> bool:
               ast.Nonlocal)
     return all(isinstance(b, simple) or (isinstance(b, ast.Expr)
                                          and isinstance(b.value, ast.Constant)) for b in before)
+
+
+def _said_only(stmt: ast.AST) -> bool:
+    """A docstring, a print or a log call: nothing an arm does (a collective would be)."""
+    if not isinstance(stmt, ast.Expr):
+        return False
+    call = stmt.value
+    if isinstance(call, ast.Constant):
+        return True
+    name = getattr(getattr(call, "func", None), "attr", None) or getattr(
+        getattr(call, "func", None), "id", "")
+    return isinstance(call, ast.Call) and name in _SAYING
+
+
+_SAYING = {"print", "debug", "info", "warning", "warn", "error", "log", "write"}
 
 
 def _other_arm_of_a_constant(src, fn, theirs, mine, loop) -> bool:

@@ -11,9 +11,12 @@ Read from each file's tail (the last TAIL_BYTES), with the file's own prefixes p
    values. Two lines are one repeat when the same process printed the same template.
 2. The repeating tail is the longest end of the file made of repeats only: walking back from
    the end, it stops at a line that never recurs once what came after it already repeats.
-3. It is a stall when a template in it repeats at least MIN_REPEATS times, none of its values
-   moves (a counter that moves is progress: "step 101", "step 102"), and it says it waits
-   (a wait word) or it is a progress line whose counter stood still.
+3. It is a stall when the file's last line is one of them, a template in it repeats at least
+   MIN_REPEATS times over MIN_SPAN_S or more, none of its values moves (a counter that moves
+   is progress: "step 101", "step 102"), and it says it waits (a wait word) or it is a
+   progress line whose counter stood still. Where the log shows no times, only a wait
+   repeated MIN_REPEATS_UNTIMED times: unlabelled ranks all printing one farewell at the
+   end of a healthy job repeat a line too.
 
 Said only where no other failure is (scanner.py): a crash the waiting follows is the cause.
 """
@@ -32,14 +35,18 @@ from distdoctor.logs.signals import CAUSE, Signal
 
 TAIL_BYTES = 256 << 10
 MIN_REPEATS = 3
-MIN_REPEATS_UNTIMED = 5  # where no clock tells how long they went on
+# where no clock tells how long they went on: more of them, and words that say it waits (the
+# same farewell from 8 unlabelled ranks at the end of a healthy job is 8 repeats too)
+MIN_REPEATS_UNTIMED = 10
+MIN_SPAN_S = 2.0  # repeats printed at one moment are many processes, not a wait
 MIN_SHARE = 0.8  # of the repeating tail's lines that belong to a template seen MIN_REPEATS
+MAX_CHARS = 4096  # of a line templated (a line of digits must not cost its square)
 
 # time: a clock, a date, a duration (60s, 1m13s, 1800000ms, "30 seconds"), a timedelta
 _TIME = re.compile(
-    r"\d{4}-\d\d-\d\d(?:[T ]\d\d:\d\d(?::\d\d(?:[.,]\d+)?)?)?|\d?\d:\d\d:\d\d(?:[.,]\d+)?|"
-    r"\+?(?:\d+h)?(?:\d+m(?!s))?\d+(?:\.\d+)?(?:ms|s)\b|"
-    r"\d+(?:\.\d+)?\s*(?:secs?|seconds?|mins?|minutes?|hours?|hrs?|ms|milliseconds?)\b")
+    r"\d{4}-\d\d-\d\d(?:[T ]\d\d:\d\d(?::\d\d(?:[.,]\d{1,9})?)?)?|\d?\d:\d\d:\d\d(?:[.,]\d{1,9})?|"
+    r"\+?(?:\d{1,9}h)?(?:\d{1,9}m(?!s))?\d{1,9}(?:\.\d{1,9})?(?:ms|s)\b|"
+    r"\d{1,9}(?:\.\d{1,9})?\s*(?:secs?|seconds?|mins?|minutes?|hours?|hrs?|ms|milliseconds?)\b")
 # a count of tries moves while nothing else does
 _TRIES = re.compile(r"\b(?:retry|retries|attempt|try|tries)\b\W{0,3}\d+(?:\s*/\s*\d+)?", re.I)
 _HEX = re.compile(r"\b0x[0-9a-fA-F]+\b|\b[0-9a-f]{12,}\b")
@@ -49,8 +56,8 @@ _WAITS = re.compile(
     r"can't|not (?:yet )?ready|retry(?:ing)?|timed out|stall(?:s|ed)?|blocked)\b"
     r"(?!\s*[:=]\s*\d)", re.I)  # "Waiting: 0 reqs" is a gauge's label, not a wait
 _PROGRESS = re.compile(r"\b(?:step|iter(?:ation)?|epoch|batch|global_step)\b\W{0,3}\d", re.I)
-_DURATION = re.compile(r"(\d+(?:\.\d+)?)\s*(ms|s|secs?|seconds?|mins?|minutes?|hours?|hrs?)\b"
-                       r"|\+?(?:(\d+)h)?(?:(\d+)m(?!s))?(\d+(?:\.\d+)?)s\b")
+_DURATION = re.compile(r"(\d{1,9}(?:\.\d{1,9})?)\s*(ms|s|secs?|seconds?|mins?|minutes?|hours?|"
+                       r"hrs?)\b|\+?(?:(\d{1,9})h)?(?:(\d{1,9})m(?!s))?(\d{1,9}(?:\.\d{1,9})?)s\b")
 _CLOCK = re.compile(r"(\d?\d):(\d\d):(\d\d)")
 _UNIT_S = {"ms": 0.001, "s": 1, "sec": 1, "secs": 1, "second": 1, "seconds": 1, "min": 60,
            "mins": 60, "minute": 60, "minutes": 60, "hour": 3600, "hours": 3600, "hr": 3600,
@@ -109,9 +116,12 @@ def tail_lines(path: str, total: int | None = None, nbytes: int = TAIL_BYTES
     with open_log(path) as fh:
         if isinstance(fh, gzip.GzipFile):  # no seeking back without reading it twice
             data, cut = b"", False
-            while chunk := fh.read(8 << 20):
-                cut = cut or len(data) + len(chunk) > nbytes
-                data = (data + chunk)[-nbytes:]
+            try:
+                while chunk := fh.read(8 << 20):
+                    cut = cut or len(data) + len(chunk) > nbytes
+                    data = (data + chunk)[-nbytes:]
+            except EOFError:  # a .gz still being written: what was read stands
+                pass
         else:
             size = fh.seek(0, 2)
             fh.seek(max(0, size - nbytes))
@@ -133,32 +143,38 @@ def repeating_tail(lines: list[tuple[LogLine, str]]) -> list[Repeat]:
     `lines` as tail_lines gives them."""
     seen: list[_Line] = []
     for ll, raw in lines:
-        t, values = template(ll.text)
+        t, values = template(ll.text[:MAX_CHARS])
+        raw = raw[:MAX_CHARS]
         seen.append(_Line((ll.who, t), values, ll, _clock(ll, raw), _elapsed(raw)))
     counts: Counter = Counter()
+    once = 0  # keys seen once so far: while there are some, the tail still grows
     start = len(seen)
     for i in range(len(seen) - 1, -1, -1):
         k = seen[i].key
-        if k not in counts and counts and min(counts.values()) >= 2:
+        if k not in counts and counts and once == 0:
             break  # a line that never recurs, after a tail that repeats: where it began
         counts[k] += 1
+        once += 1 if counts[k] == 1 else -1 if counts[k] == 2 else 0
         start = i
     tail = seen[start:]
     if not tail:
         return []
     steady = {k for k, n in counts.items() if n >= MIN_REPEATS}
-    if sum(counts[k] for k in steady) < MIN_SHARE * len(tail):
-        return []
+    if tail[-1].key not in steady or sum(counts[k] for k in steady) < MIN_SHARE * len(tail):
+        return []  # (the log's last line must be the wait: a job that finished says so)
     out = []
     for k in steady:
         run = [x for x in tail if x.key == k]
         if len({x.values for x in run}) > 1:
             return []  # a value moved: something progresses, nothing stalls
         text = run[0].line.text
-        if not (_WAITS.search(text) or _PROGRESS.search(text)):
+        waits = _WAITS.search(text)
+        if not (waits or _PROGRESS.search(text)):
             continue
         span = _span(run)
-        if span is None and len(run) < MIN_REPEATS_UNTIMED:
+        if span is None and (len(run) < MIN_REPEATS_UNTIMED or not waits):
+            continue
+        if span is not None and span < MIN_SPAN_S:
             continue
         out.append(Repeat(run[0].line, run[-1].line, len(run), span))
     return out

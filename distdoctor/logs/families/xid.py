@@ -16,10 +16,11 @@ import re
 from distdoctor.findings import Finding
 from distdoctor.logs.lines import LogLine
 from distdoctor.logs.problems import Problem, on, plural, ranks_text
-from distdoctor.logs.signals import CAUSE, Family, Signal
+from distdoctor.logs.signals import CAUSE, CONTEXT, Family, Signal
 from distdoctor.probes.xids import APPLICATION, DRAIN, KERNEL_XID, RESET_SOON, meaning
 
 NAME = "xid"
+AFTER_A_KILL = {45}  # preemptive cleanup: a consequence of a process killed, never a cause
 _CRITICAL = re.compile(r"(?:GPU (?P<pci>[0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}"
                        r"(?:\.\d)?):?\s*)?Detected Critical Xid Error")
 
@@ -30,8 +31,9 @@ class XidFamily(Family):
 
     def feed(self, line: LogLine) -> list[Signal]:
         if m := KERNEL_XID.search(line.text):
-            return [Signal("xid", NAME, CAUSE, line, {"pci": m["pci"].lower(),
-                                                      "xid": int(m["xid"])})]
+            xid = int(m["xid"])  # 45: the driver cleaning up after a process was killed
+            return [Signal("xid", NAME, CONTEXT if xid in AFTER_A_KILL else CAUSE, line,
+                           {"pci": m["pci"].lower(), "xid": xid})]
         if m := _CRITICAL.search(line.text):
             return [Signal("xid", NAME, CAUSE, line, {"pci": (m["pci"] or "").lower()})]
         return []
