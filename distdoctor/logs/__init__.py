@@ -46,7 +46,7 @@ def scan_logs(specs: list[str], anchors: tuple[bytes, ...] | None = None
     scanner.activity = reader.activity
     scanner.file_lines = reader.file_lines
     scanner.mid_run = starts_mid_run(reader.first_text)
-    scanner.repeats = stall_signals(reader.files, reader.file_lines)
+    scanner.repeats = stall_signals(reader.files, reader.file_lines, reader.heads)
     found = scanner.findings()
     read = scanner.read_summary(reader.total_lines)
     if scanner.mid_run:

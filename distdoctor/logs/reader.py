@@ -65,6 +65,7 @@ class LogReader:
         self._last_raw: dict[tuple, bytes] = {}
         self._ended_mid_line = False
         self.first_text = ""  # the first file's first line, its prefixes peeled (window.py)
+        self.heads: dict = {}  # per file, the head it taught (heads.py), for its tail's reading
 
     def lines(self, anchors: tuple[bytes, ...]) -> Iterator[LogLine]:
         """Every logical line whose message holds one of `anchors` (case-sensitive)."""
@@ -73,6 +74,7 @@ class LogReader:
         for path in self.files:
             try:
                 sniff = sniff_file(path)
+                self.heads[path] = sniff.head
                 if path == self.files[0]:
                     self.first_text = sniff.first
                 rank, host = self._identity_from_name(path, sniff)

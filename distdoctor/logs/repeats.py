@@ -107,12 +107,17 @@ def _clock(line: LogLine, raw: str) -> float | None:
     return int(m[1]) * 3600 + int(m[2]) * 60 + int(m[3]) if m else None
 
 
-def tail_lines(path: str, total: int | None = None, nbytes: int = TAIL_BYTES
-               ) -> list[tuple[LogLine, str]]:
+_SNIFF = object()  # the head not given: sniffed here
+
+
+def tail_lines(path: str, total: int | None = None, nbytes: int = TAIL_BYTES,
+               head=_SNIFF) -> list[tuple[LogLine, str]]:
     """The parsed lines of the last `nbytes` of a file (its first, cut line dropped), each
     with the raw line it came from (a head the file taught may hold its only clock),
-    numbered as in the file where its line count `total` is known."""
-    sniff = sniff_file(path)
+    numbered as in the file where its line count `total` is known. `head`: the one the
+    reader learned from the file (else the file is sniffed again)."""
+    if head is _SNIFF:
+        head = sniff_file(path).head
     with open_log(path) as fh:
         if isinstance(fh, gzip.GzipFile):  # no seeking back without reading it twice
             data, cut = b"", False
@@ -133,8 +138,8 @@ def tail_lines(path: str, total: int | None = None, nbytes: int = TAIL_BYTES
     out: list[tuple[LogLine, str]] = []
     for i, raw in enumerate(raws, first):
         if raw.strip():
-            out.extend((ll, raw) for ll in parse_raw(raw, file=path, lineno=i,
-                                                     head=sniff.head) if ll.text.strip())
+            out.extend((ll, raw) for ll in parse_raw(raw, file=path, lineno=i, head=head)
+                       if ll.text.strip())
     return out
 
 
@@ -191,14 +196,16 @@ def _span(run: list[_Line]) -> float | None:
     return None
 
 
-def stall_signals(files: list[str], file_lines: dict[str, int] | None = None
-                  ) -> list[Signal]:
-    """One signal per template a file's tail repeats with nothing moving (`file_lines`: the
-    reader's line count per file, for the lines' numbers)."""
+def stall_signals(files: list[str], file_lines: dict[str, int] | None = None,
+                  heads: dict | None = None) -> list[Signal]:
+    """One signal per template a file's tail repeats with nothing moving (`file_lines` and
+    `heads`: the reader's line count and learned head per file, so no file is sniffed
+    twice)."""
     out = []
     for path in files:
         try:
-            lines = tail_lines(path, (file_lines or {}).get(path))
+            lines = tail_lines(path, (file_lines or {}).get(path),
+                               head=heads[path] if heads and path in heads else _SNIFF)
         except (OSError, EOFError):
             continue  # the reader has said what it could not read
         for r in repeating_tail(lines):
