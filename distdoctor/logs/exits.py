@@ -56,15 +56,18 @@ def _exit_is_a_cause(ctx, e: dict) -> bool:
     return True
 
 def orphans_to_root_cause(ctx, out: list) -> None:
-    """A cause printed with no rank (an unprefixed traceback) belongs to the one rank the
-    launcher reports as failed first with no cause of its own."""
+    """A cause printed with no rank (an unprefixed traceback, a transport's error) belongs
+    to the one rank the launcher reports as failed first with no cause of its own."""
     ranked = {r for _, f in out for r in f.ranks if f.details.get("rule") != "rank_exit"}
     alive = [e for e in ctx.exits.values() if e["rank"] >= 0 and not e.get("torn_down")]
     # the root-cause entry; with no table, the one rank the launcher reports failed
     roots = [e for e in alive if e.get("root_cause")] or (alive if len(alive) == 1 else [])
     failed = [e for e in roots if e["rank"] not in ranked]
-    orphans = [f for _, f in out if not f.ranks and f.kind == "crash"
-               and f.details.get("rule") not in ("launcher_signaled", "launcher_missing")]
+    unranked = [f for _, f in out if not f.ranks and "received_on" not in f.details
+                and f.details.get("rule") not in ("launcher_signaled", "launcher_missing")]
+    # a traceback first; else any one cause the log names with no rank (a restarted
+    # round's "Gloo connectFullMesh failed", printed by ranks that never got a prefix)
+    orphans = [f for f in unranked if f.kind == "crash"] or unranked
     if len(failed) == 1 and len(orphans) == 1:
         rank = failed[0]["rank"]
         f = orphans[0]
