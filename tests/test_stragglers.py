@@ -178,3 +178,39 @@ def test_healthy_trainer_modes_have_no_straggler(mode, tmp_path):
     # busy there) or the job's own oversubscription (cause cpu), never the program's work
     assert [f for f in findings if f["kind"] != "host"
             and f["details"].get("cause") != "cpu"] == [], findings
+
+
+def _judged_as_the_run_went(run_dir) -> tuple[list, list]:
+    """The run's events fed through the engine in the job's time, judged every half
+    second (as `distdoctor run` judges live) and at the end: (every straggler said on the
+    way, the final findings)."""
+    from distdoctor.diagnosis.engine import Engine
+    from distdoctor.runlog.run import read_run
+    run = read_run(str(run_dir))
+    events = sorted((e for evs in run.events.values() for e in evs),
+                    key=lambda e: e.t_enter_ns)
+    engine, said, next_ns = Engine(None, postmortem=True), [], events[0].t_enter_ns
+    for ev in events:
+        engine.ingest_one(ev, 0.0)
+        if ev.t_enter_ns >= next_ns:
+            next_ns = ev.t_enter_ns + 5e8
+            said += [f for f in engine.tick(ev.t_enter_ns / 1e9) if f.kind == "straggler"]
+    engine.tick(None, final=True)
+    return said, engine.findings()
+
+
+def test_a_rank_slow_only_at_the_start_is_no_straggler_over_the_run(tmp_path):
+    """Said while it lasts, a stretch of late steps that ended is kept as info at the end
+    (CI's healthy FSDP2 run: rank 1 late over steps 2-12, said live, was a warning in
+    findings.json): the findings of the run are its whole run's verdict."""
+    run_dir = tmp_path / "run"
+    res = run_job("stragglers/slow_start.py", 2, run_dir, timeout=120)
+    assert res.returncode == 0, res.stderr[-3000:]
+    said, final = _judged_as_the_run_went(run_dir)
+    assert [f.ranks for f in said if f.severity == "warning"][:1] == [[1]], said
+    (late,) = [f for f in final if f.kind == "straggler"]
+    assert (late.severity, late.ranks, late.details["kept_pace"]) == ("info", [1], True)
+    assert "then it kept pace" in late.summary
+    # the live run's own findings agree
+    live = json.loads((run_dir / "findings.json").read_text())["findings"]
+    assert not [f for f in live if f["kind"] == "straggler" and f["severity"] != "info"], live

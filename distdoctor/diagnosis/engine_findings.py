@@ -30,6 +30,15 @@ class FindingBook:
         self.found[key] = f
         self._changed.append(f)
 
+    def _settle_stragglers(self, judged: set) -> None:
+        """At the end: a straggler said earlier whose rank the last verdict (keys `judged`)
+        no longer names, and that its whole run does not bear out, is kept as info."""
+        for key in [k for k, f in self.found.items()
+                    if k[0] == "slow" and k not in judged and f.kind == "straggler"]:
+            settled = self.straggler.kept_pace(self.found[key])
+            if settled is not None:
+                self._put(key, settled, quiet_update=True)
+
     def add_finding(self, f: Finding) -> None:
         """A finding from another source (the job's log): kept and reported like ours.
         A source that updates a finding (more ranks report it) keeps `details.signature`.
