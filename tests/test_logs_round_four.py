@@ -336,3 +336,30 @@ def test_a_monitored_barrier_peer_says_the_rank_torch_points_at_without_blaming_
         f"Please check rank 0 logs for faulty rank.\n" for r in (2, 3))
     (top,) = _loud(scan_logs([_write(tmp_path, "job.log", text)])[0])
     assert "from rank 0 (torch: check rank 0's logs)" in top.summary and top.ranks == []
+
+
+RAY_DEATH = ("(raylet) A worker died or was killed while executing a task by an unexpected "
+             "system error. Worker IP address: {ip} Worker port: 10005 Worker PID: 833 Worker "
+             "exit type: SYSTEM_ERROR Worker exit detail: Worker unexpectedly exits with a "
+             "connection error code 2. End of file.\n")
+
+
+@pytest.mark.parametrize("ip, rank", [("10.0.0.2", None), ("10.0.0.1", 62)])
+def test_a_pid_names_a_ray_worker_only_on_its_own_node(tmp_path, ip, rank):
+    """Pids repeat across nodes: rank 62 printed as pid 833 on 10.0.0.1 is the worker Ray
+    reports dead only where the death is on that node too."""
+    text = ("(WorkerDict pid=833, ip=10.0.0.1) [rank=62, world_size=64] initialized\n"
+            + RAY_DEATH.format(ip=ip))
+    (top,) = _loud(scan_logs([_write(tmp_path, "job.log", text)])[0])
+    assert top.ranks == ([rank] if rank is not None else []), top.summary
+    assert ("its rank is not in this log" in top.summary) == (rank is None)
+
+
+def test_a_watchdog_timeout_whose_line_is_cut_is_still_a_watchdog_timeout(tmp_path):
+    """A pasted window's last line, cut inside the watchdog's words: the rest (the SeqNum,
+    the op) is lost, what it was is not."""
+    cut = ("[rank3]:[E809 14:59:33.656957424 ProcessGroupNCCL.cpp:629] [Rank 3] Watchdog "
+           "caught collective oper")
+    (top,) = _loud(scan_logs([_write(tmp_path, "job.log", cut)])[0])
+    assert "NCCL watchdog timeout (its line cut off before the SeqNum)" in top.summary
+    assert top.details["rule"] == "watchdog_timeout"

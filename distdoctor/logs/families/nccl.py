@@ -38,6 +38,10 @@ RULES = (
          r"(?:, NumelOut=(?P<numel_out>-?\d+))?(?:.*?Timeout\(ms\)=(?P<timeout_ms>\d+))?"
          r"(?:\) ran for (?P<ran_ms>\d+) milliseconds)?",
          ints=("seq", "numel_in", "numel_out", "timeout_ms", "ran_ms")),
+    # the same line cut short (a pasted window's last line, a terminal's width): the words
+    # are the watchdog's alone, whatever is lost after them
+    rule("watchdog_timeout", NAME, TIMEOUT,
+         r"Watchdog caught collective(?! operation timeout: WorkNCCL)"),
     rule("watchdog_timeout", NAME, TIMEOUT,
          r"Timeout at NCCL work: (?P<seq>\d+), last enqueued NCCL work: (?P<enqueued>-?\d+), "
          r"last completed NCCL work: (?P<completed>-?\d+)",
@@ -377,7 +381,8 @@ def _watchdog(p: Problem) -> str:
     f = p.fields()
     op = f" in {f['op']}" if "op" in f else ""
     after = f" after {secs(f['timeout_ms'])}" if "timeout_ms" in f else ""
-    return f"NCCL watchdog timeout{op} (SeqNum {f.get('seq')}){after}"
+    seq = f"SeqNum {f['seq']}" if "seq" in f else "its line cut off before the SeqNum"
+    return f"NCCL watchdog timeout{op} ({seq}){after}"
 
 
 def owners(p: Problem, ctx) -> tuple[list[int], str] | None:

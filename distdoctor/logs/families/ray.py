@@ -109,13 +109,15 @@ def _ints(d: dict) -> dict:
 def assign_ranks(signals: list[Signal]) -> None:
     """Ranks for what Ray workers printed and for the workers Ray reports dead, from the
     pid -> rank the log tells; an exception the driver re-raised from a worker's task
-    (RayTaskError ... pid=N) is that worker's. Lines that carry a rank keep it."""
-    ranks: dict[int, int] = {}
+    (RayTaskError ... pid=N) is that worker's. Lines that carry a rank keep it. A pid is
+    one process only on its own node: pids repeat across nodes, so a worker Ray reports
+    dead on one IP is not the rank that printed with its pid on another."""
+    ranks: dict[tuple[int, str | None], int] = {}  # (pid, its node's address) -> rank
     for s in signals:
         if s.rule == "ray_rank":
-            ranks.setdefault(s.fields["pid"], s.fields["rank"])
+            ranks.setdefault((s.fields["pid"], s.line.host), s.fields["rank"])
         elif s.line.rank is not None and s.line.pid is not None and s.line.local_rank is None:
-            ranks.setdefault(s.line.pid, s.line.rank)
+            ranks.setdefault((s.line.pid, s.line.host), s.line.rank)
     if not ranks:
         return
     task: dict = {}  # who -> the pid of the task whose traceback the driver is printing
@@ -125,13 +127,26 @@ def assign_ranks(signals: list[Signal]) -> None:
             task[line.who] = s.fields["pid"]
             continue
         pid = _int(s.fields.get("pid")) if s.family == NAME else None
+        host = s.fields.get("ip")  # (where Ray says the worker ran)
         if pid is None and s.role != CONTEXT and line.who in task:
             pid = task.pop(line.who)  # the error the driver's traceback ends in
             s.fields["ray_pid"] = pid
         if pid is None and line.pid is not None and line.local_rank is None:
-            pid = line.pid
-        if pid in ranks and line.rank is None:
-            line.rank = ranks[pid]
+            pid, host = line.pid, line.host
+        rank = _rank_of(ranks, pid, host)
+        if rank is not None and line.rank is None:
+            line.rank = rank
+
+
+def _rank_of(ranks: dict, pid: int | None, host: str | None) -> int | None:
+    """The rank of `pid` on `host`; where either side's node is unknown, the one rank
+    that pid has."""
+    if pid is None:
+        return None
+    if (pid, host) in ranks:
+        return ranks[pid, host]
+    known = {r for (p, h), r in ranks.items() if p == pid and (host is None or h is None)}
+    return known.pop() if len(known) == 1 else None
 
 
 # --- what its problems mean ---------------------------------------------------------------
