@@ -389,3 +389,30 @@ def test_a_batch_is_ops_posted_before_the_one_before_completed_not_a_quick_block
     first = s.op("recv", kind="p2p", peer=2, t=1.0, wait=0.004)  # still pending at 1.001
     batched = s.op("recv", kind="p2p", peer=2, t=1.001, done=False)
     assert same_batch(SimpleNamespace(last_done=first), batched)
+
+
+def _two_threads_in_flight(rank: int) -> list:
+    """A rank whose metrics thread and main thread each have an all_reduce in flight on the
+    default group, numbered in the same order on every rank (h17's first ops)."""
+    s = Stream(rank)
+    metric = s.op(seq=0, ranks=(0, 1), numel=1, line=14, done=False)
+    metric.callsite.update(thread="Thread-1 (reporter)", thread_id=140 + rank, function="reporter")
+    grads = s.op(seq=1, ranks=(0, 1), numel=256, line=27, done=False, t=0.001)
+    return [metric, grads]
+
+
+@pytest.mark.parametrize("code, raced", [(-6, True), (-9, False)])
+def test_ranks_that_die_with_two_threads_ops_in_flight_died_of_that_race(code, raced):
+    """The traced order agrees on both ranks, so no traced mismatch shows the race; a
+    rank killed from outside (SIGKILL) died of that, not of the race."""
+    found = engine_with(_two_threads_in_flight(0) + _two_threads_in_flight(1),
+                        exits={0: ExitInfo(code), 1: ExitInfo(code)})
+    errors = [f for f in found if f.severity == "error"]
+    if not raced:
+        assert all(f.kind == "crash" for f in errors), [f.summary for f in found]
+        return
+    (top,) = errors
+    assert (top.kind, top.ranks, top.details["reason"]) == ("mismatch", [0, 1],
+                                                             "threads_share_group")
+    assert "Thread-1 (reporter)" in top.summary and "in flight at once" in top.summary
+    assert {f.severity for f in found if f.kind == "crash"} == {"warning"}

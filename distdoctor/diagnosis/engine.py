@@ -287,6 +287,7 @@ class Engine(FindingBook, WaitJudge):
                 self._report_mismatch(rv)
         views = self.views(now_s)
         failed = {r for r, st in self.ranks.items() if st.exit and st.exit.failed}
+        self._race_at_failure(failed)
         for f in crash_findings({r: st.exit for r, st in self.ranks.items() if st.exit},
                                 views, self.open.values(),
                                 {(k[1], k[2]) for k in self.found if k[0] == "mismatch"},
@@ -321,17 +322,7 @@ class Engine(FindingBook, WaitJudge):
                 stragglers = self.gpu_findings(list(self.samples), stragglers)
             except Exception as exc:  # probe data must never stop the diagnosis
                 self.gpu_error = repr(exc)
-        judged = set()
-        for f in stragglers:
-            # one finding per slow rank: the latest verdict (its program's or its host's)
-            key = ("slow", tuple(f.ranks or f.details.get("slowed_ranks") or ()) or f.summary)
-            judged.add(key)
-            old = self.found.get(key)
-            # a straggler that turns out to sit on a throttled GPU is news worth printing
-            joined = old is not None and "GPU" in f.summary and "GPU" not in old.summary
-            self._put(key, f, quiet_update=not joined)
-        if final:
-            self._settle_stragglers(judged)
+        self._put_stragglers(stragglers, final)
         for f in self._error_findings():
             self._put(("comm_error", f.summary), f, quiet_update=True)
         for f in self.thread_use.findings():

@@ -2,7 +2,7 @@
 when asked), the findings from other sources (the job's log) and the ones held back a few
 seconds for a traced one to explain them, and the final list: merged, consequences said
 as such, most severe first. A mixin of Engine (engine.py), which holds the state it
-reads (`found`, `_changed`, `_held`, `_now_s`, `ranks`).
+reads (`found`, `_changed`, `_held`, `_now_s`, `ranks`, `straggler`).
 """
 
 from __future__ import annotations
@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from distdoctor.diagnosis.crash import merge_crashes
+from distdoctor.diagnosis.threads import race_at_failure
 from distdoctor.findings import Finding, most_severe_first
 
 # how long a mismatch the job's output tells with no culprit waits for the traced one
@@ -30,14 +31,35 @@ class FindingBook:
         self.found[key] = f
         self._changed.append(f)
 
-    def _settle_stragglers(self, judged: set) -> None:
-        """At the end: a straggler said earlier whose rank the last verdict (keys `judged`)
-        no longer names, and that its whole run does not bear out, is kept as info."""
+    def _put_stragglers(self, stragglers: list[Finding], final: bool) -> None:
+        """One finding per slow rank: the latest verdict (its program's or its host's). At
+        the end, a straggler said earlier that the last verdict no longer names and that
+        its whole run does not bear out is kept as info (StragglerTracker.kept_pace)."""
+        judged = set()
+        for f in stragglers:
+            key = ("slow", tuple(f.ranks or f.details.get("slowed_ranks") or ()) or f.summary)
+            judged.add(key)
+            old = self.found.get(key)
+            # a straggler that turns out to sit on a throttled GPU is news worth printing
+            joined = old is not None and "GPU" in f.summary and "GPU" not in old.summary
+            self._put(key, f, quiet_update=not joined)
+        if not final:
+            return
         for key in [k for k, f in self.found.items()
                     if k[0] == "slow" and k not in judged and f.kind == "straggler"]:
             settled = self.straggler.kept_pace(self.found[key])
             if settled is not None:
                 self._put(key, settled, quiet_update=True)
+
+    def _race_at_failure(self, failed: set[int]) -> None:
+        """Failed ranks that had one group's collectives in flight from two threads at
+        once, where no mismatch is known: that race (threads.race_at_failure) is the cause,
+        found before their crashes are judged (which then follow from it)."""
+        if not failed or any(k[0] == "mismatch" for k in self.found):
+            return
+        raced = race_at_failure(self._histories(), {r: self.ranks[r].exit.code for r in failed})
+        if raced is not None:
+            self._put(("mismatch", raced.group, raced.seq), raced)
 
     def add_finding(self, f: Finding) -> None:
         """A finding from another source (the job's log): kept and reported like ours.

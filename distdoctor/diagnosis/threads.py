@@ -150,3 +150,46 @@ class ThreadUse:
                                    thread_label(ev) for ev in seen.values()]},
                                remedy=REMEDY))
         return out
+
+
+def race_at_failure(histories: dict, failed: dict[int, int | None]) -> Finding | None:
+    """A job that failed while a rank had collectives of one group in flight from two
+    threads at once: which of them the transport ran first is undefined, and the ranks
+    ran them in different orders. The traced order can agree on every rank (each thread
+    numbers its op before the transport takes it), so no traced mismatch shows it; gloo
+    aborts on the size it did not expect (a 4-byte metric where 1 KiB of gradients was
+    posted) at a job's first ops, before a thread has taken turns on the group.
+    `failed`: rank -> exit code of the ranks that failed; one killed from outside
+    (SIGKILL, SIGTERM) failed of that, not of the race."""
+    used: dict[int, dict[int, Event]] = {}
+    group = None
+    for rank, code in sorted(failed.items()):
+        if code in (-9, -15):
+            continue
+        open_ops: dict[str, dict[int, Event]] = {}
+        for ev in histories.get(rank, ()):
+            if ev.kind == "collective" and (ev.t_end_ns is None or ev.status == "error"):
+                open_ops.setdefault(ev.group, {})[thread_of(ev)] = ev
+        for g, by_thread in open_ops.items():
+            if len(by_thread) > 1 and group in (None, g):
+                group, used[rank] = g, by_thread
+    if not used:
+        return None
+    ranks = sorted(used)
+    seen = used[ranks[0]]
+    first = min(seen.values(), key=lambda ev: ev.seq)
+    desc = f" ({first.group_desc})" if first.group_desc else ""
+    summary = (f"group {group}{desc} is used from {len(seen)} threads of rank"
+               f"{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))}: "
+               f"{' and '.join(where(ev) for ev in seen.values())}, in flight at once when the "
+               f"job failed; the order of collectives across threads is not defined, so the "
+               f"ranks ran them in different orders")
+    return Finding("mismatch", "error", summary, ranks, group, first.seq,
+                   [{"rank": ranks[0], **{k: (ev.callsite or {}).get(k) for k in
+                                          ("file", "line", "function", "thread")}}
+                    for ev in seen.values()],
+                   details={"reason": "threads_share_group", "ranks": ranks,
+                            "threads_share_group": {str(r): [where(ev) for ev in s.values()]
+                                                    for r, s in sorted(used.items())},
+                            "in_flight_at_once": True},
+                   remedy=REMEDY)
