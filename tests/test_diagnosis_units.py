@@ -416,3 +416,13 @@ def test_ranks_that_die_with_two_threads_ops_in_flight_died_of_that_race(code, r
                                                              "threads_share_group")
     assert "Thread-1 (reporter)" in top.summary and "in flight at once" in top.summary
     assert {f.severity for f in found if f.kind == "crash"} == {"warning"}
+
+
+def test_a_rank_that_raised_between_collectives_is_the_cause_not_the_others_threads():
+    """Rank 1 raised in its own code (its last op went well); rank 0's two threads' ops
+    failed when it left: rank 1's exception, not a race."""
+    s = Stream(1)
+    done = s.op(seq=0, ranks=(0, 1), numel=1, line=14)
+    found = engine_with(_two_threads_in_flight(0) + [done],
+                        exits={0: ExitInfo(1), 1: ExitInfo(1)})
+    assert not [f for f in found if f.kind == "mismatch"], [f.summary for f in found]

@@ -160,7 +160,8 @@ def race_at_failure(histories: dict, failed: dict[int, int | None]) -> Finding |
     aborts on the size it did not expect (a 4-byte metric where 1 KiB of gradients was
     posted) at a job's first ops, before a thread has taken turns on the group.
     `failed`: rank -> exit code of the ranks that failed; one killed from outside
-    (SIGKILL, SIGTERM) failed of that, not of the race."""
+    (SIGKILL, SIGTERM) failed of that, not of the race, and where a failed rank's last op
+    went well, its own code failed first (an exception between collectives)."""
     used: dict[int, dict[int, Event]] = {}
     group = None
     for rank, code in sorted(failed.items()):
@@ -175,6 +176,12 @@ def race_at_failure(histories: dict, failed: dict[int, int | None]) -> Finding |
                 group, used[rank] = g, by_thread
     if not used:
         return None
+    for rank in failed:  # a failed rank whose last op went well failed of its own code
+        last = next((ev for ev in reversed(histories.get(rank, ()))
+                     if ev.kind == "collective"), None)
+        if rank not in used and (last is None or (last.t_end_ns is not None
+                                                  and last.status != "error")):
+            return None
     ranks = sorted(used)
     seen = used[ranks[0]]
     first = min(seen.values(), key=lambda ev: ev.seq)
