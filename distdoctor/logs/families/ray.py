@@ -127,7 +127,7 @@ def assign_ranks(signals: list[Signal]) -> None:
             task[line.who] = s.fields["pid"]
             continue
         pid = _int(s.fields.get("pid")) if s.family == NAME else None
-        host = s.fields.get("ip")  # (where Ray says the worker ran)
+        host = s.fields.get("ip") if pid is not None else None  # where Ray says it ran
         if pid is None and s.role != CONTEXT and line.who in task:
             pid = task.pop(line.who)  # the error the driver's traceback ends in
             s.fields["ray_pid"] = pid
