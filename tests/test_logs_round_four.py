@@ -363,3 +363,27 @@ def test_a_watchdog_timeout_whose_line_is_cut_is_still_a_watchdog_timeout(tmp_pa
     (top,) = _loud(scan_logs([_write(tmp_path, "job.log", cut)])[0])
     assert "NCCL watchdog timeout (its line cut off before the SeqNum)" in top.summary
     assert top.details["rule"] == "watchdog_timeout"
+
+
+def _channels(pairs) -> str:
+    """NCCL INFO transport lines (src/transport/shm.cc's format) of processes on node-a:
+    (pid, the CUDA device it prints, its rank, the peer)."""
+    return "".join(f"node-a:{pid}:{pid + 7} [{dev}] NCCL INFO Channel 00/0 : {me}[{dev}000] -> "
+                   f"{peer}[{peer}000] via SHM/direct/direct\n" for pid, dev, me, peer in pairs)
+
+
+@pytest.mark.parametrize("pairs, rank", [
+    # the process on device 2 is rank 2 of the job's communicator
+    ([(501, 0, 0, 1), (502, 1, 1, 2), (503, 2, 2, 3), (504, 3, 3, 0)], 2),
+    # ... or two communicators' numbering (it is rank 2 in one, rank 0 in another): no rank
+    ([(503, 2, 2, 3), (503, 2, 0, 1)], None),
+])
+def test_the_rank_of_an_nccl_warning_is_read_from_its_process_transport_lines(tmp_path, pairs,
+                                                                              rank):
+    """`host:pid:tid [dev]` heads carry the CUDA device, not the rank; the process's own
+    transport lines name its rank where they agree."""
+    text = _channels(pairs) + ("\nnode-a:503:503 [2] enqueue.cc:1085 NCCL WARN Cuda failure "
+                               "'out of memory'\n")
+    (top,) = _loud(scan_logs([_write(tmp_path, "job.log", text)])[0])
+    assert "out of memory" in top.summary
+    assert top.ranks == ([rank] if rank is not None else [])

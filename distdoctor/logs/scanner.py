@@ -12,6 +12,7 @@ import re
 
 from distdoctor.findings import Finding
 from distdoctor.logs.families import FAMILIES, ROUTES
+from distdoctor.logs.families.context import assign_nccl_ranks
 from distdoctor.logs.families.exceptions import Tracebacks
 from distdoctor.logs.families.launcher import workers_stopped
 from distdoctor.logs.families.progress import ProgressFamily
@@ -152,6 +153,7 @@ class LogScanner:
                 s.order = len(signals)
                 signals.append(s)
         assign_ranks(signals)  # Ray workers' pids -> ranks, where the log tells
+        assign_nccl_ranks(signals)  # ... and NCCL's processes, from its transport lines
         reasoner = Reasoner(signals, self.activity, self.ranks_seen, progress, self.file_lines)
         reasoner.mid_run = self.mid_run
         found = reasoner.findings()

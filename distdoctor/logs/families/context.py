@@ -4,6 +4,7 @@ absence only when the log shows the whole world), as launchers and frameworks pr
 from __future__ import annotations
 
 import re
+from collections import Counter
 
 from distdoctor.logs.lines import LogLine
 from distdoctor.logs.signals import CONTEXT, Family, Signal
@@ -29,11 +30,18 @@ _RANK = (
 )
 
 
+# NCCL INFO's transport lines name the printing process's rank in its communicator,
+# itself first ("[receive]" lines: the peer first): "Channel 00/0 : 0[1020] -> 2[1040] via
+# SHM/direct/direct". Format: NCCL src/transport/{p2p,shm,net}.cc (2.7 to 2.2x).
+_CHANNEL = re.compile(r"NCCL INFO Channel \d+(?:/\d+)? : (?P<a>\d+)\[[0-9a-fx]+\] -> "
+                      r"(?P<b>\d+)\[[0-9a-fx]+\](?P<recv> \[receive\])?")
+
+
 class ContextFamily(Family):
     name = NAME
     anchors = (b"WORLD_SIZE", b"orld_size", b"orld size", b"MEMBER:", b"options: size",
                b"Num processes", b"nRanks", b"nranks", b"Rank ", b"GLOBAL_RANK",
-               b"Process rank", b"[rank: ")
+               b"Process rank", b"[rank: ", b"NCCL INFO Channel")
 
     def feed(self, line: LogLine) -> list[Signal]:
         text, out = line.text, []
@@ -47,4 +55,24 @@ class ContextFamily(Family):
             if m := rx.search(text):
                 out.append(Signal("rank_seen", NAME, CONTEXT, line, {"seen": int(m["rank"])}))
                 break
+        if line.rank is None and line.pid is not None and (m := _CHANNEL.search(text)):
+            out.append(Signal("nccl_rank", NAME, CONTEXT, line,
+                              {"rank": int(m["b"] if m["recv"] else m["a"])}))
         return out
+
+
+def assign_nccl_ranks(signals: list[Signal]) -> None:
+    """Ranks for the lines of processes NCCL's transport lines name (`host:pid:tid [dev]`
+    heads carry the CUDA device, never the rank). Only where it is certain: a process
+    whose lines name two ranks is in two communicators, and a rank two processes claim
+    is two communicators' numbering; neither is trusted."""
+    claimed: dict[tuple, set[int]] = {}
+    for s in signals:
+        if s.rule == "nccl_rank":
+            claimed.setdefault(s.line.who, set()).add(s.fields["rank"])
+    one = {who: next(iter(r)) for who, r in claimed.items() if len(r) == 1}
+    taken = Counter(one.values())
+    ranks = {who: r for who, r in one.items() if taken[r] == 1}
+    for s in signals:
+        if s.line.rank is None and s.line.who in ranks:
+            s.line.rank = ranks[s.line.who]
