@@ -32,8 +32,9 @@ _RANK = (
 
 # NCCL INFO's transport lines name the printing process's rank in its communicator,
 # itself first ("[receive]" lines: the peer first): "Channel 00/0 : 0[1020] -> 2[1040] via
-# SHM/direct/direct". Format: NCCL src/transport/{p2p,shm,net}.cc (2.7 to 2.2x).
-_CHANNEL = re.compile(r"NCCL INFO Channel \d+(?:/\d+)? : (?P<a>\d+)\[[0-9a-fx]+\] -> "
+# SHM/direct/direct" ("Ring 00 : ..." before 2.6). Format: NCCL src/transport/{p2p,shm,
+# net}.cc, 2.4 to 2.2x.
+_CHANNEL = re.compile(r"NCCL INFO (?:Channel|Ring) \d+(?:/\d+)? : (?P<a>\d+)\[[0-9a-fx]+\] -> "
                       r"(?P<b>\d+)\[[0-9a-fx]+\](?P<recv> \[receive\])?")
 
 
@@ -41,7 +42,7 @@ class ContextFamily(Family):
     name = NAME
     anchors = (b"WORLD_SIZE", b"orld_size", b"orld size", b"MEMBER:", b"options: size",
                b"Num processes", b"nRanks", b"nranks", b"Rank ", b"GLOBAL_RANK",
-               b"Process rank", b"[rank: ", b"NCCL INFO Channel")
+               b"Process rank", b"[rank: ", b"NCCL INFO Channel", b"NCCL INFO Ring")
 
     def feed(self, line: LogLine) -> list[Signal]:
         text, out = line.text, []
