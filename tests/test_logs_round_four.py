@@ -387,3 +387,16 @@ def test_the_rank_of_an_nccl_warning_is_read_from_its_process_transport_lines(tm
     (top,) = _loud(scan_logs([_write(tmp_path, "job.log", text)])[0])
     assert "out of memory" in top.summary
     assert top.ranks == ([rank] if rank is not None else [])
+
+
+def test_a_cause_that_names_no_rank_says_what_the_others_saw_of_it(tmp_path):
+    """A Ray worker dead on some node, its rank not in the log: the NCCL error a process
+    then reported is where to look next, said after it (never as a culprit)."""
+    text = (RAY_DEATH.format(ip="10.0.0.2")
+            + "(WorkerDict pid=912, ip=10.0.0.2) [rank1]:[E1224 13:23:05.48 ProcessGroupNCCL."
+              "cpp:542] [Rank 1] Collective WorkNCCL(SeqNum=1, OpType=BROADCAST) raised the "
+              "following async exception: NCCL error: remote process exited or there was a "
+              "network error, NCCL version 2.21.5\n")
+    (top,) = _loud(scan_logs([_write(tmp_path, "job.log", text)])[0])
+    assert top.ranks == [] and "died (SYSTEM_ERROR)" in top.summary
+    assert "; then NCCL remote error" in top.summary

@@ -331,7 +331,10 @@ class Reasoner:
         if len(cons) < 20:
             cons.append({"rule": p.rule, "summary": text, "reporting_ranks": sorted(p.ranks),
                          "count": p.count})
-        if p.role == TIMEOUT and "then" not in cause.summary:
+        # a timeout after the cause is said; so is what the others saw of a cause that
+        # names no rank (a Ray worker dead on some node): it is where to look next
+        if "then" not in cause.summary and (p.role == TIMEOUT
+                                            or p.role == VICTIM and not cause.ranks):
             cause.summary += f"; then {text}"
 
 
