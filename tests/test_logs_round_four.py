@@ -400,3 +400,25 @@ def test_a_cause_that_names_no_rank_says_what_the_others_saw_of_it(tmp_path):
     (top,) = _loud(scan_logs([_write(tmp_path, "job.log", text)])[0])
     assert top.ranks == [] and "died (SYSTEM_ERROR)" in top.summary
     assert "; then NCCL remote error" in top.summary
+
+
+def test_the_launchers_own_traceback_cut_off_is_its_report_not_the_ranks(tmp_path):
+    """accelerate-launch runs torchrun in-process: after "failed (exitcode: 1) local_rank:
+    3" comes the launcher's own traceback (here cut before its ChildFailedError). Rank 3's
+    exit is the finding; the launcher's frames are not rank 3's."""
+    head = "stderr: "
+    text = "".join(head + line + "\n" for line in (
+        "WARNING:torch.distributed.elastic.multiprocessing.api:Sending process 4101 closing "
+        "signal SIGTERM",
+        "ERROR:torch.distributed.elastic.multiprocessing.api:failed (exitcode: 1) local_rank: "
+        "3 (pid: 4104) of binary: /opt/conda/bin/python",
+        "Traceback (most recent call last):",
+        '  File "/opt/conda/bin/accelerate-launch", line 8, in <module>',
+        "    sys.exit(main())",
+        '  File "/opt/conda/lib/python3.10/site-packages/torch/distributed/run.py", line 797, '
+        "in run",
+        "    elastic_launch(",
+        "  File"))
+    (top,) = _loud(scan_logs([_write(tmp_path, "job.log", text)])[0])
+    assert top.ranks == [3] and "exited with code 1" in top.summary, top.summary
+    assert not any("accelerate-launch" in (c.get("file") or "") for c in top.callsites)

@@ -66,8 +66,10 @@ def fallback_cause(ctx, unknown: list[Signal], out: list) -> None:
     # such ranks in the log, an error that names no rank may be theirs too
     candidates = [s for s in unknown if rank_of(s.line) is not None
                   and rank_of(s.line) not in waiting] if waiting else unknown
-    if any(p.role in (TIMEOUT, VICTIM) for p in ctx.problems.values()):
-        # the launcher's own traceback, cut off, is its report of what the ranks saw
+    if ctx.exits or any(p.role in (TIMEOUT, VICTIM) for p in ctx.problems.values()):
+        # the launcher's own traceback, cut off, is its report of what the ranks saw (or
+        # of the exit it reported: accelerate-launch's torchrun, "failed (exitcode: 1)
+        # local_rank: 7", then its traceback): the exit is the finding, not the traceback
         candidates = [s for s in candidates if not (s.fields.get("error") == "cut"
                                                     and s.fields.get("in_launcher"))]
     if not candidates:
