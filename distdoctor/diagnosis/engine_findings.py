@@ -55,9 +55,14 @@ class FindingBook:
         """Failed ranks that had one group's collectives in flight from two threads at
         once, where no mismatch is known: that race (threads.race_at_failure) is the cause,
         found before their crashes are judged (which then follow from it)."""
+        # (a rank whose op failed failed too, though distdoctor stopped it afterwards)
+        failed = failed | {r for r, st in self.ranks.items()
+                           if any(ev.status in ("error", "timeout") for ev in st.recent)}
         if not failed or any(k[0] == "mismatch" for k in self.found):
             return
-        raced = race_at_failure(self._histories(), {r: self.ranks[r].exit.code for r in failed})
+        raced = race_at_failure(self._histories(), {
+            r: st.exit.code if st.exit is not None and st.exit.how != "stopped" else None
+            for r in failed for st in (self.ranks[r],)})
         if raced is not None:
             self._put(("mismatch", raced.group, raced.seq), raced)
 

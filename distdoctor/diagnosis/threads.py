@@ -34,6 +34,7 @@ def thread_label(ev: Event) -> str:
 
 
 BACKGROUND = -1  # a thread torch runs beside the main thread (no user frame of its own)
+_FAILED = ("error", "timeout")  # an op's end that failed
 
 
 def _background(ev: Event) -> bool:
@@ -158,20 +159,32 @@ def race_at_failure(histories: dict, failed: dict[int, int | None]) -> Finding |
     ran them in different orders. The traced order can agree on every rank (each thread
     numbers its op before the transport takes it), so no traced mismatch shows it; gloo
     aborts on the size it did not expect (a 4-byte metric where 1 KiB of gradients was
-    posted) at a job's first ops, before a thread has taken turns on the group.
-    `failed`: rank -> exit code of the ranks that failed; one killed from outside
-    (SIGKILL, SIGTERM) failed of that, not of the race, and where a failed rank's last op
-    went well, its own code failed first (an exception between collectives)."""
+    posted) or times out on the pairing it waits for (a main thread's barrier beside an
+    async checkpoint's gathers), at any op, before a thread has taken turns on the group.
+    The threads are told apart as `threads_on` does (a torch thread running beside the
+    main thread is one). `failed`: rank -> exit code of the ranks that failed. Not said
+    where a rank was killed from outside (SIGKILL: that is the cause), nor where a failed
+    rank's last op went well (its own code raised between collectives)."""
+    if any(code == -9 for code in failed.values()):
+        return None
+    beside: dict[str, bool] = {}  # group -> a torch thread seen beside the main thread
+
+    def beside_on(g: str) -> bool:
+        if g not in beside:  # (one program: seen on one rank, the same thread on all)
+            beside[g] = any(beside_main(histories.get(r, ()), g) for r in failed)
+        return beside[g]
+
     used: dict[int, dict[int, Event]] = {}
     group = None
     for rank, code in sorted(failed.items()):
-        if code in (-9, -15):
+        if code == -15:  # stopped by the launcher once another rank failed
             continue
-        open_ops: dict[str, dict[int, Event]] = {}
+        open_ops: dict[str, list[Event]] = {}
         for ev in histories.get(rank, ()):
-            if ev.kind == "collective" and (ev.t_end_ns is None or ev.status == "error"):
-                open_ops.setdefault(ev.group, {})[thread_of(ev)] = ev
-        for g, by_thread in open_ops.items():
+            if ev.kind == "collective" and (ev.t_end_ns is None or ev.status in _FAILED):
+                open_ops.setdefault(ev.group, []).append(ev)
+        for g, evs in open_ops.items():
+            by_thread = {key_of(ev, beside_on(g)): ev for ev in evs}
             if len(by_thread) > 1 and group in (None, g):
                 group, used[rank] = g, by_thread
     if not used:
@@ -180,23 +193,24 @@ def race_at_failure(histories: dict, failed: dict[int, int | None]) -> Finding |
         last = next((ev for ev in reversed(histories.get(rank, ()))
                      if ev.kind == "collective"), None)
         if rank not in used and (last is None or (last.t_end_ns is not None
-                                                  and last.status != "error")):
+                                                  and last.status not in _FAILED)):
             return None
     ranks = sorted(used)
     seen = used[ranks[0]]
+    b = beside_on(group)
     first = min(seen.values(), key=lambda ev: ev.seq)
     desc = f" ({first.group_desc})" if first.group_desc else ""
     summary = (f"group {group}{desc} is used from {len(seen)} threads of rank"
                f"{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))}: "
-               f"{' and '.join(where(ev) for ev in seen.values())}, in flight at once when the "
-               f"job failed; the order of collectives across threads is not defined, so the "
-               f"ranks ran them in different orders")
+               f"{' and '.join(where(ev, b) for ev in seen.values())}, in flight at once when "
+               f"the job failed; the order of collectives across threads is not defined, so "
+               f"the ranks ran them in different orders")
     return Finding("mismatch", "error", summary, ranks, group, first.seq,
                    [{"rank": ranks[0], **{k: (ev.callsite or {}).get(k) for k in
-                                          ("file", "line", "function", "thread")}}
-                    for ev in seen.values()],
+                                          ("file", "line", "function")},
+                     "thread": label_of(ev, b)} for ev in seen.values()],
                    details={"reason": "threads_share_group", "ranks": ranks,
-                            "threads_share_group": {str(r): [where(ev) for ev in s.values()]
+                            "threads_share_group": {str(r): [where(ev, b) for ev in s.values()]
                                                     for r, s in sorted(used.items())},
                             "in_flight_at_once": True},
                    remedy=REMEDY)
