@@ -426,3 +426,23 @@ def test_a_rank_that_raised_between_collectives_is_the_cause_not_the_others_thre
     found = engine_with(_two_threads_in_flight(0) + [done],
                         exits={0: ExitInfo(1), 1: ExitInfo(1)})
     assert not [f for f in found if f.kind == "mismatch"], [f.summary for f in found]
+
+
+def _checkpoint_beside_barrier(rank: int) -> list:
+    """r31's shape: the main thread's barrier and an async-save executor's all_gather (a
+    torch thread: no user frame of its own, so the main thread's line) on the default
+    group, numbered alike on both ranks, both timed out."""
+    s = Stream(rank)
+    barrier = s.op(op="barrier", seq=30, ranks=(0, 1), line=470, status="timeout")
+    gather = s.op(op="all_gather", seq=31, ranks=(0, 1), line=470, status="timeout", t=0.001)
+    gather.other_thread = True
+    return [barrier, gather]
+
+
+def test_a_torch_thread_beside_the_main_thread_in_flight_at_failure_is_the_race():
+    """Both ranks' ops failed (timed out), then distdoctor stopped them: the race."""
+    found = engine_with(_checkpoint_beside_barrier(0) + _checkpoint_beside_barrier(1),
+                        exits={0: ExitInfo(-15, "stopped"), 1: ExitInfo(-15, "stopped")})
+    (top,) = [f for f in found if f.severity == "error"]
+    assert top.details["reason"] == "threads_share_group" and top.ranks == [0, 1]
+    assert "a thread of torch's beside the main thread" in top.summary
