@@ -2,7 +2,7 @@
 when asked), the findings from other sources (the job's log) and the ones held back a few
 seconds for a traced one to explain them, and the final list: merged, consequences said
 as such, most severe first. A mixin of Engine (engine.py), which holds the state it
-reads (`found`, `_changed`, `_held`, `_now_s`, `ranks`, `straggler`).
+reads (`found`, `_changed`, `_held`, `_now_s`, `ranks`, `straggler`, `_errors`).
 """
 
 from __future__ import annotations
@@ -55,10 +55,13 @@ class FindingBook:
         """Failed ranks that had one group's collectives in flight from two threads at
         once, where no mismatch is known: that race (threads.race_at_failure) is the cause,
         found before their crashes are judged (which then follow from it)."""
-        # (a rank whose op failed failed too, though distdoctor stopped it afterwards)
-        failed = failed | {r for r, st in self.ranks.items()
-                           if any(ev.status in ("error", "timeout") for ev in st.recent)}
-        if not failed or any(k[0] == "mismatch" for k in self.found):
+        if any(k[0] == "mismatch" for k in self.found):
+            return
+        # (a rank whose op failed failed too, though distdoctor stopped it afterwards: the
+        # failed ops the engine keeps for its comm_error findings)
+        failed = failed | {ev.rank for evs in self._errors.values() for ev in evs
+                           if ev.status in ("error", "timeout")}
+        if not failed:
             return
         raced = race_at_failure(self._histories(), {
             r: st.exit.code if st.exit is not None and st.exit.how != "stopped" else None

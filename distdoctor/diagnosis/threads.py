@@ -16,7 +16,7 @@ threads take turns on a rank is a hazard worth saying before it fails (an info f
 
 from __future__ import annotations
 
-from distdoctor.findings import Finding, site_text
+from distdoctor.findings import Finding, site_text, who
 from distdoctor.runlog.reader import Event
 
 MAX_GROUPS = 4096  # (rank, group) pairs followed
@@ -200,8 +200,7 @@ def race_at_failure(histories: dict, failed: dict[int, int | None]) -> Finding |
     b = beside_on(group)
     first = min(seen.values(), key=lambda ev: ev.seq)
     desc = f" ({first.group_desc})" if first.group_desc else ""
-    summary = (f"group {group}{desc} is used from {len(seen)} threads of rank"
-               f"{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))}: "
+    summary = (f"group {group}{desc} is used from {len(seen)} threads of {who(ranks)}: "
                f"{' and '.join(where(ev, b) for ev in seen.values())}, in flight at once when "
                f"the job failed; the order of collectives across threads is not defined, so "
                f"the ranks ran them in different orders")
