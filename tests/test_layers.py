@@ -26,7 +26,9 @@ SOURCES = {"distdoctor": "distdoctor", "distdoctor.probes": "probes",
 LAYERS = (
     ("base", (  # no import of distdoctor at all
         "distdoctor.errors", "distdoctor.priority", "distdoctor.console",
-        "distdoctor.plugins", "distdoctor.exits")),
+        "distdoctor.plugins", "distdoctor.exits",
+        "distdoctor.safetext",  # foreign text made safe to print
+        "distdoctor.privatefiles")),  # state files under shared dirs: private, no links
     ("run log", (
         # with its C extension (runlog/_fast.c): self-contained, it imports nothing; the
         # run log's slot writer uses its SlotWriter as the tracer uses its Core
