@@ -6,6 +6,10 @@ falls back to an in-process dump: a rank that called `install_stack_dump_handler
 start-up has faulthandler write all its threads' stacks to `path` on SIGUSR2; `dump_stacks`
 sends the signal and reads what was appended. `StackDump.method` says which way was used.
 
+The registry of dump files lives in a per-user dir under the shared temp dir, made and read
+through distdoctor/privatefiles.py: a dir another user made (or a link, or one others can
+write) is refused with one line and the fallback is off, so no rank writes through a link.
+
 Safety: the handler is only installed where nothing else handles the signal (a job's own
 SIGUSR2 handler is left alone), the signal is only sent to a process that registered a
 handler (pid and start time match its registry entry) and still catches the signal, so a
@@ -24,12 +28,13 @@ import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import psutil
+
+from distdoctor.privatefiles import PrivateDir, PrivateDirRefused, state_dir_path
 
 PY_SPY = "py-spy"
 SIGNAL = "signal"
@@ -38,6 +43,9 @@ _handler_file = None  # the descriptor faulthandler writes to
 _handler: dict = {}  # path, signal and (device, inode) of that file
 HIGH_FD = 900  # where the descriptor is moved (see _register)
 RESIGNAL_S = 1.5  # an in-process dump not begun after this is asked for again
+REGISTRY = "distdoctor-stacks"
+_ENTRY_LIMIT = 64 << 10  # a registry entry is a few hundred bytes
+_said: set[str] = set()  # refusals already printed by this process
 
 
 @dataclass(frozen=True)
@@ -58,8 +66,31 @@ def find_py_spy() -> str | None:
 # -- the in-process fallback ---------------------------------------------------------------
 def registry_dir() -> Path:
     """Where ranks note their dump file: one small JSON per pid, private to this user."""
-    uid = os.getuid() if hasattr(os, "getuid") else 0
-    return Path(tempfile.gettempdir()) / f"distdoctor-stacks-{uid}"
+    return Path(state_dir_path(REGISTRY))
+
+
+def _open_registry(create: bool) -> PrivateDir | None:
+    """The registry, checked; None (and one line, once per process) where it is refused."""
+    try:
+        return PrivateDir.open(str(registry_dir()), create=create)
+    except PrivateDirRefused as exc:
+        if create or registry_dir().exists() or registry_dir().is_symlink():
+            _say_once(f"distdoctor: stack dumps by signal are off: {exc}")
+        return None
+
+
+def _say_once(line: str) -> None:
+    if line in _said:
+        return
+    _said.add(line)
+    try:
+        print(line, file=sys.stderr, flush=True)
+    except Exception:  # a closed stderr: nothing to say it on
+        pass
+
+
+def _entry_name(pid: int) -> str:
+    return f"{pid}.json"
 
 
 def _create_time(pid: int) -> float | None:
@@ -84,26 +115,42 @@ def install_stack_dump_handler(path: str, signum: int | None = None) -> bool:
             return True
         if signal.getsignal(signum) not in (signal.SIG_DFL, signal.SIG_IGN):
             return False  # the job's own handler: leave it alone
-        Path(path).parent.mkdir(parents=True, exist_ok=True)
-        _handler.update(path=path, signum=signum)
-        _handler_file = _register(path, signum)
-        reg = registry_dir()
-        reg.mkdir(mode=0o700, exist_ok=True)
-        entry = reg / f"{os.getpid()}.json"
-        entry.write_text(json.dumps({"pid": os.getpid(), "path": os.path.abspath(path),
-                                     "signal": int(signum),
-                                     "create_time": _create_time(os.getpid())}))
-        atexit.register(_remove, entry, os.getpid())
+        registry = _open_registry(create=True)
+        if registry is None:
+            return False  # said once; no dump rather than one written through a link
+        with registry:
+            Path(path).parent.mkdir(parents=True, exist_ok=True)
+            _handler.update(path=path, signum=signum)
+            _handler_file = _register(path, signum)
+            entry = {"pid": os.getpid(), "path": os.path.abspath(path), "signal": int(signum),
+                     "create_time": _create_time(os.getpid())}
+            try:
+                registry.write(_entry_name(os.getpid()), json.dumps(entry).encode())
+            except OSError:
+                _unregister()  # run could not find it: no handler left behind
+                return False
+        atexit.register(_remove, os.getpid())
         return True
     except Exception:
         return False
+
+
+def _unregister() -> None:
+    global _handler_file
+    with contextlib.suppress(Exception):
+        faulthandler.unregister(_handler["signum"])
+    if _handler_file is not None:
+        with contextlib.suppress(OSError):
+            os.close(_handler_file)
+    _handler_file = None
 
 
 def _register(path: str, signum: int) -> int:
     """faulthandler writes to a descriptor number, which a job may close and reuse for a
     file of its own (a daemonising library's closerange): ours is moved high, where the
     lowest-free rule of open() rarely reaches, and checked by keep_stack_dump_handler."""
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW,
+                 0o644)
     try:
         high = fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, HIGH_FD)
     except OSError:
@@ -136,23 +183,29 @@ def keep_stack_dump_handler() -> None:
         _handler_file = None
 
 
-def _remove(p: Path, pid: int) -> None:
+def _remove(pid: int) -> None:
     if os.getpid() != pid:  # a forked child's exit: the entry is its parent's
         return
     try:
-        p.unlink()
-    except OSError:
+        registry = _open_registry(create=False)
+        if registry is not None:
+            with registry:
+                registry.remove(_entry_name(pid))
+    except Exception:  # at exit: nothing to do about it
         pass
 
 
 def _registered(pid: int) -> dict | None:
     """The pid's registry entry, if it is ours and the process is the one that wrote it."""
-    p = registry_dir() / f"{pid}.json"
+    registry = _open_registry(create=False)
+    if registry is None:
+        return None
     try:
-        if hasattr(os, "getuid") and p.parent.stat().st_uid != os.getuid():
-            return None
-        entry = json.loads(p.read_text())
+        with registry:
+            entry = json.loads(registry.read(_entry_name(pid), _ENTRY_LIMIT))
     except (OSError, ValueError):
+        return None
+    if not isinstance(entry, dict) or not isinstance(entry.get("path"), str):
         return None
     ct = _create_time(pid)
     if ct is None or entry.get("create_time") is None or abs(ct - entry["create_time"]) > 1.0:
@@ -176,6 +229,17 @@ def _size(path: str) -> int:
         return os.path.getsize(path)
     except OSError:
         return 0
+
+
+def _read_from(path: str, start: int) -> str:
+    """What the rank appended to its dump file after `start` (no link followed)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError as exc:
+        return f"(the dump file could not be read: {exc.strerror or exc})"
+    with os.fdopen(fd, errors="replace") as f:
+        f.seek(start)
+        return f.read()
 
 
 def _signal_dumps(pids: dict[int, int], why: dict[int, str],
@@ -213,9 +277,7 @@ def _signal_dumps(pids: dict[int, int], why: dict[int, str],
             size, now = _size(path), time.monotonic()
             prev = last_sizes.get(rank)
             if size > start and prev and prev[0] == size and now - prev[1] >= 0.2:
-                with open(path, errors="replace") as f:
-                    f.seek(start)
-                    out[rank] = StackDump(f.read(), SIGNAL)
+                out[rank] = StackDump(_read_from(path, start), SIGNAL)
                 del waiting[rank]
             elif not prev or prev[0] != size:
                 last_sizes[rank] = (size, now)

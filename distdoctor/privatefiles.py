@@ -1,0 +1,164 @@
+"""State files under a shared temp dir (`/tmp`), private to their user, no link followed.
+
+Any local user can create names in `/tmp`. A directory `/tmp/NAME-<uid>` made beforehand by
+someone else, or a symlink put where one of our files will be written, would make a rank
+(often root) write, or a reader trust, a file of the other user's choosing. So, as
+`tempfile.mkdtemp` and OpenSSH's StrictModes do:
+
+- the directory is made `0700` with `os.mkdir`; one that already exists is used only if it
+  is a real directory (not a link), owned by this effective user, with no group or other
+  access. Else it is refused with one line, and the caller turns its feature off.
+- every file operation goes through a descriptor of that directory, opened with
+  `O_DIRECTORY | O_NOFOLLOW` and checked through that descriptor (`fstat`), so the checked
+  directory is the one written to even if the name is swapped after the check.
+- a file is written under a fresh temporary name with `O_CREAT | O_EXCL | O_NOFOLLOW` and
+  renamed over its name (a rename replaces a link, never follows it); a file is read with
+  `O_NOFOLLOW` and only if it is a regular file of ours.
+
+No import of distdoctor: every layer may use it (it runs in the ranks too).
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import stat
+import tempfile
+
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | getattr(os, "O_NOFOLLOW", 0) | os.O_CLOEXEC
+_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
+
+
+class PrivateDirRefused(OSError):
+    """The state dir cannot be trusted (or made); `str()` is the one line to print."""
+
+
+def state_dir_path(name: str, base: str | None = None) -> str:
+    """`BASE/NAME-<euid>`; BASE is the shared temp dir (TMPDIR, else /tmp) unless given."""
+    return os.path.join(base or tempfile.gettempdir(), f"{name}-{_euid()}")
+
+
+def _euid() -> int:
+    return os.geteuid() if hasattr(os, "geteuid") else 0
+
+
+class PrivateDir:
+    """An open, checked private directory. Use as a context manager (it holds a descriptor).
+
+    `open` raises PrivateDirRefused; the file methods raise OSError. Callers in a rank wrap
+    both: a refused dir is a feature off, never an error into the job.
+    """
+
+    def __init__(self, path: str, fd: int):
+        self.path, self.fd = path, fd
+
+    @classmethod
+    def open(cls, path: str, create: bool = True) -> PrivateDir:
+        if create:
+            _make(path)
+        try:
+            fd = os.open(path, _DIR_FLAGS)
+        except FileNotFoundError:
+            raise PrivateDirRefused(f"{path} does not exist") from None
+        except OSError as exc:  # ELOOP / ENOTDIR: a link or a file where the dir should be
+            raise PrivateDirRefused(f"{path} is not a private directory "
+                                    f"({_why_not_dir(path, exc)}): not used; remove it, or "
+                                    f"set TMPDIR to a directory of your own") from None
+        try:
+            _check_dir(path, os.fstat(fd))
+        except PrivateDirRefused:
+            os.close(fd)
+            raise
+        return cls(path, fd)
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+    def __enter__(self) -> PrivateDir:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def write(self, name: str, data: bytes) -> None:
+        """Replace `name` with `data`, atomically (a reader sees the old or the new file)."""
+        _plain_name(name)
+        tmp = f".{name}.{os.getpid()}.{secrets.token_hex(4)}.tmp"
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NOFOLLOW | os.O_CLOEXEC,
+                     0o600, dir_fd=self.fd)
+        try:
+            try:
+                _write_all(fd, data)
+            finally:
+                os.close(fd)
+            os.rename(tmp, name, src_dir_fd=self.fd, dst_dir_fd=self.fd)
+        except BaseException:
+            self._unlink_quietly(tmp)
+            raise
+
+    def read(self, name: str, limit: int = 1 << 20) -> bytes:
+        """The first `limit` bytes of `name`: a regular file of ours, reached by no link."""
+        _plain_name(name)
+        fd = os.open(name, os.O_RDONLY | _NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK,
+                     dir_fd=self.fd)
+        try:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode) or st.st_uid != _euid():
+                raise PermissionError(f"{self.path}/{name} is not a regular file of ours")
+            return os.read(fd, limit)
+        finally:
+            os.close(fd)
+
+    def remove(self, name: str) -> None:
+        _plain_name(name)
+        os.unlink(name, dir_fd=self.fd)
+
+    def _unlink_quietly(self, name: str) -> None:
+        try:
+            os.unlink(name, dir_fd=self.fd)
+        except OSError:
+            pass
+
+
+def _make(path: str) -> None:
+    try:
+        os.mkdir(path, 0o700)
+    except FileExistsError:
+        pass  # checked by the caller through its descriptor
+    except OSError as exc:
+        raise PrivateDirRefused(f"cannot make {path}: {exc.strerror or exc}") from None
+
+
+def _check_dir(path: str, st: os.stat_result) -> None:
+    if not stat.S_ISDIR(st.st_mode):
+        raise PrivateDirRefused(f"{path} is not a directory")
+    if st.st_uid != _euid():
+        raise PrivateDirRefused(f"{path} is owned by uid {st.st_uid}, not by this user "
+                                f"(uid {_euid()}): not used; remove it, or set TMPDIR to a "
+                                f"directory of your own")
+    if st.st_mode & 0o077:
+        raise PrivateDirRefused(f"{path} has mode {stat.S_IMODE(st.st_mode):04o}: others "
+                                f"can write or read it, not used (chmod 700 it, or remove it)")
+
+
+def _why_not_dir(path: str, exc: OSError) -> str:
+    try:
+        if stat.S_ISLNK(os.lstat(path).st_mode):
+            return "a symbolic link"
+    except OSError:
+        pass
+    return exc.strerror or str(exc)
+
+
+def _plain_name(name: str) -> None:
+    """A file name in the dir, never a path out of it."""
+    if not name or "/" in name or name in (".", ".."):
+        raise ValueError(f"not a plain file name: {name!r}")
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
