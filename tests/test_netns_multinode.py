@@ -46,9 +46,11 @@ class MultiNodeJob:
         self.hang_timeout = hang_timeout
         self.env = {"DISTDOCTOR_TOKEN": f"token-{net.tag}", "GLOO_SOCKET_IFNAME": netns.NIC}
         self.collector_env = dict(self.env)
-        if tls is not None:
+        self.node_env = {label: dict(self.env) for label in net.nodes}
+        if tls is not None:  # each node's certificate names its host, as its HELLO does
             self.collector_env.update(tls.server_env(require_clients=True))
-            self.env.update(tls.node_env(client_cert=True))
+            for label, node in net.nodes.items():
+                self.node_env[label].update(tls.client_for(node.hostname))
         self.copy = tmp_path / "copy"
         self.collector = None
         self.said: Lines | None = None
@@ -71,7 +73,7 @@ class MultiNodeJob:
                 "torch.distributed.run", "--nnodes", "2", "--nproc-per-node",
                 str(self.nproc), "--rdzv-backend", "c10d", "--rdzv-id", self.net.tag,
                 "--rdzv-endpoint", f"{first.address}:{RENDEZVOUS_PORT}", str(JOB), MIB],
-                self.env)
+                self.node_env[label])
             self.runs[label] = (proc, Lines(proc))
             threading.Thread(target=self._read_steps, args=(proc.stdout,),
                              daemon=True).start()

@@ -5,6 +5,7 @@ client certificate, and a second CA nobody here trusts (with its own client)."""
 from __future__ import annotations
 
 import shutil
+import socket
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,6 +29,17 @@ class Certs:
     def server_env(self, require_clients: bool = False) -> dict[str, str]:
         env = {"DISTDOCTOR_TLS_CERT": str(self.server), "DISTDOCTOR_TLS_KEY": str(self.server_key)}
         return {**env, "DISTDOCTOR_TLS_CA": str(self.ca)} if require_clients else env
+
+    def client_for(self, host: str) -> dict[str, str]:
+        """A node's env with a client certificate of its own, naming `host` (with client
+        certificates the collector takes a node's HELLO host only from a certificate
+        that names it)."""
+        d = self.ca.parent
+        if not (d / f"client-{host}.pem").exists():
+            _leaf(d, f"client-{host}", "ca", f"DNS:{host}")
+        return {"DISTDOCTOR_TLS_CA": str(self.ca),
+                "DISTDOCTOR_TLS_CERT": str(d / f"client-{host}.pem"),
+                "DISTDOCTOR_TLS_KEY": str(d / f"client-{host}.key")}
 
     def node_env(self, client_cert: bool = False, ca: Path | None = None) -> dict[str, str]:
         env = {"DISTDOCTOR_TLS_CA": str(ca or self.ca)}
@@ -71,7 +83,7 @@ def make(d: Path) -> Certs:
     _ca(d, "ca")
     _ca(d, "other-ca")
     _leaf(d, "collector", "ca", NAMES)
-    _leaf(d, "node", "ca")
+    _leaf(d, "node", "ca", f"DNS:{socket.gethostname()}")  # the name its HELLO gives
     _leaf(d, "stranger", "other-ca")
     return Certs(d / "ca.pem", d / "collector.pem", d / "collector.key", d / "node.pem",
                  d / "node.key", d / "other-ca.pem", d / "stranger.pem", d / "stranger.key")

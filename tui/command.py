@@ -102,10 +102,12 @@ def _collect(args) -> int:
     import threading
     import time
 
+    from distdoctor.collect.descriptors import raise_open_files_limit
     from distdoctor.collect.server import Collector, is_loopback, listen, parse_address
     from distdoctor.console import err_console
     from distdoctor.diagnosis.report import live_line
     from distdoctor.runlog import rundir
+    from distdoctor.safetext import printable
 
     if args.once:
         raise UserError("watch: --once reads a run dir; --listen collects one", 2)
@@ -133,21 +135,27 @@ def _collect(args) -> int:
     dashboard = _on_terminal()
 
     def print_finding(f):
-        err_console.print(live_line(f))
+        # a node's finding: its words are the node's (escape codes, markup), made text
+        err_console.print(live_line(_printable_finding(f)))
 
     def say(line: str) -> None:
+        line = printable(line)  # it names peers and says what they sent
         if dashboard:  # the screen is the dashboard's: the nodes' comings and goings
             with open(run_dir / "collector.log", "a") as log:
                 log.write(f"{time.strftime('%H:%M:%S')} {line}\n")
         else:
-            err_console.print(f"distdoctor: {line}", highlight=False)
+            err_console.print(f"distdoctor: {line}", markup=False, highlight=False,
+                              soft_wrap=True)  # one line, however long
 
     collector = Collector(run_dir, listener, token, say=say,
                           on_finding=None if dashboard else print_finding,
                           hang_timeout_s=hang_timeout).start()
     where = f"{collector.address[0]}:{collector.address[1]}"
     err_console.print(f"distdoctor: collecting on {where} ({tls.server_words()}) into "
-                      f"{run_dir}", highlight=False, soft_wrap=True)  # one line, as said
+                      f"{run_dir}", markup=False, highlight=False, soft_wrap=True)
+    low = raise_open_files_limit()  # (start() raised it already: what is left to say)
+    if low:
+        say(low)
     try:
         if dashboard:
             show(run_dir, hang_timeout, args.backlog or DEFAULT_BACKLOG, args.refresh,
@@ -167,8 +175,20 @@ def _collect(args) -> int:
             metrics.stop()
         collector.stop()
         nodes = ", ".join(f"{h} ({n} connection(s))" for h, n in sorted(collector.nodes.items()))
-        err_console.print(f"distdoctor: collected {nodes or 'no node'} into {run_dir}",
-                          highlight=False)
+        err_console.print(f"distdoctor: collected {printable(nodes) or 'no node'} into "
+                          f"{run_dir}", markup=False, highlight=False)
+
+
+def _printable_finding(f):
+    """A copy of a node's finding whose text prints as text: escape sequences and other
+    control characters out of what a line shows (rich's Text takes no markup)."""
+    import dataclasses
+
+    from distdoctor.safetext import printable
+
+    sites = [{**c, **{k: printable(c[k], 300) for k in ("file", "function") if k in c}}
+             for c in f.callsites if isinstance(c, dict)]
+    return dataclasses.replace(f, summary=printable(f.summary), callsites=sites)
 
 
 def show(run_dir, hang_timeout_s: float | None, backlog: int = DEFAULT_BACKLOG,

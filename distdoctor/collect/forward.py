@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import socket
 import ssl
 import sys
@@ -21,10 +22,11 @@ import threading
 import time
 from pathlib import Path
 
-from distdoctor.collect import wire
+from distdoctor.collect import auth, wire
 from distdoctor.collect.log_source import LogSource
 from distdoctor.errors import UserError
 from distdoctor.runlog.rundir import rank_logs, rank_meta_path, ring_path
+from distdoctor.safetext import printable
 
 INTERVAL_S = 0.25
 DIGEST_INTERVAL_S = 0.5  # a digest is each rank's position: half as often as logs go
@@ -37,7 +39,8 @@ class Forwarder:
     def __init__(self, run_dir: str | os.PathLike, address: tuple[str, int],
                  token: str | None = None, run_meta: dict | None = None, live=None,
                  tls: ssl.SSLContext | None = None):
-        """`live`: the node's LiveDiagnosis, to send digests of (collect/digest.py)
+        """`token`: answers the collector's challenge (auth.py), never sent itself;
+        `live`: the node's LiveDiagnosis, to send digests of (collect/digest.py)
         instead of the logs themselves; `tls`: the client context (collect/tls.py), the
         stream then encrypted from its first byte (the token goes inside it)."""
         self.tls = tls
@@ -46,6 +49,7 @@ class Forwarder:
         self.token = token
         self.run_meta = run_meta or {}
         self.host = socket.gethostname()
+        self.instance = secrets.token_hex(8)  # this forwarder: its reconnections replace
         self.live = live
         self.digest = None
         if live is not None:
@@ -194,10 +198,7 @@ class Forwarder:
                 return False
         try:
             sock.settimeout(SEND_TIMEOUT_S)
-            sock.sendall(wire.json_frame(wire.HELLO, {
-                "format": wire.FORMAT, "version": wire.VERSION, "host": self.host,
-                "token": self.token, "run": self.run_meta}))
-            verdict = wire.read_frame(sock.makefile("rb").read)
+            verdict = self._introduce(sock)
         except ssl.SSLError as exc:  # TLS 1.3: a client certificate is judged after
             sock.close()
             return self._refused(_tls_why(exc, shaken=True))
@@ -221,7 +222,8 @@ class Forwarder:
                 why = _tls_why(ssl.SSLEOFError(), shaken=True)
             if verdict is not None and verdict[0] == wire.REFUSED:
                 try:
-                    why = str(wire.json_payload(wire.REFUSED, verdict[3]).get("why"))[:200]
+                    why = printable(wire.json_payload(wire.REFUSED, verdict[3]).get("why"),
+                                    200)  # the collector's words, never terminal control
                 except wire.WireError as exc:
                     why = str(exc)
             return self._refused(why)
@@ -236,6 +238,21 @@ class Forwarder:
         over = " over TLS" if self.tls is not None else ""
         self._say("connected", f"forwarding to the collector at {_where(self.address)}{over}")
         return True
+
+    def _introduce(self, sock: socket.socket) -> tuple | None:
+        """HELLO, then the answer to the collector's challenge when it sends one (it has
+        a token: the token itself never goes out, only an HMAC of the nonce); the
+        collector's verdict, WELCOME or REFUSED."""
+        sock.sendall(wire.json_frame(wire.HELLO, {
+            "format": wire.FORMAT, "version": wire.VERSION, "host": self.host,
+            "instance": self.instance, "run": self.run_meta}))
+        reader = sock.makefile("rb")
+        got = wire.read_frame(reader.read, wire.MAX_HELLO)
+        if got is not None and got[0] == wire.CHALLENGE:
+            answer = auth.answer(self.token, got[3], self.host) if self.token else None
+            sock.sendall(wire.json_frame(wire.AUTH, {"answer": answer}))
+            got = wire.read_frame(reader.read, wire.MAX_HELLO)
+        return got
 
     def _refused(self, why: str) -> bool:
         self._refused_by = why
@@ -321,7 +338,7 @@ class Forwarder:
         if key in self._said:
             return
         self._said.add(key)
-        print(f"distdoctor: {message}", file=sys.stderr)
+        print(f"distdoctor: {printable(message, 1000)}", file=sys.stderr)
 
 
 def _tls_why(exc: BaseException, shaken: bool = False) -> str:

@@ -14,7 +14,10 @@ lines (SAMPLES) or the rank's event-log bytes in the event log's own layout (OPE
 STRINGS, SLOTS, STATE; see runlog/format.py). The collector checks each frame before it
 writes it, and drops a connection that sends a malformed one (what came before stays).
 
-    HELLO    first frame: {"format", "version", "host", "token", "run": run.json's fields}
+    HELLO    first frame: {"format", "version", "host", "instance", "run": run.json's
+             fields}; `instance` is random per forwarder (its reconnections carry it)
+    AUTH     the node's answer to CHALLENGE: {"answer": HMAC-SHA256 under the token of
+             the nonce and the host (collect/auth.py)}
     META     rank's metadata (ranks/rank-N.json, rank-N.<log>.json)
     OPEN     a rank's log appeared: capacity, string table size, pid; then its launch
              identity (JSON, as in the log's header)
@@ -30,34 +33,41 @@ writes it, and drops a connection that sends a malformed one (what came before s
              ranks): each rank's position and the collectives its ranks entered, one JSON
              object (collect/digest.py)
 
-With TLS (collect/tls.py) the same frames go inside a TLS connection, its handshake first:
-the token in HELLO is never in clear.
+The token itself never travels, TLS or not: a collector with a token answers HELLO with
+CHALLENGE, a fresh random nonce, and the node proves it holds the token with AUTH. A
+recorded session replayed answers an old nonce and is refused. With TLS (collect/tls.py)
+the same frames go inside a TLS connection, its handshake first.
 
-and from the collector, once, the answer to HELLO:
+and from the collector:
 
-    WELCOME  go on
-    REFUSED  {"why"}: the connection closes (wrong token, another protocol version)
+    CHALLENGE  the nonce (raw bytes), when the collector has a token; then AUTH is due
+    WELCOME    go on
+    REFUSED    {"why"}: the connection closes (a wrong answer, another protocol version).
+               To a node of an older version it goes in that version's header, so the
+               node reads it and says why (upgrade the node).
 """
 
 from __future__ import annotations
 
 import json
 import struct
+from typing import NamedTuple
 
 from distdoctor.runlog import format as F
 
 MAGIC = b"DDFW"
-VERSION = 3  # 2: DIGEST; 3: STATE says how the rank left
+VERSION = 4  # 2: DIGEST; 3: STATE says how the rank left; 4: CHALLENGE and AUTH
 FORMAT = "distdoctor-forward"
 FRAME = struct.Struct("<4sBBHIQI")
 MAX_PAYLOAD = 4 << 20
 
 (HELLO, META, OPEN, STRINGS, SLOTS, STATE, SAMPLES, EXITS, WELCOME, REFUSED,
- FINDINGS, DIGEST) = range(1, 13)
+ FINDINGS, DIGEST, CHALLENGE, AUTH) = range(1, 15)
 NAMES = {HELLO: "HELLO", META: "META", OPEN: "OPEN", STRINGS: "STRINGS", SLOTS: "SLOTS",
          STATE: "STATE", SAMPLES: "SAMPLES", EXITS: "EXITS", WELCOME: "WELCOME",
-         REFUSED: "REFUSED", FINDINGS: "FINDINGS", DIGEST: "DIGEST"}
-MAX_HELLO = 64 << 10  # read before the token is checked: small
+         REFUSED: "REFUSED", FINDINGS: "FINDINGS", DIGEST: "DIGEST", CHALLENGE: "CHALLENGE",
+         AUTH: "AUTH"}
+MAX_HELLO = 64 << 10  # HELLO and AUTH are read before the node is known: small
 # The findings a FINDINGS frame carries besides those read from the job's output: a node
 # that sends digests judges its stragglers itself, over the groups wholly on it
 NODE_KINDS = ("straggler", "throttle")
@@ -81,12 +91,39 @@ class WireError(Exception):
 MAX_LOG = (1 << 16) - 1  # a rank's logs past this many are not forwarded
 
 
-def frame(kind: int, payload: bytes = b"", rank: int = 0, arg: int = 0, log: int = 0) -> bytes:
-    return FRAME.pack(MAGIC, VERSION, kind, log, rank, arg, len(payload)) + payload
+def frame(kind: int, payload: bytes = b"", rank: int = 0, arg: int = 0, log: int = 0,
+          version: int = VERSION) -> bytes:
+    return FRAME.pack(MAGIC, version, kind, log, rank, arg, len(payload)) + payload
 
 
-def json_frame(kind: int, value, rank: int = 0, log: int = 0) -> bytes:
-    return frame(kind, json.dumps(value, separators=(",", ":")).encode(), rank, log=log)
+def json_frame(kind: int, value, rank: int = 0, log: int = 0, version: int = VERSION) -> bytes:
+    return frame(kind, json.dumps(value, separators=(",", ":")).encode(), rank, log=log,
+                 version=version)
+
+
+class Header(NamedTuple):
+    version: int
+    kind: int
+    log: int
+    rank: int
+    arg: int
+    length: int
+
+
+def parse_header(head: bytes, max_payload: int = MAX_PAYLOAD) -> Header:
+    """A frame's header, checked (magic, version, type, length) before its payload is
+    read: a peer that announces 1 GiB is dropped at its 24th byte."""
+    magic, version, kind, log, rank, arg, length = FRAME.unpack(head)
+    if magic != MAGIC:
+        raise WireError("not a distdoctor forwarding stream")
+    if version > VERSION:
+        raise WireError(f"forwarding protocol version {version}; this distdoctor speaks "
+                        f"up to {VERSION}: upgrade the collector")
+    if kind not in NAMES:
+        raise WireError(f"unknown frame type {kind}")
+    if length > max_payload:
+        raise WireError(f"{NAMES[kind]} frame of {length} bytes (at most {max_payload})")
+    return Header(version, kind, log, rank, arg, length)
 
 
 def read_frame(recv_exactly, max_payload: int = MAX_PAYLOAD
@@ -98,16 +135,7 @@ def read_frame(recv_exactly, max_payload: int = MAX_PAYLOAD
         return None
     if len(head) < FRAME.size:
         raise WireError("stream ended inside a frame header")
-    magic, version, kind, log, rank, arg, length = FRAME.unpack(head)
-    if magic != MAGIC:
-        raise WireError("not a distdoctor forwarding stream")
-    if version > VERSION:
-        raise WireError(f"forwarding protocol version {version}; this distdoctor speaks "
-                        f"up to {VERSION}: upgrade the collector")
-    if kind not in NAMES:
-        raise WireError(f"unknown frame type {kind}")
-    if length > max_payload:
-        raise WireError(f"{NAMES[kind]} frame of {length} bytes (at most {max_payload})")
+    _, kind, log, rank, arg, length = parse_header(head, max_payload)
     payload = recv_exactly(length) if length else b""
     if len(payload) < length:
         raise WireError(f"stream ended inside a {NAMES[kind]} frame")

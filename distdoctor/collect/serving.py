@@ -1,0 +1,398 @@
+"""The collector's connections, all on one asyncio event loop (one thread, whatever the
+number of nodes): accepting, the budget of connections that have not authenticated yet,
+HELLO and the token's challenge (auth.py), then each node's frames into the copy.
+
+Bounded like OpenSSH's MaxStartups and LoginGraceTime: at most MAX_PENDING connections
+wait to authenticate, and each for AUTH_S at most; when one more comes, the oldest that
+has said nothing goes (a flood of idle sockets cannot keep a node out). Authenticated
+nodes have their own cap, MAX_NODES. An accept that fails (out of file descriptors, or
+anything else) is said once, with the limit and the remedy, and the listener goes on.
+Refusals are summed per peer address (refusals.py). Frames are applied to the copy on
+the loop itself: they are written into mmapped files, a few microseconds each.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import socket
+import ssl
+import time
+from collections import OrderedDict
+from typing import TYPE_CHECKING
+
+from distdoctor.collect import auth, tls, wire
+from distdoctor.collect.descriptors import AcceptTrouble
+from distdoctor.collect.mirror import HOST_NAME, NodeMirror
+from distdoctor.collect.refusals import Refusals
+from distdoctor.safetext import printable
+
+if TYPE_CHECKING:
+    from distdoctor.collect.server import Collector
+
+AUTH_S = 5.0  # from accept to WELCOME: the TLS handshake, HELLO and the answer
+IDLE_S = 60.0  # a node sends its logs' state 4 times a second: this much silence is loss
+MAX_PENDING = 64
+MAX_NODES = 1024
+ACCEPT_BATCH = 32  # accepts per turn of the loop: the nodes' frames are read between
+SWEEP_S = 1.0
+CLOSE_GRACE_S = 1.0  # a refused peer has this long to read why, then it is cut
+THROTTLED = "too many wrong answers from this address: it waits before it may try again"
+WRONG = "wrong or missing token (DISTDOCTOR_TOKEN): the answer to the challenge is wrong"
+
+
+class Link(asyncio.Protocol):
+    """One peer's connection: HELLO (and the challenge) while pending, then its frames."""
+
+    def __init__(self, serving: Serving, sock: socket.socket, peer):
+        self.serving, self.sock = serving, sock
+        self.address, self.port = str(peer[0]), int(peer[1])
+        self.transport: asyncio.BaseTransport | None = None
+        self.state = "hello"  # -> "auth" -> "node"; "closed" once refused or dropped
+        self.spoke = False  # sent a byte (or finished its TLS handshake)
+        self.opening = False  # its transport is being made (TLS: the handshake)
+        self.buf = bytearray()
+        self.hello: dict = {}
+        self.nonce = b""
+        self.node: NodeMirror | None = None
+        self.task: asyncio.Task | None = None
+        self.deadline: asyncio.TimerHandle | None = None
+        self.quiet = False  # its end was said already (or the collector is stopping)
+
+    @property
+    def who(self) -> str:
+        where = f"{_bracket(self.address)}:{self.port}"
+        return f"node {self.node.host} ({where})" if self.node is not None else where
+
+    # --- asyncio.Protocol ------------------------------------------------------------------
+    def connection_made(self, transport) -> None:
+        self.transport = transport
+        if transport.get_extra_info("sslcontext") is not None:
+            self.spoke = True  # a TLS handshake is more than an idle socket does
+        if self.state == "closed":
+            transport.abort()
+
+    def data_received(self, data: bytes) -> None:
+        self.spoke = True
+        if self.state == "closed":
+            return
+        self.buf += data
+        try:
+            self._frames()
+        except wire.WireError as exc:
+            self.serving.bad_frame(self, str(exc))
+        except OSError as exc:  # the copy's disk (full, out of descriptors): this node
+            self.serving.drop(self, f"lost {self.who}: {exc.strerror or exc}")
+        except Exception as exc:  # a bug of ours: one node's stream, never the loop
+            self.serving.drop(self, f"dropped {self.who}: {printable(repr(exc), 300)}")
+
+    def connection_lost(self, exc) -> None:
+        self.serving.gone(self, exc)
+
+    # --- frames ----------------------------------------------------------------------------
+    def _frames(self) -> None:
+        buf, at, size = self.buf, 0, wire.FRAME.size
+        try:
+            while self.state != "closed" and len(buf) - at >= size:
+                limit = wire.MAX_PAYLOAD if self.state == "node" else wire.MAX_HELLO
+                header = wire.parse_header(bytes(buf[at:at + size]), limit)
+                end = at + size + header.length
+                if len(buf) < end:
+                    break
+                payload = bytes(buf[at + size:end])
+                at = end
+                self.serving.frame(self, header, payload)
+        finally:
+            del buf[:at]
+
+    def send(self, data: bytes) -> None:
+        if self.transport is not None and not self.transport.is_closing():
+            self.transport.write(data)
+
+
+class Serving:
+    """The loop's side of the Collector: every connection, pending or a node."""
+
+    def __init__(self, collector: Collector, listener: socket.socket,
+                 context: ssl.SSLContext | None, token: str | None):
+        self.collector, self.listener, self.context = collector, listener, context
+        self.token = token
+        self.mirror = collector.mirror
+        self.say = collector.say
+        self.client_certs = context is not None and context.verify_mode == ssl.CERT_REQUIRED
+        self.pending: OrderedDict[Link, None] = OrderedDict()  # oldest first
+        self.nodes: set[Link] = set()
+        self.hosts: dict[str, list[Link]] = {}  # host -> its live connections
+        self.wrong = auth.WrongAnswers()
+        self.refusals = Refusals(self.say)
+        self.trouble = AcceptTrouble(self.say, MAX_PENDING)
+        self.loop = asyncio.new_event_loop()
+        listener.setblocking(False)
+
+    # --- the loop's life --------------------------------------------------------------------
+    def run(self) -> None:
+        """The collector's thread: the loop, until stop()."""
+        loop = self.loop
+        asyncio.set_event_loop(loop)
+        loop.add_reader(self.listener.fileno(), self._accept)
+        loop.call_later(SWEEP_S, self._sweep)
+        try:
+            loop.run_forever()
+            tasks = [t for t in asyncio.all_tasks(loop) if not t.done()]
+            for task in tasks:
+                task.cancel()
+            if tasks:
+                loop.run_until_complete(asyncio.gather(*tasks, return_exceptions=True))
+        finally:
+            loop.close()
+
+    def stop(self) -> None:
+        """From any thread: every connection cut (quietly: the collector stops, not the
+        nodes), and the loop ends."""
+        try:
+            self.loop.call_soon_threadsafe(self._stop)
+        except RuntimeError:  # the loop is closed already
+            pass
+
+    def _stop(self) -> None:
+        self._stop_accepting()
+        for link in [*self.pending, *self.nodes]:
+            link.quiet = True
+            self._cut(link)
+        self.loop.call_soon(self.loop.stop)  # after the cuts' callbacks
+
+    def _stop_accepting(self) -> None:
+        try:
+            self.loop.remove_reader(self.listener.fileno())
+        except (ValueError, OSError):
+            pass
+        self.listener.close()
+
+    # --- accepting --------------------------------------------------------------------------
+    def _accept(self) -> None:
+        for _ in range(ACCEPT_BATCH):
+            try:
+                sock, peer = self.listener.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError as exc:
+                return self._cannot_accept(exc)
+            self.trouble.accepted()
+            self._admit(sock, peer)
+
+    def _cannot_accept(self, exc: OSError) -> None:
+        out_of_files = exc.errno in (errno.EMFILE, errno.ENFILE)
+        freed = out_of_files and self._drop_oldest_pending("dropped to free a file "
+                                                           "descriptor for a new connection")
+        self.trouble.failed(exc, freed)
+        if freed:  # its descriptor is closed before the loop's next turn: accepted then
+            return
+        fd = self.listener.fileno()
+        self.loop.remove_reader(fd)
+        self.loop.call_later(self.trouble.retry_s(), self._resume_accepting, fd)
+
+    def _resume_accepting(self, fd: int) -> None:
+        if self.listener.fileno() == fd:  # (not stopped meanwhile)
+            self.loop.add_reader(fd, self._accept)
+
+    def _admit(self, sock: socket.socket, peer) -> None:
+        sock.setblocking(False)
+        link = Link(self, sock, peer)
+        while len(self.pending) >= MAX_PENDING:
+            self._drop_oldest_pending(f"{MAX_PENDING} connections were waiting to "
+                                      f"authenticate: the oldest idle one went")
+        self.pending[link] = None
+        with self.collector._lock:
+            self.collector._conns.add(sock)
+        link.deadline = self.loop.call_later(AUTH_S, self._expire, link)
+        link.task = self.loop.create_task(self._open(link))
+
+    async def _open(self, link: Link) -> None:
+        link.opening = True
+        try:
+            await self.loop.connect_accepted_socket(lambda: link, link.sock, ssl=self.context)
+        except asyncio.CancelledError:  # cut while its TLS handshake went on
+            self.gone(link, None)
+            raise
+        except (ssl.SSLError, OSError) as exc:  # a plaintext peer, a wrong CA, a reset
+            if link.state != "closed":
+                link.state = "closed"
+                self.refusals.refused(link.address, link.port, tls.failure(exc))
+            self.gone(link, exc)
+
+    def _drop_oldest_pending(self, why: str) -> bool:
+        """The oldest pending connection that is refused already or said nothing yet,
+        else the oldest: a node in the middle of its handshake goes last."""
+        if not self.pending:
+            return False
+        link = next((p for p in self.pending if p.state == "closed"), None)
+        if link is None:
+            link = next((p for p in self.pending if not p.spoke), next(iter(self.pending)))
+            self.refusals.refused(link.address, None, why)
+            link.state = "closed"
+        link.quiet = True
+        self._cut(link)
+        self.pending.pop(link, None)  # its descriptor is free by the loop's next turn
+        return True
+
+    def _expire(self, link: Link) -> None:
+        if link.state in ("closed", "node"):
+            return
+        why = (f"no TLS handshake within {AUTH_S:g} s" if link.transport is None
+               and self.context is not None else
+               f"no HELLO within {AUTH_S:g} s" if link.state == "hello" else
+               f"no answer to the challenge within {AUTH_S:g} s")
+        self.refusals.refused(link.address, link.port, why)
+        link.state = "closed"
+        self._cut(link)
+
+    def _cut(self, link: Link) -> None:
+        """Closed now, whatever it was doing (its descriptor is free by the loop's next
+        turn)."""
+        if link.transport is not None:
+            link.transport.abort()
+        elif link.opening and link.task is not None:
+            link.task.cancel()  # asyncio closes the half-made transport
+        else:
+            if link.task is not None:
+                link.task.cancel()  # never started: the socket is ours to close
+            link.sock.close()
+            self.gone(link, None)
+
+    # --- what the peers send ----------------------------------------------------------------
+    def frame(self, link: Link, header: wire.Header, payload: bytes) -> None:
+        if link.state == "node":
+            if header.kind in (wire.CHALLENGE, wire.AUTH, wire.WELCOME, wire.REFUSED):
+                raise wire.WireError(f"a {wire.NAMES[header.kind]} frame from a node")
+            return link.node.apply(header.kind, header.rank, header.arg, payload, header.log)
+        if link.state == "hello":
+            return self._hello(link, header, payload)
+        if header.kind != wire.AUTH:
+            raise wire.WireError(f"expected AUTH, got {wire.NAMES[header.kind]}")
+        given = wire.json_payload(wire.AUTH, payload).get("answer")
+        if not auth.is_right(self.token, link.nonce, link.hello["host"], given):
+            self.wrong.wrong(link.address)
+            return self.refuse(link, WRONG)
+        self._welcome(link)
+
+    def _hello(self, link: Link, header: wire.Header, payload: bytes) -> None:
+        if header.kind != wire.HELLO:
+            raise wire.WireError("the first frame is not HELLO")
+        if header.version < wire.VERSION:  # told in its own version, which it can read
+            return self.refuse(link, f"this node speaks forwarding protocol {header.version} "
+                               f"(it sends its token in clear); the collector speaks "
+                               f"{wire.VERSION}: upgrade the node", header.version)
+        hello = wire.json_payload(wire.HELLO, payload)
+        if hello.get("format") != wire.FORMAT:
+            raise wire.WireError("HELLO is not a distdoctor forwarder's")
+        host = hello.get("host")
+        if not isinstance(host, str) or not HOST_NAME.match(host):
+            raise wire.WireError(f"HELLO names no usable host ({str(host)[:60]!r})")
+        link.hello = hello
+        if self.client_certs:
+            names = auth.certificate_names(link.transport.get_extra_info("peercert"))
+            if not auth.host_matches(host, names):
+                return self.refuse(link, f"HELLO names host {host!r} but its client "
+                                   f"certificate names {', '.join(names[:4]) or 'no host'}")
+        if self.token is None:
+            return self._welcome(link)
+        if self.wrong.wait_s(link.address) > 0:
+            return self.refuse(link, THROTTLED)
+        link.nonce = auth.new_nonce()
+        link.state = "auth"
+        link.send(wire.frame(wire.CHALLENGE, link.nonce))
+
+    def _welcome(self, link: Link) -> None:
+        host = link.hello["host"]
+        live = [other for other in self.hosts.get(host, ()) if other.state == "node"]
+        elsewhere = [o for o in live if o.address != link.address]
+        if elsewhere:
+            return self.refuse(link, f"host {host!r} is already connected from "
+                               f"{elsewhere[0].address} (another node by that name?)")
+        if len(self.nodes) >= MAX_NODES:
+            return self.refuse(link, f"{MAX_NODES} nodes connected already")
+        instance = link.hello.get("instance")
+        for old in live:  # the same forwarder again: its old connection is dead
+            if instance is not None and old.hello.get("instance") == instance:
+                self.drop(old, f"{old.who}: replaced by its new connection")
+        link.node = NodeMirror(self.mirror, link.hello)
+        link.state = "node"
+        link.send(wire.frame(wire.WELCOME))
+        if link.deadline is not None:
+            link.deadline.cancel()
+        self.pending.pop(link, None)
+        self.nodes.add(link)
+        self.hosts.setdefault(host, []).append(link)
+        with self.collector._lock:
+            self.collector.nodes[host] = self.collector.nodes.get(host, 0) + 1
+            self.collector.streams[host] = link.node
+        self.say(f"{link.who} connected")
+
+    def refuse(self, link: Link, why: str, version: int = wire.VERSION) -> None:
+        """Told why (it backs off and says so on its side), summed here, then cut."""
+        self.refusals.refused(link.address, link.port, why)
+        link.send(wire.json_frame(wire.REFUSED, {"why": why}, version=version))
+        link.state = "closed"
+        if link.transport is not None:
+            link.transport.close()  # after what is written
+            self.loop.call_later(CLOSE_GRACE_S, link.transport.abort)
+
+    def bad_frame(self, link: Link, why: str) -> None:
+        if link.state == "node":  # every malformed frame of a node: its own line
+            self.drop(link, f"dropped {link.who}: {why}")
+        elif link.state != "closed":  # before WELCOME: the node is told why
+            self.refuse(link, why)
+
+    def drop(self, link: Link, line: str) -> None:
+        if link.state == "closed" and link.quiet:
+            return
+        self.say(line)
+        link.quiet = True
+        link.state = "closed"
+        self._cut(link)
+
+    # --- endings ----------------------------------------------------------------------------
+    def gone(self, link: Link, exc) -> None:
+        """The connection ended (said once, whoever ended it)."""
+        if link.deadline is not None:
+            link.deadline.cancel()
+        self.pending.pop(link, None)
+        with self.collector._lock:
+            self.collector._conns.discard(link.sock)
+        if link not in self.nodes:
+            return
+        self.nodes.discard(link)
+        peers = self.hosts.get(link.node.host, [])
+        if link in peers:
+            peers.remove(link)
+            if not peers:
+                del self.hosts[link.node.host]
+        if not link.quiet:
+            self._say_end(link, exc)
+        link.quiet = True
+        link.node.close()
+
+    def _say_end(self, link: Link, exc) -> None:
+        if exc is not None:
+            self.say(f"lost {link.who}: {getattr(exc, 'strerror', None) or exc}")
+        elif link.node.ended:
+            self.say(f"{link.who} finished")
+        else:  # closed between frames, without its exit codes: its `run` died
+            self.say(f"lost {link.who}: its stream ended before the job's exit codes (its "
+                     f"`distdoctor run` was killed?); its ranks are taken for gone")
+            self.mirror.lost_node(link.node)
+
+    def _sweep(self) -> None:
+        """Once a second: nodes silent for IDLE_S are cut; the refusals' sums said."""
+        now = time.monotonic()
+        for link in list(self.nodes):
+            if now - link.node.last_frame_s > IDLE_S:
+                self.drop(link, f"lost {link.who}: nothing from it for {IDLE_S:g} s")
+        self.refusals.flush_if_due()
+        self.trouble.flush_if_due()
+        self.loop.call_later(SWEEP_S, self._sweep)
+
+
+def _bracket(address: str) -> str:
+    return f"[{address}]" if ":" in address else address
+
