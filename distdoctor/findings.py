@@ -12,8 +12,10 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
+# `internal`: distdoctor's own failure (a detector that raised, boundary.py), a warning
+# that names no rank: never a job's fault, never a culprit
 KINDS = ("mismatch", "hang", "deadlock", "long_wait", "straggler", "host", "crash",
-         "throttle", "comm_error")
+         "throttle", "comm_error", "internal")
 SEVERITIES = ("error", "warning", "info")
 FINDINGS_FILE = "findings.json"
 
@@ -142,7 +144,7 @@ def read_findings(run_dir: str | os.PathLike) -> list[Finding]:
 # explain the others (a mismatch explains a hang, a hang a crash of the waiters)
 SEVERITY_ORDER = {"error": 0, "warning": 1, "info": 2}
 KIND_ORDER = {"mismatch": 0, "deadlock": 1, "hang": 2, "crash": 3, "comm_error": 4,
-              "long_wait": 5, "throttle": 6, "straggler": 7}
+              "long_wait": 5, "throttle": 6, "straggler": 7, "internal": 8}
 
 
 def most_severe_first(found: list[Finding]) -> list[Finding]:

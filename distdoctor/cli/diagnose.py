@@ -7,7 +7,10 @@ communication errors — which rank, which collective, which line.
   distdoctor diagnose --log 'slurm-42-*.out'   # one file per rank or node
   distdoctor diagnose --fr-dump /tmp/fr_trace_ # PyTorch Flight Recorder dumps
 
-Exit code: 0 without findings of severity error, 1 with, 2 on bad input.
+Exit code: 0 without findings of severity error, 1 with, 2 on bad input or where
+distdoctor itself failed before any finding could be made (one line, no traceback). A
+detector that fails is an `internal` finding (a warning): the others' findings stand, and
+it does not change the exit code.
 """
 
 from __future__ import annotations
@@ -34,6 +37,21 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
+    from distdoctor.errors import UserError
+
+    try:
+        return _diagnose(args)
+    except (UserError, BrokenPipeError):
+        raise  # the CLI's own one-line answers
+    except Exception as exc:  # never a traceback on any run dir (DESIGN principle 9)
+        from distdoctor.diagnosis.boundary import exception_text
+
+        print(f"distdoctor: diagnose failed: {exception_text(exc)} (a bug in distdoctor; "
+              "please report it with the run dir)", file=sys.stderr)
+        return 2
+
+
+def _diagnose(args) -> int:
     from distdoctor.findings import Finding
 
     common.check_hang_timeout(args.hang_timeout, "diagnose")

@@ -97,10 +97,13 @@ def find(before: Event | None, ev1: Event | None, ev2: Event | None) -> Branch |
         # a side whose line here is the call the shared op came from is still in that call
         in1, in2 = (l1 == after and i + 1 < len(c1)), (l2 == after and j + 1 < len(c2))
         b = None if in1 or in2 else arms.split_in(src, fn, l1, l2, after)
-        # the side still in a call the other passed through (or came back round to)
-        if l2 is arms.END or in1 or (not in2 and after is not None and l2 <= after < l1):
+        # the side still in a call the other passed through (or came back round to);
+        # a side that left the function (END) is in none of its lines: the other is deeper
+        ends = arms.END in (l1, l2)
+        if l2 is arms.END or in1 or (not in2 and not ends and after is not None
+                                     and l2 <= after < l1):
             deeper, side, at = c1, 0, i + 1
-        elif l1 is arms.END or in2 or (after is not None and l1 <= after < l2):
+        elif l1 is arms.END or in2 or (not ends and after is not None and l1 <= after < l2):
             deeper, side, at = c2, 1, j + 1
         else:
             deeper, side, at = (c1, 0, i + 1) if l1 < l2 else (c2, 1, j + 1)

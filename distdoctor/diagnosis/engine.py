@@ -17,19 +17,22 @@ from dataclasses import dataclass, field, replace
 from itertools import islice
 
 from distdoctor.diagnosis.align import HISTORY
+from distdoctor.diagnosis.boundary import Boundary, detector_of
 from distdoctor.diagnosis.crash import ExitInfo, crash_findings
 from distdoctor.diagnosis.engine_findings import FindingBook
+from distdoctor.diagnosis.engine_hangs import HangPass
 from distdoctor.diagnosis.engine_waits import WaitJudge
-from distdoctor.diagnosis.hang import RankView, hang_findings
+from distdoctor.diagnosis.group_order import GroupNames
+from distdoctor.diagnosis.hang import RankView
 from distdoctor.diagnosis.mismatch import habit, mismatch_finding, p2p_signature, signature
-from distdoctor.diagnosis.parted import explain_hang, explain_mismatch
+from distdoctor.diagnosis.parted import explain_mismatch
 from distdoctor.diagnosis.progress import Policy, ProgressTracker
 from distdoctor.diagnosis.rendezvous import Rendezvous, key_of
 from distdoctor.diagnosis.steptime import StepTimes
 from distdoctor.diagnosis.straggler import StragglerTracker
 from distdoctor.diagnosis.threads import ThreadUse
 from distdoctor.diagnosis.waits import Gaps
-from distdoctor.findings import Finding, error_text
+from distdoctor.findings import Finding
 from distdoctor.runlog.reader import Event
 from distdoctor.runlog.run import span_name
 
@@ -60,9 +63,11 @@ class _Rank:
     exit: ExitInfo | None = None
     # its last ops (every group): where it parted from the others, after a failure
     recent: deque = field(default_factory=lambda: deque(maxlen=HISTORY))
+    # group name -> (the member list its ops gave, GroupNames.variant of it)
+    names: dict[str, tuple] = field(default_factory=dict)
 
 
-class Engine(FindingBook, WaitJudge):
+class Engine(FindingBook, WaitJudge, HangPass):
     def __init__(self, hang_timeout_s: float | None = 60.0, settle_s: float = SETTLE_S,
                  straggler_min_ms: float | None = None,
                  stacks: Callable[[list[int]], dict[int, str]] | None = None,
@@ -102,6 +107,10 @@ class Engine(FindingBook, WaitJudge):
         self.gpu_findings: Callable[[list, list[Finding]], list[Finding]] | None = None
         self.ingested = 0
         self.gpu_error: str | None = None
+        # each detector behind a boundary: one that raises is said and left out
+        self.boundary = Boundary(self._put)
+        self.group_names = GroupNames()  # what each rank's group names stand for
+        self._folded: dict[tuple, Finding] = {}  # hangs said inside a group-order cause
         # ranks whose clock is the engine's own (same host, CLOCK_MONOTONIC: the caller's
         # `now_s` is time.monotonic()); the others' "now" is estimated from heartbeats
         self.same_clock: set[int] = set()
@@ -115,7 +124,14 @@ class Engine(FindingBook, WaitJudge):
 
     def ingest(self, events, now_s: float) -> None:
         for ev in events:
-            self.ingest_one(ev, now_s)
+            try:
+                self.ingest_one(ev, now_s)
+            except Exception as exc:  # the engine's own part: that event is lost, not all
+                self.boundary.failed("event ingest", exc, keep_on=True)
+
+    def _feed_failed(self, exc: Exception, default: str) -> None:
+        """A detector's feed raised on one event (a `try` per feed: no call per event)."""
+        self.boundary.failed(detector_of(exc, default), exc)
 
     def ingest_one(self, ev: Event, now_s: float) -> None:
         # Runs for every event of every rank (hundreds of thousands a second on a large
@@ -133,20 +149,32 @@ class Engine(FindingBook, WaitJudge):
             if st.latest is None or ev.index > st.latest.index:
                 st.newest_span = name
                 st.span_open = t_end is None
-            if t_end is not None:  # a step's wall time, or a batch wait (steptime.py)
-                self.steptime.span(ev)
+            try:
+                if t_end is not None:  # a step's wall time, or a batch wait (steptime.py)
+                    self.steptime.span(ev)
+            except Exception as exc:
+                self._feed_failed(exc, "step times")
             return
         if kind == "sample":  # where the main thread was between ops: for stragglers
-            self.steptime.sample(ev)
-            self.gaps.sample(ev.rank, ev.callsite, ev.t_enter_ns)
+            try:
+                self.steptime.sample(ev)
+                self.gaps.sample(ev.rank, ev.callsite, ev.t_enter_ns)
+            except Exception as exc:
+                self._feed_failed(exc, "step times")
             return
-        self.straggler.op(ev)  # its activity: how long its p2p ops blocked it
+        try:
+            self.straggler.op(ev)  # its activity: how long its p2p ops blocked it
+        except Exception as exc:
+            self._feed_failed(exc, "straggler")
         if st.latest is None or ev.index >= st.latest.index:
             if st.latest is None or ev.index > st.latest.index:
-                self.gaps.op(ev.rank, ev.index)
                 st.recent.append(ev)
-                if kind == "collective":
-                    self.thread_use.op(ev, st.recent)
+                try:
+                    self.gaps.op(ev.rank, ev.index)
+                    if kind == "collective":
+                        self.thread_use.op(ev, st.recent)
+                except Exception as exc:
+                    self._feed_failed(exc, "threads")
             st.latest = ev
         if t_end is not None:
             if st.last_done is None or ev.index >= st.last_done.index:
@@ -162,7 +190,10 @@ class Engine(FindingBook, WaitJudge):
                 self._errors.setdefault(text, []).append(ev)
         if kind == "collective":
             if not ev.span_index:  # a step from the rank's own order of collectives
-                self.steptime.assign(ev)
+                try:
+                    self.steptime.assign(ev)
+                except Exception as exc:
+                    self._feed_failed(exc, "step times")
             group, seq = ev.group, ev.seq
             if st.issued.get(group, 0) <= seq:
                 st.issued[group] = seq + 1
@@ -171,6 +202,13 @@ class Engine(FindingBook, WaitJudge):
             key = key_of(ev)
             if key is None:
                 return
+        # one rendezvous is one name and one member list (group_order.py)
+        name = st.names.get(ev.group)
+        if name is None or (name[0] is not ev.group_ranks and name[0] != ev.group_ranks):
+            name = st.names[ev.group] = (ev.group_ranks, self.group_names.variant(
+                ev.group, ev.group_ranks, ev.rank, ev.callsite))
+        if name[1]:
+            key = (*key, name[1])
         rv = self.open.get(key)
         if rv is None:
             if len(self.open) >= MAX_OPEN:
@@ -188,8 +226,11 @@ class Engine(FindingBook, WaitJudge):
                     rv.mismatch_since_s = now_s
         if rv.done >= len(rv.members) and rv.complete:
             del self.open[key]
-            self.straggler.observe(rv)
-            self._completed(rv)
+            try:
+                self.straggler.observe(rv)
+            except Exception as exc:
+                self._feed_failed(exc, "straggler")
+            self.boundary.call("waits", self._completed, rv, keep_on=True)
             if rv.mismatch_since_s is not None:
                 self._report_mismatch(rv)
             elif not rv.is_p2p:
@@ -279,58 +320,42 @@ class Engine(FindingBook, WaitJudge):
 
     def tick(self, now_s: float | None, final: bool = False) -> list[Finding]:
         """New or changed findings. `now_s=None`: post-mortem (clocks stop at the last
-        heartbeat); `final`: report disagreements without waiting for more ranks."""
+        heartbeat); `final`: report disagreements without waiting for more ranks. Each
+        detector runs behind the boundary (boundary.py): one that raises is said as an
+        `internal` finding, and the others go on."""
+        call = self.boundary.call
         for rv in list(self.open.values()):
             if rv.mismatch_since_s is not None and not rv.reported and (
                     final or not rv.missing or now_s is None
                     or now_s - rv.mismatch_since_s >= self.settle_s):
-                self._report_mismatch(rv)
+                call("mismatch", self._report_mismatch, rv, keep_on=True)
         views = self.views(now_s)
         failed = {r for r, st in self.ranks.items() if st.exit and st.exit.failed}
-        self._race_at_failure(failed)
-        for f in crash_findings({r: st.exit for r, st in self.ranks.items() if st.exit},
-                                views, self.open.values(),
-                                {(k[1], k[2]) for k in self.found if k[0] == "mismatch"},
-                                self._rank_span):
-            self._put(("crash", f.ranks[0]), f, quiet_update=True)
+        call("threads", self._race_at_failure, failed)
+        call("crash", self._judge_crashes, views, keep_on=True)
         self._now_s = now_s
-        for f in hang_findings(self.open.values(), views, self.policy, failed,
-                               known=lambda rv: rv.reported, familiar=self._familiar,
-                               judge=self.judge, normal=self.normal_wait):
-            self._annotate_spans(f)
-            if f.kind == "long_wait":
-                if ("hang", f.group, f.seq) in self.found:
-                    continue  # already called a hang: that stands while it is in flight
-                self._place_busy(f)
-                self._put(("long_wait", f.group, f.seq), f, quiet_update=True)
-                continue
-            key = (f.kind, f.group, f.seq) if f.kind == "hang" else (f.kind, tuple(f.ranks))
-            lw = self.found.get(("long_wait", f.group, f.seq))
-            if lw is not None and lw.details.get("in_flight"):
-                del self.found[("long_wait", f.group, f.seq)]  # it escalated
-                f.details["was_long_wait"] = lw.summary
-            old = self.found.get(key)
-            if old is None:
-                self._take_stacks(f)
-            elif old.stacks:  # the finding is rebuilt each tick; its stacks were taken once
-                f.stacks = old.stacks
-            self._place_culprits_by_stack(f)
-            self._put(key, explain_hang(f, self._histories()), quiet_update=True)
-        stragglers = self.straggler.findings(self.samples)
+        hangs = call("hang", self._judge_hangs, views, failed, default=[], keep_on=True)
+        call("group order", self._judge_group_order, hangs)
+        stragglers = call("straggler", self.straggler.findings, self.samples, default=[])
         if self.gpu_findings is not None and self.samples:
             try:
                 stragglers = self.gpu_findings(list(self.samples), stragglers)
             except Exception as exc:  # probe data must never stop the diagnosis
                 self.gpu_error = repr(exc)
-        self._put_stragglers(stragglers, final)
-        for f in self._error_findings():
-            self._put(("comm_error", f.summary), f, quiet_update=True)
-        for f in self.thread_use.findings():
+        call("straggler", self._put_stragglers, stragglers, final)
+        call("comm errors", self._put_error_findings, keep_on=True)
+        for f in call("threads", self.thread_use.findings, default=[]):
             self._put(("threads", f.group), f)
         if self._held:
             self._release_held(None if final else now_s)
-        changed, self._changed = self._changed, []
-        return changed
+        return self.take_changed()
+
+    def _judge_crashes(self, views: dict[int, RankView]) -> None:
+        for f in crash_findings({r: st.exit for r, st in self.ranks.items() if st.exit},
+                                views, self.open.values(),
+                                {(k[1], k[2]) for k in self.found if k[0] == "mismatch"},
+                                self._rank_span):
+            self._put(("crash", f.ranks[0]), f, quiet_update=True)
 
     def _report_mismatch(self, rv: Rendezvous) -> None:
         rv.reported = True
@@ -343,9 +368,10 @@ class Engine(FindingBook, WaitJudge):
             return
         first = next(iter(rv.arrivals.values()))
         f = mismatch_finding(rv, self.span_of(first), self._habits.get(rv.group, set()))
-        if f is not None:
-            self._put(("mismatch", rv.group, rv.seq),
-                      explain_mismatch(f, rv, self._histories(), self.span_of))
+        if f is not None:  # the plain finding stands where its explanation fails
+            self._put(("mismatch", rv.group, rv.seq), self.boundary.call(
+                "parted", explain_mismatch, f, rv, self._histories(), self.span_of,
+                default=f, keep_on=True))
 
     def _histories(self) -> dict:
         return {r: st.recent for r, st in self.ranks.items()}
@@ -368,24 +394,3 @@ class Engine(FindingBook, WaitJudge):
         if st.latest.t_end_ns is None:
             return self.span_of(st.latest)
         return st.newest_span or self.span_of(st.latest)
-
-    def _error_findings(self) -> list[Finding]:
-        out = []
-        for evs in self._errors.values():
-            # in rank order: the live engine sees ranks' errors in the order their logs
-            # are read, a post-mortem in another; the finding must be the same
-            evs = sorted(evs, key=lambda e: e.rank)
-            ranks = sorted({e.rank for e in evs})
-            first = evs[0]
-            error = first.error or first.status
-            out.append(Finding(
-                "comm_error", "warning",
-                f"{first.op} #{first.seq} in group {first.group} failed on rank(s) "
-                f"{', '.join(map(str, ranks))}: {error_text(error, 200)}",
-                [], first.group, first.seq,
-                [{"rank": e.rank, **(e.callsite or {})} for e in evs[:4]],
-                details={"reporting_ranks": ranks, "error": error[:2000],
-                         "count": len(evs)},
-                remedy="An error inside a collective is usually the consequence of another "
-                "rank dying or disagreeing; look for crash and mismatch findings first."))
-        return out

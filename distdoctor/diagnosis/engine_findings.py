@@ -2,16 +2,18 @@
 when asked), the findings from other sources (the job's log) and the ones held back a few
 seconds for a traced one to explain them, and the final list: merged, consequences said
 as such, most severe first. A mixin of Engine (engine.py), which holds the state it
-reads (`found`, `_changed`, `_held`, `_now_s`, `ranks`, `straggler`, `_errors`).
+reads (`found`, `_changed`, `_held`, `_now_s`, `ranks`, `straggler`, `_errors`); the
+comm_error findings from the failed ops it keeps.
 """
 
 from __future__ import annotations
 
 from dataclasses import replace
 
+from distdoctor.diagnosis.after_mismatch import alloc_in_mismatch, is_host_alloc
 from distdoctor.diagnosis.crash import merge_crashes
 from distdoctor.diagnosis.threads import race_at_failure
-from distdoctor.findings import Finding, most_severe_first
+from distdoctor.findings import Finding, error_text, most_severe_first
 
 # how long a mismatch the job's output tells with no culprit waits for the traced one
 # (across nodes, the collector's: digests every 0.5 s, then its own settle time)
@@ -30,6 +32,11 @@ class FindingBook:
             return
         self.found[key] = f
         self._changed.append(f)
+
+    def take_changed(self) -> list[Finding]:
+        """The findings new or changed since the last tick, taken (said by the caller)."""
+        changed, self._changed = self._changed, []
+        return changed
 
     def _put_stragglers(self, stragglers: list[Finding], final: bool) -> None:
         """One finding per slow rank: the latest verdict (its program's or its host's). At
@@ -69,6 +76,32 @@ class FindingBook:
         if raced is not None:
             self._put(("mismatch", raced.group, raced.seq), raced)
 
+    def _put_error_findings(self) -> None:
+        """One comm_error finding per kind of error in a failed op (`_errors`)."""
+        for f in self._error_findings():
+            self._put(("comm_error", f.summary), f, quiet_update=True)
+
+    def _error_findings(self) -> list[Finding]:
+        out = []
+        for evs in self._errors.values():
+            # in rank order: the live engine sees ranks' errors in the order their logs
+            # are read, a post-mortem in another; the finding must be the same
+            evs = sorted(evs, key=lambda e: e.rank)
+            ranks = sorted({e.rank for e in evs})
+            first = evs[0]
+            error = first.error or first.status
+            out.append(Finding(
+                "comm_error", "warning",
+                f"{first.op} #{first.seq} in group {first.group} failed on rank(s) "
+                f"{', '.join(map(str, ranks))}: {error_text(error, 200)}",
+                [], first.group, first.seq,
+                [{"rank": e.rank, **(e.callsite or {})} for e in evs[:4]],
+                details={"reporting_ranks": ranks, "error": error[:2000],
+                         "count": len(evs)},
+                remedy="An error inside a collective is usually the consequence of another "
+                "rank dying or disagreeing; look for crash and mismatch findings first."))
+        return out
+
     def add_finding(self, f: Finding) -> None:
         """A finding from another source (the job's log): kept and reported like ours.
         A source that updates a finding (more ranks report it) keeps `details.signature`.
@@ -78,14 +111,34 @@ class FindingBook:
         if f.kind == "mismatch" and not f.ranks and self.ranks:
             self._held.append((f, self._now_s))
             return
+        if is_host_alloc(f) and any(self._in_collective(r) for r in f.ranks):
+            # a CPU allocation that fails inside a collective may be of a size a peer
+            # sent (after_mismatch.py): it waits for the traced mismatch, like the above
+            self._held.append((f, self._now_s))
+            return
         # said live once: its updates (a rank more that reports it) go to findings.json
         self._put(_external_key(f), f, quiet_update=True)
 
     def _held_as_settled(self, f: Finding) -> Finding:
-        """A held log mismatch, said as the traced one's consequence once there is one."""
+        """A held log mismatch, said as the traced one's consequence once there is one
+        (and a held allocation failure, where it was inside the mismatched op)."""
+        if is_host_alloc(f):
+            mismatches = [g for k, g in self.found.items() if k[0] == "mismatch"]
+            return alloc_in_mismatch(f, mismatches, self._op_of) or f
         if any(k[0] == "mismatch" for k in self.found):
             return _as_consequence(f, "consequence_of_mismatch")
         return f
+
+    def _in_collective(self, rank: int) -> bool:
+        st = self.ranks.get(rank)
+        return st is not None and st.latest is not None and st.latest.kind == "collective" \
+            and (st.latest.t_end_ns is None or st.latest.status != "ok")
+
+    def _op_of(self, rank: int) -> tuple | None:
+        """(group, seq) of the collective the rank was in last."""
+        st = self.ranks.get(rank)
+        ev = st.latest if st is not None else None
+        return (ev.group, ev.seq) if ev is not None and ev.kind == "collective" else None
 
     def _release_held(self, now_s: float | None) -> None:
         keep = []

@@ -31,6 +31,7 @@ from distdoctor.diagnosis.optional import (
     sample_tail,
     start_sampler,
 )
+from distdoctor.diagnosis.pids import pid_alive
 from distdoctor.diagnosis.report import SaidOnce
 from distdoctor.findings import Finding, write_findings
 from distdoctor.priority import lower_this_thread
@@ -200,20 +201,31 @@ class LiveDiagnosis:
         lower_this_thread()
         wait = POLL_S
         while not self._stop.wait(wait):
+            cpu = time.thread_time()
             try:
-                cpu = time.thread_time()
                 with self._lock:
                     self._step(time.monotonic())
-                wait = min(MAX_WAIT_S, max(POLL_S, (time.thread_time() - cpu) / CPU_SHARE))
             except Exception as exc:  # never take the launcher (and the job) down
-                self.error = f"live diagnosis stopped: {exc!r}"
-                import traceback
+                self._pass_failed(exc)
+            wait = min(MAX_WAIT_S, max(POLL_S, (time.thread_time() - cpu) / CPU_SHARE))
 
-                print(f"distdoctor: {self.error} (the job goes on; `distdoctor diagnose` "
-                      f"works post-mortem)", file=sys.stderr)
-                if os.environ.get("DISTDOCTOR_DEBUG"):
-                    traceback.print_exc()
-                return
+    def _pass_failed(self, exc: Exception) -> None:
+        """A pass that raised outside the detectors' boundary (reading the run dir, the
+        job's output): said once, as an internal finding, and the next pass goes on; the
+        detectors, hang handling and `--on-hang kill` keep what they had."""
+        first = self.error is None
+        self.error = f"a pass of the live diagnosis failed: {exc!r}"
+        if os.environ.get("DISTDOCTOR_DEBUG"):
+            import traceback
+
+            traceback.print_exc()
+        with self._lock:
+            engine = self.engine
+            engine.boundary.failed("live pass", exc, keep_on=True)
+            said = engine.take_changed()  # said here: a pass that fails each time says nothing
+        if first and self.on_finding is not None:
+            for f in said:
+                self.on_finding(f)
 
     @property
     def scans_output(self) -> bool:
@@ -338,7 +350,7 @@ class LiveDiagnosis:
         if local:
             # A viewer may sit in another pid namespace on the same host (a sidecar
             # container): there every pid looks gone, so it also wants the heartbeat stopped.
-            if not _pid_alive(meta.get("pid")) and (self.owner or hb_age_s > LOCAL_STALE_S):
+            if not pid_alive(meta.get("pid")) and (self.owner or hb_age_s > LOCAL_STALE_S):
                 engine.exited(rank, ExitInfo(None, "vanished"))
         elif hb_age_s > STALE_HEARTBEAT_S:
             # another host's rank: its pid cannot be looked at from here
@@ -381,18 +393,3 @@ class LiveDiagnosis:
         dumps = dump_stacks(pids)
         return {r: f"[{d.method}]\n{d.text or d.error or ''}" for r, d in dumps.items()}
 
-
-def _pid_alive(pid) -> bool:
-    if not isinstance(pid, int) or pid <= 0:
-        return True  # unknown: do not declare it dead
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:  # a zombie has exited; only its parent has not reaped it yet
-        with open(f"/proc/{pid}/stat") as fh:
-            return fh.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except (OSError, IndexError):
-        return True

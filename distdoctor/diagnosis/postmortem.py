@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
+from distdoctor.diagnosis.after_mismatch import alloc_in_mismatch
+from distdoctor.diagnosis.boundary import exception_text, internal_finding, where_raised
 from distdoctor.diagnosis.crash import ExitInfo, merge_crashes
 from distdoctor.diagnosis.engine import Engine
 from distdoctor.diagnosis.progress import hang_timeout_s as timeout_of
@@ -112,7 +115,7 @@ def diagnose_runs(runs: list[Run], hang_timeout_s: float | None = None
     completed: set = set()
     newest = {r: run.incarnation for run in runs for r in run.events}  # rank -> newest
     for run in runs:
-        found, run_notes = _diagnose_one(run, hang_timeout_s, newest, completed)
+        found, run_notes = _contained(run, hang_timeout_s, newest, completed)
         if several:
             found = [label_incarnation(f, run.incarnation) for f in found]
             run_notes = [f"{run.label}: {n}" for n in run_notes]
@@ -129,8 +132,8 @@ def diagnose_run(run: Run, hang_timeout_s: float | None = None) -> tuple[list[Fi
     from distdoctor.diagnosis.live import label_incarnation
 
     completed: set = set()
-    found, notes = _diagnose_one(run, hang_timeout_s, {r: run.incarnation for r in run.events},
-                                 completed)
+    found, notes = _contained(run, hang_timeout_s, {r: run.incarnation for r in run.events},
+                              completed)
     written = _live_findings(run.path, notes)
     if run.incarnations > 1:
         found = [label_incarnation(f, run.incarnation) for f in found]
@@ -153,7 +156,41 @@ def agree_with_live(found: list[Finding], written: list[Finding],
     long_live = {where(f) for f in written if f.kind == "long_wait"}
     found = [f for f in found if not (f.kind == "hang" and f.seq is not None
                                       and where(f) in long_live)]
-    return merge_findings(found, written)
+    return merge_findings(found, _after_traced_mismatch(written, found))
+
+
+def _after_traced_mismatch(written: list[Finding], found: list[Finding]) -> list[Finding]:
+    """What the job printed of a mismatch the traces now explain (a live engine that
+    stopped early wrote them before the traced mismatch was known): consequences."""
+    traced = [f for f in found if f.kind == "mismatch" and f.details.get("source") != "log"
+              and f.ranks]
+    if not traced:
+        return written
+    died_in = {f.ranks[0]: (f.group, f.seq) for f in found
+               if f.kind == "crash" and len(f.ranks) == 1 and f.seq is not None}
+    out = []
+    for f in written:
+        if f.details.get("source") == "log" and f.severity == "error" and (
+                f.kind == "mismatch" and not f.ranks):
+            f = replace(f, severity="warning",
+                        details={**f.details, "consequence_of_mismatch": True})
+        out.append(alloc_in_mismatch(f, traced, died_in.get) or f)
+    return out
+
+
+def _contained(run: Run, hang_timeout_s, newest: dict[int, int],
+               completed: set) -> tuple[list[Finding], list[str]]:
+    """_diagnose_one, where a failure outside the detectors' own boundary (boundary.py)
+    loses that incarnation's recomputed findings, never the others' nor the live ones:
+    said as an internal finding and a note."""
+    try:
+        return _diagnose_one(run, hang_timeout_s, newest, completed)
+    except Exception as exc:  # the doctor does not die (DESIGN principle 9)
+        f = internal_finding("post-mortem", exc, where_raised(exc), 1, False,
+                             part="post-mortem diagnosis of this run",
+                             then="what the live engine wrote is shown")
+        return [f], [f"the traces could not be diagnosed: {exception_text(exc)} (a bug in "
+                     f"distdoctor); the findings the live engine wrote are shown"]
 
 
 def _diagnose_one(run: Run, hang_timeout_s: float | str | None, newest: dict[int, int],

@@ -72,9 +72,12 @@ class Rendezvous:
 
     @property
     def complete(self) -> bool:
-        """Every member arrived and finished (counted, not scanned: groups can be large)."""
+        """Every member arrived and finished (counted, not scanned: groups can be large).
+        Every arrival, too: a rank that is no member (a group name that stands for other
+        ranks on it) must not make up for a member still in flight."""
         n = len(self.members)
-        return n > 0 and self.done >= n and len(self.arrivals) >= n and not self.missing
+        return (n > 0 and self.done >= n and self.done >= len(self.arrivals)
+                and len(self.arrivals) >= n and not self.missing)
 
     def label(self) -> str:
         """'all_reduce #12 in group 3 (loss_reduce)' or 'send 0 -> 1 #4 in group 0'."""

@@ -113,20 +113,25 @@ class StragglerTracker:
         pending, newest = self._p2p, self.activity.newest
         while pending:
             rv = pending[0]
-            if not all_ and any(newest(r) <= e.t_end_ns for r, e in rv.arrivals.items()):
+            if not all_ and any(newest(r) <= (e.t_end_ns or 0) for r, e in rv.arrivals.items()):
                 return  # in order: a pairing waits for the ones before it
             self._judge(pending.popleft())
 
     def _judge(self, rv: Rendezvous) -> None:
         arrivals = rv.arrivals
         p2p = rv.is_p2p
+        # a rendezvous comes here complete; an arrival without an end is still no wait to
+        # compare, whatever handed it here (it would be a subtraction from None)
         if p2p:  # a send and its recv: leave together only when both block (Activity)
             blocked = self.activity.blocked_ns
-            waits = [(blocked(e), r, e) for r, e in arrivals.items()]
+            waits = [(blocked(e), r, e) for r, e in arrivals.items() if e.t_end_ns is not None]
         else:  # every member leaves a collective at about the same moment
             if rv.group not in self.members and len(self.members) < MAX_GROUPS:
                 self.members[rv.group] = frozenset(rv.members)
-            waits = [(e.t_end_ns - e.t_enter_ns, r, e) for r, e in arrivals.items()]
+            waits = [(e.t_end_ns - e.t_enter_ns, r, e) for r, e in arrivals.items()
+                     if e.t_end_ns is not None]
+        if len(waits) < 2:
+            return
         waits.sort(key=_first)
         w_last, last = waits[0][0], waits[0][1]
         gap = (waits[1][0] - w_last) / 1e6
