@@ -31,12 +31,15 @@ node keeps its full logs: post-mortem `diagnose` on a node's run dir stays exact
 
 from __future__ import annotations
 
+from distdoctor.collect.limits import MAX_ARRIVED, MAX_DIGEST_GROUPS, MAX_RANKS
 from distdoctor.collect.wire import WireError
 from distdoctor.runlog.reader import Event
 
 MAX_ARRIVALS = 200_000  # (group, seq, signature) entries held between two digests
 MAX_SIGS = 1 << 16  # signatures numbered per connection; past this the table starts over
 MAX_WAITS = 100_000  # (group, seq) still awaiting local members' completions
+MAX_NAME = 256  # a group's name or description, a function's name, as the collector keeps it
+MAX_TENSORS, MAX_DIMS = 8, 16  # an op's tensors and their dimensions, as the collector keeps
 
 
 def event_row(ev: Event) -> list:
@@ -56,14 +59,16 @@ def row_event(rank: int, row, groups: dict) -> Event:
          reduce_op, cs, t_enter, t_end, error) = row
         desc, members = groups.get(group, ("", ()))
         return Event(
-            rank=rank, index=int(index), kind=str(kind), op=str(op), status=str(status),
-            group=str(group), group_desc=desc, group_ranks=members, seq=int(seq),
-            peer=None if peer is None else int(peer),
-            shapes=tuple(tuple(int(d) for d in s) for s in shapes),
-            dtypes=tuple(str(d) for d in dtypes), device="", numel_in=int(numel_in),
-            numel_out=int(numel_out), reduce_op=None if reduce_op is None else str(reduce_op),
+            rank=rank, index=int(index), kind=str(kind)[:32], op=str(op)[:64],
+            status=str(status)[:32], group=str(group)[:MAX_NAME], group_desc=desc,
+            group_ranks=members, seq=int(seq), peer=None if peer is None else int(peer),
+            shapes=tuple(tuple(int(d) for d in s[:MAX_DIMS]) for s in shapes[:MAX_TENSORS]),
+            dtypes=tuple(str(d)[:32] for d in dtypes[:MAX_TENSORS]), device="",
+            numel_in=int(numel_in), numel_out=int(numel_out),
+            reduce_op=None if reduce_op is None else str(reduce_op)[:32],
             callsite=(None if cs is None else
-                      {"file": str(cs[0]), "line": cs[1], "function": cs[2]}),
+                      {"file": str(cs[0])[:4096], "line": cs[1] if isinstance(cs[1], int)
+                       else None, "function": str(cs[2])[:MAX_NAME]}),
             t_enter_ns=int(t_enter), t_end_ns=None if t_end is None else int(t_end),
             span_index=0, name=None, error=None if error is None else str(error)[:2000],
             is_async=None, other_thread=False)
@@ -249,3 +254,102 @@ def waits_of(items) -> list:
         except (TypeError, ValueError):
             raise WireError("DIGEST frame has a malformed wait") from None
     return out
+
+
+def groups_of(groups: dict) -> dict[str, tuple[str, tuple[int, ...]]]:
+    """A digest's groups, checked: at most MAX_DIGEST_GROUPS, names bounded, members a
+    list of ranks no longer than a copy holds."""
+    if len(groups) > MAX_DIGEST_GROUPS:
+        raise WireError(f"DIGEST frame names {len(groups):,} groups (at most "
+                        f"{MAX_DIGEST_GROUPS:,})")
+    out = {}
+    for name, value in groups.items():
+        try:
+            desc, members = value
+            if len(members) > MAX_RANKS or len(name) > MAX_NAME:
+                raise ValueError
+            out[name] = (str(desc)[:MAX_NAME], tuple(int(r) for r in members))
+        except (TypeError, ValueError):
+            raise WireError("DIGEST frame has a malformed group") from None
+    return out
+
+
+def check_arrivals(arrivals: list, host: str, members_of: dict | None) -> None:
+    """A digest's arrivals: of the node's own ranks (where owners are known), and at
+    most MAX_ARRIVED rank-arrivals (a run's count times its ranks) in all."""
+    total = 0
+    for item in arrivals:
+        try:
+            _, _, _, rs, count = item
+            total += int(count) * len(rs)
+            if members_of is not None and any(members_of.get(r) != host for r in rs):
+                raise WireError(f"DIGEST frame reports arrivals of ranks not of node {host}")
+        except (TypeError, ValueError):
+            raise WireError("DIGEST frame has a malformed arrival") from None
+        if total > MAX_ARRIVED:
+            raise WireError(f"DIGEST frame reports more than {MAX_ARRIVED:,} arrivals")
+
+
+class HeldDigests:
+    """The bytes of a node's digest frames its ranks' positions still come from: each
+    rank's position is kept from the newest frame that had it, and a frame counts while
+    any rank's does. Past MAX_HELD_DIGEST_BYTES the node is refused."""
+
+    def __init__(self):
+        self.frame_of: dict[int, int] = {}  # rank -> the frame its position came from
+        self.frames: dict[int, list[int]] = {}  # frame -> [bytes, ranks from it]
+        self.held = 0
+        self._next = 0
+
+    def check(self, ranks: list[int], size: int) -> None:
+        from distdoctor.collect.limits import MAX_HELD_DIGEST_BYTES
+
+        freed = 0
+        counts: dict[int, int] = {}
+        for r in ranks:
+            f = self.frame_of.get(r)
+            if f is not None:
+                counts[f] = counts.get(f, 0) + 1
+        for f, n in counts.items():
+            if self.frames[f][1] <= n:
+                freed += self.frames[f][0]
+        if self.held - freed + size > MAX_HELD_DIGEST_BYTES:
+            raise WireError(f"DIGEST frames of this node would hold more than "
+                                 f"{MAX_HELD_DIGEST_BYTES >> 20} MiB of positions")
+
+    def hold(self, ranks: list[int], size: int) -> None:
+        if not ranks:
+            return
+        frame = self._next = self._next + 1
+        self.frames[frame] = [size, 0]
+        self.held += size
+        for r in ranks:
+            old = self.frame_of.get(r)
+            if old is not None:
+                entry = self.frames[old]
+                entry[1] -= 1
+                if entry[1] <= 0:
+                    self.held -= entry[0]
+                    del self.frames[old]
+            self.frame_of[r] = frame
+            self.frames[frame][1] += 1
+
+
+def digest_ranks(digest: dict) -> list[int]:
+    """The ranks a DIGEST frame positions (checked: at most a node's worth, each a rank
+    number), which its node then owns (mirror.Mirror.claim)."""
+    from distdoctor.collect.limits import MAX_RANK, MAX_RANKS_PER_NODE
+
+    items = digest.get("ranks")
+    if not isinstance(items, list):
+        raise WireError("DIGEST frame lacks host, groups, sigs, ranks or arrivals")
+    if len(items) > MAX_RANKS_PER_NODE:
+        raise WireError(f"DIGEST frame of {len(items):,} ranks (a node has at most "
+                        f"{MAX_RANKS_PER_NODE:,})")
+    ranks = []
+    for item in items:
+        if not (isinstance(item, list) and item and type(item[0]) is int
+                and 0 <= item[0] < MAX_RANK):
+            raise WireError("DIGEST frame has a malformed rank position")
+        ranks.append(item[0])
+    return ranks

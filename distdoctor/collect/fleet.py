@@ -29,8 +29,16 @@ from collections import deque
 from dataclasses import replace
 
 from distdoctor.collect import bounded
-from distdoctor.collect.digest import row_event, waits_of
+from distdoctor.collect.digest import (
+    MAX_NAME,
+    MAX_WAITS,
+    check_arrivals,
+    groups_of,
+    row_event,
+    waits_of,
+)
 from distdoctor.collect.lateness import WINDOW_S, FleetLateness
+from distdoctor.collect.limits import MAX_ISSUED_GROUPS, MAX_RANKS
 from distdoctor.collect.position import RankPosition, finished_callsites, is_row
 from distdoctor.collect.reports import NodeReports, sent_progress
 from distdoctor.collect.wire import WireError
@@ -47,8 +55,8 @@ MAX_OPEN = 200_000
 MAX_RUN = 1 << 16  # collectives in one run of a digest
 MAX_SIGS_PER_NODE = 1 << 17
 MAX_SIGNATURES = 1 << 17  # distinct signatures over all nodes (shapes that keep changing)
-
-
+MAX_GROUPS = 1 << 17  # group names over all nodes
+MAX_GROUP_MEMBERS = 1 << 23  # their members, summed: ~300 MiB at most
 class _Open:
     """One collective as the nodes reported it: signature -> the ranks that entered."""
 
@@ -94,11 +102,15 @@ class FleetEngine:
         self._steps: dict[int, deque] = {}
         self.digests = 0
         self.arrivals = 0
+        self._members = 0  # the groups' members, summed (MAX_GROUP_MEMBERS)
 
     # --- input -------------------------------------------------------------------------
-    def apply(self, payload: dict, now_s: float | None = None) -> None:
-        """One node's digest (a DIGEST frame's JSON); WireError when it is malformed,
-        and then nothing of it is kept."""
+    def apply(self, payload: dict, now_s: float | None = None,
+              members_of: dict[int, str] | None = None) -> None:
+        """One node's digest (a DIGEST frame's JSON); WireError when it is malformed or
+        past a bound (limits.py), and then nothing of it is kept. `members_of`: rank ->
+        the host that owns it (the collector's), whose arrivals a node may report: its
+        own ranks'."""
         now_s = time.monotonic() if now_s is None else now_s
         host = payload.get("host")
         groups, sigs = payload.get("groups"), payload.get("sigs")
@@ -107,16 +119,12 @@ class FleetEngine:
         if not (isinstance(host, str) and isinstance(groups, dict) and isinstance(sigs, dict)
                 and isinstance(ranks, list) and isinstance(arrivals, list)):
             raise WireError("DIGEST frame lacks host, groups, sigs, ranks or arrivals")
-        new_groups = {}
-        for name, value in groups.items():
-            try:
-                desc, members = value
-                new_groups[str(name)] = (str(desc), tuple(int(r) for r in members))
-            except (TypeError, ValueError):
-                raise WireError("DIGEST frame has a malformed group") from None
+        if len(sigs) > MAX_SIGS_PER_NODE or len(waits) > MAX_WAITS:
+            raise WireError("DIGEST frame of more signatures or waits than a node makes")
+        new_groups = groups_of(groups)
+        check_arrivals(arrivals, host, members_of)
         with self.lock:
-            self.groups.update(new_groups)
-            self.sizes.update((g, len(m)) for g, (_, m) in new_groups.items())
+            self._take_groups(new_groups)
             new_sigs = {(host, int(n)): row_event(-1, row, self.groups)
                         for n, row in sigs.items() if str(n).isdigit()}
             positions = {}
@@ -127,9 +135,11 @@ class FleetEngine:
                     if not (isinstance(rank, int) and is_row(latest) and is_row(last_done)
                             and isinstance(state, dict) and len(item) <= 8):
                         raise ValueError
+                    if len(issued) > MAX_ISSUED_GROUPS:
+                        raise ValueError
                     positions[rank] = RankPosition(
                         host, rank, latest, last_done,
-                        {str(g): int(n) for g, n in issued.items()},
+                        {str(g)[:MAX_NAME]: int(n) for g, n in issued.items()},
                         None if now_ns is None else int(now_ns), now_s,
                         None if exit_ is None else str(exit_)[:500], bool(stopped),
                         self.groups, state)
@@ -154,6 +164,19 @@ class FleetEngine:
             self._count_steps(positions.values(), now_s)
             self._reported(host, now_s)
             self.digests += 1
+
+    def _take_groups(self, new_groups: dict) -> None:
+        """A digest's groups, within MAX_GROUPS names and MAX_GROUP_MEMBERS members in all
+        (WireError past them; the caller holds the lock, and nothing is taken then)."""
+        added = [g for g in new_groups if g not in self.groups]
+        members = self._members + sum(len(m) for _, m in new_groups.values()) - sum(
+            self.sizes.get(g, 0) for g in new_groups)
+        if len(self.groups) + len(added) > MAX_GROUPS or members > MAX_GROUP_MEMBERS:
+            raise WireError(f"the collector holds {MAX_GROUPS:,} groups or "
+                            f"{MAX_GROUP_MEMBERS:,} group members already")
+        self._members = members
+        self.groups.update(new_groups)
+        self.sizes.update((g, len(m)) for g, (_, m) in new_groups.items())
 
     def _reported(self, host: str, now_s: float) -> None:
         late = self.reports.came(host, now_s)
@@ -219,9 +242,11 @@ class FleetEngine:
             entry.sigs[sig] = known = []
             if len(entry.sigs) > 1 and entry.since_s is None:  # two signatures: they differ
                 entry.since_s = now_s
+        size = len(self.groups.get(group, ("", ()))[1])
+        if entry.count >= (size or MAX_RANKS):
+            return  # sent again and again: a member list never grows past its group
         known.extend(ranks)
         entry.count += len(ranks)
-        size = len(self.groups.get(group, ("", ()))[1])
         if size and entry.count >= size and entry.since_s is None:
             del self.open[key]  # everyone came, and agreed
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from dataclasses import replace
 from pathlib import Path
 
@@ -34,23 +33,27 @@ def _live_findings(run_dir: Path, notes: list[str]) -> list[Finding]:
 
 
 def read_exits(run_dir: Path) -> tuple[dict[int, ExitInfo], list[str]]:
-    """Exit codes from RUN_DIR/exits.json (written by `distdoctor run` when the job ends)."""
+    """Exit codes from RUN_DIR/exits.json (written by `distdoctor run` when the job ends);
+    an entry that is not sound is skipped, the others kept (distdoctor.exits)."""
+    from distdoctor.exits import read_exit_entries
+
     path = run_dir / "exits.json"
     if not path.exists():
         return {}, []
     try:
-        data = json.loads(path.read_text())
-        notes = ([f"`distdoctor run` died before the job ended (killed?); its guardian "
-                  f"stopped the job's processes ({path})"] if data.get("run_died") else [])
-        # a rank stopped with its launcher has no exit code of its own (exit_code null)
-        return ({int(p["rank"]): ExitInfo(
-                    None if p.get("exit_code") is None else int(p["exit_code"]),
-                    "stopped" if p.get("stopped_by_distdoctor") else "exit")
-                 for p in data.get("processes", [])
-                 if p.get("rank") is not None and (p.get("exit_code") is not None
-                                                   or p.get("stopped_by_distdoctor"))}, notes)
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        flags, entries, skipped = read_exit_entries(path)
+    except (OSError, ValueError):
         return {}, [f"{path} is unreadable: process exit codes unknown"]
+    notes = ([f"`distdoctor run` died before the job ended (killed?); its guardian "
+              f"stopped the job's processes ({path})"] if flags["run_died"] else [])
+    if skipped:
+        notes.append(f"{path}: {skipped} process entr{'y' if skipped == 1 else 'ies'} "
+                     f"unreadable, skipped; the others' exit codes kept")
+    # a rank stopped with its launcher has no exit code of its own (exit_code null)
+    return ({p["rank"]: ExitInfo(p["exit_code"],
+                                 "stopped" if p["stopped_by_distdoctor"] else "exit")
+             for p in entries if p["rank"] is not None
+             and (p["exit_code"] is not None or p["stopped_by_distdoctor"])}, notes)
 
 
 def _samples(run_dir: Path, notes: list[str]) -> list:

@@ -18,6 +18,7 @@ import errno
 import json
 import mmap
 import os
+import secrets
 import threading
 import time
 
@@ -28,6 +29,7 @@ DEFAULT_RING_MIB = 60
 DEFAULT_STRINGS_MIB = 4
 RESERVE_SLOTS_BYTES = 1 << 20  # ring space reserved ahead of the writers, at least
 RESERVE_STRINGS_BYTES = 64 << 10  # string table space reserved ahead, at least
+_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 
 
 class RingWriter:
@@ -44,8 +46,46 @@ class RingWriter:
         rank's process and launch, not its own)."""
         self.path = path
         tmp = _temp_name(path)
-        self._make(tmp, rank, ring_bytes, strings_bytes, pid, launch, log_number)
-        os.replace(tmp, path)
+        try:
+            self._make(tmp, rank, ring_bytes, strings_bytes, pid, launch, log_number)
+            os.replace(tmp, path)  # (a rename replaces a link at `path`, never follows it)
+        except BaseException:
+            _remove_quietly(tmp)  # a full disk must not leave a name behind
+            raise
+
+    @classmethod
+    def open_copy(cls, path: str) -> RingWriter:
+        """An existing log at `path`, opened to write on into it (a collector's copy of
+        another host's log, reopened after it was let go, or after the collector started
+        again): its layout and counts are read from its header, and nothing already in
+        it changes. OSError when it is missing, not a regular file, or not a log of ours
+        (ValueError-free: a corrupt header is an OSError too)."""
+        self = cls.__new__(cls)
+        self.path = path
+        fd = os.open(path, os.O_RDWR | os.O_CLOEXEC | _NOFOLLOW)
+        try:
+            st = os.fstat(fd)
+            head = os.pread(fd, F.HEADER_SIZE, 0)
+            layout = _existing_layout(head, st)
+            self._mm = mmap.mmap(fd, layout[-1], mmap.MAP_SHARED,
+                                 mmap.PROT_READ | mmap.PROT_WRITE)
+        except BaseException:
+            os.close(fd)
+            raise
+        # only the map's own descriptor stays open: space is reserved through the path
+        # (_our_fd opens it when needed, checked to be this file)
+        os.close(fd)
+        self._fd = -2  # (not -1: close() would skip reopening to check the identity)
+        self._identity = (st.st_dev, st.st_ino)
+        capacity, strings_size, ring_offset, size = layout
+        self._setup(capacity, strings_size, ring_offset, size)
+        self.log_number = F.U64.unpack_from(self._mm, F.OFF_LOG_NUMBER)[0]
+        self._strings_used = min(F.U64.unpack_from(self._mm, F.OFF_STRINGS_USED)[0],
+                                 strings_size)
+        self._strings_count = F.U64.unpack_from(self._mm, F.OFF_STRINGS_COUNT)[0]
+        self._strings_dropped = F.U64.unpack_from(self._mm, F.OFF_STRINGS_DROPPED)[0]
+        self._string_lock = threading.Lock()
+        return self
 
     @classmethod
     def next_log(cls, run_dir: str, rank: int, ring_bytes: int, strings_bytes: int,
@@ -59,7 +99,11 @@ class RingWriter:
         self = cls.__new__(cls)
         tmp = _temp_name(str(rundir.ring_path(run_dir, rank)))
         n = rundir.next_log_number(run_dir, rank)
-        self._make(tmp, rank, ring_bytes, strings_bytes, None, launch, n)
+        try:
+            self._make(tmp, rank, ring_bytes, strings_bytes, None, launch, n)
+        except BaseException:
+            _remove_quietly(tmp)
+            raise
         try:
             while True:
                 path = str(rundir.ring_path(run_dir, rank, n))
@@ -70,22 +114,19 @@ class RingWriter:
                     n += 1
                     F.U64.pack_into(self._mm, F.OFF_LOG_NUMBER, n)
         finally:
-            try:
-                os.unlink(tmp)
-            except OSError:
-                pass
+            _remove_quietly(tmp)
         self.path, self.log_number = path, n
         return self
 
     def _make(self, path, rank, ring_bytes, strings_bytes, pid, launch, log_number) -> None:
         self.log_number = log_number
-        self.capacity = max(16, ring_bytes // F.SLOT_SIZE)
-        self.strings_offset = F.HEADER_SIZE
-        self.strings_size = max(4096, strings_bytes)
-        self.ring_offset = self.strings_offset + self.strings_size
-        size = self.ring_offset + self.capacity * F.SLOT_SIZE
+        capacity = max(16, ring_bytes // F.SLOT_SIZE)
+        strings_size = max(4096, strings_bytes)
+        ring_offset = F.HEADER_SIZE + strings_size
+        size = ring_offset + capacity * F.SLOT_SIZE
 
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | _NOFOLLOW,
+                     0o644)
         try:
             os.ftruncate(fd, size)  # sparse: untouched slots cost no disk
             self._mm = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
@@ -95,16 +136,7 @@ class RingWriter:
         self._fd = fd  # kept open: space is reserved as the log fills (reserve_ahead)
         st = os.fstat(fd)
         self._identity = (st.st_dev, st.st_ino)  # a job may close our fd (see _our_fd)
-        self.wake = threading.Event()  # set by a writer that nears the reserved end
-        self.unrecorded = 0
-        self._slots = make_slot_writer(self._mm, self.ring_offset, self.capacity,
-                                       RESERVE_SLOTS_BYTES >> 1, self._near_end,
-                                       self._unrecorded)
-        # the hot path goes straight to the slot writer (C when built: runlog/slots.py)
-        self.append, self.complete = self._slots.append, self._slots.complete
-        self._ring_end = size
-        self._ring_ready = self._strings_ready = 0
-        self._reserved_head = 0
+        self._setup(capacity, strings_size, ring_offset, size)
         if not self._reserve(F.HEADER_SIZE + RESERVE_STRINGS_BYTES,
                              self.ring_offset + RESERVE_SLOTS_BYTES):
             self.close()
@@ -127,6 +159,21 @@ class RingWriter:
         self._string_lock = threading.Lock()
         self.heartbeat()
 
+    def _setup(self, capacity: int, strings_size: int, ring_offset: int, size: int) -> None:
+        """The layout's numbers and the slot writer over the map (nothing reserved yet)."""
+        self.capacity, self.strings_size, self.ring_offset = capacity, strings_size, ring_offset
+        self.strings_offset = F.HEADER_SIZE
+        self.wake = threading.Event()  # set by a writer that nears the reserved end
+        self.unrecorded = 0
+        self._slots = make_slot_writer(self._mm, self.ring_offset, self.capacity,
+                                       RESERVE_SLOTS_BYTES >> 1, self._near_end,
+                                       self._unrecorded)
+        # the hot path goes straight to the slot writer (C when built: runlog/slots.py)
+        self.append, self.complete = self._slots.append, self._slots.complete
+        self._ring_end = size
+        self._ring_ready = self._strings_ready = 0
+        self._reserved_head = 0
+
     # --- disk space ------------------------------------------------------------------
     def _our_fd(self) -> int | None:
         """The log's file descriptor, checked: a job that closes every descriptor (a
@@ -139,7 +186,7 @@ class RingWriter:
         except OSError:
             pass
         try:
-            fd = os.open(self.path, os.O_RDWR | os.O_CLOEXEC)
+            fd = os.open(self.path, os.O_RDWR | os.O_CLOEXEC | _NOFOLLOW)
             st = os.fstat(fd)
             if (st.st_dev, st.st_ino) == self._identity:
                 self._fd = fd
@@ -334,6 +381,31 @@ class RingWriter:
 
 
 def _temp_name(path: str) -> str:
-    """A name beside `path` that no reader lists (readers glob `rank-*`)."""
+    """A name beside `path` that no reader lists (readers glob `rank-*`), never used
+    before: a temp file left by a crash (or a thread id reused) is no reason to fail."""
     head, tail = os.path.split(path)
-    return os.path.join(head, f".{tail}.{os.getpid()}.{threading.get_ident()}.tmp")
+    return os.path.join(head, f".{tail}.{os.getpid()}.{secrets.token_hex(6)}.tmp")
+
+
+def _remove_quietly(path: str) -> None:
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
+
+
+def _existing_layout(head: bytes, st: os.stat_result) -> tuple[int, int, int, int]:
+    """(capacity, string table size, ring offset, file size) of an existing log's header,
+    checked against the file (OSError when it is not one of our logs, whole)."""
+    import stat
+
+    if not stat.S_ISREG(st.st_mode) or len(head) < F.HEADER_SIZE:
+        raise OSError(errno.EINVAL, "not a whole event log")
+    (magic, version, header_size, slot_size, capacity, s_off, s_size, r_off, _rank,
+     _pid) = F.HEADER_STATIC.unpack_from(head, 0)
+    size = r_off + capacity * slot_size
+    if (magic != F.MAGIC or version > F.VERSION or header_size != F.HEADER_SIZE
+            or slot_size != F.SLOT_SIZE or s_off != F.HEADER_SIZE or capacity < 16
+            or r_off != s_off + s_size or st.st_size < size):
+        raise OSError(errno.EINVAL, "not an event log of this distdoctor, or not whole")
+    return capacity, s_size, r_off, size

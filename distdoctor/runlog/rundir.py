@@ -6,6 +6,10 @@
       ranks/rank-00003.ring    rank 3's event log (see runlog.format)
       ranks/rank-00003.1.ring  rank 3's second log (it started again), with .1.json; ...
       findings.json            written by the diagnosis engine
+      exits.json               the processes' exit codes (`run`, or a collector's copy)
+
+Files are written under a fresh temporary name (O_EXCL | O_NOFOLLOW) and renamed into
+place: never through a link, and a reader sees a whole file.
 
 Readers reject a missing, foreign or newer directory with one line (`UserError`).
 """
@@ -15,6 +19,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import secrets
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,6 +30,7 @@ RUN_FORMAT = "distdoctor-run"
 RUN_VERSION = 1
 DEFAULT_ROOT = "distdoctor-runs"
 ENV_RUN_DIR = "DISTDOCTOR_RUN_DIR"
+NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 
 
 _LOG_NAME = re.compile(r"rank-(\d+)(?:\.(\d+))?\.(ring|json)\Z")
@@ -82,24 +88,67 @@ def new_run_dir(root: str | os.PathLike = DEFAULT_ROOT, tag: str | None = None) 
             path = base.with_name(f"{base.name}-{n}")
 
 
+COLLECTOR = "watch --listen"
+COLLECTOR_LAUNCHER = "distdoctor watch --listen"  # run.json's launcher in a collector's copy
+
+
 def claim_run_dir(path: str | os.PathLike | None, who: str) -> Path:
     """The run dir a new job writes: the one asked for, which must not hold a run yet
-    (created if missing), or a fresh one under DEFAULT_ROOT."""
+    (created if missing), or a fresh one under DEFAULT_ROOT. The collector (`who` is
+    COLLECTOR) may also take its own copy back (one a collector made: started again, it
+    picks the nodes up where they were), said in one line; anything else is refused."""
     if not path:
         return new_run_dir()
     run_dir = Path(path)
     if (run_dir / "run.json").exists():
+        if who == COLLECTOR and _is_collector_copy(run_dir):
+            import sys
+
+            print(f"distdoctor: {who}: {run_dir} is a collector's copy already: collecting "
+                  f"into it again (each node's copy goes on where it was)", file=sys.stderr)
+            return run_dir
         raise UserError(f"{who}: {run_dir} already holds a run; choose a new --run-dir")
     (run_dir / "ranks").mkdir(parents=True, exist_ok=True)
     return run_dir
 
 
-def write_json_atomic(path: str | os.PathLike, data: dict) -> None:
-    """Write JSON so a concurrent reader sees the old file or the new one, never half."""
+def _is_collector_copy(run_dir: Path) -> bool:
+    """run.json says a collector made this dir (its launcher), and ranks/ is a real dir."""
+    try:
+        meta = _load_json(run_dir / "run.json", "run metadata")
+    except UserError:
+        return False
+    ranks = run_dir / "ranks"
+    return (meta.get("format") == RUN_FORMAT and meta.get("launcher") == COLLECTOR_LAUNCHER
+            and ranks.is_dir() and not ranks.is_symlink())
+
+
+def write_json_atomic(path: str | os.PathLike, data: dict, indent: int | None = 2) -> None:
+    """Write JSON so a concurrent reader sees the old file or the new one, never half.
+    Written under a fresh name (O_EXCL | O_NOFOLLOW: never through a link, never over
+    another writer's temp file, two threads at once included), then renamed over `path`
+    (a rename replaces a link there, never follows it)."""
+    write_bytes_atomic(path, (json.dumps(data, indent=indent, default=str) + "\n").encode())
+
+
+def write_bytes_atomic(path: str | os.PathLike, data: bytes) -> None:
     path = Path(path)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(data, indent=2, default=str) + "\n")
-    os.replace(tmp, path)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(6)}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | NOFOLLOW, 0o644)
+    try:
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view):]
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
 
 
 def write_run_meta(run_dir: str | os.PathLike, **fields) -> None:

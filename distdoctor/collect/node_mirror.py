@@ -1,0 +1,240 @@
+"""One node's connection to the collector: its frames applied to the copy (mirror.py),
+each checked whole first, within the bounds of limits.py (past one: WireError, and the
+server drops the node with one line). Its log copies are written through the Mirror's
+open-file budget (copies.OpenCopies): a copy let go is reopened where it was."""
+
+from __future__ import annotations
+
+import re
+import time
+from typing import TYPE_CHECKING
+
+from distdoctor.collect import wire
+from distdoctor.collect.copies import Copy, append_samples
+from distdoctor.collect.digest import HeldDigests, digest_ranks
+from distdoctor.collect.limits import (
+    MAX_COMPLETED,
+    MAX_EXITS_FRAMES,
+    MAX_FINISHED,
+    MAX_LOGS_PER_NODE,
+    MAX_META_BYTES,
+    MAX_RANK,
+    MAX_STRINGS_BYTES,
+)
+from distdoctor.collect.peer_data import node_exits, node_findings
+from distdoctor.errors import UserError
+from distdoctor.runlog import format as F
+from distdoctor.runlog.ring import RingWriter
+from distdoctor.runlog.rundir import rank_meta_path, write_json_atomic
+
+if TYPE_CHECKING:
+    from distdoctor.collect.mirror import Mirror
+
+_SLOT_KIND = 8  # a slot's kind byte, after its event number
+HOST_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,252}\Z")
+
+
+class NodeMirror:
+    """One node's connection: applies its frames to the copy."""
+
+    def __init__(self, mirror: Mirror, hello: dict):
+        host = hello.get("host")
+        if not isinstance(host, str) or not HOST_NAME.match(host):
+            raise wire.WireError(f"HELLO names no usable host ({str(host)[:60]!r})")
+        self.mirror, self.host = mirror, host
+        self.rings: dict[tuple[int, int], Copy] = {}  # (rank, log number) -> copy
+        # logs whose rank closed them, or let go to make room: their copies are complete
+        # (or as complete as they will get); a late frame for one is dropped
+        self.finished: dict[tuple[int, int], None] = {}
+        self.ranks: set[int] = set()  # every rank this node sent a log of
+        self.ended = False  # its exit codes came: the job on the node is over
+        self.closed = False
+        self.exits_frames = 0
+        self.last_frame_s = time.monotonic()  # when it last sent anything
+        # completed collectives (event numbers) per log, read back from the copy once
+        # the STATE frame after them has counted the strings they name
+        self._completed: dict[tuple[int, int], list[int]] = {}
+        self.digests = HeldDigests()
+
+    def apply(self, kind: int, rank: int, arg: int, payload: bytes, log: int = 0) -> None:
+        self.last_frame_s = time.monotonic()
+        if kind == wire.SAMPLES:
+            return self._samples(payload)
+        if kind == wire.EXITS:
+            return self._exits(payload)
+        if kind == wire.FINDINGS:
+            return self.mirror.set_findings(self.host, node_findings(payload))
+        if kind == wire.DIGEST:
+            return self._digest(payload)
+        if kind == wire.HELLO:
+            raise wire.WireError("a second HELLO")
+        if rank >= MAX_RANK:
+            raise wire.WireError(f"rank {rank} is out of range")
+        if (rank, log) in self.finished:
+            return
+        if kind == wire.META:
+            self._meta(rank, log, payload)
+        elif kind == wire.OPEN:
+            self._open(rank, log, payload)
+        else:
+            copy = self.rings.get((rank, log))
+            if copy is None:
+                raise wire.WireError(f"{wire.NAMES[kind]} frame for rank {rank} before OPEN")
+            self._log_frame(kind, copy, rank, arg, payload, log)
+
+    def _log_frame(self, kind: int, copy: Copy, rank: int, arg: int, payload: bytes,
+                   log: int) -> None:
+        closed = False
+        try:
+            with self.mirror.copies.writing(copy) as ring:
+                if kind == wire.STRINGS:
+                    if arg + len(payload) > ring.strings_size:
+                        raise wire.WireError(f"STRINGS frame past rank {rank}'s string table")
+                    ring.put_strings(arg, payload)
+                elif kind == wire.SLOTS:
+                    self._slots(ring, rank, arg, payload, log)
+                elif kind == wire.STATE:
+                    closed = self._state(ring, rank, payload)
+        except OSError as exc:  # a full disk, the copy removed under us
+            raise wire.WireError(f"cannot write the copy of rank {rank}'s log: "
+                                 f"{exc.strerror or exc}") from None
+        if kind == wire.STATE:
+            self._read_completed(rank, log)
+            if closed:
+                self._finish((rank, log))
+
+    def _meta(self, rank: int, log: int, payload: bytes) -> None:
+        if len(payload) > MAX_META_BYTES:
+            raise wire.WireError(f"META frame of rank {rank} of {len(payload):,} bytes (at "
+                                 f"most {MAX_META_BYTES:,})")
+        meta = wire.json_payload(wire.META, payload)
+        if meta.get("rank") != rank:
+            raise wire.WireError(f"META frame of rank {rank} describes rank "
+                                 f"{meta.get('rank')!r}")
+        self.mirror.claim(self, [rank])
+        try:
+            write_json_atomic(rank_meta_path(self.mirror.run_dir, rank, log), meta)
+        except OSError as exc:
+            raise wire.WireError(f"cannot write rank {rank}'s metadata: "
+                                 f"{exc.strerror or exc}") from None
+
+    def _exits(self, payload: bytes) -> None:
+        self.exits_frames += 1
+        if self.exits_frames > MAX_EXITS_FRAMES:
+            raise wire.WireError(f"more than {MAX_EXITS_FRAMES} EXITS frames")
+        entries = node_exits(payload)
+        self.mirror.claim(self, [p["rank"] for p in entries])
+        self.ended = True
+        self.mirror.add_exits(entries)
+
+    def _digest(self, payload: bytes) -> None:
+        digest = wire.json_payload(wire.DIGEST, payload)
+        digest["host"] = self.host  # the node speaks for itself only
+        ranks = digest_ranks(digest)
+        self.mirror.claim(self, ranks)
+        self.digests.check(ranks, len(payload))
+        self.mirror.fleet.apply(digest, members_of=self.mirror.owners.of)
+        self.digests.hold(ranks, len(payload))
+
+    def _finish(self, key: tuple[int, int]) -> None:
+        """Let a log's copy go: the file stays, this connection writes no more of it."""
+        self.rings.pop(key, None)
+        self._completed.pop(key, None)
+        self.finished[key] = None
+        while len(self.finished) > MAX_FINISHED:
+            del self.finished[next(iter(self.finished))]
+
+    def _open(self, rank: int, log: int, payload: bytes) -> None:
+        if not wire.OPEN_BODY.size <= len(payload) <= wire.OPEN_BODY.size + F.MAX_LAUNCH_BYTES:
+            raise wire.WireError("OPEN frame of the wrong size")
+        capacity, strings_size, pid = wire.OPEN_BODY.unpack_from(payload)
+        launch = (wire.json_payload(wire.OPEN, payload[wire.OPEN_BODY.size:])
+                  if len(payload) > wire.OPEN_BODY.size else None)
+        if not 16 <= capacity < 1 << 40 or not 4096 <= strings_size <= MAX_STRINGS_BYTES:
+            raise wire.WireError(f"OPEN frame of rank {rank} with an impossible layout")
+        if (rank, log) not in self.rings and len(self.rings) >= MAX_LOGS_PER_NODE:
+            self._finish(next(iter(self.rings)))  # the oldest: long finished, most likely
+        self.rings[(rank, log)] = self.mirror.ring_for(
+            rank, log, self, (capacity, strings_size, pid), launch)
+
+    def _slots(self, ring: RingWriter, rank: int, first: int, payload: bytes,
+               log: int) -> None:
+        if not payload or len(payload) % F.SLOT_SIZE:
+            raise wire.WireError("SLOTS frame is not whole slots")
+        records = [payload[at:at + F.SLOT_SIZE] for at in range(0, len(payload), F.SLOT_SIZE)]
+        for i, rec in enumerate(records):
+            if F.U64.unpack_from(rec, 0)[0] != first + i + 1:
+                raise wire.WireError(f"SLOTS frame of rank {rank}: slot {i} does not hold "
+                                     f"event {first + i}")
+        head = ring.head()
+        done = self._completed.setdefault((rank, log), [])
+        for i, rec in enumerate(records):
+            if first + i + ring.capacity > head:  # older: its slot holds a newer event
+                ring.put_slot(first + i, rec)
+                if (rec[_SLOT_KIND] == F.KIND_COLLECTIVE
+                        and rec[F.OFF_SLOT_STATUS] == F.STATUS_OK
+                        and F.U64.unpack_from(rec, F.OFF_SLOT_END)[0]
+                        and len(done) < MAX_COMPLETED):
+                    done.append(first + i)
+
+    def _read_completed(self, rank: int, log: int) -> None:
+        """The collectives of this log completed since its last STATE, decoded from the
+        copy (their strings are in now), to the links' watch (links.py)."""
+        done = self._completed.get((rank, log))
+        copy = self.rings.get((rank, log))
+        if not done or copy is None:
+            return
+        try:
+            with self.mirror.copies.reading(copy) as reader:
+                lo, hi = min(done), max(done)
+                if hi - lo < 4 * len(done):  # mostly consecutive: one read (a tenth the cost)
+                    wanted = set(done)
+                    events = [ev for ev in reader.read_range(lo, hi + 1)
+                              if ev is not None and ev.index in wanted]
+                else:
+                    events = [reader.read_one(e) for e in done]
+        except UserError:
+            events = []
+        for ev in events:
+            if ev is not None:  # (None: overwritten already, in a small copy)
+                self.mirror.copy_waits.completed(ev, self.host)
+        done.clear()
+
+    @staticmethod
+    def _state(ring: RingWriter, rank: int, payload: bytes) -> bool:
+        """Applies the header words; True when the rank has closed the log."""
+        if len(payload) == wire.STATE_BODY.size:
+            (head, used, count, dropped, hb_mono, hb_wall, closed, exit_error,
+             exit_code) = wire.STATE_BODY.unpack(payload)
+        elif len(payload) == wire.STATE_BODY_V2.size:  # a node of the previous version
+            head, used, count, dropped, hb_mono, hb_wall, closed = \
+                wire.STATE_BODY_V2.unpack(payload)
+            exit_error = exit_code = 0
+        else:
+            raise wire.WireError("STATE frame of the wrong size")
+        if used > ring.strings_size:
+            raise wire.WireError(f"STATE frame of rank {rank} counts more strings than fit")
+        ring.put_state(head, used, count, dropped, hb_mono, hb_wall, closed, exit_error,
+                       exit_code)
+        return closed in F.CLOSED_WORDS
+
+    def _samples(self, payload: bytes) -> None:
+        from distdoctor.probes.sampler import DEFAULT_MAX_BYTES, samples_path
+
+        try:
+            text = payload.decode()
+        except UnicodeDecodeError:
+            raise wire.WireError("SAMPLES frame is not UTF-8") from None
+        if not text.endswith("\n"):
+            raise wire.WireError("SAMPLES frame does not end a line")
+        try:
+            append_samples(samples_path(self.mirror.run_dir, self.host), self.host, text,
+                           DEFAULT_MAX_BYTES)
+        except OSError as exc:
+            raise wire.WireError(f"cannot write node {self.host}'s probe samples: "
+                                 f"{exc.strerror or exc}") from None
+
+    def close(self) -> None:
+        """The connection ended; the copies of its logs stay (the Mirror closes them)."""
+        self.closed = True
+        self.rings.clear()
