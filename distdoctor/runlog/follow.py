@@ -6,6 +6,9 @@ that appear later (a launcher starting ranks one by one, a rank that starts agai
 picked up on the next poll, each in its incarnation (runlog.incarnations). A log that is
 finished (closed, or left behind by a newer log of its rank) and fully read is let go, so
 a job that re-launches its ranks a thousand times holds a few files open, not thousands.
+Past `open_logs_budget()` logs followed at once (a quarter of the open-files limit: a
+collector's copy of hundreds of ranks under `ulimit -n 1024`), the logs beyond it are
+closed after each read and opened again for the next (RankLog.park).
 """
 
 from __future__ import annotations
@@ -61,6 +64,18 @@ class RankFeed:
         return out
 
 
+def open_logs_budget() -> int:
+    """Logs a follower keeps open between polls: a quarter of the soft open-files limit
+    (the rest for the process's other files), at least 16."""
+    try:
+        import resource
+
+        soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    except (ImportError, OSError, ValueError):
+        return 1 << 20
+    return 1 << 20 if soft < 0 or soft == resource.RLIM_INFINITY else max(16, soft // 4)
+
+
 class RunFollower:
     """Polls every rank log of a run dir; `poll()` returns the events new or changed since,
     per incarnation."""
@@ -81,6 +96,7 @@ class RunFollower:
         self._meta_tried: dict[tuple[int, int], tuple[float, int]] = {}
         self._scanned_s = -math.inf
         self._quiet: dict[tuple[int, int], tuple[int, float]] = {}  # heartbeat, since
+        self.budget = open_logs_budget()
 
     def _discover(self) -> None:
         """Pick up rank logs that appeared. Listing the folder costs O(logs) per poll, so
@@ -117,6 +133,8 @@ class RunFollower:
                 self.unreadable[key] = str(exc)  # maybe still being created: retry later
                 continue
             self.unreadable.pop(key, None)
+            if len(self.feeds) + len(found) >= self.budget:
+                log.park()
             found.append((log.created_wall_ns, key[1], key[0], log))
         # in the order they were made: that numbers the incarnations (runlog.incarnations)
         for _, number, rank, log in sorted(found, key=lambda t: t[:3]):
@@ -124,6 +142,8 @@ class RunFollower:
             if self.backlog is not None:
                 feed.next_index = max(0, log.header().head - self.backlog)
             self.feeds[(rank, number)] = feed
+            if len(self.feeds) > self.budget:
+                log.park()
             self.newest = max(self.newest, feed.incarnation)
             self._load_meta((rank, number))
 
@@ -153,7 +173,7 @@ class RunFollower:
         (metadata still missing is looked for once more, whenever it was last tried)."""
         self._discover()
         out: dict[int, list[Event]] = {}
-        for key, feed in list(self.feeds.items()):
+        for i, (key, feed) in enumerate(list(self.feeds.items())):
             if not self.meta.get(key):
                 self._load_meta(key, now_too=final)
             try:
@@ -177,6 +197,8 @@ class RunFollower:
             while len(feed.pending) > MAX_PENDING:
                 del feed.pending[next(iter(feed.pending))]
             events.extend(new)
+            if i >= self.budget:  # past what it may hold open: opened again next poll
+                feed.log.park()
             if events:
                 out.setdefault(feed.incarnation, []).extend(events)
             elif not final and self._finished(key, feed):

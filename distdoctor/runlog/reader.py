@@ -104,6 +104,7 @@ class RankLog:
             self._fd = os.open(self.path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
         except OSError as exc:
             raise UserError(f"cannot read event log {self.path}: {exc.strerror}") from None
+        self._parked = False
         try:
             self._check_layout()
         except BaseException:
@@ -116,7 +117,8 @@ class RankLog:
         self._tensors: dict[int, tuple] = {}
 
     def _check_layout(self) -> None:
-        size = os.fstat(self._fd).st_size
+        st = os.fstat(self._fd)
+        self._identity, size = (st.st_dev, st.st_ino), st.st_size
         if size < F.HEADER_SIZE:
             raise UserError(f"event log {self.path} is truncated ({size} bytes)")
         head = self._read(0, F.HEADER_SIZE)
@@ -138,7 +140,28 @@ class RankLog:
         self.created_wall_ns = F.I64.unpack_from(head, F.OFF_CREATED_WALL)[0]
         self.launch = _launch_of(head)
 
+    def park(self) -> None:
+        """Close the file until the next read, which opens it again (the same file, or a
+        ShrunkLog): a follower of more logs than it may hold open (follow.py)."""
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd, self._parked = -1, True
+
+    def _unpark(self) -> None:
+        try:
+            fd = os.open(self.path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+        except OSError as exc:
+            raise UserError(f"cannot read event log {self.path}: {exc.strerror}") from None
+        st = os.fstat(fd)
+        if (st.st_dev, st.st_ino) != self._identity:
+            os.close(fd)
+            raise ShrunkLog(f"event log {self.path} was replaced under its reader (something "
+                            f"other than distdoctor rewrote it); no longer read")
+        self._fd, self._parked = fd, False
+
     def _read(self, offset: int, n: int) -> bytes:
+        if self._parked:
+            self._unpark()
         try:
             data = os.pread(self._fd, n, offset)
         except OSError as exc:
@@ -149,7 +172,7 @@ class RankLog:
         return data
 
     def close(self) -> None:
-        fd, self._fd = self._fd, -1
+        fd, self._fd, self._parked = self._fd, -1, False
         if fd >= 0:
             os.close(fd)
 
