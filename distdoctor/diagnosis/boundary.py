@@ -15,12 +15,14 @@ what `--on-hang kill` waits for.
 from __future__ import annotations
 
 import os
+import sys
 import traceback
 from collections.abc import Callable
 
 from distdoctor.findings import Finding
 
-_PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # .../distdoctor
+_HERE = os.path.abspath(__file__)
+_PACKAGE = os.path.dirname(os.path.dirname(_HERE))  # .../distdoctor
 MESSAGE_CHARS = 300
 
 # the module a failure was raised in -> the detector it belongs to (per-event feeds, where
@@ -36,13 +38,27 @@ MODULE_DETECTOR = {
 
 
 def where_raised(exc: BaseException) -> str | None:
-    """'diagnosis/straggler.py:129': the innermost frame of the traceback in distdoctor."""
+    """'diagnosis/straggler.py:129': the innermost frame of the traceback in distdoctor
+    (the boundary's own frames left out: they only passed the call on)."""
     site = None
     for frame, line in traceback.walk_tb(exc.__traceback__):
         path = os.path.abspath(frame.f_code.co_filename)
-        if path.startswith(_PACKAGE + os.sep):
+        if path.startswith(_PACKAGE + os.sep) and path != _HERE:
             site = f"{os.path.relpath(path, _PACKAGE)}:{line}"
     return site
+
+
+def _caller_site() -> str | None:
+    """The innermost distdoctor line outside the boundary on the current stack: where the
+    detector was called from, when nothing of distdoctor's is in the traceback itself
+    (the detector's code raised straight away, e.g. a function put in its place)."""
+    frame = sys._getframe(1)
+    while frame is not None:
+        path = os.path.abspath(frame.f_code.co_filename)
+        if path.startswith(_PACKAGE + os.sep) and path != _HERE:
+            return f"{os.path.relpath(path, _PACKAGE)}:{frame.f_lineno}"
+        frame = frame.f_back
+    return None
 
 
 def detector_of(exc: BaseException, default: str) -> str:
@@ -105,7 +121,7 @@ class Boundary:
         if not keep_on:
             self.off.add(detector)
         if detector not in self._first:
-            self._first[detector] = (exc, where_raised(exc))
+            self._first[detector] = (exc, where_raised(exc) or _caller_site())
         elif n & (n - 1):  # not a power of two: counted only
             return
         first, site = self._first[detector]

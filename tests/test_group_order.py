@@ -1,0 +1,110 @@
+"""Units of the group-order cause, the detectors' boundary and what a mismatch makes the
+job print: one group name that stands for two member lists (groups created in a
+rank-dependent order) is never one rendezvous; a detector that raises is one internal
+finding and the engine goes on; a CPU allocation that fails inside the mismatched op is
+the mismatch's consequence."""
+
+from __future__ import annotations
+
+from distdoctor.diagnosis.engine import Engine
+from distdoctor.diagnosis.group_order import GroupNames
+from distdoctor.findings import Finding
+from distdoctor.runlog.reader import Event
+
+S = 1_000_000_000
+
+
+def _op(rank, seq, ranks, group="1", t=0.0, done=True, numel=8, index=None, line=34):
+    return Event(rank=rank, index=seq if index is None else index, kind="collective",
+                 op="all_reduce", status="ok" if done else "in_flight", group=group,
+                 group_desc="", group_ranks=tuple(ranks), seq=seq, peer=None,
+                 shapes=((numel,),), dtypes=("float32",), device="cpu", numel_in=numel,
+                 numel_out=numel, reduce_op="sum",
+                 callsite={"file": "/job/job.py", "line": line, "function": "<module>"},
+                 t_enter_ns=int(t * S), t_end_ns=int((t + 0.001) * S) if done else None,
+                 span_index=0, name=None, error=None, is_async=False, other_thread=False)
+
+
+def test_one_name_for_two_member_lists_is_never_one_rendezvous():
+    """Ranks 1 and 2 each finished "group 1" #0 (one with members [0, 1], the other
+    [2, 3]) while rank 3, a member of [2, 3], is still in it: the old key took the two
+    finished arrivals for a complete rendezvous and the straggler judge subtracted from
+    rank 3's missing end."""
+    engine = Engine(hang_timeout_s=5.0)
+    engine.ingest([_op(2, 0, (2, 3)), _op(1, 0, (0, 1)), _op(3, 0, (2, 3), done=False)], 0.0)
+    engine.tick(1.0)
+    assert not [f for f in engine.findings() if f.kind == "internal"]
+    open_ones = {rv.members: sorted(rv.arrivals) for rv in engine.open.values()}
+    assert open_ones == {(0, 1): [1], (2, 3): [2, 3]}
+    cause = [f for f in engine.findings() if f.details.get("reason") == "group_creation_order"]
+    assert len(cause) == 1 and cause[0].kind == "mismatch" and cause[0].severity == "error"
+    assert cause[0].ranks == [] and cause[0].details["tie"]
+    assert "group 1 is [0, 1] on rank 1; [2, 3] on ranks 2, 3" in cause[0].summary
+
+
+def test_the_rank_that_calls_a_group_by_another_name_is_the_odd_one():
+    """8 ranks; rank 7 alone creates [4..7] before [0..3]: its "1" is [4..7], which
+    ranks 4, 5, 6 call "2"."""
+    names = GroupNames()
+    for r in range(4):
+        names.variant("1", (0, 1, 2, 3), r, None)
+    for r in (4, 5, 6):
+        names.variant("2", (4, 5, 6, 7), r, None)
+    names.variant("1", (4, 5, 6, 7), 7, None)
+    assert names.conflicts() == ["1"]
+    assert names.odd_ranks() == [7]
+
+
+def test_one_name_one_member_list_is_no_finding():
+    engine = Engine(hang_timeout_s=5.0)
+    for seq in range(3):
+        engine.ingest([_op(r, seq, (0, 1), t=seq) for r in (0, 1)], 0.0)
+    engine.tick(1.0)
+    assert engine.findings() == [] and not engine.open
+
+
+def test_a_detector_that_raises_is_one_internal_finding_and_the_others_go_on():
+    engine = Engine(hang_timeout_s=1.0)
+    engine.same_clock.update({0, 1})  # the ranks' clock is the engine's: waits are known
+
+    def broken(*args, **kwargs):
+        raise ZeroDivisionError("broken by the test")
+
+    engine.straggler.observe = broken  # per completed collective
+    engine.thread_use.findings = broken  # per pass
+    engine.ingest([_op(r, 0, (0, 1), group="0") for r in (0, 1)], 0.0)
+    engine.ingest([_op(0, 1, (0, 1), group="0", t=1.0, done=False)], 0.0)
+    for now in (1.0, 5.0, 6.0):
+        engine.tick(now)
+    found = engine.findings()
+    internal = {f.details["detector"]: f for f in found if f.kind == "internal"}
+    assert set(internal) == {"straggler", "threads"}
+    for f in internal.values():
+        assert f.severity == "warning" and f.ranks == []
+        assert f.details["exception"] == "ZeroDivisionError"
+        assert f.details["site"].startswith("diagnosis/engine")
+    assert internal["threads"].details["failures"] == 1  # switched off after the first
+    hang = [f for f in found if f.kind == "hang"]
+    assert hang and hang[0].ranks == [1]  # rank 1 never joined #1: the hang still said
+
+
+def test_a_cpu_allocation_that_fails_inside_the_mismatched_op_is_its_consequence():
+    """Rank 0 all_gathers 8 elements, rank 1 16 at #1; rank 0's allocator then fails on
+    the size it received: not host memory, the mismatch."""
+    engine = Engine(hang_timeout_s=60.0)
+    engine.ingest([_op(r, 0, (0, 1), group="0") for r in (0, 1)], 0.0)
+    engine.ingest([_op(0, 1, (0, 1), group="0", t=1.0, done=False, numel=8),
+                   _op(1, 1, (0, 1), group="0", t=1.0, done=False, numel=16)], 0.0)
+    alloc = Finding("crash", "error", "host memory exhausted (CPU allocation failed) on rank 0",
+                    [0], details={"source": "log", "family": "oom", "rule": "host_alloc_failed",
+                                  "signature": "log/oom/host_alloc_failed",
+                                  "requested": 93824992236544})
+    engine.tick(1.0)
+    engine.add_finding(alloc)
+    engine.tick(3.0)
+    found = engine.findings()
+    assert [f.kind for f in found if f.severity == "error"] == ["mismatch"]
+    said = [f for f in found if f.details.get("rule") == "host_alloc_failed"]
+    assert len(said) == 1 and said[0].severity == "warning"
+    assert said[0].details["consequence_of_mismatch"]
+    assert "not host memory exhausted" in said[0].summary
