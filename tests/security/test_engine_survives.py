@@ -11,7 +11,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import tarfile
 import time
 from pathlib import Path
 
@@ -137,7 +136,7 @@ def test_a_broken_detector_is_said_and_on_hang_kill_still_stops_the_hung_job(tmp
     code, err, took = _run_broken(
         ["run", "--nproc", "2", "--run-dir", str(run_dir), "--grace", "2", "--on-hang",
          "kill", "--", str(JOBS / "waits" / "hangs.py"), "sleep"], run_dir, timeout=60)
-    assert code != 0, err
+    assert code != 0 and took < 60, err
     assert "stopping the job (--on-hang kill)" in err, err
     assert "Traceback" not in err and "live diagnosis stopped" not in err, err
     findings = json.loads((run_dir / "findings.json").read_text())["findings"]
