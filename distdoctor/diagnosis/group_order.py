@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import ast
 import os
+from functools import lru_cache
 
 from distdoctor.diagnosis import source as S
 from distdoctor.diagnosis.conditions import kind_of
@@ -93,8 +94,14 @@ class GroupNames:
 def creation_lines(paths) -> tuple[list[dict], str | None]:
     """The calls that create process groups in the user's files, and the rank condition
     whose arms hold them where one does ("`if rank < 2:` (job.py:24)")."""
+    lines, split = _creation_lines(tuple(sorted({p for p in paths if p})))
+    return [dict(entry) for entry in lines], split
+
+
+@lru_cache(maxsize=16)  # asked on every pass while the job runs
+def _creation_lines(paths: tuple[str, ...]) -> tuple[list[dict], str | None]:
     lines, split = [], None
-    for path in sorted({p for p in paths if p}):
+    for path in paths:
         src = S.read(path)
         if src is None:
             continue
