@@ -3,7 +3,7 @@ it is in use, who owns each rank, and the nodes' probe samples.
 
 - `Copy`: one (rank, log)'s copy file. Its writer (2 descriptors: the file and the map's
   own) and its reader (1) are opened on demand and closed when `OpenCopies` needs the
-  room; reopened, the writer writes on into the same file (RingWriter.open_copy), so a
+  room; reopened, the writer writes on into the same file (runlog/ring_copy.py), so a
   reader of the copy keeps its place.
 - `OpenCopies`: the open copies, least recently used first; past the budget
   (limits.copy_fd_budget) the oldest are closed. A copy in use on another thread (its
@@ -67,11 +67,11 @@ class OpenCopies:
     @contextmanager
     def writing(self, copy: Copy):
         """The copy's writer, open (reopened if it was let go), while the block runs."""
-        from distdoctor.runlog.ring import RingWriter
+        from distdoctor.runlog.ring_copy import open_copy
 
         with copy.lock:
             if copy.writer is None:
-                copy.writer = RingWriter.open_copy(str(copy.path))
+                copy.writer = open_copy(str(copy.path))
                 if copy.ready is not None:  # the same file: what was reserved still is
                     copy.writer._strings_ready, copy.writer._ring_ready = copy.ready
                 self.reopened += 1

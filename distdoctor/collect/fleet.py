@@ -28,15 +28,8 @@ import time
 from collections import deque
 from dataclasses import replace
 
-from distdoctor.collect import bounded
-from distdoctor.collect.digest import (
-    MAX_NAME,
-    MAX_WAITS,
-    check_arrivals,
-    groups_of,
-    row_event,
-    waits_of,
-)
+from distdoctor.collect import bounded, digest
+from distdoctor.collect.digest import MAX_NAME, MAX_WAITS, row_event, waits_of
 from distdoctor.collect.lateness import WINDOW_S, FleetLateness
 from distdoctor.collect.limits import MAX_ISSUED_GROUPS, MAX_RANKS
 from distdoctor.collect.position import RankPosition, finished_callsites, is_row
@@ -57,6 +50,8 @@ MAX_SIGS_PER_NODE = 1 << 17
 MAX_SIGNATURES = 1 << 17  # distinct signatures over all nodes (shapes that keep changing)
 MAX_GROUPS = 1 << 17  # group names over all nodes
 MAX_GROUP_MEMBERS = 1 << 23  # their members, summed: ~300 MiB at most
+
+
 class _Open:
     """One collective as the nodes reported it: signature -> the ranks that entered."""
 
@@ -107,10 +102,9 @@ class FleetEngine:
     # --- input -------------------------------------------------------------------------
     def apply(self, payload: dict, now_s: float | None = None,
               members_of: dict[int, str] | None = None) -> None:
-        """One node's digest (a DIGEST frame's JSON); WireError when it is malformed or
-        past a bound (limits.py), and then nothing of it is kept. `members_of`: rank ->
-        the host that owns it (the collector's), whose arrivals a node may report: its
-        own ranks'."""
+        """One node's digest (a DIGEST frame's JSON); WireError when it is malformed or past
+        a bound (limits.py), and then nothing of it is kept. `members_of`: rank -> its
+        owner's host (a node reports its own ranks' arrivals only)."""
         now_s = time.monotonic() if now_s is None else now_s
         host = payload.get("host")
         groups, sigs = payload.get("groups"), payload.get("sigs")
@@ -119,10 +113,10 @@ class FleetEngine:
         if not (isinstance(host, str) and isinstance(groups, dict) and isinstance(sigs, dict)
                 and isinstance(ranks, list) and isinstance(arrivals, list)):
             raise WireError("DIGEST frame lacks host, groups, sigs, ranks or arrivals")
-        if len(sigs) > MAX_SIGS_PER_NODE or len(waits) > MAX_WAITS:
-            raise WireError("DIGEST frame of more signatures or waits than a node makes")
-        new_groups = groups_of(groups)
-        check_arrivals(arrivals, host, members_of)
+        if len(sigs) > MAX_SIGS_PER_NODE or len(waits) > MAX_WAITS:  # (than a node makes)
+            raise WireError("DIGEST frame of too many signatures or waits")
+        new_groups = digest.groups_of(groups)
+        digest.check_arrivals(arrivals, host, members_of)
         with self.lock:
             self._take_groups(new_groups)
             new_sigs = {(host, int(n)): row_event(-1, row, self.groups)
@@ -157,8 +151,7 @@ class FleetEngine:
                     raise WireError("DIGEST frame has a malformed arrival") from None
                 if number is None or not 0 < count <= MAX_RUN:
                     continue  # a signature this collector no longer holds
-                for k in range(count):
-                    self._arrive(group, seq + k, number, rs, now_s)
+                self._arrive_run(group, seq, count, number, rs, now_s)
             self.lateness.add(host, waits, self.sizes, now_s, self.groups,
                               finished_callsites(positions.values()) if waits else None)
             self._count_steps(positions.values(), now_s)
@@ -166,12 +159,11 @@ class FleetEngine:
             self.digests += 1
 
     def _take_groups(self, new_groups: dict) -> None:
-        """A digest's groups, within MAX_GROUPS names and MAX_GROUP_MEMBERS members in all
-        (WireError past them; the caller holds the lock, and nothing is taken then)."""
-        added = [g for g in new_groups if g not in self.groups]
-        members = self._members + sum(len(m) for _, m in new_groups.values()) - sum(
-            self.sizes.get(g, 0) for g in new_groups)
-        if len(self.groups) + len(added) > MAX_GROUPS or members > MAX_GROUP_MEMBERS:
+        """A digest's groups, within MAX_GROUPS and MAX_GROUP_MEMBERS (else WireError)."""
+        added = sum(g not in self.groups for g in new_groups)
+        members = self._members + sum(len(m) - self.sizes.get(g, 0)
+                                      for g, (_, m) in new_groups.items())
+        if len(self.groups) + added > MAX_GROUPS or members > MAX_GROUP_MEMBERS:
             raise WireError(f"the collector holds {MAX_GROUPS:,} groups or "
                             f"{MAX_GROUP_MEMBERS:,} group members already")
         self._members = members
@@ -232,6 +224,22 @@ class FleetEngine:
         self.sig_events = {n: ev for n, ev in self.sig_events.items() if n in used}
         self.signatures = {sig: n for sig, n in self.signatures.items() if n in used}
         self.node_sigs = {k: n for k, n in self.node_sigs.items() if n in used}
+
+    def _arrive_run(self, group: str, seq: int, count: int, sig: int, ranks: list[int],
+                    now_s: float) -> None:
+        """`count` collectives of `group` from `seq` on, entered by `ranks`. A run of the
+        whole group is complete and agrees: only collectives already open are gone through."""
+        size = self.sizes.get(group, 0)
+        if size and len(ranks) >= size and len(set(ranks)) >= size:
+            self.arrivals += count
+            opened = self.open
+            for k in range(count):
+                if (group, seq + k) in opened:
+                    self.arrivals -= 1
+                    self._arrive(group, seq + k, sig, ranks, now_s)
+            return
+        for k in range(count):
+            self._arrive(group, seq + k, sig, ranks, now_s)
 
     def _arrive(self, group: str, seq: int, sig: int, ranks: list[int], now_s: float):
         self.arrivals += 1
@@ -382,18 +390,7 @@ class FleetEngine:
             return {r: p.host for r, p in self.positions.items()}
 
     def lost_positions(self, now_s: float | None = None) -> dict:
-        """Every rank's newest op and how long it has waited in it (lost.py's Position):
-        a silent node's as last reported, the others' now."""
-        from distdoctor.collect.lost import Position
+        """Every rank's newest op and how long it has waited in it (lost.py)."""
+        from distdoctor.collect.lost import digest_positions
 
-        now_s = time.monotonic() if now_s is None else now_s
-        out = {}
-        with self.lock:
-            for r, p in self.positions.items():
-                latest = p.ops()[0]
-                now_ns = self._now_ns(p, now_s)
-                waited = 0.0
-                if latest is not None and latest.t_end_ns is None and now_ns is not None:
-                    waited = max(0.0, (now_ns - latest.t_enter_ns) / 1e9)
-                out[r] = Position(r, p.host, latest, waited)
-        return out
+        return digest_positions(self, time.monotonic() if now_s is None else now_s)

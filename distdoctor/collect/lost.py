@@ -144,3 +144,18 @@ def copy_positions(run_dir, logs: dict[int, tuple[int, str]]) -> dict[int, Posit
             waited = max(0.0, (hb - newest.t_enter_ns) / 1e9)
         out[rank] = Position(rank, host, newest, waited)
     return out
+
+
+def digest_positions(fleet, now_s: float) -> dict[int, Position]:
+    """Positions from the nodes' digests (fleet.FleetEngine): every rank's newest op and
+    how long it has waited in it, a silent node's as last reported, the others' now."""
+    out = {}
+    with fleet.lock:
+        for r, p in fleet.positions.items():
+            latest = p.ops()[0]
+            now_ns = fleet._now_ns(p, now_s)
+            waited = 0.0
+            if latest is not None and latest.t_end_ns is None and now_ns is not None:
+                waited = max(0.0, (now_ns - latest.t_enter_ns) / 1e9)
+            out[r] = Position(r, p.host, latest, waited)
+    return out

@@ -37,6 +37,7 @@ from distdoctor.collect.limits import (
 from distdoctor.collect.node_mirror import HOST_NAME, NodeMirror  # noqa: F401 (server's)
 from distdoctor.runlog import format as F
 from distdoctor.runlog.ring import RingWriter
+from distdoctor.runlog.ring_copy import open_copy
 from distdoctor.runlog.rundir import ring_path, write_json_atomic
 
 EARLIER = "(before the collector started again)"  # findings.json's, at the start
@@ -190,7 +191,7 @@ class Mirror:
 def _reopen(path: Path, layout: tuple) -> RingWriter | None:
     """The copy a collector before us made at `path`, when it has this layout."""
     try:
-        writer = RingWriter.open_copy(str(path))
+        writer = open_copy(str(path))
     except OSError:
         return None
     pid = F.HEADER_STATIC.unpack_from(writer._mm, 0)[-1]

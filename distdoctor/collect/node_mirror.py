@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import re
 import time
-from typing import TYPE_CHECKING
 
 from distdoctor.collect import wire
 from distdoctor.collect.copies import Copy, append_samples
@@ -27,9 +26,6 @@ from distdoctor.runlog import format as F
 from distdoctor.runlog.ring import RingWriter
 from distdoctor.runlog.rundir import rank_meta_path, write_json_atomic
 
-if TYPE_CHECKING:
-    from distdoctor.collect.mirror import Mirror
-
 _SLOT_KIND = 8  # a slot's kind byte, after its event number
 HOST_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,252}\Z")
 
@@ -37,7 +33,8 @@ HOST_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,252}\Z")
 class NodeMirror:
     """One node's connection: applies its frames to the copy."""
 
-    def __init__(self, mirror: Mirror, hello: dict):
+    def __init__(self, mirror, hello: dict):
+        """`mirror`: the copy (mirror.Mirror); `hello`: the node's HELLO."""
         host = hello.get("host")
         if not isinstance(host, str) or not HOST_NAME.match(host):
             raise wire.WireError(f"HELLO names no usable host ({str(host)[:60]!r})")
