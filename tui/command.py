@@ -147,6 +147,13 @@ def _collect(args) -> int:
             err_console.print(f"distdoctor: {line}", markup=False, highlight=False,
                               soft_wrap=True)  # one line, however long
 
+    # The viewer is made (and all it imports read) before the first node comes: a flood
+    # of connections at start must find no module left to open
+    if dashboard:
+        live = _viewer(run_dir, hang_timeout, args.backlog or DEFAULT_BACKLOG)
+        from distdoctor.tui.app import WatchApp  # noqa: F401 (imported before serving)
+    else:
+        live = _viewer(run_dir, hang_timeout, args.backlog, on_finding=print_finding)
     collector = Collector(run_dir, listener, token, say=say,
                           on_finding=None if dashboard else print_finding,
                           hang_timeout_s=hang_timeout).start()
@@ -159,12 +166,12 @@ def _collect(args) -> int:
     try:
         if dashboard:
             show(run_dir, hang_timeout, args.backlog or DEFAULT_BACKLOG, args.refresh,
-                 metrics=metrics, fleet=collector.mirror.fleet)
+                 metrics=metrics, fleet=collector.mirror.fleet, live=live)
             return 0
         done = threading.Event()
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, lambda *_: done.set())
-        live = _viewer(run_dir, hang_timeout, args.backlog, on_finding=print_finding).start()
+        live.start()
         if metrics is not None:
             _serve_metrics(metrics, live, collector.mirror.fleet)
         done.wait()
@@ -176,7 +183,7 @@ def _collect(args) -> int:
         collector.stop()
         nodes = ", ".join(f"{h} ({n} connection(s))" for h, n in sorted(collector.nodes.items()))
         err_console.print(f"distdoctor: collected {printable(nodes) or 'no node'} into "
-                          f"{run_dir}", markup=False, highlight=False)
+                          f"{run_dir}", markup=False, highlight=False, soft_wrap=True)
 
 
 def _printable_finding(f):
@@ -192,15 +199,15 @@ def _printable_finding(f):
 
 
 def show(run_dir, hang_timeout_s: float | None, backlog: int = DEFAULT_BACKLOG,
-         refresh_s: float = 0.5, metrics=None, fleet=None) -> None:
+         refresh_s: float = 0.5, metrics=None, fleet=None, live=None) -> None:
     """The dashboard of `run_dir` until the user quits it (also `distdoctor demo`'s);
     `metrics`: a bound MetricsServer to serve the same view; `fleet`: the collector's
-    engine over the nodes that send digests."""
+    engine over the nodes that send digests; `live`: its viewer, made already."""
     from distdoctor.tui.app import WatchApp
 
     from distdoctor.views.snapshot import SnapshotTaker
 
-    live = _viewer(run_dir, hang_timeout_s, backlog).start()
+    live = (live or _viewer(run_dir, hang_timeout_s, backlog)).start()
     if metrics is not None:
         _serve_metrics(metrics, live, fleet)
     try:

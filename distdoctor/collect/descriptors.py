@@ -75,9 +75,10 @@ class AcceptTrouble:
         self._paused_since: float | None = None
         self._again_said_at = -WINDOW_S
 
-    def failed(self, exc: OSError, freed: bool) -> None:
+    def failed(self, exc: OSError, freed: bool, room: int | None = None) -> None:
         """An accept failed; `freed`: an unauthenticated connection was dropped to free
-        a descriptor (accepting goes on at once)."""
+        a descriptor (accepting goes on at once); `room`: not tried, this many
+        connections are open already, all that the limit leaves them."""
         code = exc.errno or 0
         now = self._clock()
         self._failing += 1
@@ -87,11 +88,14 @@ class AcceptTrouble:
             self._since[code] = self._since.get(code, 0) + 1
             return
         self._said_at[code] = now
-        self._say(self._line(exc, freed))
+        self._say(self._line(exc, freed, room))
 
-    def _line(self, exc: OSError, freed: bool) -> str:
+    def _line(self, exc: OSError, freed: bool, room: int | None) -> str:
         name = errno.errorcode.get(exc.errno or 0, "error")
         what = f"cannot accept a connection: {exc.strerror or exc} ({name})"
+        if room is not None:
+            what = (f"cannot accept a connection: {room} are open, all that the open-files "
+                    f"limit leaves connections (one more and it is {name})")
         if exc.errno not in (errno.EMFILE, errno.ENFILE):
             return f"{what}; the listener pauses a moment and goes on"
         soft, hard = open_files_limit()
@@ -100,7 +104,8 @@ class AcceptTrouble:
                  f"this collector may open {soft} (ulimit -n {soft}; hard limit {hard})")
         then = (f"the oldest unauthenticated connection (of {self._pending_cap} at most) "
                 f"was dropped to make room" if freed else
-                "the listener pauses and accepts again as soon as one is free")
+                "the listener pauses and accepts again as soon as one is free (the next "
+                "nodes wait)")
         return (f"{what}: out of file descriptors, {where}; raise the limit before starting "
                 f"the collector (ulimit -n {max(WANTED_FILES, soft * 4)}); {then}")
 

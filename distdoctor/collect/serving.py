@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import os
 import socket
 import ssl
 import time
@@ -22,7 +23,7 @@ from collections import OrderedDict
 from typing import TYPE_CHECKING
 
 from distdoctor.collect import auth, tls, wire
-from distdoctor.collect.descriptors import AcceptTrouble
+from distdoctor.collect.descriptors import AcceptTrouble, open_files_limit
 from distdoctor.collect.mirror import HOST_NAME, NodeMirror
 from distdoctor.collect.refusals import Refusals
 from distdoctor.safetext import printable
@@ -34,10 +35,14 @@ AUTH_S = 5.0  # from accept to WELCOME: the TLS handshake, HELLO and the answer
 IDLE_S = 60.0  # a node sends its logs' state 4 times a second: this much silence is loss
 MAX_PENDING = 64
 MAX_NODES = 1024
-ACCEPT_BATCH = 32  # accepts per turn of the loop: the nodes' frames are read between
+ACCEPT_BATCH = 16  # accepts per turn of the loop: the nodes' frames are read between
 SWEEP_S = 1.0
 CLOSE_GRACE_S = 1.0  # a refused peer has this long to read why, then it is cut
 THROTTLED = "too many wrong answers from this address: it waits before it may try again"
+FREED = "dropped to free a file descriptor for a new connection"
+# Descriptors never given to connections: the copy's files, the viewer's reads, /metrics
+# (the rest of the open-files limit is the connections' room, pending and nodes)
+RESERVE_FILES = 32
 WRONG = "wrong or missing token (DISTDOCTOR_TOKEN): the answer to the challenge is wrong"
 
 
@@ -126,6 +131,7 @@ class Serving:
         self.wrong = auth.WrongAnswers()
         self.refusals = Refusals(self.say)
         self.trouble = AcceptTrouble(self.say, MAX_PENDING)
+        self.room = MAX_NODES + MAX_PENDING  # (set from the open-files limit in run())
         self.loop = asyncio.new_event_loop()
         listener.setblocking(False)
 
@@ -134,6 +140,7 @@ class Serving:
         """The collector's thread: the loop, until stop()."""
         loop = self.loop
         asyncio.set_event_loop(loop)
+        self.room = connections_room()
         loop.add_reader(self.listener.fileno(), self._accept)
         loop.call_later(SWEEP_S, self._sweep)
         try:
@@ -171,6 +178,12 @@ class Serving:
     # --- accepting --------------------------------------------------------------------------
     def _accept(self) -> None:
         for _ in range(ACCEPT_BATCH):
+            if len(self.pending) + len(self.nodes) >= self.room:
+                freed = self._drop_oldest_pending(FREED, idle_only=True)
+                self.trouble.failed(OSError(errno.EMFILE, os.strerror(errno.EMFILE)),
+                                    freed, self.room)
+                if not freed:  # the room is the nodes' and the handshakes': the next
+                    return self._pause_accepting()  # waits in the kernel's backlog
             try:
                 sock, peer = self.listener.accept()
             except (BlockingIOError, InterruptedError):
@@ -182,11 +195,12 @@ class Serving:
 
     def _cannot_accept(self, exc: OSError) -> None:
         out_of_files = exc.errno in (errno.EMFILE, errno.ENFILE)
-        freed = out_of_files and self._drop_oldest_pending("dropped to free a file "
-                                                           "descriptor for a new connection")
+        freed = out_of_files and self._drop_oldest_pending(FREED, idle_only=True)
         self.trouble.failed(exc, freed)
-        if freed:  # its descriptor is closed before the loop's next turn: accepted then
-            return
+        if not freed:  # (a freed descriptor is closed before the loop's next turn)
+            self._pause_accepting()
+
+    def _pause_accepting(self) -> None:
         fd = self.listener.fileno()
         self.loop.remove_reader(fd)
         self.loop.call_later(self.trouble.retry_s(), self._resume_accepting, fd)
@@ -198,6 +212,10 @@ class Serving:
     def _admit(self, sock: socket.socket, peer) -> None:
         sock.setblocking(False)
         link = Link(self, sock, peer)
+        try:  # a node sends HELLO (or its TLS hello) as it connects: often here already
+            link.spoke = bool(sock.recv(1, socket.MSG_PEEK))
+        except OSError:
+            pass
         while len(self.pending) >= MAX_PENDING:
             self._drop_oldest_pending(f"{MAX_PENDING} connections were waiting to "
                                       f"authenticate: the oldest idle one went")
@@ -220,14 +238,16 @@ class Serving:
                 self.refusals.refused(link.address, link.port, tls.failure(exc))
             self.gone(link, exc)
 
-    def _drop_oldest_pending(self, why: str) -> bool:
+    def _drop_oldest_pending(self, why: str, idle_only: bool = False) -> bool:
         """The oldest pending connection that is refused already or said nothing yet,
-        else the oldest: a node in the middle of its handshake goes last."""
-        if not self.pending:
-            return False
+        else (unless `idle_only`) the oldest: a node in its handshake goes last."""
         link = next((p for p in self.pending if p.state == "closed"), None)
         if link is None:
-            link = next((p for p in self.pending if not p.spoke), next(iter(self.pending)))
+            link = next((p for p in self.pending if not p.spoke), None)
+            if link is None and self.pending and not idle_only:
+                link = next(iter(self.pending))
+            if link is None:
+                return False
             self.refusals.refused(link.address, None, why)
             link.state = "closed"
         link.quiet = True
@@ -396,3 +416,15 @@ class Serving:
 def _bracket(address: str) -> str:
     return f"[{address}]" if ":" in address else address
 
+
+def connections_room() -> int:
+    """How many connections (pending and nodes) fit in the open-files limit beside what
+    is open now and RESERVE_FILES."""
+    soft, _ = open_files_limit()
+    if soft < 0:
+        return MAX_NODES + MAX_PENDING
+    try:
+        open_now = len(os.listdir("/proc/self/fd"))
+    except OSError:
+        open_now = 16
+    return max(8, min(MAX_NODES + MAX_PENDING, soft - open_now - RESERVE_FILES))
