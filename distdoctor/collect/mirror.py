@@ -11,8 +11,10 @@ belongs to the host that sent it first: another host's frames for it are refused
 Bounds (limits.py states them, and the memory they make): per node at most
 MAX_RANKS_PER_NODE ranks and MAX_COPIES_PER_NODE log copies, ~40 MiB for a hostile node
 (~100 KB for an 8-rank one); in all MAX_RANKS ranks, ~1 GiB at 100,000 ranks. Open files:
-the copies keep at most limits.copy_fd_budget() descriptors (copies.OpenCopies), so they
-grow with nodes (their connections), not ranks.
+the copies keep at most limits.copy_fd_budget() descriptors (copies.OpenCopies: the least
+recently written is closed and reopened into the same file on its next frame), so the
+collector's descriptors are its connections plus a fixed budget, whatever the ranks.
+Measured: 100,000 ranks by digest (1,000 simulated nodes) held 264 MiB.
 
 Started again on its own copy (`watch --listen --run-dir` of a collector's copy), the
 Mirror writes on into the copies there (a reader keeps its place), and keeps the exit
