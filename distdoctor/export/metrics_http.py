@@ -6,24 +6,122 @@ scraper then sends as `Authorization: Bearer TOKEN` (Prometheus: `authorization:
 https only (and with DISTDOCTOR_TLS_CA, only to scrapers with a client certificate signed
 by that CA: collect/tls.py); each handshake is done on its request's thread. A scrape runs on the server's own thread, at
 low priority: the live engine's lock is held only while numbers are copied out.
+
+Scrapers must never starve the process they watch (`run`'s probes, the ranks' logs) of
+file descriptors: connections are capped (MAX_SCRAPERS, fewer under a low `ulimit -n`;
+past the cap the oldest connection that has not sent its request goes, so a real scrape
+still gets in beside hundreds of idle sockets), a request not whole within REQUEST_S
+(TLS handshake, request line, headers) is dropped (slowloris), and an accept that fails
+for want of descriptors is said once and paused on, never spun on. The soft open-files
+limit is not raised here: the job `run` starts would inherit it.
 """
 
 from __future__ import annotations
 
+import errno
 import hmac
 import socket
 import ssl
+import sys
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from distdoctor.errors import UserError
 from distdoctor.export.metrics import gather, job_label, render
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+MAX_SCRAPERS = 32  # connections at once (Prometheus keeps one per target; more is a flood)
+REQUEST_S = 5.0  # from accept to the whole request; a scrape sends it at once
+OUT_OF_FILES_PAUSE_S = 0.25  # accept() failed for want of descriptors: wait, do not spin
+
+
+def scraper_cap() -> int:
+    """MAX_SCRAPERS, or a sixteenth of the soft open-files limit where that is less."""
+    try:
+        import resource
+
+        soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    except (ImportError, OSError, ValueError):
+        return MAX_SCRAPERS
+    if soft == getattr(resource, "RLIM_INFINITY", -1) or soft <= 0:
+        return MAX_SCRAPERS
+    return max(4, min(MAX_SCRAPERS, soft // 16))
+
+
+def _limit_words() -> str:
+    try:
+        import resource
+
+        return f"ulimit -n {resource.getrlimit(resource.RLIMIT_NOFILE)[0]}"
+    except (ImportError, OSError, ValueError):
+        return "the open-files limit"
+
+
+class _Connections:
+    """The open connections, oldest first, each with its accept time and whether it has
+    sent its whole request. Touched by the serving thread and the request threads."""
+
+    def __init__(self, cap: int):
+        self.cap = cap
+        self._lock = threading.Lock()
+        self._open: dict[socket.socket, list] = {}  # insertion order: oldest first
+
+    def admit(self, conn: socket.socket) -> bool:
+        """Room for `conn`, made by dropping the oldest idle one if need be."""
+        with self._lock:
+            if len(self._open) >= self.cap and not self._drop_oldest_idle():
+                return False  # every slot is answering a scrape: this one waits no turn
+            self._open[conn] = [time.monotonic(), False]
+            return True
+
+    def answering(self, conn: socket.socket) -> None:
+        with self._lock:
+            if conn in self._open:
+                self._open[conn][1] = True
+
+    def closed(self, conn: socket.socket) -> None:
+        with self._lock:
+            self._open.pop(conn, None)
+
+    def drop_overdue(self) -> None:
+        deadline = time.monotonic() - REQUEST_S
+        with self._lock:
+            late = [c for c, (t, busy) in self._open.items() if not busy and t < deadline]
+            for conn in late:
+                self._drop(conn)
+
+    def drop_oldest_idle(self) -> bool:
+        with self._lock:
+            return self._drop_oldest_idle()
+
+    def drop_all(self) -> None:
+        with self._lock:
+            for conn in list(self._open):
+                self._drop(conn)
+
+    def _drop_oldest_idle(self) -> bool:
+        for conn, (_, busy) in self._open.items():
+            if not busy:
+                self._drop(conn)
+                return True
+        return False
+
+    def _drop(self, conn: socket.socket) -> None:
+        """End `conn` under its thread's feet: its read returns nothing and it closes. The
+        plain socket's shutdown, even under TLS: the SSL object stays its thread's."""
+        self._open.pop(conn, None)
+        try:
+            socket.socket.shutdown(conn, socket.SHUT_RDWR)
+        except OSError:
+            pass
 
 
 class _Handler(BaseHTTPRequestHandler):
+    timeout = REQUEST_S  # each read and write; the whole request is bounded by _Connections
+
     def do_GET(self):  # noqa: N802 (http.server's name)
+        self.server.conns.answering(self.connection)
         self.server.owner.answer(self)
 
     def log_message(self, *args):  # a scrape every few seconds must not fill stderr
@@ -32,13 +130,48 @@ class _Handler(BaseHTTPRequestHandler):
 
 class _HTTPServer(ThreadingHTTPServer):
     daemon_threads = True
+    request_queue_size = 128  # a burst of connects waits in the kernel, not in our files
     tls: ssl.SSLContext | None = None
+    conns: _Connections
+    _said_out_of_files = False
 
     def get_request(self):
-        conn, peer = super().get_request()
+        try:
+            conn, peer = super().get_request()
+        except OSError as exc:
+            if exc.errno in (errno.EMFILE, errno.ENFILE):
+                self._out_of_files()
+            raise  # socketserver drops this accept and goes on
         if self.tls is not None:  # no handshake here: a slow peer must not hold the rest
             conn = self.tls.wrap_socket(conn, server_side=True, do_handshake_on_connect=False)
         return conn, peer
+
+    def _out_of_files(self) -> None:
+        """The process is out of descriptors (the job's, not only ours): an idle scraper's
+        goes, the line is said once, and the listener pauses instead of spinning."""
+        self.conns.drop_oldest_idle()
+        if not self._said_out_of_files:
+            self._said_out_of_files = True
+            print(f"distdoctor: --metrics: this process is out of file descriptors "
+                  f"({_limit_words()}); scrapes are refused while it lasts: raise it "
+                  f"(ulimit -n) before starting distdoctor", file=sys.stderr)
+        time.sleep(OUT_OF_FILES_PAUSE_S)
+
+    def process_request(self, request, client_address):
+        if not self.conns.admit(request):
+            self.shutdown_request(request)
+            return
+        super().process_request(request, client_address)
+
+    def shutdown_request(self, request):
+        self.conns.closed(request)
+        super().shutdown_request(request)
+
+    def service_actions(self):  # every turn of serve_forever (at most poll_interval apart)
+        self.conns.drop_overdue()
+
+    def handle_error(self, request, client_address):
+        pass  # a peer that hung up or sent garbage: nothing to print, no traceback
 
     def finish_request(self, request, client_address):
         if isinstance(request, ssl.SSLSocket):
@@ -72,6 +205,7 @@ class MetricsServer:
                             f"{exc.strerror or exc}") from None
         self.httpd.owner = self
         self.httpd.tls = tls
+        self.httpd.conns = _Connections(scraper_cap())
         self.address = self.httpd.server_address[:2]
         self._thread = threading.Thread(target=self._serve, name="distdoctor-metrics",
                                         daemon=True)
@@ -97,6 +231,7 @@ class MetricsServer:
     def stop(self) -> None:
         if self._thread.is_alive():
             self.httpd.shutdown()
+        self.httpd.conns.drop_all()  # server_close waits for the request threads
         self.httpd.server_close()
 
     def answer(self, req: BaseHTTPRequestHandler) -> None:
