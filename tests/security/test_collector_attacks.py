@@ -110,6 +110,16 @@ def real_node_gets_in(address, tmp_path, token: str | None = None, host: str | N
             fwd._sock.close()
 
 
+def closed_ones(socks: list[socket.socket]) -> list[socket.socket]:
+    """The idle sockets the collector has closed (readable: EOF or a reset); poll, not
+    select: a flood's descriptors go past select's 1,024."""
+    poller = select.poll()
+    by_fd = {s.fileno(): s for s in socks}
+    for fd in by_fd:
+        poller.register(fd, select.POLLIN)
+    return [by_fd[fd] for fd, _ in poller.poll(0)]
+
+
 class IdleFlood:
     """`n` connections that never say a word, reopened as the collector closes them (a
     flood that keeps up its pressure), in a thread, at most `budget` opened in all."""
@@ -136,8 +146,7 @@ class IdleFlood:
 
     def _keep_up(self) -> None:
         while not self._stop.wait(0.05) and self.opened < self.budget:
-            readable, _, _ = select.select(self.socks, [], [], 0) if self.socks else ([], 0, 0)
-            for s in readable:  # closed by the collector (EOF or reset): opened again
+            for s in closed_ones(self.socks):  # closed by the collector: opened again
                 self.socks.remove(s)
                 s.close()
             while len(self.socks) < self.n and self.opened < self.budget:
