@@ -67,8 +67,9 @@ def listen(address: tuple[str, int], settings: tls.TLSSettings | None = None,
                         f"{exc.strerror or exc}") from None
     if ctx is None:
         if not is_loopback(address[0]):
-            print(f"distdoctor: {what}: no TLS on {address[0]}: the token and the nodes' "
-                  f"data travel in clear (set {tls.CERT} and {tls.KEY})", file=sys.stderr)
+            print(f"distdoctor: {what}: no TLS on {address[0]}: the nodes' data travel in "
+                  f"clear, readable and changeable on the way (the token does not: they "
+                  f"answer a challenge; set {tls.CERT} and {tls.KEY})", file=sys.stderr)
         return sock
     return ctx.wrap_socket(sock, server_side=True, do_handshake_on_connect=False)
 
