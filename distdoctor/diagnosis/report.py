@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from rich.markup import escape
 from rich.text import Text
 
 from distdoctor.findings import SEVERITY_ORDER, Finding, framework_text
+from distdoctor.safetext import for_rich as escape  # a rank's or a log's words: text only
+from distdoctor.safetext import printable
 
 STYLE = {"error": "bold red", "warning": "bold yellow", "info": "bold cyan"}
 STACK_LINES = 25  # per rank in the full report; the JSON keeps them whole
@@ -66,11 +67,14 @@ def _count(part: str) -> int:
 def live_line(f: Finding) -> Text:
     """The line `distdoctor run` prints when a finding appears."""
     text = Text()
-    text.append(f"distdoctor: {f.kind.upper()} ", style=STYLE.get(f.severity, "bold"))
-    text.append(f.summary)
+    # the summary may quote what a rank or a log said: shown as text, never as control
+    text.append(f"distdoctor: {printable(f.kind.upper(), 40)} ",
+                style=STYLE.get(f.severity, "bold"))
+    text.append(printable(f.summary))
     culprit_sites = [c for c in f.callsites if c.get("rank") in f.ranks and c.get("file")]
     if culprit_sites:
-        text.append("\n    at " + "; ".join(site_text(c) for c in culprit_sites[:3]), style="dim")
+        text.append("\n    at " + "; ".join(printable(site_text(c)) for c in culprit_sites[:3]),
+                    style="dim")
     return text
 
 
@@ -103,8 +107,8 @@ def print_report(findings: list[Finding], console, notes: list[str] = (),
                       if complete else "[green]no findings[/]")
     for i, f in enumerate(findings, 1):
         style = STYLE.get(f.severity, "bold")
-        console.print(f"[{style}]{i}. {f.kind.upper()}[/] [dim]({f.severity})[/] "
-                      f"{escape(f.summary)}")
+        console.print(f"[{style}]{i}. {escape(f.kind.upper(), 40)}[/] "
+                      f"[dim]({escape(f.severity, 20)})[/] {escape(f.summary)}")
         if f.ranks:
             who = "busy rank(s)" if f.kind == "long_wait" else "culprit rank(s)"
             console.print(f"   {who}: {', '.join(map(str, f.ranks))}")
