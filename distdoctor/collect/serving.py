@@ -20,16 +20,12 @@ import socket
 import ssl
 import time
 from collections import OrderedDict
-from typing import TYPE_CHECKING
 
 from distdoctor.collect import auth, tls, wire
 from distdoctor.collect.descriptors import AcceptTrouble, open_files_limit
+from distdoctor.collect.link import Link
 from distdoctor.collect.mirror import HOST_NAME, NodeMirror
 from distdoctor.collect.refusals import Refusals
-from distdoctor.safetext import printable
-
-if TYPE_CHECKING:
-    from distdoctor.collect.server import Collector
 
 AUTH_S = 5.0  # from accept to WELCOME: the TLS handshake, HELLO and the answer
 IDLE_S = 60.0  # a node sends its logs' state 4 times a second: this much silence is loss
@@ -46,80 +42,13 @@ RESERVE_FILES = 32
 WRONG = "wrong or missing token (DISTDOCTOR_TOKEN): the answer to the challenge is wrong"
 
 
-class Link(asyncio.Protocol):
-    """One peer's connection: HELLO (and the challenge) while pending, then its frames."""
-
-    def __init__(self, serving: Serving, sock: socket.socket, peer):
-        self.serving, self.sock = serving, sock
-        self.address, self.port = str(peer[0]), int(peer[1])
-        self.transport: asyncio.BaseTransport | None = None
-        self.state = "hello"  # -> "auth" -> "node"; "closed" once refused or dropped
-        self.spoke = False  # sent a byte (or finished its TLS handshake)
-        self.opening = False  # its transport is being made (TLS: the handshake)
-        self.buf = bytearray()
-        self.hello: dict = {}
-        self.nonce = b""
-        self.node: NodeMirror | None = None
-        self.task: asyncio.Task | None = None
-        self.deadline: asyncio.TimerHandle | None = None
-        self.quiet = False  # its end was said already (or the collector is stopping)
-
-    @property
-    def who(self) -> str:
-        where = f"{_bracket(self.address)}:{self.port}"
-        return f"node {self.node.host} ({where})" if self.node is not None else where
-
-    # --- asyncio.Protocol ------------------------------------------------------------------
-    def connection_made(self, transport) -> None:
-        self.transport = transport
-        if transport.get_extra_info("sslcontext") is not None:
-            self.spoke = True  # a TLS handshake is more than an idle socket does
-        if self.state == "closed":
-            transport.abort()
-
-    def data_received(self, data: bytes) -> None:
-        self.spoke = True
-        if self.state == "closed":
-            return
-        self.buf += data
-        try:
-            self._frames()
-        except wire.WireError as exc:
-            self.serving.bad_frame(self, str(exc))
-        except OSError as exc:  # the copy's disk (full, out of descriptors): this node
-            self.serving.drop(self, f"lost {self.who}: {exc.strerror or exc}")
-        except Exception as exc:  # a bug of ours: one node's stream, never the loop
-            self.serving.drop(self, f"dropped {self.who}: {printable(repr(exc), 300)}")
-
-    def connection_lost(self, exc) -> None:
-        self.serving.gone(self, exc)
-
-    # --- frames ----------------------------------------------------------------------------
-    def _frames(self) -> None:
-        buf, at, size = self.buf, 0, wire.FRAME.size
-        try:
-            while self.state != "closed" and len(buf) - at >= size:
-                limit = wire.MAX_PAYLOAD if self.state == "node" else wire.MAX_HELLO
-                header = wire.parse_header(bytes(buf[at:at + size]), limit)
-                end = at + size + header.length
-                if len(buf) < end:
-                    break
-                payload = bytes(buf[at + size:end])
-                at = end
-                self.serving.frame(self, header, payload)
-        finally:
-            del buf[:at]
-
-    def send(self, data: bytes) -> None:
-        if self.transport is not None and not self.transport.is_closing():
-            self.transport.write(data)
-
-
 class Serving:
     """The loop's side of the Collector: every connection, pending or a node."""
 
-    def __init__(self, collector: Collector, listener: socket.socket,
-                 context: ssl.SSLContext | None, token: str | None):
+    def __init__(self, collector, listener: socket.socket, context: ssl.SSLContext | None,
+                 token: str | None):
+        """`collector`: the server.Collector whose mirror, say, nodes, streams, _conns
+        and _lock this keeps (it owns the thread this loop runs on)."""
         self.collector, self.listener, self.context = collector, listener, context
         self.token = token
         self.mirror = collector.mirror
@@ -411,10 +340,6 @@ class Serving:
         self.refusals.flush_if_due()
         self.trouble.flush_if_due()
         self.loop.call_later(SWEEP_S, self._sweep)
-
-
-def _bracket(address: str) -> str:
-    return f"[{address}]" if ":" in address else address
 
 
 def connections_room() -> int:
