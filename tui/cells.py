@@ -9,6 +9,7 @@ from rich.text import Text
 
 from distdoctor.diagnosis.report import rank_ranges, site_text
 from distdoctor.findings import Finding
+from distdoctor.safetext import printable
 from distdoctor.views.rank import RankRow
 from distdoctor.views.snapshot import GroupRow, JobSnapshot, OpRow
 
@@ -99,27 +100,28 @@ def finding_cells(f: Finding) -> tuple:
         Text(f.severity, style=SEVERITY_STYLE.get(f.severity, "")),
         Text(f.kind.upper(), style=SEVERITY_STYLE.get(f.severity, "")),
         Text(rank_ranges(f.ranks) if f.ranks else "-"),
-        Text(f.summary),
+        Text(printable(f.summary)),
     )
 
 
 def finding_detail(f: Finding) -> Text:
-    """Everything about one finding, for the detail pane under the findings table."""
+    """Everything about one finding, for the detail pane under the findings table. Its
+    words may quote a rank, a log or a node: shown as text, never as terminal control."""
     out = Text()
     out.append(f"{f.kind.upper()} ", style=SEVERITY_STYLE.get(f.severity, "bold"))
     out.append(f"({f.severity})\n", style="dim")
-    out.append(f.summary + "\n")
+    out.append(printable(f.summary) + "\n")
     if f.group is not None:
         out.append(f"group {f.group}" + (f", seq {f.seq}" if f.seq is not None else "") + "\n",
                    style="dim")
     for cs in f.callsites[:12]:
-        out.append(f"  {site_text(cs)}\n")
+        out.append(f"  {printable(site_text(cs))}\n")
     if f.remedy:
         out.append("try: ", style="bold")
-        out.append(f.remedy + "\n")
+        out.append(printable(f.remedy) + "\n")
     for rank, stack in sorted(f.stacks.items(), key=lambda kv: int(kv[0])):
         out.append(f"stack of rank {rank}:\n", style="bold")
-        out.append(stack.rstrip() + "\n", style="dim")
+        out.append(printable(stack.rstrip(), 20000, keep_newlines=True) + "\n", style="dim")
     return out
 
 

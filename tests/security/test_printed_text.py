@@ -42,3 +42,20 @@ def test_a_ranks_escape_codes_are_printed_as_text(tmp_path: Path):
     assert "[/x]" in report.stdout  # shown as the text it is
     for bad in ("\x1b", "\x9b", "\x07"):
         assert bad not in report.stdout, repr(report.stdout)
+
+
+def test_the_dashboard_shows_a_findings_words_as_text():
+    """The dashboard's findings table and detail pane (Textual writes a Text's characters
+    to the terminal as they are)."""
+    from distdoctor.findings import Finding
+    from distdoctor.tui import cells
+
+    said = "rank 1 raised bad batch \x1b[2J\x1b]0;owned\x07 [/x] \x9b31m"
+    f = Finding("crash", "error", said, [1], remedy="see \x1b[5m",
+                callsites=[{"rank": 1, "file": "/job\x1b[31m.py", "line": 3}],
+                stacks={"1": "Thread 1\n  at \x1b[2Jjob.py:3\n"})
+    shown = [c.plain for c in cells.finding_cells(f)] + [cells.finding_detail(f).plain]
+    for text in shown:
+        for bad in ("\x1b", "\x9b", "\x07"):
+            assert bad not in text, repr(text)
+    assert "[/x]" in shown[3] and "job.py:3" in shown[-1]
