@@ -22,16 +22,19 @@ FEW = 64  # processes missing from the window searched one by one below this man
 
 # Prefix layers, outermost first, as bytes regexes with at most one group: the group holds
 # what identifies the process, never a time stamp or a counter (keys must stay few).
+# They run over whole chunks, lines of any length: linear (as in lines.py), so where a part
+# must hold something (a host's digit, Ray's pid=) a lookahead says so once, and the run
+# after it is one class that stops where the next token starts.
 # a quoted paste ("> ") before everything: peeled, never part of a key
 _QUOTE = rb"(?:>[ \t]?)*"
 _STAMP = rb"(?:\[?\d{4}-\d\d-\d\d[ T]\d\d:\d\d:\d\d(?:[.,]\d+)?(?:Z|[+-]\d\d:?\d\d)?\]?[ \t]+)?"
 _HOST = (rb"(?:\d{1,3}(?:\.\d{1,3}){3}|localhost|(?!(?:rank|step|epoch|iter|local_rank)\d)"
-         rb"[a-z][a-z0-9-]*\d[a-z0-9-]*(?:\.[a-z0-9-]+)*)")
-_BRACKET = rb"(?:\[\d+\] )?(\[[A-Za-z_][A-Za-z_-]*?\d+\]: ?|\[(?:\d+,)?\d+\]<std(?:out|err)>:)?"
+         rb"[a-z](?=[a-z0-9-]*\d)[a-z0-9-]*(?:\.[a-z0-9-]+)*)")
+_BRACKET = rb"(?:\[\d+\] )?(\[[A-Za-z_][A-Za-z_-]*\d+\]: ?|\[(?:\d+,)?\d+\]<std(?:out|err)>:)?"
 _LAYERS: list[tuple[str, bytes]] = [
     ("outer", rb"( *\d{1,6}: |" + _HOST + rb": )?"),
     ("bracket", _BRACKET),
-    ("ray", rb"(?:(?:\([^()\n]*\) )*(\([^()\n]*pid=\d+[^()\n]*\)) ?)?"),
+    ("ray", rb"(?:(?:\([^()\n]*\) )*(\((?=[^()\n]*pid=\d)[^()\n]*\)) ?)?"),
     ("bracket2", _BRACKET),
     ("nccl", rb"(?:([\w.-]+:\d+):\d+ \[\d+\] )?"),
     ("glog", rb"(?:[EWIF]\d{3,4} \d\d:\d\d:\d\d(?:\.\d+)? +(\d+) )?"),
@@ -91,6 +94,9 @@ class Keys:
         return m is not None and (self.empty is None or any(m.groups(b"")))
 
     def who(self, key) -> tuple[tuple | None, LogLine | None]:
+        if self.empty is None:  # "[rankN]:" alone: the key is N's digits, nothing to parse
+            rank = int(key)  # (and nothing cached: a million ranks are a million keys)
+            return ("rank", rank), LogLine("x", rank, host=self.host)
         hit = self._who.get(key)
         if hit is None:
             synthetic = []

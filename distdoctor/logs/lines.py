@@ -8,7 +8,10 @@ rank, host, pid, level. What is left is the message, which the failure families 
 
 It runs on every line `distdoctor run` sees live, so it must be cheap and never raise:
 dispatch on the first character, one anchored regex per layer, no search over the message
-unless a cheap `in` test says it may pay off.
+unless a cheap `in` test says it may pay off. And linear: a line is unbounded text (a
+progress bar that never printed a newline, a line naming a million ranks), so no regex here
+has a lazy or nested quantifier, nor two adjacent quantifiers over characters they share;
+what a regex cannot say that way (c10d's "[PG ... Rank N]") is found by a small scan.
 
 Who printed a line (`LogLine.who`) is the global rank when known; else the local rank on its
 host (torchrun's `[default3]:` under a node label); else the pid on its host.
@@ -24,14 +27,16 @@ from distdoctor.logs.heads import Head
 _ANSI = re.compile(r"\x1b(?:\[[0-9;?]*[ -/]*[@-~]|\][^\x07\x1b]*(?:\x07|\x1b\\)|[@-Z\\-_])")
 
 # srun --label "3: " (tasks) or pdsh / DeepSpeed's "node1: " / "10.0.0.5: " (hosts): only as the
-# outermost layer. A host must look like one (a digit, lower case) so "RuntimeError: " is not.
+# outermost layer. A host must look like one (a digit, lower case) so "RuntimeError: " is not:
+# its first label holds a digit and no label is empty, checked by _host_like (one regex
+# saying that would repeat a group of repeats).
 _SRUN = re.compile(r" *(\d{1,6}): ")
 _PDSH = re.compile(
     r"(\d{1,3}(?:\.\d{1,3}){3}|localhost|(?!(?:rank|step|epoch|iter|local_rank)\d)"
-    r"[a-z][a-z0-9-]*\d[a-z0-9-]*(?:\.[a-z0-9-]+)*): ")
+    r"[a-z][a-z0-9.-]*): ")
 # "[rank3]:" (torch, global rank), "[default3]:" / "[trainer3]:" (torchrun's role + local
 # rank), optionally after a "[12345] " pid; the Python side puts one space after the colon.
-_BRACKET = re.compile(r"(?:\[(\d+)\] )?\[([A-Za-z_][A-Za-z_-]*?)(\d+)\]: ?")
+_BRACKET = re.compile(r"(?:\[(\d+)\] )?\[([A-Za-z_][A-Za-z_-]*)(\d+)\]: ?")
 # mpirun --tag-output "[1,3]<stderr>:" (job, rank); horovodrun "[3]<stderr>:"
 _MPI = re.compile(r"\[(?:\d+,)?(\d+)\]<std(?:out|err)>: ?")
 # glog inside brackets, as torch's C++ logs it: "[E1123 10:37:34.617383930 File.cpp:1234] ",
@@ -58,18 +63,21 @@ _STAMP_LEVEL = re.compile(
     r"(?:\[[\w.]+:\d+:\w+\] |[\w.]+:\d+ -- |- )?")
 # Ray: "(RayWorkerWrapper pid=123, ip=10.0.0.5) ", "(pid=123) ", "(raylet) ", "(raylet, ip=..) "
 _RAY = re.compile(r"\((?:([\w.-]+)(?:,? |(?=\))))?(?:pid=(\d+))?(?:,? ?ip=([\w.:-]+))?\) ?")
-_RAY_REPEATED = re.compile(r"\s*\[repeated \d+x across cluster\].*$")
+_RAY_REPEATED = re.compile(r"\[repeated \d+x across cluster\]")  # cut with all after it
 # NCCL's own head "host:pid:tid [dev] NCCL INFO ..." (the device index is not a rank)
 _NCCL = re.compile(r"([\w.-]+):(\d+):\d+ \[\d+\] (?=(?:[\w./-]+:\d+ )?NCCL )")
 # the rank c10d names in its messages: "[Rank 3]", "[PG ID 0 PG GUID 0(default_pg) Rank 3]",
 # "[PG 0 Rank 3]". Only the default group's rank (or a bare "[Rank N]") is a global rank.
-_MSG_RANK = re.compile(r"\[(?:PG (?:ID )?(\d+) [^\]]*?)?Rank (\d+)\]")
+# Found from its end ("Rank N]") back to its "[" (see _message_rank): one regex would need
+# a lazy run from every "[" to the next "]", quadratic on a line of unclosed brackets.
+_RANK_END = re.compile(r"Rank (\d+)\]")
+_PG_HEAD = re.compile(r"\[PG (?:ID )?(\d+) ")
 
 # kubectl logs --prefix: "[pod/NAME/CONTAINER] " (the pod is the host)
 _POD = re.compile(r"\[pod/([\w.-]+)/[\w.-]+\] ?")
 
-# a line quoted in a reply or an e-mail ("> ", "> > ", ">>"): only outermost, before any label
-_QUOTE = re.compile(r"(?:>[ \t]?)+")
+# a line quoted in a reply or an e-mail ("> ", "> > ", ">>"): only outermost, before any
+# label; peeled by _unquote
 
 _LEVEL_NAMES = {"WARN": "WARNING", "FATAL": "CRITICAL"}
 _MAX_PEELS = 8  # a pathological line cannot loop us
@@ -117,8 +125,10 @@ class RankActivity:
 
 
 # "...155.57 examples/s][E ProcessGroupNCCL.cpp:475] [Rank 2] ...": two writes, no newline
-_GLUED_HEAD = re.compile(r"(?<=\])(?=\[[EWIF](?:\d{3,4} \d\d:\d\d:\d\d[.\d]*)? *(?:\d+ )?"
-                         r"[\w./-]+:\d+\] )")
+# (the time's fraction is "(?:\.\d+)?", not "[.\d]*": that, next to "[\w./-]+", which also
+# takes dots and digits, made a line of dots quadratic)
+_GLUED_HEAD = re.compile(r"(?<=\])(?=\[[EWIF](?:\d{3,4} \d\d:\d\d:\d\d(?:\.\d+)?)? *"
+                         r"(?:\d+ )?[\w./-]+:\d+\] )")
 
 
 def split_segments(raw: str) -> list[str]:
@@ -141,7 +151,7 @@ def strip_ansi(s: str) -> str:
 
 
 _INTERLEAVE_HEAD = re.compile(r"(?:\d{1,6}: |[\w.-]+: )?(\[(?:\d+,)?\d+\]<std(?:out|err)>:|"
-                              r"\[([A-Za-z_][A-Za-z_-]*?)\d+\]:)")
+                              r"\[([A-Za-z_][A-Za-z_-]*)\d+\]:)")
 
 _MPI_KIND = re.compile(r"\[(?:\d+,)?\d+\]<std(?:out|err)>:")
 
@@ -198,7 +208,7 @@ def _parse(s: str, file: str, lineno: int, rank: int | None, host: str | None) -
     if "\x00" in s:
         s = s.replace("\x00", "")
     if s[:1] == ">":
-        s = s[_QUOTE.match(s).end():]
+        s = _unquote(s)
     p_rank = local = pid = level = when = None
     p_host: str | None = None
     srun: int | None = None
@@ -265,7 +275,7 @@ def _parse(s: str, file: str, lineno: int, rank: int | None, host: str | None) -
                 if m is not None:
                     srun = int(m.group(1))
                 else:
-                    m = _PDSH.match(s)
+                    m = _pdsh(s)
                     if m is not None:
                         p_host = p_host or m.group(1)
         else:
@@ -285,7 +295,7 @@ def _parse(s: str, file: str, lineno: int, rank: int | None, host: str | None) -
                     p_host = p_host or m.group(1)
                     pid = pid if pid is not None else int(m.group(2))
                 elif outer_ok:
-                    m = _PDSH.match(s)
+                    m = _pdsh(s)
                     if m is not None:
                         p_host = p_host or m.group(1)
         if m is None:
@@ -302,16 +312,62 @@ def _parse(s: str, file: str, lineno: int, rank: int | None, host: str | None) -
         else:
             p_rank = srun
     if "across cluster]" in s:
-        s = _RAY_REPEATED.sub("", s)
+        s = _cut_ray_repeated(s)
     if p_rank is None and "Rank " in s:
-        m = _MSG_RANK.search(s)
-        if m is not None and (m.group(1) is None or m.group(1) == "0"):
-            p_rank = int(m.group(2))
+        found = _message_rank(s)
+        if found is not None and found[0] in (None, "0"):
+            p_rank = found[1]
     return LogLine(s, p_rank if p_rank is not None else rank,
                    local, p_host if p_host is not None else host, pid, level, file, lineno, when)
 
 
 _EMPTY = re.compile("").match("")  # a match that peels nothing more
+
+
+def _unquote(s: str) -> str:
+    """`s` without its leading "> ", ">>", "> > " (each ">" may take one blank after it)."""
+    i, n = 0, len(s)
+    while i < n and s[i] == ">":
+        i += 1
+        if i < n and s[i] in " \t":
+            i += 1
+    return s[i:]
+
+
+def _pdsh(s: str) -> re.Match | None:
+    """pdsh's "host: " label at the start of `s`, if its host looks like a host."""
+    m = _PDSH.match(s)
+    if m is None or not m.group(1)[:1].islower() or m.group(1) == "localhost":
+        return m  # an IPv4 address or localhost: the regex said it all
+    labels = m.group(1).split(".")
+    if "" in labels or not any(c.isdigit() for c in labels[0]):
+        return None
+    return m
+
+
+def _cut_ray_repeated(s: str) -> str:
+    """Ray's "[repeated 3x across cluster]" dedup note cut off, with all after it and the
+    blanks before it."""
+    m = _RAY_REPEATED.search(s)
+    return s if m is None else s[:m.start()].rstrip()
+
+
+def _message_rank(s: str) -> tuple[str | None, int] | None:
+    """(process group id or None, rank) of the first "[Rank N]" / "[PG [ID] G ... Rank N]"
+    in a message.
+
+    Each "Rank N]" closes the bracket opened after the "]" before it; in that stretch the
+    first "[PG G " before the "Rank" opens it, else a "[" right before "Rank" does (a bare
+    "[Rank N]"). Every stretch is read once: linear in the line.
+    """
+    for end in _RANK_END.finditer(s):
+        start = s.rfind("]", 0, end.start()) + 1
+        head = _PG_HEAD.search(s, start, end.start())
+        if head is not None:
+            return head.group(1), int(end.group(1))
+        if end.start() > 0 and s[end.start() - 1] == "[":
+            return None, int(end.group(1))
+    return None
 
 
 def _after_stamp(s: str, stamp: re.Match) -> tuple[str, str | None]:
@@ -327,6 +383,10 @@ def _after_stamp(s: str, stamp: re.Match) -> tuple[str, str | None]:
 def parse_raw(raw: str, *, file: str = "", lineno: int = 0, rank: int | None = None,
               host: str | None = None, head: Head | None = None) -> list[LogLine]:
     """A raw line as read (maybe with '\\r' redraws and mixed ranks) into its parsed lines."""
+    if "\r" not in raw and "][" not in raw and raw.count("]:") + raw.count(">:") < 2:
+        seg = raw.rstrip("\n")  # the common line, one segment, one process: no splitting
+        return [parse_line(seg, file=file, lineno=lineno, rank=rank, host=host,
+                           head=head)] if seg else []
     out = []
     for seg in split_segments(raw):
         for piece in split_interleaved(seg):

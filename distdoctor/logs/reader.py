@@ -89,10 +89,10 @@ class LogReader:
                                 f"{exc.strerror or exc}", 2) from None
             except EOFError:  # a .gz cut short: what was read stands
                 self._mark_truncated(path)
-        for who, raw in self._last_raw.items():
+        while self._last_raw:  # each raw line let go as its text is made: a million ranks'
+            who, raw = self._last_raw.popitem()  # lines are never held twice over
             seg = raw.rsplit(b"\r", 1)[-1].decode("utf-8", "replace")
             self.activity[who].last_text = _message(seg)[:LAST_TEXT]
-        self._last_raw.clear()
 
     # --- identity from the file name -------------------------------------------------------
     def _identity_from_name(self, path: str, sniff: Sniff) -> tuple[int | None, str | None]:
@@ -260,11 +260,12 @@ class LogReader:
             keys.settle(keys.prev[2])
             keys.prev = None
         for k, n in keys.counts.items():
+            last, raw = keys.lasts.pop(k)  # popped: what is folded is not held twice
+            first = keys.firsts.pop(k, last)
             who, line = keys.who(k)
             if who is None:
                 continue
-            last, raw = keys.lasts[k]
-            self._count(who, line, n, keys.firsts.get(k, last), last, path, raw)
+            self._count(who, line, n, first, last, path, raw)
 
 
 class _AnchorPlan:

@@ -33,11 +33,25 @@ from distdoctor.logs.signals import (
 
 MAX_SIGNALS = 50_000   # a log of thousands of failing ranks keeps the first ones of each kind
 MAX_PER_KIND = 4       # signals kept per (rule, process, problem)
+# evidence (NCCL's world size and hosts, one line a rank at init) has half of MAX_SIGNALS: a
+# log of a million ranks' init lines must leave room for the failure that follows them
+MAX_CONTEXT = MAX_SIGNALS // 2
 MAX_LINE_CHARS = 64 * 1024
+# Which families read a line depends only on the anchors it holds, and an anchor with no digit
+# is in a line exactly when it is in the line with its digits masked: lines that differ only
+# in numbers (a rank, a sequence number, a time; a million ranks' identical timeouts) share
+# one answer, remembered. Anchors with a digit are tested on every line.
+_DIGITS_MASKED = str.maketrans("0123456789", "##########")
+ROUTE_MEMORY = 4096  # answers remembered (then forgotten all at once)
+ROUTE_MEMORY_CHARS = 1024  # longer lines are tested each time: the memory stays small
 _FAILING = (CAUSE, TIMEOUT, VICTIM, EXIT, UNKNOWN)
 # one alternation of every family's anchors: the live path's filter (faster than `in` each)
 _ANCHOR_RE = re.compile("|".join(re.escape(a.decode())
                                  for a in sorted(ROUTES, key=len, reverse=True)))
+
+
+def _no_digit(anchors: tuple[str, ...]) -> bool:
+    return not any(c.isdigit() or c == "#" for a in anchors for c in a)
 
 
 class LogScanner:
@@ -56,6 +70,9 @@ class LogScanner:
         self.activity: dict[tuple, RankActivity] = {}
         self.ranks_seen: set[int] = set()  # ranks known to exist (the live launcher's)
         self.dropped = 0
+        self._context_kept = 0
+        self._route_memory: dict[str, list] = {}
+        self._masked = {f for f, a in self._routes if _no_digit(a)}  # see _DIGITS_MASKED
         self._kept: dict[tuple, int] = {}
         self._lineno = 0
         self._emitted: dict[str, dict] = {}
@@ -111,9 +128,8 @@ class LogScanner:
             return  # a fixture's or a user's comment block heading the file, not output
         claimed: list[Signal] = []
         text = line.text
-        for fam, anchors in self._info_routes if "NCCL INFO" in text else self._routes:
-            # a family reads only the lines that hold one of its own anchors
-            if any(map(text.__contains__, anchors)):  # (map: no Python frame per anchor)
+        for fam, anchors in self._readers(text):
+            if anchors is None or any(map(text.__contains__, anchors)):
                 claimed = fam.feed(line)
                 if claimed:
                     break
@@ -127,15 +143,36 @@ class LogScanner:
         for s in found:
             self._keep(s)
 
+    def _readers(self, text: str) -> list[tuple]:
+        """(family, None) for each family whose anchors `text` holds, in route order, and
+        (family, anchors) where that is still to test (an anchor with a digit in it)."""
+        key = text.translate(_DIGITS_MASKED) if len(text) <= ROUTE_MEMORY_CHARS else None
+        found = self._route_memory.get(key) if key is not None else None
+        if found is None:
+            routes = self._info_routes if "NCCL INFO" in text else self._routes
+            # a family reads only the lines that hold one of its own anchors
+            # (map: no Python frame per anchor)
+            masked = self._masked
+            found = [(f, None if f in masked else a) for f, a in routes
+                     if f not in masked or any(map(text.__contains__, a))]
+            if key is not None:
+                if len(self._route_memory) >= ROUTE_MEMORY:
+                    self._route_memory.clear()
+                self._route_memory[key] = found
+        return found
+
     def _keep(self, s: Signal) -> None:
         f = s.fields
         key = (s.rule, s.line.who, f.get("seq"), f.get("rank"), f.get("local_rank"),
                f.get("root_cause"), f.get("pid") if s.role == TEARDOWN else None)
         n = self._kept.get(key, 0)
-        if n >= MAX_PER_KIND or len(self.signals) >= MAX_SIGNALS:
+        context = s.role == CONTEXT
+        if (n >= MAX_PER_KIND or len(self.signals) >= MAX_SIGNALS
+                or (context and self._context_kept >= MAX_CONTEXT)):
             self.dropped += 1
             return
         self._kept[key] = n + 1
+        self._context_kept += context
         s.order = len(self.signals)
         self.signals.append(s)
         self._dirty = True
