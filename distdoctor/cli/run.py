@@ -289,8 +289,9 @@ def _start_forwarder(run_dir, address, args, live, tls):
     from distdoctor.collect.server import is_loopback
 
     if tls is None and not is_loopback(address[0]):
-        print(f"distdoctor: run --forward: no TLS to {address[0]}: the token and this "
-              f"node's data travel in clear (set DISTDOCTOR_TLS_CA)", file=sys.stderr)
+        print(f"distdoctor: run --forward: no TLS to {address[0]}: this node's data travel "
+              f"in clear (the token never does: a challenge and its HMAC; set "
+              f"DISTDOCTOR_TLS_CA)", file=sys.stderr)
     return Forwarder(run_dir, address, os.environ.get("DISTDOCTOR_TOKEN"), run_meta={
         "hang_timeout_s": common.hang_timeout_s(args.hang_timeout), "run_dir": str(run_dir)},
         live=live if args.forward_digest else None, tls=tls).start()
