@@ -55,8 +55,10 @@ class Link(asyncio.Protocol):
             self.serving.bad_frame(self, str(exc))
         except OSError as exc:  # the copy's disk (full, out of descriptors): this node
             self.serving.drop(self, f"lost {self.who}: {exc.strerror or exc}")
-        except Exception as exc:  # a bug of ours: one node's stream, never the loop
-            self.serving.drop(self, f"dropped {self.who}: {printable(repr(exc), 300)}")
+        except Exception as exc:  # a bug of ours: one node's stream, never the loop;
+            # before WELCOME a refusal (summed per address: a peer that found such a
+            # bug must not buy a line per connection)
+            self.serving.bad_frame(self, printable(repr(exc), 300))
 
     def connection_lost(self, exc) -> None:
         self.serving.gone(self, exc)

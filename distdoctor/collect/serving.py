@@ -219,6 +219,8 @@ class Serving:
         if header.kind != wire.AUTH:
             raise wire.WireError(f"expected AUTH, got {wire.NAMES[header.kind]}")
         given = wire.json_payload(wire.AUTH, payload).get("answer")
+        if self.wrong.wait_s(link.address) > 0:  # asked again here: challenges taken at
+            return self.refuse(link, THROTTLED)  # once must not each buy a guess
         if not auth.is_right(self.token, link.nonce, link.hello["host"], given):
             self.wrong.wrong(link.address)
             return self.refuse(link, WRONG)

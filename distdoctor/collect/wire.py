@@ -147,6 +147,8 @@ def json_payload(kind: int, payload: bytes) -> dict:
         value = json.loads(payload)
     except (ValueError, UnicodeDecodeError):
         raise WireError(f"{NAMES[kind]} frame is not JSON") from None
+    except RecursionError:  # '[' x 60,000: json's C decoder says so past ~1,000 levels
+        raise WireError(f"{NAMES[kind]} frame nests too deep") from None
     if not isinstance(value, dict):
         raise WireError(f"{NAMES[kind]} frame is not a JSON object")
     return value

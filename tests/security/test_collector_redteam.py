@@ -1,0 +1,88 @@
+"""The rebuilt collector (issue 46) attacked again from outside, over loopback only: what
+the first round of defences still let through. Each case is a real `distdoctor watch
+--listen` process and real sockets, bounded in count and time; each failed on the code
+before its fix.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+from simnode import CollectorProcess, connect_node, dropped, send, until  # noqa: E402
+
+from distdoctor.collect import wire  # noqa: E402
+
+TOKEN = "tok-redteam-51d2"
+
+
+@pytest.fixture
+def with_token(monkeypatch):
+    monkeypatch.setenv("DISTDOCTOR_TOKEN", TOKEN)
+
+
+def _collector(tmp_path: Path) -> CollectorProcess:
+    return CollectorProcess(tmp_path / "copy", tmp_path / "collector.txt").started()
+
+
+def _hello(host: str = "guesser") -> bytes:
+    return wire.json_frame(wire.HELLO, {"format": wire.FORMAT, "version": wire.VERSION,
+                                        "host": host, "instance": "i", "run": {}})
+
+
+def _answer_frame(sock: socket.socket):
+    return wire.read_frame(sock.makefile("rb").read, wire.MAX_HELLO)
+
+
+@pytest.mark.timeout(30)
+def test_challenges_taken_at_once_do_not_each_buy_a_guess(tmp_path, with_token):
+    """40 connections say HELLO before any answer is judged, then all answer wrong: the
+    throttle is asked when an answer comes, not only at HELLO (else 40 guesses at once,
+    and again each time the lockout ends)."""
+    c = _collector(tmp_path)
+    socks = []
+    try:
+        for _ in range(40):
+            s = socket.create_connection(c.address, timeout=5)
+            s.sendall(_hello())
+            socks.append(s)
+        assert all(_answer_frame(s)[0] == wire.CHALLENGE for s in socks)
+        for s in socks:
+            s.sendall(wire.json_frame(wire.AUTH, {"answer": "00" * 32}))
+        whys = Counter(json.loads(_answer_frame(s)[3])["why"].split(" (")[0][:20]
+                       for s in socks)
+        judged = whys["wrong or missing tok"]
+        assert judged <= 4, whys  # FREE_WRONG, and one more that starts the lockout
+        assert c.proc.poll() is None
+    finally:
+        for s in socks:
+            s.close()
+        c.stop()
+
+
+@pytest.mark.timeout(30)
+def test_deeply_nested_hello_is_a_summed_refusal(tmp_path, with_token):
+    """A HELLO of 60,000 '[' (json's RecursionError) from 50 connections: refused like
+    any malformed frame, summed per address, never a line per connection."""
+    c = _collector(tmp_path)
+    try:
+        before = len(c.text().splitlines())
+        for _ in range(50):
+            with socket.create_connection(c.address, timeout=5) as s:
+                s.sendall(wire.frame(wire.HELLO, b"[" * 60_000))
+                dropped(s, 5)
+        time.sleep(0.5)
+        lines = c.text().splitlines()[before:]
+        assert len(lines) <= 3, lines[:5]
+        assert "RecursionError" not in c.text()
+        connect_node(c.address, "real", TOKEN).close()  # and a node still gets in
+    finally:
+        c.stop()
