@@ -276,12 +276,18 @@ def groups_of(groups: dict) -> dict[str, tuple[str, tuple[int, ...]]]:
 
 def check_arrivals(arrivals: list, host: str, members_of: dict | None) -> None:
     """A digest's arrivals: of the node's own ranks (where owners are known), and at
-    most MAX_ARRIVED rank-arrivals (a run's count times its ranks) in all."""
+    most MAX_ARRIVED rank-arrivals (a run's count times its ranks) in all. A run costs
+    the fleet engine its count times its ranks, or its count alone when it names none:
+    counted so (a run of no ranks counted as 0, or a negative count that hides others
+    under the bound, made a 400-byte frame hold the collector's loop for minutes)."""
     total = 0
     for item in arrivals:
         try:
             _, _, _, rs, count = item
-            total += int(count) * len(rs)
+            count = int(count)
+            if count < 1 or not rs:  # no node sends these (digest.runs)
+                raise WireError("DIGEST frame has an arrival of no ranks or no collective")
+            total += count * len(rs)
             if members_of is not None and any(members_of.get(r) != host for r in rs):
                 raise WireError(f"DIGEST frame reports arrivals of ranks not of node {host}")
         except (TypeError, ValueError):

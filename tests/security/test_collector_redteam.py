@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
-from simnode import CollectorProcess, connect_node, dropped, send, until  # noqa: E402
+from simnode import CollectorProcess, connect_node, dropped, meta, send, until  # noqa: E402
 
 from distdoctor.collect import wire  # noqa: E402
 
@@ -84,5 +84,43 @@ def test_deeply_nested_hello_is_a_summed_refusal(tmp_path, with_token):
         assert len(lines) <= 3, lines[:5]
         assert "RecursionError" not in c.text()
         connect_node(c.address, "real", TOKEN).close()  # and a node still gets in
+    finally:
+        c.stop()
+
+
+_ROW = '[1,"collective","all_reduce","ok","g",0,null,[[4]],["float32"],4,4,"sum",null,1,2,null]'
+
+
+def _victim_applied_within(c: CollectorProcess, victim: socket.socket, timeout_s: float) -> bool:
+    """Whether the collector writes a SAMPLES frame of `victim` (node "victim") within
+    `timeout_s`: its loop is not stalled by another node."""
+    send(victim, wire.frame(wire.SAMPLES, b'{"t": 1}\n'))
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if any((c.out_path.parent / "copy").rglob("*victim*")):
+            return True
+        time.sleep(0.05)
+    return False
+
+
+@pytest.mark.timeout(40)
+@pytest.mark.parametrize("ranks, count", [("[]", 65536), ("[0]", -(10 ** 9))])
+def test_a_digest_of_rankless_runs_does_not_stall_the_loop(tmp_path, ranks, count):
+    """A 400-byte DIGEST whose runs name no rank (each counted as 0 arrivals), or whose
+    first run has a negative count (the sum of the others hides under the bound), took
+    the loop for 80 s: every node deaf. Counted by the work they cost, they are refused
+    and the other node's frames go on."""
+    c = _collector(tmp_path)
+    try:
+        victim, evil = connect_node(c.address, "victim"), connect_node(c.address, "evil")
+        runs = [f'["g",{i * 65536},0,{ranks},{count}]' for i in range(1)]
+        runs += [f'["g",{i * 65536},0,[],65536]' for i in range(1, 10)]
+        text = ('{"host":"evil","ranks":[],"groups":{"g":["d",[0,1]]},"sigs":{"0":%s},'
+                '"arrivals":[%s],"waits":[],"dropped":0}' % (_ROW, ",".join(runs)))
+        send(evil, meta(0, "evil"), wire.frame(wire.DIGEST, text.encode()))
+        time.sleep(0.05)
+        assert _victim_applied_within(c, victim, 5), "the loop stalled"
+        assert dropped(evil, 5)
+        assert "arrival" in c.text(), c.text()
     finally:
         c.stop()
