@@ -39,6 +39,7 @@ _OPS = {
     "allgather": "all_gather", "_allgather_base": "all_gather_into_tensor",
     "_all_gather_base": "all_gather_into_tensor",  # NCCL's name for it
     "all_gather_base": "all_gather_into_tensor", "all_gather_single": "all_gather_into_tensor",
+    "allgather_base": "all_gather_into_tensor",  # torch 2.15's FlightRecorderHook (HookOpName)
     "allgather_coalesced": "all_gather_coalesced",
     "allgather_into_tensor_coalesced": "all_gather_into_tensor_coalesced",
     "reducescatter": "reduce_scatter", "_reduce_scatter_base": "reduce_scatter_tensor",
@@ -97,8 +98,11 @@ class _Entry:
 
 
 def _op(profiling_name: str) -> tuple[str, int | None]:
-    """'nccl:send 0->1' -> ('send', 1); 'gloo:all_reduce' -> ('all_reduce', None)."""
-    name = profiling_name.split(":", 1)[-1].strip()
+    """'nccl:send 0->1' -> ('send', 1); 'gloo:all_reduce' -> ('all_reduce', None);
+    'nccl2:all_reduce' (torch 2.15's nccl2, recorded by its FlightRecorderHook) too. The
+    backend is cut from the right, as torch 2.15's analyzer does (flight_recorder/
+    components/types.py, `Op`): an op name has no colon, a backend's name might."""
+    name = profiling_name.rpartition(":")[2].strip()
     name, _, meta = name.partition(" ")
     name = name.lower()
     peer = None

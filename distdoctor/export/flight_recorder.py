@@ -45,7 +45,10 @@ FORMATS = ("pickle", "json")
 _OUR_FILE = re.compile(re.escape(FILE_PREFIX) + r"\d+(\.json)?")
 # the group timeout torch uses when none is given; distdoctor does not record it
 _TIMEOUT_MS = {"nccl": 600_000, "gloo": 1_800_000}
-_BACKENDS = ("nccl", "ncclx", "xccl", "gloo", "rccl", "rcclx", "mccl", "hccl")
+# the prefixes torch 2.15's analyzer knows (flight_recorder/components/types.py, `Op`);
+# its format is still "2.10" there (FlightRecorder.hpp, version_val)
+_BACKENDS = ("nccl", "ncclx", "nccl2", "nccl-lazy", "xccl", "gloo", "rccl", "rcclx", "mccl",
+             "hccl")
 
 # our op -> the name NCCL's recorder gives it (ProcessGroupNCCL's profiling titles)
 _NCCL = {

@@ -2,17 +2,18 @@
 
 FIND_LATE_RANK = (
     "A rank never reached this collective. `distdoctor run` names it within seconds of the "
-    "hang, with its stack; post-mortem, enable the Flight Recorder (TORCH_NCCL_TRACE_BUFFER_"
-    "SIZE=2000 TORCH_NCCL_DUMP_ON_TIMEOUT=1) and run `distdoctor diagnose --fr-dump PREFIX`. "
+    "hang, with its stack; post-mortem, enable the Flight Recorder (TORCH_FR_BUFFER_SIZE=2000 "
+    "TORCH_FR_DUMP_ON_TIMEOUT=1 TORCH_FR_DUMP_TEMP_FILE=/tmp/fr_rank_; an older torch's "
+    "TORCH_NCCL_TRACE_BUFFER_SIZE / TORCH_NCCL_DUMP_ON_TIMEOUT still read) and run `distdoctor diagnose --fr-dump PREFIX`. "
     "Raise timeout= in init_process_group only if the step is legitimately slow.")
 GLOO_TIMEOUT = FIND_LATE_RANK.replace(
-    "(TORCH_NCCL_TRACE_BUFFER_SIZE=2000 TORCH_NCCL_DUMP_ON_TIMEOUT=1)",
-    "(TORCH_FR_BUFFER_SIZE=2000)")
+    " TORCH_FR_DUMP_ON_TIMEOUT=1 TORCH_FR_DUMP_TEMP_FILE=/tmp/fr_rank_; an older torch's "
+    "TORCH_NCCL_TRACE_BUFFER_SIZE / TORCH_NCCL_DUMP_ON_TIMEOUT still read)", ")")
 SETTLE_ABSENCE = (
     "This log does not show every rank's output, so the rank that never arrived cannot be "
     "named from it: each rank's own output (torchrun --tee 3 / --log-dir), `distdoctor run` "
-    "or Flight Recorder dumps (TORCH_NCCL_TRACE_BUFFER_SIZE=2000 TORCH_NCCL_DUMP_ON_TIMEOUT=1, "
-    "then `distdoctor diagnose --fr-dump PREFIX`) would settle it.")
+    "or Flight Recorder dumps (TORCH_FR_BUFFER_SIZE=2000 TORCH_FR_DUMP_ON_TIMEOUT=1 "
+    "TORCH_FR_DUMP_TEMP_FILE=/tmp/fr_rank_, then `distdoctor diagnose --fr-dump PREFIX`) would settle it.")
 SERIAL_WORK = (
     "One rank did long work alone (tokenizing, loading, preprocessing) while the others "
     "waited in a collective: do it before init_process_group, on every rank, or on rank 0 "

@@ -21,10 +21,12 @@ import time
 from pathlib import Path
 
 from distdoctor.runlog import rundir
-from distdoctor.tracer import exits, state, support
+from distdoctor.tracer import backends, exits, state, support
 
 _C10D = "torch.distributed.distributed_c10d"
-_BUILTIN_BACKENDS = {"gloo", "nccl", "ucc", "mpi", "xccl", "cpu:gloo", "cuda:nccl"}
+# Backend names traced beyond what torch's registry says (traced_backend_names); empty
+# in the product: a benchmark adds "fake" to time the tracer without communication.
+_BUILTIN_BACKENDS: set = set()
 _lock = threading.Lock()
 _config = {"run_dir": None, "patched": False, "hooked": False}
 
@@ -110,7 +112,7 @@ def _patch(c10d=None) -> None:
 
     def _new_process_group_helper(*args, **kwargs):
         backend = str(args[3] if len(args) > 3 else kwargs.get("backend", "")).lower()
-        if backend not in _BUILTIN_BACKENDS:
+        if not _traced(c10d, backend):
             return original(*args, **kwargs)  # custom Python backends stay untouched
         is_default = c10d.GroupMember.WORLD is None
         c10d.ProcessGroup = TracingProcessGroup
@@ -128,6 +130,15 @@ def _patch(c10d=None) -> None:
     # split_group() calls parent_pg.split_group(), which TracingProcessGroup overrides.
 
 
+def _traced(c10d, backend: str) -> bool:
+    if backend in _BUILTIN_BACKENDS:
+        return True
+    try:
+        return backends.traced_backend(c10d, backend)
+    except Exception:
+        return False  # torch raises its own error about the name, untraced
+
+
 # --- the rank's session ---------------------------------------------------------------
 def _start_session(pg, backend: str, store) -> None:
     try:
@@ -136,7 +147,7 @@ def _start_session(pg, backend: str, store) -> None:
             state.recorder = None
         rank, world = pg.rank(), pg.size()
         run_dir = _config["run_dir"] = _agree_run_dir(rank, store)  # kept for a re-init
-        _open_recorder(run_dir, rank, world, backend, launch_identity(store, world))
+        _open_recorder(run_dir, rank, world, backend, launch_identity(store, world), pg)
     except Exception as exc:
         print(f"distdoctor: tracing disabled on this rank: {exc!r}", file=sys.stderr)
 
@@ -186,7 +197,8 @@ def _agree_run_dir(rank: int, store) -> str:
         return str(rundir.new_run_dir(tag=f"rank{rank}").resolve())
 
 
-def _open_recorder(run_dir: str, rank: int, world: int, backend: str, launch: dict) -> None:
+def _open_recorder(run_dir: str, rank: int, world: int, backend: str, launch: dict,
+                   pg=None) -> None:
     import torch
 
     from distdoctor.runlog.ring import DEFAULT_RING_MIB, DEFAULT_STRINGS_MIB, RingWriter
@@ -209,6 +221,8 @@ def _open_recorder(run_dir: str, rank: int, world: int, backend: str, launch: di
         "host": socket.gethostname(),
         "pid": os.getpid(),
         "backend": backend,
+        # what each device's backend calls itself ("nccl" may build nccl2 or the legacy)
+        "backend_names": backends.real_names(pg),
         "torch": torch.__version__,
         "traced_ops": support.traced_ops(),
         "untraceable_ops": support.untraceable_ops(),

@@ -16,6 +16,14 @@ binding: on CPU they run as one bound backend op per tensor pair, joined into on
 (the base path hung an 8-rank TP job within 5 steps). Only ops with neither take the
 base path; pybind11 recognises a Python override calling its base by the
 frame's code name, so each generated method's code object carries its name.
+
+On a torch whose groups carry pre/post hooks (2.15: torch's own Flight Recorder for
+nccl2, its NaN check, the user's hooks), each op goes instead through its c10d
+dispatcher op, whose kernel fires them as it does bare and releases the GIL as the
+backend binding does: dispatch.py says why that and not the hooks run by hand.
+
+Backend names and types come from torch's registry (`Backend.backend_type_map`), never a
+list of our own: "nccl2", "nccl-lazy", "nccl-legacy" are registered as CUSTOM there.
 """
 
 from __future__ import annotations
@@ -23,17 +31,31 @@ from __future__ import annotations
 import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 
-from distdoctor.tracer import state
+from distdoctor.tracer import dispatch, state
 from distdoctor.tracer.ops import TRACED
 
 RealProcessGroup = dist.ProcessGroup
 
-_BACKEND_TYPES = {
-    "gloo": RealProcessGroup.BackendType.GLOO,
-    "nccl": RealProcessGroup.BackendType.NCCL,
-    "ucc": RealProcessGroup.BackendType.UCC,
-    "mpi": RealProcessGroup.BackendType.MPI,
-}
+
+def backend_type(name: str, registry=None):
+    """The BackendType torch registers `name` under (CUSTOM for "nccl2", "nccl-lazy",
+    "nccl-legacy" and plugins; torch 2.15.0 distributed_c10d.py, _register_builtin_*),
+    or CUSTOM for a name it does not know."""
+    registry = registry or c10d.Backend
+    custom = RealProcessGroup.BackendType.CUSTOM
+    return getattr(registry, "backend_type_map", {}).get(str(name).lower(), custom)
+
+
+def barrier_device_type(default_type) -> str:
+    """The device of a barrier with no device given, chosen as ProcessGroup::barrier
+    does (torch 2.15.0 ProcessGroup.hpp): by the group's default backend *type*, CUDA
+    for NCCL, XPU for XCCL, else the CPU (so a group named "nccl2", CUSTOM, is CPU)."""
+    types = RealProcessGroup.BackendType
+    if default_type == types.NCCL:
+        return "cuda"
+    if default_type == getattr(types, "XCCL", None):
+        return "xpu"
+    return "cpu"
 
 
 class TracingProcessGroup(RealProcessGroup):
@@ -60,6 +82,21 @@ class TracingProcessGroup(RealProcessGroup):
         self._dd_p2p_seq: dict = {}
         self._dd_backends: list = []  # (device, backend type, backend)
         self._dd_bound: dict = {}  # (method, device type) -> the backend's bound method
+        self._dd_default_type = None  # the default backend's type, as torch set it
+
+    def _set_default_backend(self, backend_type):
+        self._dd_default_type = backend_type
+        return super()._set_default_backend(backend_type)
+
+    def _dd_default_backend_type(self):
+        if self._dd_default_type is not None:
+            return self._dd_default_type
+        return backend_type(self._get_backend_name())
+
+    def _dd_dispatch_call(self, spec, desc, args, kwargs):
+        """The op through its c10d dispatcher op (hooks fire there), or None."""
+        return dispatch.prepare(self, spec, spec.positional(args, kwargs), desc,
+                                _barrier_device)
 
     def _dd_describe(self, recorder) -> int:
         """Intern this group's identity (name, description, global ranks) once."""
@@ -133,10 +170,9 @@ def adopt(pg):
     traced._dd_store = pg.get_group_store()
     for device in pg._device_types:
         backend = pg._get_backend(device)
-        btype = _BACKEND_TYPES.get(backend.name(), RealProcessGroup.BackendType.CUSTOM)
-        traced._register_backend(device, btype, backend)
-    default = _BACKEND_TYPES.get(pg._get_backend_name())
-    if default is not None and hasattr(traced, "_set_default_backend"):  # torch >= 2.6
+        traced._register_backend(device, backend_type(backend.name()), backend)
+    default = backend_type(pg._get_backend_name())
+    if hasattr(traced, "_set_default_backend"):  # torch >= 2.6
         traced._set_default_backend(default)
     traced._set_group_name(pg.group_name)
     traced._set_group_desc(pg.group_desc)
@@ -160,8 +196,12 @@ def _device_type_of(spec, desc, pg) -> str:
         device = getattr(opts, "device", None)
         if device is not None:
             return device.type
-        return "cuda" if pg._get_backend_name() == "nccl" else "cpu"
+        return barrier_device_type(pg._dd_default_backend_type())
     return "cpu"  # monitored_barrier runs on the CPU backend
+
+
+def _barrier_device(pg):
+    return _torch_device(barrier_device_type(pg._dd_default_backend_type()))
 
 
 def _dispatch_coalesced(pg, op, args, kwargs):
@@ -209,17 +249,23 @@ def _make_method(spec):
     base = getattr(RealProcessGroup, spec.method)
 
     def method(self, *args, **kwargs):
+        routed = direct = None
         try:
             desc = spec.describe(args, kwargs)
-            direct = self._dd_backend_call(spec, desc, args, kwargs)
+            if dispatch.HOOKS:  # the group's hooks fire in the dispatcher op's kernel
+                routed = self._dd_dispatch_call(spec, desc, args, kwargs)
+            else:
+                direct = self._dd_backend_call(spec, desc, args, kwargs)
         except Exception:
-            desc = direct = None
+            desc = routed = direct = None
         rec = state.recorder
         token = rec.begin(self, spec, desc) if rec is not None and desc else None
         try:
-            if direct is not None:
+            if routed is not None:
+                work = dispatch.issue(routed)
+            elif direct is not None:
                 work = direct[0](*direct[1])
-            elif spec.op in _DISPATCHED and (
+            elif spec.op in _DISPATCHED and not dispatch.HOOKS and (
                     work := _dispatch_coalesced(self, spec.op, args, kwargs)) is not None:
                 pass
             else:
