@@ -45,6 +45,7 @@ FOLLOW = {b'File "': 3, b"ActorDiedError": 8, b"Communicator ranks have differen
           b"DEAD": 20}
 RARE = 0.002  # an anchor byte rarer than this in a chunk's sample filters the anchors
 SAMPLE = 16 << 10
+FEW_CANDIDATES = 8  # past this many anchors left to search a chunk for, see _in_line_shapes
 
 
 class LogReader:
@@ -91,8 +92,7 @@ class LogReader:
                 self._mark_truncated(path)
         while self._last_raw:  # each raw line let go as its text is made: a million ranks'
             who, raw = self._last_raw.popitem()  # lines are never held twice over
-            seg = raw.rsplit(b"\r", 1)[-1].decode("utf-8", "replace")
-            self.activity[who].last_text = _message(seg)[:LAST_TEXT]
+            self.activity[who].last_text = _last_text(raw)
 
     # --- identity from the file name -------------------------------------------------------
     def _identity_from_name(self, path: str, sniff: Sniff) -> tuple[int | None, str | None]:
@@ -200,7 +200,7 @@ class LogReader:
             self._count(file_who, file_line, n_lines - keyed, base + first, base + last, path,
                         last_raw)
         # anchors: the lines they hit, each parsed once, in order
-        starts: set[int] = set()
+        starts: dict[int, list] = {}  # line start -> the anchors found in it
         after: set[int] = set()  # lines handed over for the line before them
         last = len(body) - 1
         found = plan.candidates(body)
@@ -208,16 +208,17 @@ class LogReader:
         texts = tuple(a.decode("utf-8", "replace") for a in found)
         for a in found:
             follow = FOLLOW.get(a, 0)
+            text_a = a.decode("utf-8", "replace")
             i = body.find(a)
             while i >= 0:
                 s = body.rfind(b"\n", 0, i) + 1
                 e = body.find(b"\n", i)
-                starts.add(s)
+                starts.setdefault(s, []).append(text_a)
                 j = e
                 for _ in range(follow):
                     if j >= last:
                         break
-                    starts.add(j + 1)
+                    starts.setdefault(j + 1, [])
                     after.add(j + 1)
                     j = body.find(b"\n", j + 1)
                 i = body.find(a, e)
@@ -228,12 +229,15 @@ class LogReader:
             raw = body[s:body.find(b"\n", s)]
             unkeyed = file_who is None and not keys.keyed(body, s - 1)
             text = raw.decode("utf-8", "replace")
+            # a message holds only anchors its raw line holds, unless peeling joined two
+            # parts (an escape code or a NUL taken out between them)
+            hits = texts if b"\x1b" in raw or b"\x00" in raw else starts[s]
             seen: set = set()
             for ll in parse_raw(text, file=path, lineno=lineno, rank=keys.rank, host=keys.host):
                 if unkeyed and ll.who is not None and ll.who not in seen:
                     seen.add(ll.who)
                     self._count(ll.who, ll, 1, lineno, lineno, path, raw[-8192:])
-                if s in after or any(map(ll.text.__contains__, texts)):
+                if s in after or any(map(ll.text.__contains__, hits)):
                     yield ll
         return n_lines
 
@@ -266,6 +270,9 @@ class LogReader:
             if who is None:
                 continue
             self._count(who, line, n, first, last, path, raw)
+            raw = self._last_raw.pop(who, None)  # its text now: a million raw lines not kept
+            if raw is not None:  # until the end (a later file's later line replaces it)
+                self.activity[who].last_text = _last_text(raw)
 
 
 class _AnchorPlan:
@@ -292,8 +299,27 @@ class _AnchorPlan:
         keep = {b[0] for b in rare}
         rest = body.translate(None, bytes(b for b in range(256) if b not in keep))
         present = {b: b in rest for b in rare}
-        return [a for a in self.anchors
-                if all(present[b] for b in self.bytes_of[a] if b in present)]
+        found = [a for a in self.anchors
+                 if all(present[b] for b in self.bytes_of[a] if b in present)]
+        return _in_line_shapes(body, found) if len(found) > FEW_CANDIDATES else found
+
+
+def _in_line_shapes(body: bytes, anchors: list[bytes]) -> list[bytes]:
+    """`anchors` less those the chunk cannot hold, told from its distinct lines with digits
+    taken out: a big log repeats a few shapes (a million ranks' timeouts are one), so each
+    absent anchor costs a search of those few lines, not of the whole chunk. Taking digits
+    out keeps every anchor without one (and may join a few that are not there: searched
+    for in vain, as before); an anchor with a digit is kept."""
+    shapes = b"\n".join(set(body.translate(None, b"0123456789").split(b"\n")))
+    if len(shapes) > len(body) // 2:
+        return anchors  # lines that do not repeat: no cheaper than the chunk itself
+    return [a for a in anchors if a in shapes or any(48 <= c <= 57 for c in a)]
+
+
+def _last_text(raw: bytes) -> str:
+    """The message of a raw line's last segment (what a terminal shows last), cut."""
+    seg = raw.rsplit(b"\r", 1)[-1].decode("utf-8", "replace")
+    return _message(seg)[:LAST_TEXT]
 
 
 def _message(segment: str) -> str:

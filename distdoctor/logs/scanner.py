@@ -41,7 +41,9 @@ MAX_LINE_CHARS = 64 * 1024
 # is in a line exactly when it is in the line with its digits masked: lines that differ only
 # in numbers (a rank, a sequence number, a time; a million ranks' identical timeouts) share
 # one answer, remembered. Anchors with a digit are tested on every line.
-_DIGITS_MASKED = str.maketrans("0123456789", "##########")
+# (masked in the line's UTF-8 bytes, where an ASCII anchor is exactly where it is in the text;
+# bytes.translate is a tenth of str.translate's cost)
+_DIGITS_MASKED = bytes.maketrans(b"0123456789", b"##########")
 ROUTE_MEMORY = 4096  # answers remembered (then forgotten all at once)
 ROUTE_MEMORY_CHARS = 1024  # longer lines are tested each time: the memory stays small
 _FAILING = (CAUSE, TIMEOUT, VICTIM, EXIT, UNKNOWN)
@@ -71,7 +73,7 @@ class LogScanner:
         self.ranks_seen: set[int] = set()  # ranks known to exist (the live launcher's)
         self.dropped = 0
         self._context_kept = 0
-        self._route_memory: dict[str, list] = {}
+        self._route_memory: dict[bytes, list] = {}
         self._masked = {f for f, a in self._routes if _no_digit(a)}  # see _DIGITS_MASKED
         self._kept: dict[tuple, int] = {}
         self._lineno = 0
@@ -146,7 +148,8 @@ class LogScanner:
     def _readers(self, text: str) -> list[tuple]:
         """(family, None) for each family whose anchors `text` holds, in route order, and
         (family, anchors) where that is still to test (an anchor with a digit in it)."""
-        key = text.translate(_DIGITS_MASKED) if len(text) <= ROUTE_MEMORY_CHARS else None
+        key = (text.encode("utf-8", "surrogatepass").translate(_DIGITS_MASKED)
+               if len(text) <= ROUTE_MEMORY_CHARS else None)
         found = self._route_memory.get(key) if key is not None else None
         if found is None:
             routes = self._info_routes if "NCCL INFO" in text else self._routes
