@@ -11,7 +11,8 @@ Per node:
   most MAX_EXITS_FRAMES EXITS frames a connection.
 - findings: MAX_FINDINGS_PER_FRAME a frame, each one's text bounded and made printable
   (safetext), its details at most MAX_DETAILS_BYTES as JSON; at most MAX_NEW_FINDINGS
-  distinct findings told (printed) per node.
+  distinct findings told (printed) per node; the ones it holds at most
+  MAX_FINDINGS_BYTES_PER_NODE as JSON, and all nodes' together MAX_FINDINGS_BYTES.
 - digests: at most MAX_RANKS_PER_NODE ranks, MAX_DIGEST_GROUPS new groups a frame,
   MAX_ARRIVED rank-arrivals a frame; the positions it leaves held come from at most
   MAX_HELD_DIGEST_BYTES of its frames (a rank's position is kept from the newest frame
@@ -43,6 +44,11 @@ MAX_HOSTS = 1 << 16  # nodes that may send findings, with or without ranks
 MAX_EXITS_FRAMES = 16  # a node sends its exit codes once a job (again after a reconnect)
 MAX_FINDINGS_PER_FRAME = 100
 MAX_NEW_FINDINGS = 1000  # distinct findings told per node, in the copy's life
+# findings held (their JSON), per node and over all nodes: findings.json is written whole
+# on every FINDINGS frame, on the loop (nodes cycling host names, each 2 MiB of findings:
+# 30 of them made each frame take 10 s, every node deaf meanwhile)
+MAX_FINDINGS_BYTES_PER_NODE = 1 << 20
+MAX_FINDINGS_BYTES = 8 << 20
 MAX_DETAILS_BYTES = 16 << 10
 MAX_TEXT = 2000  # a finding's summary, remedy
 MAX_SHORT_TEXT = 256  # a kind, severity, group, file, function, a group's description

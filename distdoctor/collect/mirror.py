@@ -30,6 +30,8 @@ from distdoctor.collect import wire
 from distdoctor.collect.copies import Copy, OpenCopies, Owners
 from distdoctor.collect.limits import (
     MAX_COPIES_PER_NODE,
+    MAX_FINDINGS_BYTES,
+    MAX_FINDINGS_BYTES_PER_NODE,
     MAX_HOSTS,
     MAX_NEW_FINDINGS,
     MAX_RANKS,
@@ -69,6 +71,7 @@ class Mirror:
         self._findings: dict[str, list] = _earlier_findings(self.run_dir)  # host -> its own
         self._told: set[tuple] = {(None, _ident(f)) for f in self._findings.get(EARLIER, [])}
         self._told_by: dict[str, int] = {}  # host -> findings told
+        self._findings_bytes: dict[str, int] = {}  # host -> its findings' JSON bytes
 
     def claim(self, node: NodeMirror, ranks) -> None:
         """`node` sends these ranks: refused (WireError) when another host owns one, or
@@ -141,11 +144,21 @@ class Mirror:
         """The copy's findings.json: every node's own, which the viewer merges with the
         ones its engine finds over all the ranks. A node that tells more than
         MAX_NEW_FINDINGS distinct ones is refused."""
+        import json
+
         from distdoctor.findings import write_findings
 
+        size = len(json.dumps([f.to_json() for f in findings], default=str))
+        if size > MAX_FINDINGS_BYTES_PER_NODE:
+            raise wire.WireError(f"FINDINGS frame of {size:,} bytes of findings (a node "
+                                 f"holds at most {MAX_FINDINGS_BYTES_PER_NODE:,})")
         with self._lock:
             if host not in self._findings and len(self._findings) >= MAX_HOSTS:
                 raise wire.WireError(f"the collector holds {MAX_HOSTS:,} nodes' findings")
+            held = sum(self._findings_bytes.values()) - self._findings_bytes.get(host, 0)
+            if held + size > MAX_FINDINGS_BYTES:
+                raise wire.WireError(f"the collector holds {held:,} bytes of the nodes' "
+                                     f"findings already (at most {MAX_FINDINGS_BYTES:,})")
             new = [f for f in findings if (host, _ident(f)) not in self._told
                    and (None, _ident(f)) not in self._told]
             if self._told_by.get(host, 0) + len(new) > MAX_NEW_FINDINGS and not host.startswith("("):
@@ -153,6 +166,7 @@ class Mirror:
             self._told_by[host] = self._told_by.get(host, 0) + len(new)
             self._told.update((host, _ident(f)) for f in new)
             self._findings[host] = findings
+            self._findings_bytes[host] = size
             now = {_ident(f) for h, fs in self._findings.items() if h != EARLIER for f in fs}
             write_findings(self.run_dir, [f for h in sorted(self._findings)
                                           for f in self._findings[h]

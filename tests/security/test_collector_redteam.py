@@ -124,3 +124,29 @@ def test_a_digest_of_rankless_runs_does_not_stall_the_loop(tmp_path, ranks, coun
         assert "arrival" in c.text(), c.text()
     finally:
         c.stop()
+
+
+@pytest.mark.timeout(60)
+def test_findings_of_many_host_names_stay_bounded(tmp_path):
+    """Nodes that each send ~0.9 MB of findings under a new host name: findings.json is
+    written whole on every FINDINGS frame, on the loop, so without a bound over all nodes
+    each frame costs more (30 names: 10 s a frame, 290 MiB). Past the bound a node is
+    refused with a line; the file stays small and another node's frames go on."""
+    c = _collector(tmp_path)
+    details = {f"k{i}": "x" for i in range(600)}
+    try:
+        victim = connect_node(c.address, "victim")
+        for h in range(12):
+            node = connect_node(c.address, f"chatty{h}")
+            findings = [{"kind": "crash", "severity": "error", "summary": f"s{j}",
+                         "ranks": [0], "details": dict(details, source="log")}
+                        for j in range(100)]
+            send(node, wire.json_frame(wire.FINDINGS, {"findings": findings}))
+            dropped(node, 0.3)
+            node.close()
+        assert _victim_applied_within(c, victim, 10), "the loop stalled"
+        size = (tmp_path / "copy" / "findings.json").stat().st_size
+        assert size < 16 << 20, size
+        assert "bytes of the nodes' findings already" in c.text(), c.text()[-2000:]
+    finally:
+        c.stop()
