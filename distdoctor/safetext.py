@@ -5,8 +5,8 @@ collector's refusal reason, an exception string a rank wrote into its log, a lin
 job's output. Printed raw, an escape sequence in them clears the screen, retitles the
 window or rewrites what was printed before; printed through rich, a `[/x]` in them is
 markup (and a MarkupError). So everything foreign passes through here first: escape
-sequences removed whole, every other control character (C0, DEL, C1) replaced, and the
-length bounded. No import of distdoctor: every layer may use it.
+sequences removed whole, every other control character (C0, DEL, C1, bidirectional)
+replaced, and the length bounded. No import of distdoctor: every layer may use it.
 """
 
 from __future__ import annotations
@@ -16,14 +16,17 @@ import re
 # CSI (ESC [ ... final), OSC (ESC ] ... BEL or ST), and two-character escapes. Linear:
 # each quantifier ranges over a class that cannot match what follows it.
 _ESCAPE = re.compile(r"\x1b(?:\[[0-?]*[ -/]*[@-~]?|\][^\x07\x1b]*(?:\x07|\x1b\\)?|[@-Z\\-_]?)")
-_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+# C0, DEL, C1, and the bidirectional controls (embeddings, overrides, isolates, the marks):
+# these reorder what the terminal shows ("Trojan Source": a summary that reads other than
+# it says). Zero-width joiners stay: scripts and emoji need them, and they reorder nothing.
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]")
 DEFAULT_LIMIT = 2000
 
 
 def printable(text, limit: int = DEFAULT_LIMIT, keep_newlines: bool = False) -> str:
     """`text` (any value: str() of it) with escape sequences removed, other control
-    characters shown as `?` (a tab as a space; newlines kept only if asked), and cut to
-    `limit` characters with an ellipsis."""
+    characters (bidirectional ones too) shown as `?` (a tab as a space; newlines kept
+    only if asked), and cut to `limit` characters with an ellipsis."""
     s = text if isinstance(text, str) else str(text)
     if len(s) > 4 * limit:  # bound the work before the regexes see it
         s = s[:4 * limit]

@@ -150,3 +150,22 @@ def test_findings_of_many_host_names_stay_bounded(tmp_path):
         assert "bytes of the nodes' findings already" in c.text(), c.text()[-2000:]
     finally:
         c.stop()
+
+
+@pytest.mark.timeout(30)
+def test_bidi_controls_from_a_node_are_not_printed(tmp_path):
+    """A finding's summary with U+202E (right-to-left override) and an isolate: printed
+    raw, the terminal shows the text reversed ("Trojan Source"), so what the operator
+    reads is not what the node said; they are controls, shown as '?' like the others."""
+    c = _collector(tmp_path)
+    try:
+        node = connect_node(c.address, "bidi")
+        summary = "rank 3 died \u202egnp.exe\u202c \u2067x\u2069 \u061c\u200f"
+        send(node, wire.json_frame(wire.FINDINGS, {"findings": [
+            {"kind": "crash", "severity": "error", "summary": summary, "ranks": [0],
+             "details": {"source": "log"}}]}))
+        text = c.wait_for("rank 3 died", 10)
+        assert not any(ch in text for ch in "\u202e\u202c\u2067\u2069\u061c\u200f"), text
+        node.close()
+    finally:
+        c.stop()
