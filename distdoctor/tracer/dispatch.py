@@ -147,6 +147,26 @@ def _inflight_on() -> bool:
     return check is not None and check()
 
 
+def torch_hooks_attached(pg) -> bool:
+    """Whether torch attached hooks of its own to this group (torch 2.15.0
+    distributed_c10d.py, `_new_process_group_helper`): its Flight Recorder hook (kept in
+    `_world.pg_flight_recorder_hooks`; nccl2, nccl-lazy, plugins) or, with
+    TORCH_DIST_NAN_CHECK=1, NanCheckHook on every group. HealthCheckHook is an abort
+    hook, not fired per op. A hook the job registers from Python is seen by the tracing
+    group's own register_pre_hook/register_post_hook."""
+    cached = pg.__dict__.get("_dd_torch_hooks")
+    if cached is None:
+        import os
+
+        import torch.distributed.distributed_c10d as c10d
+
+        recorded = getattr(c10d._world, "pg_flight_recorder_hooks", {})
+        cached = pg in recorded or os.environ.get("TORCH_DIST_NAN_CHECK", "0") == "1"
+        if cached or c10d._world.pg_map.get(pg) is not None:  # torch is done with it
+            pg.__dict__["_dd_torch_hooks"] = cached
+    return cached
+
+
 def prepare(pg, spec, call_args, desc, barrier_device):
     """(the dispatcher op, its arguments, tensors its work is registered on), or None
     where this op is not routed (no hooks on this torch, an unknown argument form).
