@@ -143,7 +143,7 @@ def write(prefix: Path, rank: int, d: dict, fmt: str = "pickle") -> Path:
 
 def findings(prefix) -> list:
     d = load_fr_dumps(str(prefix))
-    return diagnose_events(d.events, d.headers(), {}, 0.0).findings()
+    return diagnose_events(d.events, d.headers(), {}, 0.0, members_per_op=True).findings()
 
 
 def three_ranks_one_skips(prefix: Path, fmt: str = "pickle") -> None:

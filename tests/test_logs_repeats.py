@@ -5,6 +5,7 @@ to tell. The projects' own formats are fixtures in tests/fixtures/logs/round4/."
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import os
 import signal
@@ -13,6 +14,7 @@ import sys
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 
 from distdoctor.launch.env import free_port
@@ -129,7 +131,12 @@ def test_a_hung_torchrun_job_whose_heartbeat_repeats_is_said_as_the_stall(tmp_pa
         while out.read_text().count("still at step 4") < 8 and time.monotonic() < deadline:
             time.sleep(0.2)
     finally:
+        # torchrun puts each rank in a session of its own: its group alone leaves them
+        ranks = psutil.Process(proc.pid).children(recursive=True)
         os.killpg(proc.pid, signal.SIGKILL)
+        for rank in ranks:
+            with contextlib.suppress(psutil.Error):
+                rank.kill()
         proc.wait(timeout=30)
     text = out.read_text()
     assert text.count("still at step 4") >= 8, text[-2000:]

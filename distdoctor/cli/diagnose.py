@@ -106,5 +106,6 @@ def _from_fr(prefix: str, hang_timeout, notes: list[str]):
     # still in flight when the dump was taken counts as hung whatever its age (dumps are
     # usually taken on a timeout), unless --hang-timeout asks for more.
     engine = diagnose_events(dumps.events, dumps.headers(), {},
-                             hang_timeout if isinstance(hang_timeout, float) else 0.0)
+                             hang_timeout if isinstance(hang_timeout, float) else 0.0,
+                             members_per_op=True)  # each op's witnesses (flight_recorder.py)
     return engine.findings()

@@ -41,6 +41,9 @@ class GroupNames:
     """Which member list each rank's group name stands for."""
 
     def __init__(self):
+        # off where an event's members are those expected at that op, not the group's
+        # (the Flight Recorder's dumps: a rank whose ring wrapped witnesses fewer ops)
+        self.off = False
         self.lists: dict[str, list[tuple[int, ...]]] = {}  # name -> member lists, in order seen
         self.users: dict[tuple[str, int], set[int]] = {}  # (name, list) -> ranks using it
         self.sites: dict[tuple[str, int], dict] = {}  # (name, list) -> a call site on it
@@ -48,7 +51,8 @@ class GroupNames:
     def variant(self, name: str, members: tuple, rank: int, callsite: dict | None) -> int:
         """The number of the member list `name` stands for on `rank` (0: the first seen).
         Called once per rank and name (the engine keeps the answer), never per op."""
-        if not members or (name not in self.lists and len(self.lists) >= MAX_NAMES):
+        if self.off or not members or (name not in self.lists
+                                        and len(self.lists) >= MAX_NAMES):
             return 0
         key = tuple(sorted(members))
         lists = self.lists.setdefault(name, [])

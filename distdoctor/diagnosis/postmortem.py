@@ -72,19 +72,25 @@ ONSET_CHECKS = 50  # straggler verdicts taken while the events go in (see diagno
 
 
 def diagnose_events(events: dict[int, list], headers: dict, exits: dict[int, ExitInfo],
-                    hang_timeout_s: float | None, samples: list = ()) -> Engine:
+                    hang_timeout_s: float | None, samples: list = (),
+                    members_per_op: bool = False) -> Engine:
     """Run every detector over complete event streams (clocks stop at the last heartbeat).
 
     `hang_timeout_s`: None decides hangs by progress (the sampled lines in the log, as
     there are no readings of the processes post-mortem), a number by that fixed rule. A
     rank's clock is known only up to its last heartbeat (one a second), so a wait that
     the live engine saw pass the timeout may end a heartbeat short of it here.
+    `members_per_op`: the events' group_ranks are the members expected at each op (the
+    Flight Recorder's dumps), not their group's members.
     """
     from distdoctor.diagnosis.live import gpu_findings_fn
 
     engine = Engine(None if hang_timeout_s is None
                     else max(0.0, hang_timeout_s - HEARTBEAT_SLACK_S), postmortem=True)
     engine.samples.extend(samples)
+    # members expected at each op (the Flight Recorder's), not the group's: two member
+    # lists for one name are then no sign of groups created in different orders
+    engine.group_names.off = members_per_op
     engine.gpu_findings = gpu_findings_fn()
     every = max(100, sum(map(len, events.values())) // ONSET_CHECKS)
     for evs in events.values():
