@@ -7,6 +7,10 @@ On a lent GPU machine (a bare copy of the working tree; what goes under $OUT com
     python3 benchmarks/gpu_suite.py --stage steps-a --out $OUT  # step_overhead.py, 5 modes
     python3 benchmarks/gpu_suite.py --stage steps-b --out $OUT  # step_overhead.py, 4 modes
     python3 benchmarks/gpu_suite.py --stage paired  --out $OUT  # tracer_overhead.py paired
+    python3 benchmarks/gpu_suite.py --stage torch215 --out $OUT # torch 2.15's nccl2, 2 GPUs
+
+The torch215 stage needs torch >= 2.15 in the interpreter that runs the suite (run it with
+that interpreter); elsewhere it is reported skipped with the reason.
 
 Here, without a GPU (the dry run: CUDA parts skipped and reported so, tiny sizes):
 
@@ -57,7 +61,11 @@ STEP_MODES = list(_load("step_overhead").MODES)  # in two halves of under 10 min
 STAGES = {"tests": "the GPU tier (pytest tests/gpu -m gpu) and its NVML recordings",
           "steps-a": f"step_overhead.py: {', '.join(STEP_MODES[:5])}",
           "steps-b": f"step_overhead.py: {', '.join(STEP_MODES[5:])}",
-          "paired": "tracer_overhead.py paired: 2 gloo ranks, 1-element all_reduce"}
+          "paired": "tracer_overhead.py paired: 2 gloo ranks, 1-element all_reduce",
+          "torch215": "torch >= 2.15, default nccl (nccl2), 2 GPUs traced: torch's Flight "
+                      "Recorder as bare, its NaN check, hook counts (issue 51)"}
+# GPU tests a stage of their own runs, which the `tests` stage leaves out (its budget)
+STAGE_TESTS = {"torch215": "tests/gpu/test_torch215_nccl.py"}
 SIZES = {  # full: the benchmarks' own defaults; tiny: the dry run's smallest that still runs
     "full": {"cycles": 24, "block": 0, "rounds": 3, "launched_steps": 40, "modes": 9,
              "paired_rounds": 150, "paired_launches": 15},
@@ -213,17 +221,21 @@ def cuda_reason(facts: dict, cpu_only: bool) -> str:
 
 
 # --- stages ---------------------------------------------------------------------------
-def stage_tests(suite: Suite, facts: dict) -> dict:
+def stage_tests(suite: Suite, facts: dict, targets: list[str] | None = None,
+                name: str = "tests") -> dict:
+    """pytest -m gpu on `targets` (default: tests/gpu less the files other stages run)."""
+    if targets is None:
+        targets = ["tests/gpu", *(f"--ignore={f}" for f in STAGE_TESTS.values())]
     if lacking := [m for m in ("pytest", "pytest_timeout") if m in facts.get("missing", [])]:
         return {"status": "failed", "reason": f"{', '.join(lacking)} not installed for "
                 f"{facts.get('executable')}: carry the wheels in .whl (README)"}
-    results, junit = suite.work / "measurements.jsonl", suite.work / "junit.xml"
+    results, junit = suite.work / f"measurements-{name}.jsonl", suite.work / f"junit-{name}.xml"
     env = {"DISTDOCTOR_GPU_RESULTS": str(results), "DISTDOCTOR_GPU_FIXTURES": str(suite.out)}
     if suite.cpu_only:
         env["CUDA_VISIBLE_DEVICES"] = ""
     code, out = suite.child([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
                              "-o", "addopts=", "-rs", "-m", "gpu", "--junitxml", str(junit),
-                             "--basetemp", str(suite.work / "pytest"), "tests/gpu"], env=env)
+                             "--basetemp", str(suite.work / "pytest"), *targets], env=env)
     tests = report.junit_cases(ET.parse(junit).getroot()) if junit.exists() else []
     measured = [json.loads(line) for line in results.read_text().splitlines()] \
         if results.exists() else []
@@ -308,12 +320,14 @@ def run_stages(suite: Suite, names: list[str], facts: dict, cuda_skip: str) -> l
             result = stage_tests(suite, facts)
         elif name == "paired":
             result = stage_paired(suite, facts)
+        elif name in STAGE_TESTS:
+            result = stage_tests(suite, facts, [STAGE_TESTS[name]], name)
         else:
             own = STEP_MODES[:5] if name == "steps-a" else STEP_MODES[5:]
             chosen = [m for m in own if m in suite.modes] if suite.modes else own
             result = stage_steps(suite, facts, chosen[:suite.size["modes"]])
         result.update(name=name, wall_s=round(time.monotonic() - started, 1),
-                      cuda_skipped=cuda_skip if name == "tests" else "")
+                      cuda_skipped=cuda_skip if name == "tests" or name in STAGE_TESTS else "")
         suite.say(f"== stage {name}: {result['status']} in {result['wall_s']:.0f} s"
                   f"{' (' + result['reason'] + ')' if result.get('reason') else ''}")
         done.append(result)

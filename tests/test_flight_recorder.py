@@ -278,3 +278,17 @@ def test_a_newer_format_is_named_not_misread(tmp_path):
     d = load_fr_dumps(str(tmp_path / "fr_"))
     assert "format 3.0" in d.unreadable[1] and "upgrade distdoctor" in d.unreadable[1]
     assert sorted(d.events) == [0]
+
+
+def test_nccl2_dumps_of_torch_215_name_the_stuck_rank():
+    # tests/fixtures/fr_nccl2/README.md: torch 2.15.0's JSON dump format, as its
+    # FlightRecorderHook writes for nccl2 ("nccl2:all_reduce", the hung op "scheduled")
+    prefix = Path(__file__).parent / "fixtures" / "fr_nccl2" / "nccl_trace_rank_"
+    d = load_fr_dumps(str(prefix))
+    assert d.world_size == 4 and not d.unreadable
+    assert {e.op for es in d.events.values() for e in es} == {"all_reduce"}
+    rc, report = _diagnose(prefix)
+    assert rc == 1
+    [f] = _errors(report)
+    assert f["kind"] == "hang" and f["ranks"] == [2] and f["group"] == "0", f
+    assert f["details"]["waiting_ranks"] == [0, 1, 3], f

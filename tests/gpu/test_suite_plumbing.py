@@ -19,6 +19,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 SUITE = ROOT / "benchmarks" / "gpu_suite.py"
 CPU_TESTS = {"test_suite_plumbing", "test_nvml_recorded_replay"}  # not `gpu`: run in CI
+OWN_STAGE = {"test_torch215_nccl": "torch215"}  # GPU tests run by a stage of their own
 
 
 def suite(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:
@@ -28,7 +29,7 @@ def suite(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:
 
 def test_the_plan_splits_the_suite_into_stages_of_one_command_each():
     plan = json.loads(suite("--plan").stdout)
-    assert list(plan["stages"]) == ["tests", "steps-a", "steps-b", "paired"]
+    assert list(plan["stages"]) == ["tests", "steps-a", "steps-b", "paired", "torch215"]
     assert plan["size"] == "full" and plan["budget_s"] < 600  # the device tool's limit
     tiny = json.loads(suite("--plan", "--cpu-only", "--stage", "steps-b,paired").stdout)
     assert list(tiny["stages"]) == ["steps-b", "paired"] and tiny["size"] == "tiny"
@@ -48,7 +49,8 @@ def test_dry_run_reports_every_gpu_test_skipped_with_the_reason(tmp_path):
     tests = stage["tests"]
     assert tests and {t["outcome"] for t in tests} == {"skipped"}, tests
     assert all(t["message"].startswith("GPU tier:") for t in tests), tests
-    gpu_modules = {p.stem for p in (ROOT / "tests" / "gpu").glob("test_*.py")} - CPU_TESTS
+    gpu_modules = ({p.stem for p in (ROOT / "tests" / "gpu").glob("test_*.py")} - CPU_TESTS
+                   - set(OWN_STAGE))
     assert {t["id"].split("::")[0] for t in tests} == gpu_modules  # none unmarked or lost
     assert summary["exit_code"] == 0 and summary["goals"] == []
     md = (tmp_path / "summary.md").read_text()
@@ -73,3 +75,16 @@ def test_skipped_gpu_parts_are_never_a_pass():
     assert few["verdict"] == "undecided" and "2 cores for 2 ranks" in few["why"]
     assert many["verdict"] == "met"
     assert report.goals({"cpus": 16}, [paired], "tiny")[0]["verdict"] == "undecided"
+
+
+@pytest.mark.timeout(90)
+def test_the_torch215_stage_runs_its_own_gpu_test_and_skips_it_here_with_the_reason(tmp_path):
+    proc = suite("--cpu-only", "--stage", "torch215", "--out", str(tmp_path), timeout=80)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    (stage,) = json.loads((tmp_path / "summary.json").read_text())["stages"]
+    assert stage["name"] == "torch215" and stage["status"] == "skipped", stage
+    assert "CUDA" in stage["cuda_skipped"] and stage["reason"].startswith("GPU tier:"), stage
+    tests = stage["tests"]
+    assert {t["id"].split("::")[0] for t in tests} == {"test_torch215_nccl"}, tests
+    assert len(tests) == 3 and {t["outcome"] for t in tests} == {"skipped"}, tests
+    assert all(t["message"].startswith("GPU tier:") for t in tests), tests
