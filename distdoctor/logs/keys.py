@@ -8,6 +8,7 @@ from __future__ import annotations
 import re
 from collections import Counter
 from dataclasses import dataclass
+from operator import itemgetter
 
 from distdoctor.logs.files import open_log
 from distdoctor.logs.heads import Head, learn
@@ -44,12 +45,16 @@ _SNIFF_RE = re.compile(rb"\n" + _QUOTE + rb"(" + _STAMP + rb")" + b"".join(p for
 # (not tied to a line start: a rank's piece interleaved mid-line counts as its line)
 _RANK_ONLY = rb"\[rank(\d+)\]:"
 
-def lines_at(body: bytes, base: int, offsets: dict) -> dict:
-    """{key: (line number, line bytes after its last '\r')} for line-start offsets."""
+def lines_at(body: bytes, base: int, offsets: dict, texts: dict | None = None) -> dict:
+    """{key: (line number, line bytes after its last '\r')} for line-start offsets; where
+    `texts` holds an offset, its last text (str) instead of the bytes."""
     out, prev, ln = {}, 0, base
-    for k, off in sorted(offsets.items(), key=lambda kv: kv[1]):
+    for k, off in sorted(offsets.items(), key=itemgetter(1)):
         ln += body.count(b"\n", prev, off)
         prev = off
+        if texts and off in texts and body[off - 1] == 10:  # a whole line, already parsed
+            out[k] = (ln, texts[off])
+            continue
         raw = body[off:body.find(b"\n", off)]
         cr = raw.rfind(b"\r")
         out[k] = (ln, raw[cr + 1:][:8192] if cr >= 0 else raw[:8192])
@@ -67,7 +72,9 @@ class Keys:
         self.counts: Counter = Counter()
         self.firsts: dict = {}  # key -> line number of its first line
         self.lasts: dict = {}  # key -> (line number, bytes) of its last line
-        self.prev: tuple | None = None  # (body, base, keys present) of the previous chunk
+        # (body, base, keys present, {key on one line: its offset}) of the previous chunk
+        self.prev: tuple | None = None
+        self.texts: dict = {}  # line start -> last text, of lines parsed in the last chunk
         self.empty: object = None
         if not layers:
             self.regex = None
@@ -81,8 +88,13 @@ class Keys:
 
     def settle(self, gone: set) -> None:
         """Last lines of the keys `gone` quiet after the previous chunk, found in it."""
-        body, base, _ = self.prev
-        self.lasts.update(lines_at(body, base, self.positions(body, gone, False)))
+        body, base, _, once = self.prev
+        # a key on one line of that chunk: its last line is its first, found already
+        found = {k: off for k, off in once.items() if k in gone}  # in line order: sorts fast
+        rest = gone - found.keys() if found else gone
+        if rest:
+            found.update(self.positions(body, rest, False))
+        self.lasts.update(lines_at(body, base, found, self.texts))
 
     def key_of(self, m: re.Match):
         return m.group(1) if self.empty is None else m.groups(b"")
@@ -140,7 +152,9 @@ class Keys:
             missing = want - found.keys()
             if len(missing) <= FEW or stop - start >= len(body) - 1:
                 break
-            width *= 4
+            # many missing (a million ranks: each chunk's keys all new): the whole chunk at
+            # once, not windows growing over it (the same lines found, read once more at most)
+            width = len(body)
         for k in missing:
             off = self._search(body, k, first)
             if off is not None:

@@ -195,12 +195,15 @@ class LogReader:
             counts.pop(keys.empty, None)
             keyed = sum(counts.values())
             self._keyed_activity(body, base, keys, counts)
+        # this chunk's parsed lines' last texts by line start: a key's last line found among
+        # them (Keys.settle) takes its text from here, not from a second parse
+        texts_at = keys.texts = {}
         if file_who is not None and n_lines > keyed:
             first, last, last_raw = unkeyed_ends(body, keys)
             self._count(file_who, file_line, n_lines - keyed, base + first, base + last, path,
                         last_raw)
         # anchors: the lines they hit, each parsed once, in order
-        starts: dict[int, list] = {}  # line start -> the anchors found in it
+        starts: set[int] = set()  # line starts of the lines anchors hit
         after: set[int] = set()  # lines handed over for the line before them
         last = len(body) - 1
         found = plan.candidates(body)
@@ -208,17 +211,16 @@ class LogReader:
         texts = tuple(a.decode("utf-8", "replace") for a in found)
         for a in found:
             follow = FOLLOW.get(a, 0)
-            text_a = a.decode("utf-8", "replace")
             i = body.find(a)
             while i >= 0:
                 s = body.rfind(b"\n", 0, i) + 1
                 e = body.find(b"\n", i)
-                starts.setdefault(s, []).append(text_a)
+                starts.add(s)
                 j = e
                 for _ in range(follow):
                     if j >= last:
                         break
-                    starts.setdefault(j + 1, [])
+                    starts.add(j + 1)
                     after.add(j + 1)
                     j = body.find(b"\n", j + 1)
                 i = body.find(a, e)
@@ -229,15 +231,17 @@ class LogReader:
             raw = body[s:body.find(b"\n", s)]
             unkeyed = file_who is None and not keys.keyed(body, s - 1)
             text = raw.decode("utf-8", "replace")
-            # a message holds only anchors its raw line holds, unless peeling joined two
-            # parts (an escape code or a NUL taken out between them)
-            hits = texts if b"\x1b" in raw or b"\x00" in raw else starts[s]
+            # a message holds only anchors its chunk holds (`texts`: every anchor of the chunk,
+            # a superset of the line's own, so the same test as with the line's alone)
             seen: set = set()
-            for ll in parse_raw(text, file=path, lineno=lineno, rank=keys.rank, host=keys.host):
+            parsed = parse_raw(text, file=path, lineno=lineno, rank=keys.rank, host=keys.host)
+            if parsed and len(raw) <= 8192 and b"\r" not in raw:  # _last_text(raw), made
+                texts_at[s] = parsed[0].text[:LAST_TEXT] if text.strip() else ""  # here once
+            for ll in parsed:
                 if unkeyed and ll.who is not None and ll.who not in seen:
                     seen.add(ll.who)
                     self._count(ll.who, ll, 1, lineno, lineno, path, raw[-8192:])
-                if s in after or any(map(ll.text.__contains__, hits)):
+                if s in after or any(map(ll.text.__contains__, texts)):
                     yield ll
         return n_lines
 
@@ -248,15 +252,18 @@ class LogReader:
         keys.counts.update(counts)
         present = counts.keys()
         new = present - keys.known
+        once: dict = {}  # new keys on one line of this chunk: where (their last line too)
         if new:
             keys.known |= new
-            for k, (ln, _) in lines_at(body, base, keys.positions(body, new, True)).items():
+            at = keys.positions(body, new, True)
+            once = {k: off for k, off in at.items() if counts[k] == 1}
+            for k, (ln, _) in lines_at(body, base, at).items():
                 keys.firsts[k] = ln
         if keys.prev is not None:
             gone = keys.prev[2] - present
             if gone:
                 keys.settle(gone)
-        keys.prev = (body, base, set(present))
+        keys.prev = (body, base, set(present), once)
 
     def _fold(self, keys: Keys, path: str) -> None:
         """A file's keyed counts into `activity`, once the file is read."""
@@ -316,8 +323,11 @@ def _in_line_shapes(body: bytes, anchors: list[bytes]) -> list[bytes]:
     return [a for a in anchors if a in shapes or any(48 <= c <= 57 for c in a)]
 
 
-def _last_text(raw: bytes) -> str:
-    """The message of a raw line's last segment (what a terminal shows last), cut."""
+def _last_text(raw: bytes | str) -> str:
+    """The message of a raw line's last segment (what a terminal shows last), cut; a str is
+    that text already (made when the line was parsed for its anchors)."""
+    if isinstance(raw, str):
+        return raw
     seg = raw.rsplit(b"\r", 1)[-1].decode("utf-8", "replace")
     return _message(seg)[:LAST_TEXT]
 
