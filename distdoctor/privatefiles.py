@@ -85,18 +85,7 @@ class PrivateDir:
     def write(self, name: str, data: bytes) -> None:
         """Replace `name` with `data`, atomically (a reader sees the old or the new file)."""
         _plain_name(name)
-        tmp = f".{name}.{os.getpid()}.{secrets.token_hex(4)}.tmp"
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NOFOLLOW | os.O_CLOEXEC,
-                     0o600, dir_fd=self.fd)
-        try:
-            try:
-                _write_all(fd, data)
-            finally:
-                os.close(fd)
-            os.rename(tmp, name, src_dir_fd=self.fd, dst_dir_fd=self.fd)
-        except BaseException:
-            self._unlink_quietly(tmp)
-            raise
+        write_atomically(name, data, 0o600, dir_fd=self.fd)
 
     def read(self, name: str, limit: int = 1 << 20) -> bytes:
         """The first `limit` bytes of `name`: a regular file of ours, reached by no link."""
@@ -114,12 +103,6 @@ class PrivateDir:
     def remove(self, name: str) -> None:
         _plain_name(name)
         os.unlink(name, dir_fd=self.fd)
-
-    def _unlink_quietly(self, name: str) -> None:
-        try:
-            os.unlink(name, dir_fd=self.fd)
-        except OSError:
-            pass
 
 
 def _make(path: str) -> None:
@@ -156,6 +139,30 @@ def _plain_name(name: str) -> None:
     """A file name in the dir, never a path out of it."""
     if not name or "/" in name or name in (".", ".."):
         raise ValueError(f"not a plain file name: {name!r}")
+
+
+def write_atomically(path: str, data: bytes, mode: int = 0o644,
+                     dir_fd: int | None = None) -> None:
+    """Replace the file at `path` (relative to `dir_fd` when given) with `data`: written
+    under a fresh name beside it (O_EXCL | O_NOFOLLOW: never through a link, never over
+    another writer's temp file) and renamed over `path` (a rename replaces a link there,
+    never follows it), so a reader sees the old file or the new one, never half."""
+    head, tail = os.path.split(path)
+    tmp = os.path.join(head, f".{tail}.{os.getpid()}.{secrets.token_hex(6)}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NOFOLLOW | os.O_CLOEXEC,
+                 mode, dir_fd=dir_fd)
+    try:
+        try:
+            _write_all(fd, data)
+        finally:
+            os.close(fd)
+        os.replace(tmp, path, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+    except BaseException:
+        try:
+            os.unlink(tmp, dir_fd=dir_fd)
+        except OSError:
+            pass
+        raise
 
 
 def _write_all(fd: int, data: bytes) -> None:

@@ -19,18 +19,17 @@ from __future__ import annotations
 import json
 import os
 import re
-import secrets
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from distdoctor.errors import UserError
+from distdoctor.privatefiles import write_atomically
 
 RUN_FORMAT = "distdoctor-run"
 RUN_VERSION = 1
 DEFAULT_ROOT = "distdoctor-runs"
 ENV_RUN_DIR = "DISTDOCTOR_RUN_DIR"
-NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 
 
 _LOG_NAME = re.compile(r"rank-(\d+)(?:\.(\d+))?\.(ring|json)\Z")
@@ -132,23 +131,7 @@ def write_json_atomic(path: str | os.PathLike, data: dict, indent: int | None = 
 
 
 def write_bytes_atomic(path: str | os.PathLike, data: bytes) -> None:
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(6)}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | NOFOLLOW, 0o644)
-    try:
-        try:
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view):]
-        finally:
-            os.close(fd)
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
+    write_atomically(os.fspath(path), data)
 
 
 def write_run_meta(run_dir: str | os.PathLike, **fields) -> None:
