@@ -68,11 +68,12 @@ def detector_of(exc: BaseException, default: str) -> str:
     return MODULE_DETECTOR.get(module, default)
 
 
-def exception_text(exc: BaseException) -> str:
-    """'TypeError("unsupported operand ...") at straggler.py:129'"""
+def exception_text(exc: BaseException, site: str | None = None) -> str:
+    """'TypeError("unsupported operand ...") at straggler.py:129' (`site`: where it was
+    raised, else the innermost distdoctor frame of its traceback)."""
     message = str(exc)[:MESSAGE_CHARS]
     shown = f"{type(exc).__name__}({message!r})" if message else type(exc).__name__
-    site = where_raised(exc)
+    site = site or where_raised(exc)
     return shown + (f" at {os.path.basename(site)}" if site else "")
 
 
@@ -81,13 +82,12 @@ def internal_finding(detector: str, exc: BaseException, site: str | None, count:
     """distdoctor's own failure, said as such: never a culprit, never the job's fault.
     `part`: what failed, in words (the detector by default); `then`: what goes on."""
     message = str(exc)[:MESSAGE_CHARS]
-    shown = f"{type(exc).__name__}({message!r})" if message else type(exc).__name__
-    at = f" at {os.path.basename(site)}" if site else ""
     then = then or ("it is switched off, the other detectors go on" if off
                     else "it is tried again on the next pass, the other detectors go on")
     return Finding(
         "internal", "warning",
-        f"distdoctor's {part or detector + ' detector'} failed: {shown}{at}; {then} (a bug "
+        f"distdoctor's {part or detector + ' detector'} failed: "
+        f"{exception_text(exc, site)}; {then} (a bug "
         "in distdoctor, not in the job)",
         [], details={"detector": detector, "exception": type(exc).__name__,
                      "message": message, "site": site, "failures": count,
