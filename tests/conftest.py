@@ -76,6 +76,31 @@ def run_cli(args: list[str], timeout: float = 120, env: dict | None = None,
     return subprocess.CompletedProcess(proc.args, proc.returncode, _text(out), _text(err))
 
 
+def run_ranks_bare(argv: list[str], env: dict, nproc: int, timeout: float,
+                   what: str) -> list[str]:
+    """`argv` as `nproc` ranks launched torchrun-style without distdoctor (the bare twin
+    of a traced run), each in a session of its own; every one killed on a timeout. Each
+    rank's output; every rank must exit 0."""
+    from distdoctor.launch.env import free_port, rank_env
+
+    port = free_port()
+    procs = [subprocess.Popen(argv, env=rank_env(env, r, nproc, port),
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                              stdin=subprocess.DEVNULL, text=True, start_new_session=True)
+             for r in range(nproc)]
+    try:
+        outputs = [p.communicate(timeout=timeout)[0] for p in procs]
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"{what} did not finish in {timeout}s")
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGKILL)
+                p.wait()
+    assert all(p.returncode == 0 for p in procs), "\n".join(o[-4000:] for o in outputs)
+    return outputs
+
+
 def _text(data: bytes | None) -> str:
     return (data or b"").decode("utf-8", "replace")
 

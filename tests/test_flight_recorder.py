@@ -10,18 +10,15 @@ from __future__ import annotations
 import json
 import os
 import pickle
-import signal
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-from conftest import JOBS, marker_lines, own_sites, run_cli
+from conftest import JOBS, marker_lines, own_sites, run_cli, run_ranks_bare
 
 from distdoctor.diagnosis.flight_recorder import load_fr_dumps
 from distdoctor.diagnosis.postmortem import diagnose_events
 from distdoctor.errors import UserError
-from distdoctor.launch.env import free_port, rank_env
 
 JOB = "fr_dump.py"
 
@@ -31,25 +28,9 @@ def _run_fr_job(mode: str, prefix: Path, nproc: int = 3, fmt: str = "pickle",
                 timeout: float = 60) -> None:
     """Launch the ranks torchrun-style and wait; kill every one of them on a timeout."""
     env = dict(os.environ, TORCH_FR_BUFFER_SIZE="2000", PYTHONUNBUFFERED="1")
-    port = free_port()
     argv = [sys.executable, str(JOBS / JOB), mode, str(prefix)] + (["json"] if fmt == "json"
                                                                    else [])
-    procs = [subprocess.Popen(argv, env=rank_env(env, r, nproc, port),
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                              stdin=subprocess.DEVNULL, text=True, start_new_session=True)
-             for r in range(nproc)]
-    outputs = []
-    try:
-        for p in procs:
-            outputs.append(p.communicate(timeout=timeout)[0])
-    except subprocess.TimeoutExpired:
-        pytest.fail(f"{JOB} {mode} did not finish in {timeout}s")
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                os.killpg(p.pid, signal.SIGKILL)
-                p.wait()
-    assert all(p.returncode == 0 for p in procs), "\n".join(outputs)
+    run_ranks_bare(argv, env, nproc, timeout, f"{JOB} {mode}")
 
 
 def _diagnose(prefix) -> tuple[int, dict]:

@@ -18,17 +18,14 @@ from __future__ import annotations
 
 import json
 import os
-import signal
-import subprocess
 import sys
 
 import pytest
 import torch
 import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
-from conftest import JOBS, run_job
+from conftest import JOBS, run_job, run_ranks_bare
 
-from distdoctor.launch.env import free_port, rank_env
 from distdoctor.tracer import backends
 from distdoctor.tracer.process_group import backend_type, barrier_device_type
 
@@ -42,22 +39,8 @@ def _bare(job: str, *args: str, env: dict | None = None, timeout: float = 60) ->
     """Two ranks launched torchrun-style without distdoctor; each rank's output."""
     full = {k: v for k, v in os.environ.items() if not k.startswith("DISTDOCTOR")}
     full.update(env or {}, PYTHONUNBUFFERED="1")
-    port = free_port()
-    procs = [subprocess.Popen([sys.executable, str(JOBS / job), *args],
-                              env=rank_env(full, r, 2, port), stdout=subprocess.PIPE,
-                              stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, text=True,
-                              start_new_session=True) for r in range(2)]
-    try:
-        outs = [p.communicate(timeout=timeout)[0] for p in procs]
-    except subprocess.TimeoutExpired:
-        pytest.fail(f"{job} did not finish bare in {timeout}s")
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                os.killpg(p.pid, signal.SIGKILL)
-                p.wait()
-    assert all(p.returncode == 0 for p in procs), "\n".join(outs)
-    return outs
+    return run_ranks_bare([sys.executable, str(JOBS / job), *args], full, 2, timeout,
+                          f"{job} bare")
 
 
 def _counts(directory) -> dict[int, dict]:

@@ -21,15 +21,12 @@ from __future__ import annotations
 
 import json
 import os
-import signal
-import subprocess
 import sys
 
 import pytest
 import torch
-from conftest import run_cli
+from conftest import run_cli, run_ranks_bare
 
-from distdoctor.launch.env import free_port, rank_env
 from distdoctor.runlog.run import read_run
 from gpu.gpu_support import JOBS, note_measurement
 
@@ -52,22 +49,8 @@ def _clean_env(extra: dict | None = None) -> dict:
 
 def bare(job: str, *args: str, env: dict | None = None, timeout: float = 120) -> list[str]:
     """2 ranks launched torchrun-style without distdoctor; each rank's output."""
-    full, port = _clean_env(env), free_port()
-    procs = [subprocess.Popen([sys.executable, str(JOBS / job), *args],
-                              env=rank_env(full, r, 2, port), stdout=subprocess.PIPE,
-                              stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, text=True,
-                              start_new_session=True) for r in range(2)]
-    try:
-        outs = [p.communicate(timeout=timeout)[0] for p in procs]
-    except subprocess.TimeoutExpired:
-        pytest.fail(f"{job} did not finish bare in {timeout}s")
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                os.killpg(p.pid, signal.SIGKILL)
-                p.wait()
-    assert all(p.returncode == 0 for p in procs), "\n".join(o[-2000:] for o in outs)
-    return outs
+    return run_ranks_bare([sys.executable, str(JOBS / job), *args], _clean_env(env), 2,
+                          timeout, f"{job} bare")
 
 
 def traced(job: str, run_dir, *args: str, env: dict | None = None, timeout: float = 180):
