@@ -92,6 +92,9 @@ class RunFollower:
         self.incarnations = Incarnations()
         self.newest: int = 0  # the newest incarnation seen
         self.said: list[str] = []  # one line per log that could no longer be read
+        # the last poll found more than events: a new log, or a log closed (its rank shut
+        # down) or let go; a reader that skips its idle passes looks at the ranks then
+        self.moved = False
         self._ranks_mtime = -1
         self._meta_tried: dict[tuple[int, int], tuple[float, int]] = {}
         self._scanned_s = -math.inf
@@ -136,6 +139,7 @@ class RunFollower:
             if len(self.feeds) + len(found) >= self.budget:
                 log.park()
             found.append((log.created_wall_ns, key[1], key[0], log))
+            self.moved = True
         # in the order they were made: that numbers the incarnations (runlog.incarnations)
         for _, number, rank, log in sorted(found, key=lambda t: t[:3]):
             feed = RankFeed(log, self.incarnations.assign(rank, log.launch))
@@ -171,13 +175,16 @@ class RunFollower:
     def poll_incarnations(self, final: bool = False) -> dict[int, list[Event]]:
         """New events and completions, per incarnation. `final`: the last poll of a run
         (metadata still missing is looked for once more, whenever it was last tried)."""
+        self.moved = False
         self._discover()
         out: dict[int, list[Event]] = {}
         for i, (key, feed) in enumerate(list(self.feeds.items())):
             if not self.meta.get(key):
                 self._load_meta(key, now_too=final)
             try:
-                feed.header = feed.log.header()
+                before, feed.header = feed.header, feed.log.header()
+                if before is None or before.closed != feed.header.closed:
+                    self.moved = True
                 # completions of ops seen in flight
                 events = []
                 for index in list(feed.pending):
@@ -223,6 +230,7 @@ class RunFollower:
         return now - since > RETIRE_S
 
     def _let_go(self, key: tuple[int, int], feed: RankFeed, why: str | None = None) -> None:
+        self.moved = True
         del self.feeds[key]
         self._quiet.pop(key, None)
         try:

@@ -1,0 +1,87 @@
+"""`run`'s live diagnosis follows the job at the job's pace: a pass in which nothing
+changed stops after reading the rank logs' headers, and the time-driven checks (liveness,
+progress, the detectors' clocks) run at their own slower cadence. Hand-written rings of a
+real log format, passes driven with chosen clocks."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+
+from distdoctor.diagnosis import live as live_mod
+from distdoctor.diagnosis.live import SLOW_S, LiveDiagnosis
+from distdoctor.runlog import format as F
+from distdoctor.runlog.ring import RingWriter
+from distdoctor.runlog.rundir import rank_meta_path, ring_path
+
+
+def _writer(run_dir, rank: int) -> RingWriter:
+    (run_dir / "ranks").mkdir(exist_ok=True)
+    w = RingWriter(str(ring_path(run_dir, rank)), rank, 64 * F.SLOT_SIZE, 4096)
+    rank_meta_path(run_dir, rank).write_text(json.dumps(
+        {"rank": rank, "host": socket.gethostname(), "pid": os.getpid()}))
+    return w
+
+
+def _op(w: RingWriter, seq: int) -> int:
+    return w.append(F.KIND_COLLECTIVE, F.OP_CODE["all_reduce"], 0, 0, 0, 0, seq, -1, 0, 1,
+                    1, 1000 + seq, 0, 0)
+
+
+class _Counted:
+    """Counts the engine's detector passes and the liveness reads of the ranks' pids."""
+
+    def __init__(self, live: LiveDiagnosis, monkeypatch):
+        self.ticks = self.pid_reads = 0
+        engine = live.engine
+        tick, pid_alive = engine.tick, live_mod.pid_alive
+
+        def counted_tick(*a, **k):
+            self.ticks += 1
+            return tick(*a, **k)
+
+        def counted_pid_alive(pid):
+            self.pid_reads += 1
+            return pid_alive(pid)
+
+        monkeypatch.setattr(engine, "tick", counted_tick)
+        monkeypatch.setattr(live_mod, "pid_alive", counted_pid_alive)
+
+
+def test_an_idle_job_costs_a_header_read_per_pass_and_checks_liveness_on_its_own_clock(
+        tmp_path, monkeypatch):
+    ranks = [_writer(tmp_path, r) for r in range(2)]
+    for w in ranks:
+        w.complete(_op(w, 0), F.STATUS_OK, 2000)
+    live = LiveDiagnosis(tmp_path, hang_timeout_s=60, owner=False)
+    live._step(100.0)  # the first pass reads everything
+    counted = _Counted(live, monkeypatch)
+    passes = 8
+    for i in range(1, passes + 1):  # polls within one slow period, nothing written
+        live._step(100.0 + i * SLOW_S / (passes + 1))
+    assert (counted.ticks, counted.pid_reads) == (0, 0)
+    live._step(100.0 + SLOW_S)  # the slow checks' turn: each rank's pid, the detectors
+    assert (counted.ticks, counted.pid_reads) == (1, 2)
+    live.close()
+
+
+def test_what_changed_is_judged_at_once_between_slow_checks(tmp_path, monkeypatch):
+    """New events reach the detectors on the next pass (a mismatch is not held for the
+    slow cadence), and a log closed by its rank is seen as the rank's exit at once."""
+    w0, w1 = _writer(tmp_path, 0), _writer(tmp_path, 1)
+    for w in (w0, w1):
+        w.complete(_op(w, 0), F.STATUS_OK, 2000)
+    live = LiveDiagnosis(tmp_path, hang_timeout_s=60, owner=False)
+    live._step(100.0)
+    counted = _Counted(live, monkeypatch)
+    w0.complete(_op(w0, 1), F.STATUS_OK, 3000)
+    live._step(100.1)
+    assert counted.ticks == 1 and max(live.engine.ranks[0].issued.values()) == 2
+    live._step(100.2)
+    assert counted.ticks == 1  # nothing new since
+    w1.mark_closed()  # the rank shut down
+    live._step(100.3)
+    assert counted.ticks == 2 and live.engine.ranks[1].exit is not None
+    assert live.engine.ranks[0].exit is None
+    live.close()
