@@ -242,3 +242,29 @@ def test_the_collector_shows_the_digests_ranks_as_rows_and_metrics():
     ranks = metric_ranks(fleet, 12.0, skip={0})
     assert [m.rank for m in ranks] == list(WORLD[1:])
     assert ranks[0].done == [["0", "default_pg", "all_reduce", 120, pytest.approx(3.72)]]
+
+
+def test_each_silent_node_is_lost_only_where_others_wait_for_its_ranks():
+    """Eight nodes of two ranks; h2, h5, h6 and h7 fall silent. Ranks 0-3 (h0, h1) wait
+    in an all_reduce of ranks 0-13 (members on h2, h5 and h6, none on h7); rank 6 (h3)
+    waits in a recv from rank 12 (h6); rank 8 (h4) waits too briefly to count. h2, h5 and
+    h6 are lost, each with the ranks waiting on it; h7, with nobody waiting on it, is
+    not. (One pass over the positions finds them all, lost.py.)"""
+    from distdoctor.collect.lost import Position, lost_node_findings
+
+    group = tuple(range(14))
+    positions = {r: Position(r, f"h{r // 2}", op(r, 5, 5, ranks=group), 0.0)
+                 for r in range(16)}
+    for r in (0, 1, 2, 3):
+        positions[r] = Position(r, positions[r].host, op(r, 6, 6, done=False, ranks=group),
+                                40.0)
+    recv = replace(op(6, 6, 0, done=False, group="p2p", ranks=(6, 12)), kind="p2p",
+                   op="recv", peer=1)  # the group's rank 1: global rank 12
+    positions[6] = Position(6, "h3", recv, 40.0)
+    positions[8] = Position(8, "h4", op(8, 6, 6, done=False, ranks=group), 1.0)
+    silent = {h: (9.0, False) for h in ("h2", "h5", "h6", "h7")}
+    found = {f.details["host"]: f for f in lost_node_findings(silent, positions, 30.0)}
+    assert sorted(found) == ["h2", "h5", "h6"], found
+    assert [(found[h].ranks, found[h].details["waiting_ranks"]) for h in sorted(found)] == [
+        ([4, 5], [0, 1, 2, 3]), ([10, 11], [0, 1, 2, 3]), ([12, 13], [0, 1, 2, 3, 6])]
+    assert lost_node_findings({"h7": (9.0, False)}, positions, 30.0) == []
