@@ -326,6 +326,8 @@ typedef struct {
 #undef FIELD
     unsigned long main_ident;
     int kind_p2p, redop_none, flag_async, flag_async_unknown, flag_other_thread, status_ok;
+    struct SiteSlot *sites; /* call sites already interned, by their key's words */
+    size_t sites_mask, sites_used;
 } Core;
 
 static PyObject *s_pending, *s_check, *s_group_id, *s_describe, *s_seq, *s_p2p_seq, *s_kind,
@@ -388,6 +390,8 @@ static int Core_clear(Core *c)
 static void Core_dealloc(Core *c)
 {
     PyObject_GC_UnTrack(c);
+    PyMem_Free(c->sites);
+    c->sites = NULL;
     Core_clear(c);
     Py_TYPE(c)->tp_free((PyObject *)c);
 }
@@ -492,55 +496,133 @@ static int code_internal(Core *c, PyCodeObject *code, int *framework)
 #endif
 #define MAX_HOPS 32
 
-/* The key of the call site at user frame `f` (tracer/sites.py: site_key): (id(code),
- * lasti, False, thread ident or 0 on the main thread, id(code) and lasti of the
- * framework frame `fw` or 0, 0, then id(code), lasti of each caller). */
-static PyObject *site_key(Core *c, PyFrameObject *f, PyCodeObject *code, PyFrameObject *fw)
+/* The key of the call site at user frame `f` (tracer/sites.py: site_key), as raw words:
+ * id(code), lasti, False (0), thread ident or 0 on the main thread, id(code) and lasti
+ * of the framework frame `fw` or 0, 0, then id(code), lasti of each caller. Their count,
+ * or -1 with an exception set. Words, not Python objects: a call site seen before is
+ * found without allocating anything (the key tuple is built only on a miss). */
+#define SITE_WORDS (6 + 2 * MAX_CALLERS)
+static int site_words(Core *c, PyFrameObject *f, PyCodeObject *code, PyFrameObject *fw,
+                      uint64_t *w)
 {
     unsigned long me = PyThread_get_thread_ident();
-    PyObject *k = PyList_New(0);
-    if (k == NULL)
-        return NULL;
-    PyCodeObject *fwc = fw != NULL ? PyFrame_GetCode(fw) : NULL;
-    PyObject *items[6] = {PyLong_FromVoidPtr(code), PyLong_FromLong(PyFrame_GetLasti(f)),
-                          Py_NewRef(Py_False),
-                          PyLong_FromUnsignedLong(me == c->main_ident ? 0 : me),
-                          PyLong_FromVoidPtr(fwc),
-                          PyLong_FromLong(fw != NULL ? PyFrame_GetLasti(fw) : 0)};
-    Py_XDECREF(fwc);
-    int bad = 0;
-    for (int i = 0; i < 6; i++) {
-        if (items[i] == NULL || PyList_Append(k, items[i]) < 0)
-            bad = 1;
-        Py_XDECREF(items[i]);
+    w[0] = (uint64_t)(uintptr_t)code;
+    w[1] = (uint64_t)(int64_t)PyFrame_GetLasti(f);
+    w[2] = 0;
+    w[3] = me == c->main_ident ? 0 : (uint64_t)me;
+    w[4] = w[5] = 0;
+    if (fw != NULL) {
+        PyCodeObject *fwc = PyFrame_GetCode(fw);
+        w[4] = (uint64_t)(uintptr_t)fwc;
+        w[5] = (uint64_t)(int64_t)PyFrame_GetLasti(fw);
+        Py_DECREF(fwc);
     }
-    PyFrameObject *b = bad ? NULL : PyFrame_GetBack(f);
+    int n = 6;
+    PyFrameObject *b = PyFrame_GetBack(f);
     for (int found = 0, hops = 0; b != NULL && found < MAX_CALLERS && hops < MAX_HOPS; hops++) {
         PyCodeObject *bc = PyFrame_GetCode(b);
         int internal = code_internal(c, bc, NULL);
         if (internal < 0) {
-            bad = 1;
-        } else if (!internal) {
-            PyObject *id = PyLong_FromVoidPtr(bc), *at = PyLong_FromLong(PyFrame_GetLasti(b));
-            if (id == NULL || at == NULL || PyList_Append(k, id) < 0 || PyList_Append(k, at) < 0)
-                bad = 1;
-            Py_XDECREF(id);
-            Py_XDECREF(at);
+            Py_DECREF(bc);
+            Py_DECREF(b);
+            return -1;
+        }
+        if (!internal) {
+            w[n++] = (uint64_t)(uintptr_t)bc;
+            w[n++] = (uint64_t)(int64_t)PyFrame_GetLasti(b);
             found++;
         }
         Py_DECREF(bc);
-        PyFrameObject *next = bad ? NULL : PyFrame_GetBack(b);
+        PyFrameObject *next = PyFrame_GetBack(b);
         Py_DECREF(b);
         b = next;
     }
     Py_XDECREF(b);
-    if (bad) {
-        Py_DECREF(k);
+    return n;
+}
+
+/* The key tuple of site_key() from its words (a miss: CallSites.at takes it). */
+static PyObject *site_key(const uint64_t *w, int n)
+{
+    PyObject *k = PyTuple_New(n);
+    if (k == NULL)
         return NULL;
+    for (int i = 0; i < n; i++) {
+        PyObject *v;
+        if (i == 2)
+            v = Py_NewRef(Py_False);
+        else if (i == 3)
+            v = PyLong_FromUnsignedLongLong(w[i]);
+        else if (i == 0 || i == 4 || (i >= 6 && i % 2 == 0))
+            v = PyLong_FromVoidPtr((void *)(uintptr_t)w[i]);
+        else
+            v = PyLong_FromLongLong((long long)(int64_t)w[i]);
+        if (v == NULL) {
+            Py_DECREF(k);
+            return NULL;
+        }
+        PyTuple_SET_ITEM(k, i, v);
     }
-    PyObject *t = PyList_AsTuple(k);
-    Py_DECREF(k);
-    return t;
+    return k;
+}
+
+/* The table of call sites by words: open addressing, a power of two, at most half full.
+ * An entry is added only once CallSites.at's table holds the key, and with it the key's
+ * code objects: their addresses cannot be reused by other code while the entry lives. */
+typedef struct SiteSlot {
+    uint64_t hash;
+    int n; /* 0: empty */
+    long long sid;
+    uint64_t w[SITE_WORDS];
+} SiteSlot;
+
+static uint64_t hash_words(const uint64_t *w, int n)
+{
+    uint64_t h = 0x9E3779B97F4A7C15ull ^ (uint64_t)n;
+    for (int i = 0; i < n; i++) {
+        h = (h ^ w[i]) * 0xFF51AFD7ED558CCDull;
+        h ^= h >> 32;
+    }
+    return h;
+}
+
+static SiteSlot *site_find(Core *c, const uint64_t *w, int n, uint64_t h)
+{
+    if (c->sites == NULL)
+        return NULL;
+    for (size_t i = h & c->sites_mask;; i = (i + 1) & c->sites_mask) {
+        SiteSlot *s = &c->sites[i];
+        if (s->n == 0)
+            return s;
+        if (s->hash == h && s->n == n && memcmp(s->w, w, n * sizeof *w) == 0)
+            return s;
+    }
+}
+
+/* Remember a site; on failure to grow, it is simply not remembered (found the slow way). */
+static void site_add(Core *c, const uint64_t *w, int n, uint64_t h, long long sid)
+{
+    if (c->sites == NULL || 2 * (c->sites_used + 1) > c->sites_mask + 1) {
+        size_t cap = c->sites == NULL ? 64 : 2 * (c->sites_mask + 1);
+        SiteSlot *grown = PyMem_Calloc(cap, sizeof *grown), *old = c->sites;
+        if (grown == NULL)
+            return;
+        size_t old_cap = old == NULL ? 0 : c->sites_mask + 1;
+        c->sites = grown;
+        c->sites_mask = cap - 1;
+        for (size_t i = 0; i < old_cap; i++)
+            if (old[i].n)
+                *site_find(c, old[i].w, old[i].n, old[i].hash) = old[i];
+        PyMem_Free(old);
+    }
+    SiteSlot *s = site_find(c, w, n, h);
+    if (s->n == 0) {
+        s->hash = h;
+        s->n = n;
+        s->sid = sid;
+        memcpy(s->w, w, n * sizeof *w);
+        c->sites_used++;
+    }
 }
 
 /* The call site's string id (tracer/sites.py: CallSites.current); *from_main set when it
@@ -563,8 +645,18 @@ static long long callsite_id(Core *c, int *from_main)
             goto done;
         }
         if (!internal) { /* the user's frame */
-            PyObject *k = site_key(c, f, code, fw);
+            uint64_t w[SITE_WORDS];
+            int n = site_words(c, f, code, fw, w);
             Py_DECREF(code);
+            if (n < 0)
+                goto done;
+            uint64_t h = hash_words(w, n);
+            SiteSlot *known = site_find(c, w, n, h);
+            if (known != NULL && known->n) {
+                r = known->sid;
+                goto done;
+            }
+            PyObject *k = site_key(w, n);
             if (k == NULL)
                 goto done;
             PyObject *site = PyDict_GetItemWithError(c->callsites, k);
@@ -578,6 +670,13 @@ static long long callsite_id(Core *c, int *from_main)
                     r = PyLong_AsLongLong(sid);
                     Py_DECREF(sid);
                 }
+            }
+            if (r >= 0 && !PyErr_Occurred()) {
+                int held = PyDict_Contains(c->callsites, k);
+                if (held == 1)
+                    site_add(c, w, n, h, r);
+                else if (held < 0)
+                    PyErr_Clear();
             }
             Py_DECREF(k);
             goto done;
