@@ -16,6 +16,11 @@ live scan of the output find.
   heads.py     line heads no rule knows, learned from the log itself
   repeats.py   a log that ends in one line over and over with nothing moving: a stall
   remedies.py  what to try
+  story.py     the job's story (launch, init, steps, eval, save, the end) from each file's
+               head and tail, read after the line pass: where a failure happened
+  ending.py    how the log ends (finished, failed, stopped with no error, killed from
+               outside, cut off): never silence on a log that ends early
+  before.py    cause before symptom: what the same process printed just before the error
 
 Layer: detectors (tests/test_layers.py), beside distdoctor/diagnosis: it reads text and
 needs no run dir. May import the findings (distdoctor/findings.py) and the base modules
@@ -33,10 +38,13 @@ def scan_logs(specs: list[str], anchors: tuple[bytes, ...] | None = None
     """`diagnose --log`: the findings of the logs `specs` names (paths, globs, .gz) and one
     line saying what was read. `anchors`: what the reader hands over (the default: the
     families' short cover)."""
+    from distdoctor.logs.before import causes_first
+    from distdoctor.logs.ending import annotate, verdict
     from distdoctor.logs.families import ANCHORS
     from distdoctor.logs.reader import LogReader
     from distdoctor.logs.repeats import stall_signals
     from distdoctor.logs.scanner import LogScanner
+    from distdoctor.logs.story import read_story
     from distdoctor.logs.window import starts_mid_run, window_note
 
     reader = LogReader(specs)
@@ -48,6 +56,14 @@ def scan_logs(specs: list[str], anchors: tuple[bytes, ...] | None = None
     scanner.mid_run = starts_mid_run(reader.first_text)
     scanner.repeats = stall_signals(reader.files, reader.file_lines, reader.heads)
     found = scanner.findings()
+    # the whole log's reading, on the bounded windows the story keeps (never per line)
+    story = read_story(reader.files, reader.file_lines, reader.heads)
+    story.mid_run = scanner.mid_run
+    causes_first(found, story, scanner.first_lines, scanner.signals)
+    annotate(found, story, scanner.first_lines)
+    ending, said = verdict(found, story, reader.truncated)
+    if said is not None:
+        found.append(said)
     read = scanner.read_summary(reader.total_lines)
     if scanner.mid_run:
         read += window_note(reader.first_text)
@@ -55,4 +71,5 @@ def scan_logs(specs: list[str], anchors: tuple[bytes, ...] | None = None
         read += f" (lines wrapped at {reader.wrapped_width} columns rejoined)"
     if reader.truncated:
         read += " (the log ends mid-line: it was cut off)"
+    read += f"; how it ends: {ending}"
     return found, read

@@ -1,10 +1,13 @@
 """Watchdog timeouts of one job, read together: the rank behind, and one finding for them all.
 
 Ranks that time out on different sequence numbers of one group are out of step (a desync):
-the ones on the higher number issued a collective the others never reached. A rank stuck
-on an earlier number (it timed out there, or its last enqueued work is below the others')
-is the rank behind; its own timeout is the same failure seen from its side, not a second
-one. Timeouts that name no culprit at all are folded into the earliest.
+the ones on the higher number issued a collective the others never reached. Blame goes to
+the minority: a few ranks stuck on an earlier number (they timed out there, or their last
+enqueued work is below the others') are the ranks behind; a few ranks already on a later
+number, while most wait on an earlier one, ran ahead out of step (a small broadcast lets
+its root go on) and are the culprits, the waiting majority their victims. Either way the
+culprits' own timeout is the same failure seen from their side, not a second one.
+Timeouts that name no culprit at all are folded into the earliest.
 """
 
 from __future__ import annotations
@@ -31,6 +34,9 @@ def fold_stuck_ranks(out: list) -> list:
                  and not mine & set(g.details["reporting_ranks"])]
         if lower:
             stuck = sorted({r for g in lower for r in g.details["reporting_ranks"]})
+            if mine and len(stuck) > len(mine):
+                _out_of_step(f, sorted(mine), lower, dropped)
+                continue
             f.ranks = stuck
             f.summary = f.summary.replace("; which rank never arrived is not in this log", "")
             f.summary += (f"; rank{plural(stuck)} {ranks_text(stuck)} never reached it: "
@@ -71,3 +77,27 @@ def one_unexplained_watchdog(out: list) -> list:
                         f"{ranks_text(reporting)}); which rank", 1)
     dropped = {id(f) for _, f in rest}
     return [(o, f) for o, f in out if id(f) not in dropped]
+
+
+def _out_of_step(f, ahead: list[int], lower: list, dropped: set) -> None:
+    """`f` (a timeout on a later sequence number, reported by the few ranks `ahead`) names
+    them as the culprits; the majority's timeouts on earlier numbers (`lower`) become its
+    consequences."""
+    waiting = sorted({r for g in lower for r in g.details["reporting_ranks"]})
+    g0 = min(lower, key=lambda g: g.seq)
+    op = g0.details.get("op")
+    them = "it" if len(ahead) == 1 else "they"
+    f.ranks = ahead
+    f.summary = f.summary.replace("; which rank never arrived is not in this log", "")
+    f.summary += (f"; rank{plural(ahead)} {ranks_text(ahead)} out of step: {them} went on to "
+                  f"SeqNum {f.seq} while rank{plural(waiting)} {ranks_text(waiting)} still wait "
+                  f"in SeqNum {g0.seq}" + (f" ({op})" if op else "") +
+                  f": {them} issued collectives the others never reached")
+    f.details["out_of_step"] = {"ahead": ahead, "waiting": waiting, "seq": f.seq,
+                                "waiting_seq": g0.seq}
+    f.details["stuck_on"] = {str(r): g.seq for g in lower for r in g.details["reporting_ranks"]}
+    for g in lower:
+        dropped.add(id(g))
+        f.details.setdefault("consequences", []).append(
+            {"rule": RULE, "summary": g.summary, "reporting_ranks": g.details["reporting_ranks"],
+             "count": g.details.get("count", 1)})

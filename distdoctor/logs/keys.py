@@ -252,4 +252,6 @@ def sniff_file(path: str) -> Sniff:
     learned = None if width else learn([parse_line(t).text for t in text[:HEAD_LINES]])
     first = next((t for t in text if t.strip()), "")
     first = parse_line(first, head=learned).text if first else ""
-    return Sniff(layers, width, has_rank, has_local, b"\x1b" in head, learned, first)
+    # colour codes, with their ESC or without it (lost in a copy: "[36m(Worker pid=1)[0m ")
+    coloured = b"\x1b" in head or b"[0m" in head
+    return Sniff(layers, width, has_rank, has_local, coloured, learned, first)

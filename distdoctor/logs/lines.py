@@ -22,9 +22,10 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from distdoctor.logs.colours import ANSI as _ANSI
+from distdoctor.logs.colours import strip_ansi as strip_ansi  # (re-exported: callers read it here)
+from distdoctor.logs.colours import strip_lost_escapes
 from distdoctor.logs.heads import Head
-
-_ANSI = re.compile(r"\x1b(?:\[[0-9;?]*[ -/]*[@-~]|\][^\x07\x1b]*(?:\x07|\x1b\\)|[@-Z\\-_])")
 
 # srun --label "3: " (tasks) or pdsh / DeepSpeed's "node1: " / "10.0.0.5: " (hosts): only as the
 # outermost layer. A host must look like one (a digit, lower case) so "RuntimeError: " is not:
@@ -125,10 +126,11 @@ class RankActivity:
 
 
 # "...155.57 examples/s][E ProcessGroupNCCL.cpp:475] [Rank 2] ...": two writes, no newline
+# (or a logger's time stamp: "...1.95s/it][2025-02-11 08:12:03,377] [INFO] [launch.py:319:...")
 # (the time's fraction is "(?:\.\d+)?", not "[.\d]*": that, next to "[\w./-]+", which also
 # takes dots and digits, made a line of dots quadratic)
 _GLUED_HEAD = re.compile(r"(?<=\])(?=\[[EWIF](?:\d{3,4} \d\d:\d\d:\d\d(?:\.\d+)?)? *"
-                         r"(?:\d+ )?[\w./-]+:\d+\] )")
+                         r"(?:\d+ )?[\w./-]+:\d+\] |\[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d[,.]\d+\] )")
 
 
 def split_segments(raw: str) -> list[str]:
@@ -144,10 +146,6 @@ def split_segments(raw: str) -> list[str]:
     if "][" in raw:  # a C++ log head glued to another write's "]" (a progress bar's end)
         segs = [p for s in segs for p in _GLUED_HEAD.split(s) if p]
     return segs
-
-
-def strip_ansi(s: str) -> str:
-    return _ANSI.sub("", s) if "\x1b" in s else s
 
 
 _INTERLEAVE_HEAD = re.compile(r"(?:\d{1,6}: |[\w.-]+: )?(\[(?:\d+,)?\d+\]<std(?:out|err)>:|"
@@ -205,6 +203,8 @@ def parse_line(segment: str, *, file: str = "", lineno: int = 0, rank: int | Non
 def _parse(s: str, file: str, lineno: int, rank: int | None, host: str | None) -> LogLine:
     if "\x1b" in s:
         s = _ANSI.sub("", s)
+    if "m" in s and "[" in s:
+        s = strip_lost_escapes(s)
     if "\x00" in s:
         s = s.replace("\x00", "")
     if s[:1] == ">":

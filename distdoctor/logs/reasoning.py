@@ -18,6 +18,7 @@ What each family's problems mean (their words) lives with the family (families/)
 
 from __future__ import annotations
 
+import math
 import re
 
 from distdoctor.findings import Finding
@@ -69,6 +70,9 @@ class Reasoner:
         self.progress = progress or {}
         self.problems: dict[tuple, Problem] = {}
         self._context: dict[tuple, dict] = {}
+        self._by_order = {s.order: s for s in signals}
+        # each finding's first line (by id), for where it falls in the job's story (story.py)
+        self.first_lines: dict[int, object] = {}
         exits, teardown_pids = [], set()
         for s in signals:
             if s.role == CONTEXT:
@@ -158,6 +162,9 @@ class Reasoner:
         out = one_unexplained_watchdog(fold_stuck_ranks(out)) + aside
         fold_restarts(out, self.restarts)
         out.sort(key=lambda t: (_SEVERITY[t[1].severity], t[0]))
+        # (a launcher's report may sit half a place before the entry it was read from)
+        self.first_lines = {id(f): self._by_order[math.ceil(o)].line for o, f in out
+                            if math.ceil(o) in self._by_order}
         return [f for _, f in out]
 
     def _describe(self, p: Problem) -> Finding:

@@ -82,6 +82,7 @@ class LogScanner:
         self.live = False  # fed line by line as a job prints (then a traceback may be open)
         self.mid_run = False  # the log starts mid-run (window.py): absence proves nothing
         self.repeats: list[Signal] = []  # a tail repeated with nothing moving (repeats.py)
+        self.first_lines: dict[int, LogLine] = {}  # each finding's first line, by id
 
     # --- live ------------------------------------------------------------------------------
     def feed(self, text: str, rank: int | None = None) -> None:
@@ -197,6 +198,7 @@ class LogScanner:
         reasoner = Reasoner(signals, self.activity, self.ranks_seen, progress, self.file_lines)
         reasoner.mid_run = self.mid_run
         found = reasoner.findings()
+        self.first_lines = reasoner.first_lines  # for the story's reading (ending.py)
         if self.dropped:
             for f in found:
                 f.details["signals_dropped"] = self.dropped

@@ -209,6 +209,8 @@ def describe(p: Problem, ctx) -> Finding:
                            f"workers failed first, and that worker is not among them; its "
                            f"error is not in this log", [], R.WORKERS_STOPPED)
     sig = f.get("signame") or (signal_name(f["signum"]) if "signum" in f else "a signal")
+    if sig.isdigit():  # torch 2.13's agent: "Received 15 death signal"
+        sig = signal_name(int(sig))
     return ctx.finding(p, "crash", "error", f"the launcher itself received {sig} and stopped "
                        f"the ranks", [], R.LAUNCHER_SIGNALED)
 

@@ -1,0 +1,148 @@
+"""Issue 47's behaviour: a failure log read as the job's story. Where in the story a failure
+happened, how every log ends (stopped with no error, killed from outside, finished), the
+cause printed before the symptom, colour codes that lost their ESC, ranks read right.
+
+Fixtures: tests/fixtures/logs/round5/ (each with a sidecar naming the project and version
+whose format it is written in, and what a right diagnosis says); two real torchrun + gloo
+jobs (tests/jobs/logstory/story_job.py)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from distdoctor.logs import scan_logs
+from distdoctor.logs.lines import parse_line
+from distdoctor.logs.story import read_story
+
+ROUND5 = Path(__file__).parent / "fixtures" / "logs" / "round5"
+JOB = Path(__file__).parent / "jobs" / "logstory" / "story_job.py"
+
+
+def _loud(found):
+    return [f for f in found if f.severity in ("error", "warning")]
+
+
+def _write(tmp_path: Path, name: str, text: str) -> str:
+    p = tmp_path / name
+    p.write_text(text)
+    return str(p)
+
+
+@pytest.mark.parametrize("log", sorted(ROUND5.glob("*.log")), ids=lambda p: p.stem)
+def test_each_fixture_says_what_its_sidecar_expects(log):
+    expect = json.loads(log.with_suffix(".json").read_text())["expect"]
+    found, read = scan_logs([str(log)])
+    loud = _loud(found)
+    assert bool(loud) == expect["serious"], [f.summary for f in found]
+    text = " ".join(f.summary for f in loud)
+    for word in expect["words"]:
+        assert word in text, text
+    for word in expect.get("not_words", []):
+        assert word not in text, text
+    assert sorted({r for f in loud for r in f.ranks}) == expect["ranks"], text
+    if "remedy" in expect:
+        assert expect["remedy"] in (loud[0].remedy or ""), loud[0].remedy
+    assert "how it ends: " in read
+
+
+# --- colour codes that lost their ESC ------------------------------------------------------
+@pytest.mark.parametrize("head", ["[36m(WorkerDict pid=41873, ip=10.0.0.7)[0m ",
+                                  "[1;31m[36m(WorkerDict pid=41873, ip=10.0.0.7)[0m[0m "])
+def test_a_lost_escape_is_peeled_like_a_prefix(head):
+    line = parse_line(head + "[rank13]:[E1104 04:11:09.401256342 ProcessGroupNCCL.cpp:632] "
+                      "[Rank 1] Watchdog")
+    assert (line.rank, line.pid, line.host) == (13, 41873, "10.0.0.7")
+    assert line.text == "[Rank 1] Watchdog"
+
+
+def test_brackets_that_are_text_are_kept():
+    for text in ("timeout [5m] reached", "[model] loaded", "lr [1e-3]"):
+        assert parse_line(text).text == text
+
+
+# --- how a log ends --------------------------------------------------------------------------
+STEPS = "".join(f"[2025-01-01 10:00:{s:02d}] INFO step {s} | loss 1.0\n" for s in range(1, 6))
+
+
+def test_a_finished_log_is_quiet_and_says_it_finished(tmp_path):
+    text = STEPS + "[2025-01-01 10:00:07] INFO Training completed. train_runtime 7.0\n"
+    found, read = scan_logs([_write(tmp_path, "ok.log", text)])
+    assert not _loud(found) and read.endswith("how it ends: finished")
+
+
+def test_a_log_that_just_ends_mid_run_is_said_but_not_alarmed(tmp_path):
+    found, read = scan_logs([_write(tmp_path, "mid.log", STEPS)])
+    assert not _loud(found)
+    assert "ends mid-run with no error" in read and "last progress: step 5" in read
+
+
+def test_kill_words_far_from_the_end_are_not_how_it_ended(tmp_path):
+    text = "Received SIGTERM in a helper, ignoring\n" + STEPS * 4 + \
+        "[2025-01-01 10:00:09] INFO Training completed.\n"
+    assert not _loud(scan_logs([_write(tmp_path, "ok.log", text)])[0])
+
+
+def test_the_story_places_a_line_after_its_last_step(tmp_path):
+    path = _write(tmp_path, "s.log", STEPS + "RuntimeError: boom\n")
+    story = read_story([path], {path: 6})
+    fs = story.files[path]
+    assert [m.step for m in fs.milestones] == [1, 2, 3, 4, 5]
+    assert story.where(fs.tail[-1]) == "after step 5"
+
+
+# --- real jobs: torchrun + gloo --------------------------------------------------------------
+def _torchrun(tmp_path: Path, fault: str, stop_when: str | None = None) -> str:
+    """The job's combined output as a log file; `stop_when`: SIGTERM to torchrun once the
+    output holds that text twice (once per rank). Hard timeout; every process killed."""
+    from distdoctor.launch.env import free_port
+
+    log = tmp_path / f"{fault}.log"
+    with open(log, "w") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
+             "--master-port", str(free_port()), str(JOB), "--fault", fault,
+             "--port", str(free_port())],
+            stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            start_new_session=True, env=dict(os.environ, PYTHONUNBUFFERED="1"))
+        try:
+            deadline = time.monotonic() + 40
+            while stop_when and time.monotonic() < deadline and proc.poll() is None:
+                if log.read_text().count(stop_when) >= 2:
+                    proc.send_signal(signal.SIGTERM)
+                    break
+                time.sleep(0.2)
+            proc.wait(timeout=max(1.0, deadline - time.monotonic()))
+        finally:
+            if proc.poll() is None or stop_when:
+                try:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+                proc.wait()
+    return str(log)
+
+
+@pytest.mark.timeout(60)
+def test_a_real_killed_sibling_is_said_after_its_last_step(tmp_path):
+    found, _ = scan_logs([_torchrun(tmp_path, "sibling-killed")])
+    top = _loud(found)[0]
+    assert top.ranks == [1] and "SIGKILL" in top.summary, top.summary
+    assert "(after step 3)" in top.summary and top.details["story"] == "after step 3"
+
+
+@pytest.mark.timeout(60)
+def test_a_real_store_that_never_fills_then_a_sigterm_says_where_it_stood(tmp_path):
+    found, read = scan_logs([_torchrun(tmp_path, "store-never-fills",
+                                       stop_when="most recent call first")])
+    top = _loud(found)[0]
+    assert "received SIGTERM" in top.summary, top.summary
+    assert "stack dump showed the job stuck in _create_c10d_store" in top.summary
+    assert "story_job.py" in top.summary and "at init, before the first step" in top.summary
