@@ -322,7 +322,13 @@ class StragglerTracker:
         trend = ("rising" if later > 1.25 * early + 0.1 else
                  "falling" if early > 1.25 * later + 0.1 else "steady")
         peers = self._peers(rank)
-        why = cause.explain(rank, per_step, since, self.time,
+        # what its own time must explain: the delay the ranks doing the same work see (the
+        # breakdowns are compared with theirs). The per-step sum counts one delay once per
+        # group it shows in, and a pipeline's bubble as well: a stage sleeping 40 ms summed
+        # to 66-80 ms (p2p with its upstream stage, then its DP peer), and its 30-59 ms of
+        # extra own work on a loaded machine fell under half of that ("unknown")
+        peer_delay = max((ms for r, ms in direct.items() if r in peers), default=per_step)
+        why = cause.explain(rank, min(per_step, peer_delay), since, self.time,
                             {r: sc["keys"][-len(since):] for r, sc in scores.items()
                              if sc is not None and r in peers},
                             {g: n / max(len(late), 1) for g, n in groups.items()},
