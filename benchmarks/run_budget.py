@@ -9,7 +9,13 @@ to do (read every event of every rank, match each op across the ranks, check liv
 sample the probes, relay and scan the output) is there, at a rate a 2-core machine could
 not drive through gloo. Measured: the CPU time of `run`'s process (all its threads) and
 of the guardian it starts, over the job's steady middle (the first and last 2 s left out),
-as a share of one core. Goal: at most 5% at 8 ranks x 1,000 collectives/s.
+as a share of one core. Goal (issue 49): at most 1% at 2 ranks x 1,000 collectives/s,
+growing no faster than the event rate; `--rate 0`: an idle job (the ranks sleep).
+
+`--baseline DIR`: a copy of the package to compare (`git archive OLD distdoctor probes |
+tar -x -C DIR`, and the built extension copied in): each round runs it and the working
+tree back to back (A/B interleaved, on the same loaded machine), and the report gives
+both shares and their ratio, with the load average of each round.
 """
 
 from __future__ import annotations
@@ -38,6 +44,10 @@ def rank(rate: int, seconds: float) -> None:
                           is_master=rank == 0)
     dist.init_process_group("fake", store=store, rank=rank, world_size=world)
     t = torch.ones(16)
+    if rate <= 0:  # an idle job: initialised, then waiting on something else
+        time.sleep(seconds)
+        dist.destroy_process_group()
+        return
     burst, period = 10, 10 / rate
     deadline = time.monotonic() + seconds
     next_t = time.monotonic()
@@ -56,6 +66,35 @@ def cpu_seconds(pid: int) -> float:
     with open(f"/proc/{pid}/stat") as f:
         fields = f.read().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / CLK_TCK
+
+
+def thread_cpu(pid: int) -> dict[int, float]:
+    """utime + stime of each thread of the process."""
+    out = {}
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{tid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        out[int(tid)] = (int(fields[11]) + int(fields[12])) / CLK_TCK
+    return out
+
+
+def thread_names(pid: int) -> dict[int, str]:
+    """Thread id -> Python thread name, from one `py-spy dump` (none without py-spy):
+    which of run's threads (diagnosis, probe sampler, output relays, main loop) costs
+    what."""
+    import re
+    import shutil
+
+    spy = shutil.which("py-spy") or os.path.join(os.path.dirname(sys.executable), "py-spy")
+    try:
+        out = subprocess.run([spy, "dump", "--pid", str(pid)], capture_output=True,
+                             text=True, timeout=30).stdout
+    except (OSError, subprocess.SubprocessError):
+        return {}
+    return {int(tid): name for tid, name in re.findall(r'Thread (\d+) \([^)]*\): "([^"]*)"', out)}
 
 
 def children(pid: int) -> list[int]:
@@ -82,6 +121,41 @@ def guardians(run_pid: int) -> list[int]:
     return found
 
 
+def measure(ranks: int, rate: int, seconds: float, pythonpath: str | None) -> tuple:
+    """(share of one core, CPU us per event, the job's exit, its last lines)."""
+    env = dict(os.environ)
+    if pythonpath:
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (pythonpath, env.get("PYTHONPATH"))
+                                            if p)
+    with tempfile.TemporaryDirectory(prefix="bench-run-budget-") as tmp:
+        run = subprocess.Popen(
+            [sys.executable, "-m", "distdoctor", "run", "--nproc", str(ranks),
+             "--run-dir", os.path.join(tmp, "run"), "--", sys.executable,
+             os.path.abspath(__file__), "--rank", str(rate), str(seconds)],
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            text=True, env=env, cwd=tmp)
+        time.sleep(4.0)  # the ranks start (8 torch imports on this machine) and settle
+        helpers = guardians(run.pid)
+        pids = [run.pid, *helpers]
+        names = thread_names(run.pid)
+        c0, t0 = sum(cpu_seconds(p) for p in pids), time.monotonic()
+        th0 = thread_cpu(run.pid)
+        window = max(1.0, seconds - 6.0)
+        time.sleep(window)
+        c1, t1 = sum(cpu_seconds(p) for p in pids), time.monotonic()
+        th1 = thread_cpu(run.pid)
+        out, _ = run.communicate(timeout=300)
+    share = (c1 - c0) / (t1 - t0)
+    events = max(1.0, ranks * rate * (t1 - t0))
+    by_thread: dict[str, float] = {}
+    for tid, cpu in th1.items():
+        name = names.get(tid, "other")
+        name = "distdoctor-tee" if name.startswith("distdoctor-tee") else name
+        by_thread[name] = by_thread.get(name, 0.0) + (cpu - th0.get(tid, 0.0)) / (t1 - t0)
+    return (share, (c1 - c0) / events * 1e6, run.returncode, out.strip().splitlines()[-3:],
+            by_thread)
+
+
 def main() -> int:
     if "--rank" in sys.argv:
         i = sys.argv.index("--rank")
@@ -91,28 +165,33 @@ def main() -> int:
     ap.add_argument("--ranks", type=int, default=8)
     ap.add_argument("--rate", type=int, default=1000, help="collectives per second per rank")
     ap.add_argument("--seconds", type=float, default=12.0)
+    ap.add_argument("--baseline", help="a copy of the package to compare, A/B interleaved")
+    ap.add_argument("--rounds", type=int, default=1)
     args = ap.parse_args()
-    with tempfile.TemporaryDirectory(prefix="bench-run-budget-") as tmp:
-        run = subprocess.Popen(
-            [sys.executable, "-m", "distdoctor", "run", "--nproc", str(args.ranks),
-             "--run-dir", os.path.join(tmp, "run"), "--", sys.executable,
-             os.path.abspath(__file__), "--rank", str(args.rate), str(args.seconds)],
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-            text=True)
-        time.sleep(4.0)  # the ranks start (8 torch imports on this machine) and settle
-        helpers = guardians(run.pid)
-        pids = [run.pid, *helpers]
-        c0, t0 = sum(cpu_seconds(p) for p in pids), time.monotonic()
-        window = max(1.0, args.seconds - 6.0)
-        time.sleep(window)
-        c1, t1 = sum(cpu_seconds(p) for p in pids), time.monotonic()
-        out, _ = run.communicate(timeout=300)
-    share = (c1 - c0) / (t1 - t0)
-    events = args.ranks * args.rate * (t1 - t0)
-    print(f"{args.ranks} ranks x {args.rate} collectives/s, {t1 - t0:.1f} s window: run's "
-          f"process{' + guardian' if helpers else ''} used {share * 100:.2f}% of one core "
-          f"({(c1 - c0) / events * 1e6:.2f} us per event); job exit {run.returncode}")
-    print("  " + "\n  ".join(out.strip().splitlines()[-3:]))
+    sides = [("baseline", os.path.abspath(args.baseline)), ("this tree", None)] \
+        if args.baseline else [("this tree", None)]
+    shares: dict[str, list[float]] = {name: [] for name, _ in sides}
+    for r in range(args.rounds):
+        for name, path in sides if r % 2 == 0 else sides[::-1]:
+            load = os.getloadavg()[0]
+            share, per_event, code, tail, by_thread = measure(args.ranks, args.rate,
+                                                              args.seconds, path)
+            shares[name].append(share)
+            print(f"{name}: {args.ranks} ranks x {args.rate} collectives/s: run's process "
+                  f"used {share * 100:.2f}% of one core ({per_event:.2f} us per event); "
+                  f"job exit {code}; load {load:.2f}", flush=True)
+            print("  by thread: " + ", ".join(
+                f"{n} {v * 100:.2f}%" for n, v in sorted(by_thread.items(),
+                                                         key=lambda kv: -kv[1])))
+            if code:
+                print("  " + "\n  ".join(tail))
+    for name, values in shares.items():
+        values.sort()
+        print(f"{name}: median {values[len(values) // 2] * 100:.2f}% of one core "
+              f"({', '.join(f'{v * 100:.2f}' for v in values)})")
+    if args.baseline:
+        a, b = (sorted(shares[n])[len(shares[n]) // 2] for n in ("baseline", "this tree"))
+        print(f"this tree / baseline: {b / a:.2f}")
     return 0
 
 

@@ -9,7 +9,10 @@
    Flight Recorder, each in its own processes (the latter two cannot be switched on for
    one group only), interleaved REPEATS times, median kept.
 3. The tracer's own cost per call: torch's fake backend (no communication and no worker
-   thread), traced minus untraced time per call. A world of one on gloo is no good for
+   thread), traced minus untraced time per call; and paired, in ONE traced process:
+   blocks of 1,000 calls alternate between the traced group and its plain twin, timed
+   in the thread's CPU time (a loaded machine's waits for a core left out), median of
+   the blocks. A world of one on gloo is no good for
    this: its worker-thread hand-off makes any few microseconds of Python on the calling
    thread cost several times that.
 
@@ -89,6 +92,43 @@ def paired_worker(rounds: int) -> None:
     dist.destroy_process_group()
 
 
+def fake_paired_worker(rounds: int) -> None:
+    import torch
+    import torch.distributed as dist
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    from distdoctor.tracer import install
+
+    install._BUILTIN_BACKENDS.add("fake")
+    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=4)
+    traced = dist.group.WORLD
+    assert type(traced).__name__ == "TracingProcessGroup", "run me traced"
+    plain = traced._dd_twin()
+    t = torch.ones(1)
+    for _ in range(2000):
+        dist.all_reduce(t, group=traced)
+        dist.all_reduce(t, group=plain)
+    times = {"traced": [], "plain": []}
+    for rnd in range(rounds):
+        for name in ("traced", "plain") if rnd % 2 else ("plain", "traced"):
+            group = traced if name == "traced" else plain
+            start = time.thread_time()
+            for _ in range(1000):
+                dist.all_reduce(t, group=group)
+            times[name].append((time.thread_time() - start) / 1000 * 1e6)
+    print(f"FAKE_PAIRED {statistics.median(times['plain']):.3f} "
+          f"{statistics.median(times['traced']):.3f}")
+    dist.destroy_process_group()
+
+
+def fake_paired(rounds: int) -> tuple[float, float]:
+    for line in _spawn(1, ["--fake-paired", str(rounds)], {}, True).splitlines():
+        if line.startswith("FAKE_PAIRED"):
+            plain, traced = map(float, line.split()[1:])
+            return plain, traced
+    raise RuntimeError("fake paired worker printed nothing")
+
+
 def _spawn(nproc: int, worker_args: list[str], extra_env: dict, traced: bool) -> str:
     """Run the worker on `nproc` local ranks; rank 0's output."""
     from distdoctor.launch.env import free_port, rank_env, traced_env
@@ -124,10 +164,13 @@ def launch(nproc: int, iters: int, extra_env: dict, traced: bool, fake: bool = F
     raise RuntimeError(f"worker printed nothing: {out}")
 
 
+# torch 2.13 records gloo ops in its own Flight Recorder by default (2,000 entries):
+# "untraced" and "distdoctor" switch it off, the Flight Recorder row sets it explicitly
+_NO_FR = {"TORCH_FR_BUFFER_SIZE": "0"}
 CONFIGS = {
-    "untraced": ({}, False),
-    "distdoctor": ({}, True),
-    "TORCH_DISTRIBUTED_DEBUG=DETAIL": ({"TORCH_DISTRIBUTED_DEBUG": "DETAIL"}, False),
+    "untraced": (_NO_FR, False),
+    "distdoctor": (_NO_FR, True),
+    "TORCH_DISTRIBUTED_DEBUG=DETAIL": ({"TORCH_DISTRIBUTED_DEBUG": "DETAIL", **_NO_FR}, False),
     "Flight Recorder (TORCH_FR_BUFFER_SIZE=20000)": ({"TORCH_FR_BUFFER_SIZE": "20000"}, False),
 }
 
@@ -141,12 +184,29 @@ def main() -> None:
     ap.add_argument("--launches", type=int, default=15)
     ap.add_argument("--fake", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--paired", type=int, help=argparse.SUPPRESS)
+    ap.add_argument("--fake-paired", type=int, help=argparse.SUPPRESS)
+    ap.add_argument("--only", choices=["paired", "launched", "per-call"],
+                    help="one part of the three")
     args = ap.parse_args()
     if args.worker:
         return worker(args.worker, args.fake)
     if args.paired:
         return paired_worker(args.paired)
+    if args.fake_paired:
+        return fake_paired_worker(args.fake_paired)
+    print(f"load average {os.getloadavg()[0]:.2f} at the start")
+    if args.only in (None, "per-call"):
+        per_call(args)
+    if args.only == "per-call":
+        return None
 
+    if args.only in (None, "paired"):
+        paired_report(args)
+    if args.only in (None, "launched"):
+        launched_report(args)
+
+
+def paired_report(args) -> None:
     print(f"paired: 2 gloo ranks, all_reduce(1 element), {args.rounds} x 2 alternating blocks "
           f"of 100 ops per launch, {args.launches} launches")
     ratios = []
@@ -157,8 +217,10 @@ def main() -> None:
               f"ratio {traced / plain:5.3f}")
     q1, med, q3 = statistics.quantiles(ratios, n=4) if len(ratios) > 1 else ratios * 3
     print(f"  median ratio {statistics.median(ratios):5.3f} (quartiles {q1:5.3f}-{q3:5.3f}, "
-          f"range {min(ratios):5.3f}-{max(ratios):5.3f})\n")
+          f"range {min(ratios):5.3f}-{max(ratios):5.3f}; load {os.getloadavg()[0]:.2f})\n")
 
+
+def launched_report(args) -> None:
     print(f"launched: 2 gloo ranks, {args.iters} x all_reduce(1 element), median of "
           f"{args.repeats} launches each")
     times = {name: [] for name in CONFIGS}
@@ -169,8 +231,21 @@ def main() -> None:
     for name, ts in times.items():
         med = statistics.median(ts)
         print(f"  {name:46s} {med:8.1f} us/op   ratio {med / base:5.3f}")
+    print(f"  (load {os.getloadavg()[0]:.2f})")
 
-    print(f"\nthe tracer's own cost: fake backend (no communication), {args.iters * 10} "
+
+def per_call(args) -> None:
+    print(f"the tracer's own cost, paired in one process: fake backend, {args.launches} "
+          "launches of 60 alternating blocks of 1,000 calls (thread CPU time)")
+    deltas = []
+    for _ in range(args.launches):
+        plain, traced = fake_paired(60)
+        deltas.append(traced - plain)
+        print(f"  plain {plain:6.2f} us/call   traced {traced:6.2f} us/call   "
+              f"+{traced - plain:5.2f} us   ratio {traced / plain:5.3f}")
+    print(f"  median +{statistics.median(deltas):.2f} us per call "
+          f"(load {os.getloadavg()[0]:.2f})\n")
+    print(f"the tracer's own cost: fake backend (no communication), {args.iters * 10} "
           f"calls, median of {args.repeats}")
     one = {"untraced": [], "traced": []}
     for _ in range(args.repeats):
