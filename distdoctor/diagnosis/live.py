@@ -39,11 +39,11 @@ from distdoctor.runlog.follow import RunFollower
 from distdoctor.runlog.reader import Event
 
 POLL_S = 0.25
-# A pass in which nothing changed (no event, no new log, no line of output, no exit, no
-# probe sample) reads each rank's log header and stops there. What moves with time alone
-# (the ranks' heartbeats and pids, their progress, the detectors' clocks: hangs, long
-# waits) is looked at every SLOW_S: a hang is found a fraction of a second later, and an
-# idle job costs next to nothing (the full pass took ~0.7 ms at 2 ranks, 4 times a second).
+# A pass in which nothing changed (no event, no new log, no line of output, no exit)
+# reads each rank's log header, keeps a new probe sample, and stops there. What moves
+# with time alone (the ranks' heartbeats and pids, their progress, the detectors' clocks:
+# hangs, long waits) is looked at every SLOW_S: a hang is found a fraction of a second
+# later, and an idle job costs little (the full pass took ~0.7 ms at 2 ranks, 4 a second).
 SLOW_S = 0.5
 # The loop's CPU budget: after a pass that took `c` seconds of CPU it waits at least c /
 # CPU_SHARE (at most MAX_WAIT_S) before the next. Passes have a fixed cost (liveness
@@ -256,8 +256,13 @@ class LiveDiagnosis:
         new_sample = sample is not None and sample.t != self._last_sample_t
         due = due or final or now_s - self._slow_at >= SLOW_S or now_s < self._slow_at
         if not (due or batches or self.follower.moved or self.follower.said or self._lines
-                or new_sample or exits != self._exits_seen):
-            return  # nothing changed and nothing is due: the job is idle, so is this
+                or exits != self._exits_seen):
+            # nothing changed and nothing is due: the job is idle, so is this; a probe
+            # sample (once a second) waits for the detectors' next turn
+            if new_sample:
+                self._last_sample_t = sample.t
+                self.engine.samples.append(sample)
+            return
         for i in sorted(batches):
             self._engine_of(i).ingest(batches[i], now_s)
         for why in self.follower.said:
