@@ -42,7 +42,7 @@ def scan_logs(specs: list[str], anchors: tuple[bytes, ...] | None = None
     from distdoctor.logs.ending import annotate, verdict
     from distdoctor.logs.families import ANCHORS
     from distdoctor.logs.reader import LogReader
-    from distdoctor.logs.repeats import stall_signals
+    from distdoctor.logs.repeats import stall_signals, stall_signals_of_tails
     from distdoctor.logs.scanner import LogScanner
     from distdoctor.logs.story import read_story
     from distdoctor.logs.window import starts_mid_run, window_note
@@ -54,11 +54,15 @@ def scan_logs(specs: list[str], anchors: tuple[bytes, ...] | None = None
     scanner.activity = reader.activity
     scanner.file_lines = reader.file_lines
     scanner.mid_run = starts_mid_run(reader.first_text)
-    scanner.repeats = stall_signals(reader.files, reader.file_lines, reader.heads)
-    found = scanner.findings()
-    # the whole log's reading, on the bounded windows the story keeps (never per line)
+    # the whole log's reading, on the bounded windows the story keeps (never per line); the
+    # tails it parsed serve the stall check too (files past its limit are read for that)
     story = read_story(reader.files, reader.file_lines, reader.heads)
     story.mid_run = scanner.mid_run
+    rest = [p for p in reader.files if p not in story.files]
+    scanner.repeats = stall_signals_of_tails(
+        {p: list(zip(fs.tail, fs.tail_raw, strict=True)) for p, fs in story.files.items()}
+    ) + (stall_signals(rest, reader.file_lines, reader.heads) if rest else [])
+    found = scanner.findings()
     causes_first(found, story, scanner.first_lines, scanner.signals)
     annotate(found, story, scanner.first_lines)
     ending, said = verdict(found, story, reader.truncated)

@@ -16,13 +16,13 @@ _LOST_ESC = re.compile(r"\[\d{1,3}(?:;\d{1,3}){0,4}m(?!\])")
 def strip_ansi(s: str) -> str:
     if "\x1b" in s:
         s = ANSI.sub("", s)
-    return strip_lost_escapes(s) if "m" in s and "[" in s else s
+    return strip_lost_escapes(s)
 
 
 def strip_lost_escapes(s: str) -> str:
     """`s` without the colour codes whose ESC was lost ("[36m", "[0m"). A coloured line nearly
     always resets ("[0m") or starts with its colour: only then is the regex run (the cheap
     tests keep it off the hot path's plain lines)."""
-    if "[0m" in s or s[:1] == "[" and _LOST_ESC.match(s):
+    if "[0m" in s or s[:1] == "[" and s[1:2].isdigit() and _LOST_ESC.match(s):
         return _LOST_ESC.sub("", s)
     return s

@@ -203,7 +203,7 @@ def parse_line(segment: str, *, file: str = "", lineno: int = 0, rank: int | Non
 def _parse(s: str, file: str, lineno: int, rank: int | None, host: str | None) -> LogLine:
     if "\x1b" in s:
         s = _ANSI.sub("", s)
-    if "m" in s and "[" in s:
+    if "[0m" in s or s[:1] == "[" and s[1:2].isdigit():  # (cheap tests first: every line)
         s = strip_lost_escapes(s)
     if "\x00" in s:
         s = s.replace("\x00", "")

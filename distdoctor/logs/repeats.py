@@ -212,3 +212,13 @@ def stall_signals(files: list[str], file_lines: dict[str, int] | None = None,
             out.append(Signal("repeat_wait", "stall", CAUSE, r.first, {
                 "repeats": r.count, "waited": r.span_s, "text": r.last.text.strip()[:200]}))
     return out
+
+
+def stall_signals_of_tails(tails: dict[str, list[tuple[LogLine, str]]]) -> list[Signal]:
+    """`stall_signals` on tails already read and parsed (the story's: story.py), by file."""
+    out = []
+    for lines in tails.values():
+        for r in repeating_tail(lines):
+            out.append(Signal("repeat_wait", "stall", CAUSE, r.first, {
+                "repeats": r.count, "waited": r.span_s, "text": r.last.text.strip()[:200]}))
+    return out

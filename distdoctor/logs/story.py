@@ -21,7 +21,8 @@ from dataclasses import dataclass, field
 from distdoctor.logs.files import open_log
 from distdoctor.logs.lines import LogLine, parse_raw
 
-WINDOW = 256 << 10  # bytes read at each end of a file
+WINDOW = 256 << 10  # bytes read at the end of a file (repeats.py reads this tail too)
+HEAD_WINDOW = 64 << 10  # and at its start: launch and init are its first lines
 ALL_FILES_BUDGET = 16 << 20  # over every file: many per-rank files share it
 MIN_WINDOW = 16 << 10
 MAX_FILES = 256  # files whose windows are read (the first ones: a glob's order)
@@ -81,6 +82,7 @@ class FileStory:
     path: str
     milestones: list[Milestone] = field(default_factory=list)
     tail: list[LogLine] = field(default_factory=list)  # the tail window's lines, in order
+    tail_raw: list[str] = field(default_factory=list)  # the raw line of each (its clock)
     head: list[LogLine] = field(default_factory=list)  # the head window's (when not whole)
     head_end: int = 0  # the last line number the head window holds
     tail_start: int = 0  # the first line number the tail window holds
@@ -174,8 +176,8 @@ def read_story(files: list[str], file_lines: dict[str, int] | None = None,
 
 def _file_story(path: str, window: int, total: int | None, head) -> FileStory:
     with open_log(path) as fh:
-        first = fh.read(window)
-        if len(first) < window:  # the whole file in one window
+        first = fh.read(min(window, HEAD_WINDOW))
+        if len(first) < min(window, HEAD_WINDOW):  # the whole file in one window
             head_raw, tail_raw, whole = first, b"", True
         elif hasattr(fh, "seekable") and fh.seekable() and not path.endswith(".gz"):
             size = fh.seek(0, 2)
@@ -183,6 +185,8 @@ def _file_story(path: str, window: int, total: int | None, head) -> FileStory:
             fh.seek(start)
             tail_raw, whole = fh.read(), start == len(first)
             head_raw = first
+            if whole:  # the two windows meet: one buffer, no line cut between them
+                head_raw, tail_raw = first + tail_raw, b""
         else:  # a .gz: read through, keeping the last window
             tail_raw = b""
             while chunk := fh.read(8 << 20):
@@ -193,7 +197,8 @@ def _file_story(path: str, window: int, total: int | None, head) -> FileStory:
     if not whole and len(head_lines) > 1:
         head_lines = head_lines[:-1]  # cut by the window's end
     fs.head_end = len(head_lines)
-    _read_lines(fs, head_lines, 1, head, fs.tail if whole else fs.head)
+    _read_lines(fs, head_lines, 1, head, fs.tail if whole else fs.head,
+                fs.tail_raw if whole else None)
     if tail_raw:
         tail_lines = tail_raw.split(b"\n")
         if not whole and len(tail_lines) > 1:
@@ -204,14 +209,15 @@ def _file_story(path: str, window: int, total: int | None, head) -> FileStory:
         start = (count - len(tail_lines) + 1) if count and count >= len(tail_lines) else (
             fs.head_end + 1)
         fs.tail_start = start
-        _read_lines(fs, tail_lines, start, head, fs.tail)
+        _read_lines(fs, tail_lines, start, head, fs.tail, fs.tail_raw)
     else:
         fs.tail_start = 1
     fs.dump = last_dump(fs.tail)
     return fs
 
 
-def _read_lines(fs: FileStory, raws: list[bytes], first: int, head, keep) -> None:
+def _read_lines(fs: FileStory, raws: list[bytes], first: int, head, keep: list,
+                keep_raw: list | None) -> None:
     for i, raw in enumerate(raws, first):
         if not raw.strip():
             continue
@@ -219,8 +225,9 @@ def _read_lines(fs: FileStory, raws: list[bytes], first: int, head, keep) -> Non
         for ll in parse_raw(text, file=fs.path, lineno=i, head=head):
             if not ll.text.strip():
                 continue
-            if keep is not None:
-                keep.append(ll)
+            keep.append(ll)
+            if keep_raw is not None:
+                keep_raw.append(text)
             m = milestone(ll)
             if m is not None:
                 fs.milestones.append(m)
