@@ -155,6 +155,9 @@ def split_in(src, fn, l1, l2, after) -> Branch | None:
             if isinstance(stmt, S.LOOPS) and holds_after:
                 # both were in the loop and one left it: a `break`, or fewer iterations
                 return _left_loop(src, fn, stmt, side, after)
+            # an `if` on the rank nested in this one split them, not this one (`if step %
+            # 10 == 0:` then `if rank == 0:`: every rank is at the same step)
+            stmt, arm = _inner_rank_guard(src, rest, stmt, arm)
             # `if c: ...; return` and an op after it in the same block are two arms
             other_arm = (other is not END and not wrapped and isinstance(stmt, ast.If)
                          and not stmt.orelse and arm == "body" and bool(S.exits_in(stmt.body))
@@ -164,6 +167,16 @@ def split_in(src, fn, l1, l2, after) -> Branch | None:
                                               else "passed {b} by"),
                          _pair(side, True, other_arm), _pair(side, False, False))
     return None
+
+
+def _inner_rank_guard(src, rest: list, stmt, arm) -> tuple:
+    """(the innermost `if` of `rest` inside `stmt` whose own condition reads the rank,
+    its arm), or (stmt, arm) where there is none or `stmt` itself reads it."""
+    if isinstance(stmt, ast.If) and C.kind_of(src, stmt.test) == "rank":
+        return stmt, arm
+    inner = [(s, a) for s, a in rest if s is not stmt and isinstance(s, ast.If)
+             and stmt.lineno < s.lineno <= S.end(stmt) and C.kind_of(src, s.test) == "rank"]
+    return inner[-1] if inner else (stmt, arm)
 
 
 def _left_loop(src, fn, loop, stayed: int, after, line: int | None = None) -> Branch:
@@ -285,9 +298,11 @@ def way_out(src, fn, line, after, side: int) -> Branch | None:
         cands.append((_rank_guarded(src, fn, ifs[-1]), True, ex.lineno, "exit",
                       _guard_of(src, ifs), ex))
     for stmt, arm in S.path_to(fn, line):
-        if S.is_main_guard(stmt) or (loop is not None and L.invariant(stmt, loop)):
+        if S.is_main_guard(stmt) or (loop is not None and L.invariant(stmt, loop)
+                                     and C.kind_of(src, stmt.test) != "rank"):
             continue  # every rank runs the script as __main__; a condition the loop
-            # does not change went the same way as in the iteration both ranks ran
+            # does not change went the same way as in the iteration both ranks ran (but
+            # one on the rank, under another met only now: `if step % 10 == 0:`)
         if isinstance(stmt, ast.Try) and arm == "body" and stmt.handlers and not (
                 after is not None and stmt.lineno <= after <= S.end(stmt)):
             # a handler that leaves (or, in the loop both ran, falls through to the next

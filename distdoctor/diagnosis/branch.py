@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from distdoctor.diagnosis import arms
 from distdoctor.diagnosis import source as S
+from distdoctor.diagnosis.callee import into_callee
 from distdoctor.runlog.reader import Event
 
 Branch, END = arms.Branch, arms.END  # what find() returns; a side gone
@@ -145,7 +146,8 @@ def read(before: Event | None, ev1: Event | None, ev2: Event | None
     branch (or None), and the file whose source could not be read where that stopped
     the reading (or None)."""
     try:
-        return find(before, ev1, ev2), None
+        found = find(before, ev1, ev2)
+        return (into_callee(found) if found is not None else None), None
     except Unreadable as exc:
         return None, exc.path
     except (RecursionError, ValueError, IndexError, AttributeError):

@@ -137,6 +137,8 @@ class Engine(FindingBook, WaitJudge, HangPass):
         # Runs for every event of every rank (hundreds of thousands a second on a large
         # job): the common case, a collective, is written out inline.
         self.ingested += 1
+        if ev.group_desc == "undefined":  # torch's name for a group made without a
+            ev.group_desc = ""  # description: a word of its code, not of the job's
         st = self.ranks.get(ev.rank) or self._rank(ev.rank)
         t_end, kind = ev.t_end_ns, ev.kind
         t = t_end or ev.t_enter_ns
@@ -353,7 +355,9 @@ class Engine(FindingBook, WaitJudge, HangPass):
     def _judge_crashes(self, views: dict[int, RankView]) -> None:
         for f in crash_findings({r: st.exit for r, st in self.ranks.items() if st.exit},
                                 views, self.open.values(),
-                                {(k[1], k[2]) for k in self.found if k[0] == "mismatch"},
+                                # (a wrong-group mismatch is keyed by its ranks alone)
+                                {(k[1], k[2]) for k in self.found
+                                 if k[0] == "mismatch" and len(k) == 3},
                                 self._rank_span):
             self._put(("crash", f.ranks[0]), f, quiet_update=True)
 

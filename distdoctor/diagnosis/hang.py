@@ -358,7 +358,9 @@ def _cycle_finding(comp: list[int], edges, views, familiar) -> Finding | None:
         r = lone[0]
         rv, _ = edges[r]
         main = rvs[next(iter(others))]
-        if familiar(rv.arrivals[r]):
+        if familiar(rv.arrivals[r]) or not _same_call(rv.arrivals[r], main):
+            # its call is not the others' (another op, or another line and shape): it made
+            # no call on a wrong group, it went past the one they wait in
             return skipped_finding(r, rv, main, views, callsites, details)
         summary = (f"rank {r} called {rv.arrivals[r].op} on group {rv.group} while ranks "
                    f"{', '.join(map(str, _waiters(main)))} wait for it in "
@@ -378,6 +380,17 @@ def _cycle_finding(comp: list[int], edges, views, familiar) -> Finding | None:
                    remedy="The ranks issue the same ops in different orders: make every "
                    "rank issue p2p sends/recvs in a matching order (or use batch_isend_irecv) "
                    "and collectives of overlapping groups in the same order on all ranks.")
+
+
+def _same_call(ev: Event, main: Rendezvous) -> bool:
+    """Whether the lone rank's op is the call the others wait in, made with another
+    group: the same op, from the same line or with the same tensors."""
+    theirs = next(iter(main.arrivals.values()), None)
+    if theirs is None or theirs.op != ev.op:
+        return False
+    mine, other = ev.callsite or {}, theirs.callsite or {}
+    return ((mine.get("file"), mine.get("line")) == (other.get("file"), other.get("line"))
+            or (ev.shapes, ev.dtypes) == (theirs.shapes, theirs.dtypes))
 
 
 _HANG_REMEDY = ("Look at the culprit's stack: it is stuck in compute, I/O or a rank-dependent "

@@ -11,15 +11,20 @@ from distdoctor.diagnosis import source as S
 
 
 def left(fn, l1, l2, after):
-    """The innermost loop that holds `after` and one side's line while the other side's
-    line lies past its end: that side left the loop (fewer iterations, a `break`)."""
+    """The loop that holds `after` and one side's line while the other side's line lies
+    past its end: that side left the loop (fewer iterations, a `break`). Of nested such
+    loops, the innermost that a `break` leaves, else the outermost: a side past the end
+    of the batch loop left it, having finished the loop over the parameters inside it as
+    every rank does."""
     if after is None or None in (l1, l2):  # a side gone from the function (END)
         return None
     for inside, outside in ((l1, l2), (l2, l1)):
         loops = [s for s, _ in S.path_to(fn, inside) if isinstance(s, S.LOOPS)
                  and s.lineno <= after <= S.end(s) and outside > S.end(s)]
         if loops:
-            return loops[-1]
+            broken = {id(leaves) for ex, _, leaves in S.ways_out(fn, None, None)
+                      if isinstance(ex, ast.Break)}
+            return next((s for s in reversed(loops) if id(s) in broken), loops[0])
     return None
 
 
