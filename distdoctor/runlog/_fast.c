@@ -328,6 +328,8 @@ typedef struct {
     int kind_p2p, redop_none, flag_async, flag_async_unknown, flag_other_thread, status_ok;
     struct SiteSlot *sites; /* call sites already interned, by their key's words */
     size_t sites_mask, sites_used;
+    struct CodeSlot *codes; /* code objects already judged internal or not */
+    size_t codes_mask, codes_used;
 } Core;
 
 static PyObject *s_pending, *s_check, *s_group_id, *s_describe, *s_seq, *s_p2p_seq, *s_kind,
@@ -392,6 +394,8 @@ static void Core_dealloc(Core *c)
     PyObject_GC_UnTrack(c);
     PyMem_Free(c->sites);
     c->sites = NULL;
+    PyMem_Free(c->codes);
+    c->codes = NULL;
     Core_clear(c);
     Py_TYPE(c)->tp_free((PyObject *)c);
 }
@@ -461,12 +465,63 @@ static long long tensors_id(Core *c, PyObject *tensors)
     return r;
 }
 
+/* What callsite._internal says of each code object met, by its address: a frame's
+ * judgement costs a probe of this table, not a Python int and a dict look-up. An entry
+ * is added once callsite._internal holds the code object (it never lets one go), so the
+ * address cannot be reused by other code while the entry lives. */
+typedef struct CodeSlot {
+    uintptr_t code; /* 0: empty */
+    int internal, framework;
+} CodeSlot;
+
+static CodeSlot *code_find(Core *c, uintptr_t code)
+{
+    if (c->codes == NULL)
+        return NULL;
+    for (size_t i = (code >> 4) * 0x9E3779B97F4A7C15ull & c->codes_mask;;
+         i = (i + 1) & c->codes_mask) {
+        CodeSlot *s = &c->codes[i];
+        if (s->code == code || s->code == 0)
+            return s;
+    }
+}
+
+static void code_add(Core *c, uintptr_t code, int internal, int framework)
+{
+    if (c->codes == NULL || 2 * (c->codes_used + 1) > c->codes_mask + 1) {
+        size_t cap = c->codes == NULL ? 256 : 2 * (c->codes_mask + 1);
+        size_t old_cap = c->codes == NULL ? 0 : c->codes_mask + 1;
+        CodeSlot *grown = PyMem_Calloc(cap, sizeof *grown), *old = c->codes;
+        if (grown == NULL)
+            return;
+        c->codes = grown;
+        c->codes_mask = cap - 1;
+        for (size_t i = 0; i < old_cap; i++)
+            if (old[i].code)
+                *code_find(c, old[i].code) = old[i];
+        PyMem_Free(old);
+    }
+    CodeSlot *s = code_find(c, code);
+    if (s->code == 0) {
+        s->code = code;
+        s->internal = internal;
+        s->framework = framework;
+        c->codes_used++;
+    }
+}
+
 /* Whether a code object is distdoctor's, torch's or the standard library's (cached in
  * callsite._internal): 1, 0, or -1 with an exception set. *framework is set to 1 where
  * it is a framework's code that issues collectives for the user (the entry's third
  * item, callsite.framework_of), when framework is not NULL. */
 static int code_internal(Core *c, PyCodeObject *code, int *framework)
 {
+    CodeSlot *known = code_find(c, (uintptr_t)code);
+    if (known != NULL && known->code != 0) {
+        if (framework != NULL)
+            *framework = known->framework;
+        return known->internal;
+    }
     PyObject *key = PyLong_FromVoidPtr(code);
     if (key == NULL)
         return -1;
@@ -478,9 +533,13 @@ static int code_internal(Core *c, PyCodeObject *code, int *framework)
     }
     Py_DECREF(key);
     if (hit != NULL && PyTuple_Check(hit) && PyTuple_GET_SIZE(hit) >= 2) {
+        int fw = PyTuple_GET_SIZE(hit) >= 3 && PyTuple_GET_ITEM(hit, 2) != Py_None;
+        int internal = PyTuple_GET_ITEM(hit, 1) == Py_True;
         if (framework != NULL)
-            *framework = PyTuple_GET_SIZE(hit) >= 3 && PyTuple_GET_ITEM(hit, 2) != Py_None;
-        return PyTuple_GET_ITEM(hit, 1) == Py_True;
+            *framework = fw;
+        if (PyTuple_GET_ITEM(hit, 0) == (PyObject *)code) /* held there: see CodeSlot */
+            code_add(c, (uintptr_t)code, internal, fw);
+        return internal;
     }
     if (!PyErr_Occurred())
         PyErr_SetString(PyExc_TypeError, "is_internal did not fill callsite._internal");
