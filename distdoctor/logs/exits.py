@@ -85,6 +85,30 @@ def orphans_to_root_cause(ctx, out: list) -> None:
         f.details["received_on"] = [rank]
         f.summary += f"; rank {rank} received it and aborted"
         _drop_exit_of(out, rank)
+        return
+    _local_exit_to_its_cause(ctx, out, [f for f in unranked
+                                        if f.details.get("rule") != "rank_exit"])
+
+
+def _local_exit_to_its_cause(ctx, out: list, unranked: list) -> None:
+    """A node's agent reporting "local_rank: L" failed (no global rank in the log) and one
+    cause printed by that node's local rank L ("1: [default0]:" under srun): one failure,
+    said by the cause, with the process named as the log names it."""
+    local = [e for e in ctx.exits.values() if e["rank"] <= -1000 and "local_rank" in e]
+    if len(local) != 1 or len(unranked) != 1:
+        return
+    e, f = local[0], unranked[0]
+    task = e["line"].rank if e["line"].host is None else None
+    node = e["line"].host or (f"node{task}" if task is not None else None)
+    who = ctx.first_lines_who(f) if hasattr(ctx, "first_lines_who") else None
+    if node is None or who != ("local", node, e["local_rank"]):
+        return
+    f.summary = (f"local rank {e['local_rank']} on {node} (its global rank is not in this "
+                 f"log): {f.summary}")
+    f.details["local_rank"], f.details["node"] = e["local_rank"], node
+    out[:] = [(o, g) for o, g in out
+              if not (g.details.get("rule") == "rank_exit" and not g.ranks
+                      and g.details.get("exit", {}).get("local_rank") == e["local_rank"])]
 
 
 

@@ -97,7 +97,8 @@ class Reasoner:
             if a.host and a.rank is not None and len(by_host) < 10_000:
                 by_host.setdefault(a.host, set()).add(a.rank)
         agents = any(s.fields.get("in_launcher") for s in signals)
-        self.exits = collect_exits(exits, teardown_pids, by_host, agents)
+        hosts_seen = {a.host for a in activity.values() if a.host}
+        self.exits = collect_exits(exits, teardown_pids, by_host, agents, hosts_seen)
         self.launcher_seen = bool(exits) or any(p.family == "launcher"
                                                 for p in self.problems.values())
 
@@ -115,6 +116,12 @@ class Reasoner:
         beside the causes; None for a cause."""
         meaning = MEANINGS.get(p.family)
         return meaning.went_on(p, self) if hasattr(meaning, "went_on") else None
+
+    def first_lines_who(self, f: Finding) -> tuple | None:
+        """Who printed the first line of the problem finding `f` was made of."""
+        sig = next((s for p in self.problems.values() for s in p.signals[:1]
+                    if f.details.get("signature") == "log/" + "/".join(map(str, p.key))), None)
+        return sig.line.who if sig is not None else None
 
     def alive_after(self, rank: int, s: Signal) -> bool:
         a = self.ev.of_rank(rank)

@@ -216,7 +216,8 @@ def describe(p: Problem, ctx) -> Finding:
 
 
 def collect_exits(signals: list[Signal], teardown_pids: set[int],
-                  ranks_by_host: dict | None = None, agents: bool = False) -> dict[int, dict]:
+                  ranks_by_host: dict | None = None, agents: bool = False,
+                  hosts_seen: set | None = None) -> dict[int, dict]:
     """Each failed rank's exit as its launcher reported it, by rank (the earliest report, a
     root-cause entry over others). A launcher that does not say which rank gets a negative
     key. A local rank stands for the rank on one node; under srun with a torchrun per node
@@ -225,7 +226,9 @@ def collect_exits(signals: list[Signal], teardown_pids: set[int],
     table_ranks = {((s.line.host, s.line.rank), s.fields["local_rank"]): s.fields["rank"]
                    for s in signals if "rank" in s.fields and "local_rank" in s.fields}
     hosts = {s.fields.get("host") for s in signals if s.fields.get("host")}
-    one_node = len(hosts) <= 1 and len(labels) <= 1
+    # one node only where the log shows no other (srun "1: [default0]:" lines are node 1's
+    # local rank 0: its agent's "local_rank: 0" is not global rank 0)
+    one_node = len(hosts | (hosts_seen or set())) <= 1 and len(labels) <= 1
     # srun's "task N" is a node when torchrun (or another launcher) runs under it
     # (`agents`: a launcher's agent printed its own traceback, torchrun's elastic agent)
     per_node = agents or any(s.rule == "rank_failed" for s in signals)
