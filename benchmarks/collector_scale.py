@@ -87,10 +87,12 @@ class DigestNode:
                         f'{now_ns},null,false,{{"steps":{done // PER_S}}}]')
             if dp > pdp:
                 runs.append(f'["dp{r % self.per_node}",{pdp},0,[{r}],{dp - pdp}]')
-        if tp > ptp:
-            for base in range(self.ranks[0], self.ranks[-1] + 1, 8):
-                members = ",".join(str(m) for m in range(base, min(base + 8, self.ranks[-1] + 1)))
-                runs.append(f'["tp{base // 8}",{ptp},0,[{members}],{tp - ptp}]')
+        if tp > ptp:  # a TP group of 8 may straddle two nodes: each sends its members
+            low, high = self.ranks[0], self.ranks[-1]
+            for g in range(low // 8, high // 8 + 1):
+                members = ",".join(str(m) for m in range(max(g * 8, low),
+                                                         min(g * 8 + 8, high + 1)))
+                runs.append(f'["tp{g}",{ptp},0,[{members}],{tp - ptp}]')
         groups = json.dumps(self.groups(), separators=(",", ":")) if first else "{}"
         sigs = ('{"0":' + _row(0, "dp0", 0, 0) + "}") if first else "{}"
         text = (f'{{"host":"{self.host}","ranks":[{",".join(rows)}],"groups":{groups},'

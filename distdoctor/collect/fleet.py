@@ -28,7 +28,7 @@ import time
 from collections import deque
 from dataclasses import replace
 
-from distdoctor.collect import bounded, digest
+from distdoctor.collect import digest
 from distdoctor.collect.digest import MAX_NAME, MAX_WAITS, row_event, waits_of
 from distdoctor.collect.lateness import WINDOW_S, FleetLateness
 from distdoctor.collect.limits import MAX_ISSUED_GROUPS, MAX_RANKS
@@ -227,36 +227,35 @@ class FleetEngine:
 
     def _arrive_run(self, group: str, seq: int, count: int, sig: int, ranks: list[int],
                     now_s: float) -> None:
-        """`count` collectives of `group` from `seq` on, entered by `ranks`. A run of the
-        whole group is complete and agrees: only collectives already open are gone through."""
+        """`count` collectives of `group` from `seq` on, entered by `ranks`: one open entry
+        each. A run of the whole group is complete and agrees: only collectives already
+        open are gone through. The loop is written out, with the group's size looked up
+        once: a group spanning 1,000 nodes brings a million such arrivals a second at
+        100,000 ranks, where a call and a lookup apiece were half the collector's CPU."""
         size = self.sizes.get(group, 0)
+        opened = self.open
+        keys = [(group, s) for s in range(seq, seq + count)]
         if size and len(ranks) >= size and len(set(ranks)) >= size:
-            self.arrivals += count
-            opened = self.open
-            for k in range(count):
-                if (group, seq + k) in opened:
-                    self.arrivals -= 1
-                    self._arrive(group, seq + k, sig, ranks, now_s)
-            return
-        for k in range(count):
-            self._arrive(group, seq + k, sig, ranks, now_s)
-
-    def _arrive(self, group: str, seq: int, sig: int, ranks: list[int], now_s: float):
-        self.arrivals += 1
-        key = (group, seq)
-        entry = bounded.entry(self.open, key, MAX_OPEN, _Open)
-        known = entry.sigs.get(sig)
-        if known is None:
-            entry.sigs[sig] = known = []
-            if len(entry.sigs) > 1 and entry.since_s is None:  # two signatures: they differ
-                entry.since_s = now_s
-        size = len(self.groups.get(group, ("", ()))[1])
-        if entry.count >= (size or MAX_RANKS):
-            return  # sent again and again: a member list never grows past its group
-        known.extend(ranks)
-        entry.count += len(ranks)
-        if size and entry.count >= size and entry.since_s is None:
-            del self.open[key]  # everyone came, and agreed
+            keys = [k for k in keys if k in opened]
+        self.arrivals += count
+        full, n = size or MAX_RANKS, len(ranks)
+        for key in keys:
+            entry = opened.get(key)
+            if entry is None:
+                if len(opened) >= MAX_OPEN:  # the oldest goes: one a member never came to
+                    del opened[next(iter(opened))]
+                entry = opened[key] = _Open()
+            known = entry.sigs.get(sig)
+            if known is None:
+                entry.sigs[sig] = known = []
+                if len(entry.sigs) > 1 and entry.since_s is None:  # two signatures: they differ
+                    entry.since_s = now_s
+            if entry.count >= full:
+                continue  # sent again and again: a member list never grows past its group
+            known.extend(ranks)
+            entry.count += n
+            if size and entry.count >= size and entry.since_s is None:
+                del opened[key]  # everyone came, and agreed
 
     # --- analysis ----------------------------------------------------------------------
     def _now_ns(self, p: RankPosition, now_s: float) -> int | None:
