@@ -6,6 +6,7 @@ import signal
 from dataclasses import dataclass
 
 from distdoctor.diagnosis.hang import RankView, _fmt_op
+from distdoctor.diagnosis.phase import crash_phase
 from distdoctor.exits import signal_name
 from distdoctor.findings import Finding, callsite_of, error_text
 
@@ -81,11 +82,13 @@ class ExitInfo:
 
 def crash_findings(exits: dict[int, ExitInfo], views: dict[int, RankView],
                    open_rv, mismatched: set = frozenset(),
-                   span_of_rank=lambda rank: None) -> list[Finding]:
+                   span_of_rank=lambda rank: None, history_of_rank=lambda rank: ()
+                   ) -> list[Finding]:
     """`mismatched`: (group, seq) of collectives reported as mismatched; a rank that dies
     inside one, or inside a later op of that group (gloo aborts on a size mismatch, and
     once the ranks' ops are out of step, on the ops after it), died of the mismatch.
-    `span_of_rank(rank)`: the step it was in when it ended, to say in the finding."""
+    `span_of_rank(rank)`: the step it was in when it ended; `history_of_rank(rank)`: its
+    recent ops, which with the line it ended at give its phase (phase.py)."""
     open_rv = list(open_rv)
     out = []
     for rank in sorted(exits):
@@ -124,10 +127,13 @@ def crash_findings(exits: dict[int, ExitInfo], views: dict[int, RankView],
         elif consequence:
             last = f" after {_fmt_op(latest)} failed ({error_text(latest.error or latest.status)})"
         span = span_of_rank(rank)
-        summary = f"crash: rank {rank} {info.describe()}{f', in {span}' if span else ''}{last}"
+        phase = crash_phase(info.where(), history_of_rank(rank), span) if info.where() \
+            else None
+        said = phase["text"] if phase else (f"in {span}" if span else "")
+        summary = f"crash: rank {rank} {info.describe()}{f', {said}' if said else ''}{last}"
         if waiting:
             summary += f"; ranks {', '.join(map(str, waiting))} are left waiting for it"
-        details = {"exit_code": info.code, "how": info.how, "span": span,
+        details = {"exit_code": info.code, "how": info.how, "span": span, "phase": phase,
                    "waiting_ranks": waiting,
                    "consequence_of_failed_collective": consequence,
                    "last_op": None if latest is None else {

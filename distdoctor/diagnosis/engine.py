@@ -358,7 +358,7 @@ class Engine(FindingBook, WaitJudge, HangPass):
                                 # (a wrong-group mismatch is keyed by its ranks alone)
                                 {(k[1], k[2]) for k in self.found
                                  if k[0] == "mismatch" and len(k) == 3},
-                                self._rank_span):
+                                self._rank_span, lambda r: self.ranks[r].recent):
             self._put(("crash", f.ranks[0]), f, quiet_update=True)
 
     def _report_mismatch(self, rv: Rendezvous) -> None:
