@@ -78,20 +78,28 @@ def explain(rank: int, lateness_ms: float, keys, time: dict, other_keys: dict,
     out["callsites"] = [{"rank": rank, "file": f["file"], "line": f["line"],
                          "function": f["function"], "source": "sample"} for f in frames[:1]]
     at = f", in {frames[0]['where']}" if frames else ""
+    # work at lines of its own, which its peers barely run (a log call, an extra pass):
+    # the program's, whatever the machine's load. On a busy node such a rank also waits
+    # longer for a CPU (it is runnable longer; 5 runnable threads a core make 30 ms of
+    # extra work 150 ms), which must not turn the program's cause into the machine's
+    own_ms = _own_lines_ms(frames)
+    own_work = (compute_extra >= SHARE / 2 * lateness_ms and own_ms >= SHARE * lateness_ms)
+    if own_work:
+        out["own_work_ms_per_step"] = own_ms
     if data_extra >= SHARE * lateness_ms and data_extra >= compute_extra:
         batches = max(mine["batches"], 1.0)
         others_batches = max(typical("batches"), 1.0)
         out["cause"] = "input"
         out["text"] = (f"its DataLoader takes {mine['data_ms'] / batches:.1f} ms per batch "
                        f"(the others {typical('data_ms') / others_batches:.1f} ms){at}")
-    elif cpu_extra >= SHARE * lateness_ms and cpu_extra >= CPU_OVER_WORK * (
+    elif not own_work and cpu_extra >= SHARE * lateness_ms and cpu_extra >= CPU_OVER_WORK * (
             compute_extra - cpu_extra):
         # the wait for a CPU, not more work: a rank that works more on a busy node also
         # waits more (it is runnable longer); its work beyond that wait must stay small
         out["cause"] = "cpu"
         out["text"] = (f"it waited {mine['runq_ms']:.1f} ms per step for a CPU (the others "
                        f"{typical('runq_ms'):.1f} ms){at}: its node is oversubscribed")
-    elif compute_extra >= SHARE * lateness_ms or (
+    elif own_work or compute_extra >= SHARE * lateness_ms or (
             compute_extra >= SHARE / 2 * lateness_ms
             and _sampled_extra(frames) >= SHARE * lateness_ms):
         # its own work is longer: by the breakdown, or by the samples at its own lines where
@@ -137,6 +145,16 @@ def _slow_sibling_group(out, rank, lateness_ms, mine, others, time) -> bool:
 
 def _sampled_extra(frames: list[dict]) -> float:
     return sum(f["extra_ms_per_step"] for f in frames)
+
+
+OWN_LINE_PEERS = 0.2  # a line of its own: its peers spend at most this share of its extra
+
+
+def _own_lines_ms(frames: list[dict]) -> float:
+    """The extra ms per step at lines its peers barely run (a line every rank runs,
+    slower on a starved rank, is not one: the peers spend time there too)."""
+    return sum(f["extra_ms_per_step"] for f in frames
+               if f["peers_ms_per_step"] <= OWN_LINE_PEERS * f["extra_ms_per_step"])
 
 
 def _by_group(out: dict, group_shares: dict, groups: set) -> dict:

@@ -142,7 +142,10 @@ def separate(stragglers: list[Finding], samples, time: dict) -> list[Finding]:
         # saw: a rank whose main thread waited 10 ms more per step for a CPU than its
         # peer's, 28.2 against 16.9 ms (cause cpu), stayed a straggler of the program on
         # healthy nanoGPT beside other jobs, as both processes waited ~950 ms a second.
-        if (said or measured) and (node is None or busy):
+        # program before machine: work at lines of its own (cause.py) stays the
+        # program's straggler, the busy processes noted
+        own = bool(f.details.get("own_work_ms_per_step"))
+        if (said or measured) and (node is None or busy) and not own:
             by_host.setdefault(node["host"] if node else "", []).append((f, node, wait, False))
             continue
         if busy and _nowhere(f):

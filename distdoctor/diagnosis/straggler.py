@@ -360,6 +360,8 @@ class StragglerTracker:
             details["onset_t_statistic"] = round(s["onset_t"], 1)
         if s["occasional"]:  # left out of the verdict (stepstats.typical)
             details["occasional_steps"] = s["occasional"]
+        if why.get("own_work_ms_per_step"):  # the program's, whatever the host's load
+            details["own_work_ms_per_step"] = round(why["own_work_ms_per_step"], 1)
         if why.get("slow_group"):  # the group whose collectives are slow: the finding's
             group = details["slow_group"] = why["slow_group"]
         return Finding("straggler", "warning", summary, [rank], group, None,
