@@ -222,10 +222,11 @@ def _ends_at_init(ends: list[FileStory]) -> bool:
     done = [ll for ll in last_of.values() if "Init COMPLETE" in ll.text]
     if not done or len(done) != len(last_of):
         return False
-    # the whole world: as many processes as the communicator has ranks (an excerpt showing
-    # one rank's init proves nothing of the others)
+    # two processes at least, of one communicator (an excerpt showing one rank's init
+    # proves nothing of the others)
+    # (a node's share of a bigger world counts: its processes all stopped there too)
     worlds = {int(m[1]) for ll in done if (m := _NRANKS.search(ll.text))}
-    return len(worlds) == 1 and len(done) >= max(2, worlds.pop())
+    return len(worlds) == 1 and len(done) >= 2
 
 
 def _stuck_at_init(story: Story, ends: list[FileStory]) -> Finding:

@@ -26,6 +26,7 @@ HEAD_WINDOW = 64 << 10  # and at its start: launch and init are its first lines
 ALL_FILES_BUDGET = 16 << 20  # over every file: many per-rank files share it
 MIN_WINDOW = 16 << 10
 MAX_FILES = 256  # files whose windows are read (the first ones: a glob's order)
+NEAR_LAUNCH = 40  # lines after a launcher's banner that are still its start-up
 MAX_TEXT = 2000  # of a line matched against the milestones (a line of a million ranks)
 
 LAUNCH, INIT, INIT_DONE, STEP, EVAL, SAVE, FINISHED, STOPPED = (
@@ -132,9 +133,13 @@ class Story:
             return f"after {step_words(steps[-1])}"
         # no step before it: certain only where the head window reaches the line, and the
         # log shows the job's start (launch or init words before it)
-        if (fs.whole or line.lineno <= fs.head_end) and not self.mid_run and any(
-                m.kind in (INIT, INIT_DONE, LAUNCH) for m in before):
-            return "at init, before the first step"
+        if (fs.whole or line.lineno <= fs.head_end) and not self.mid_run:
+            if any(m.kind in (INIT, INIT_DONE) for m in before) or any(
+                    m.kind == LAUNCH and line.lineno - m.line.lineno <= NEAR_LAUNCH
+                    for m in before):
+                return "at init, before the first step"
+            if any(m.kind == LAUNCH for m in before):  # a program that prints no steps
+                return "before any step this log shows"
         return None
 
     def last_progress(self) -> Milestone | None:
