@@ -106,3 +106,21 @@ def test_a_rank_that_leaves_the_batch_loop_left_it_not_the_loop_inside():
     assert b is not None and b.statement == "if", b
     assert b.line in marker_sets(JOB)["branch"] and b.exit_line == b.line + 1, b
     assert "for p in params" not in b.condition and b.did[0].startswith("broke out"), b
+
+
+@pytest.mark.timeout(120)
+def test_a_slow_rank_under_a_short_pg_timeout_is_a_straggler_not_a_hang(tmp_path):
+    run_dir = tmp_path / "run"
+    proc = run_cli(["run", "--nproc", "2", "--run-dir", str(run_dir), "--grace", "2",
+                    "--", str(JOB), "slow_sampler"], timeout=100, run_dir=run_dir,
+                   env={"PARTED_GLOO_TIMEOUT": "3"})
+    assert proc.returncode != 0
+    findings = json.loads((run_dir / "findings.json").read_text())["findings"]
+    f = _the_error(findings)
+    assert f["kind"] == "straggler" and f["ranks"] == [1], _said(findings)
+    assert f["details"]["reason"] == "timeout_while_busy" and f["details"]["timeout_s"] == 3
+    assert "timeout of 3 s" in f["summary"] and "never joined" not in f["summary"]
+    # where its time went: the line it computes at, first among its call sites
+    assert f["callsites"][0]["rank"] == 1, f["callsites"]
+    assert f["callsites"][0]["line"] in marker_sets(JOB)["computing"], f["callsites"]
+    assert not [g for g in findings if g["kind"] == "hang" and g["severity"] == "error"]

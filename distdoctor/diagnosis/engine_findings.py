@@ -164,8 +164,14 @@ class FindingBook:
         kept = [f for f in found
                 if not (f.kind == "hang" and f.ranks and set(f.ranks) <= died
                         and f.details.get("reason") != "extra_collective")]
+        # the log's "never arrived" on a rank the tracer saw computing when the job's
+        # timeout fired (slow_past_timeout.py): that straggler, told from the output
+        slow = {r for f in kept if f.details.get("reason") == "timeout_while_busy"
+                for r in f.ranks}
+        kept = [f for f in kept if not (f.kind == "hang" and f.ranks and set(f.ranks) <= slow
+                                        and f.details.get("source") == "log")]
         # (or a hang whose waiters' op failed: the transport gave up on the rank that left)
-        if dead or any(f.details.get("reason") == "extra_collective" or (
+        if dead or slow or any(f.details.get("reason") == "extra_collective" or (
                 f.kind == "hang" and f.severity == "error" and f.ranks
                 and f.details.get("failed_ranks")) for f in kept):
             # "lost a peer" in the job's output is that crash (or that exit) seen from

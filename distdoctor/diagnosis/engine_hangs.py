@@ -40,6 +40,8 @@ class HangPass:
             elif old.stacks:  # the finding is rebuilt each tick; its stacks were taken once
                 f.stacks = old.stacks
             self._place_culprits_by_stack(f)
+            if f.details.get("reason") == "timeout_while_busy":
+                self._place_by_samples(f)
             f = self.boundary.call("parted", explain_hang, f, self._histories(),
                                    default=f, keep_on=True)
             hangs.append(f)
@@ -49,6 +51,18 @@ class HangPass:
             else:
                 self._put(key, f, quiet_update=True)
         return hangs
+
+    def _place_by_samples(self, f: Finding) -> None:
+        """A rank still computing when the job's timeout fired: the line its sampler last
+        saw it at comes first (where its time went, not its last collective)."""
+        for r in f.ranks:
+            last = self.gaps.last.get(r)
+            if last and last[0] and not any(c.get("source") == "stack" and c["rank"] == r
+                                            for c in f.callsites):
+                f.callsites.insert(0, {"rank": r, "file": last[0], "line": last[1],
+                                       "function": last[2], "source": "sample"})
+                f.details.setdefault("computing_at", {})[str(r)] = site_text(
+                    {"file": last[0], "line": last[1], "function": last[2]})
 
     def _judge_group_order(self, hangs: list[Finding]) -> None:
         """One finding per group name that stands for different ranks on different ranks,

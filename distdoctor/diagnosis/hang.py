@@ -16,12 +16,14 @@ from dataclasses import dataclass
 
 from distdoctor.diagnosis.progress import UNKNOWN, Policy, Verdict
 from distdoctor.diagnosis.rendezvous import Rendezvous
+from distdoctor.diagnosis.slow_past_timeout import slow_past_timeout
 from distdoctor.diagnosis.waits import (
     all_joined_finding,
     dropped_sends,
     extra_collective,
     long_wait_finding,
     same_batch,
+    same_call,
     skipped_finding,
     still_arriving,
     unmatched_p2p_finding,
@@ -226,6 +228,11 @@ def hang_findings(open_rv, views: dict[int, RankView], policy: Policy | float,
         if left is not None:
             findings.append(left)
             continue
+        if _failed(rv) and decided is None:  # the job's timeout: the rank may be busy
+            slow = slow_past_timeout(rv, roots, {r: judge(r, rv, waited) for r in roots}, views)
+            if slow is not None:
+                findings.append(slow)
+                continue
         if decided is None and not _failed(rv):
             if not policy.postmortem and any(r in views and views[r].exit for r in roots):
                 continue  # stopped by distdoctor: judged while it ran
@@ -358,7 +365,7 @@ def _cycle_finding(comp: list[int], edges, views, familiar) -> Finding | None:
         r = lone[0]
         rv, _ = edges[r]
         main = rvs[next(iter(others))]
-        if familiar(rv.arrivals[r]) or not _same_call(rv.arrivals[r], main):
+        if familiar(rv.arrivals[r]) or not same_call(rv.arrivals[r], main):
             # its call is not the others' (another op, or another line and shape): it made
             # no call on a wrong group, it went past the one they wait in
             return skipped_finding(r, rv, main, views, callsites, details)
@@ -380,17 +387,6 @@ def _cycle_finding(comp: list[int], edges, views, familiar) -> Finding | None:
                    remedy="The ranks issue the same ops in different orders: make every "
                    "rank issue p2p sends/recvs in a matching order (or use batch_isend_irecv) "
                    "and collectives of overlapping groups in the same order on all ranks.")
-
-
-def _same_call(ev: Event, main: Rendezvous) -> bool:
-    """Whether the lone rank's op is the call the others wait in, made with another
-    group: the same op, from the same line or with the same tensors."""
-    theirs = next(iter(main.arrivals.values()), None)
-    if theirs is None or theirs.op != ev.op:
-        return False
-    mine, other = ev.callsite or {}, theirs.callsite or {}
-    return ((mine.get("file"), mine.get("line")) == (other.get("file"), other.get("line"))
-            or (ev.shapes, ev.dtypes) == (theirs.shapes, theirs.dtypes))
 
 
 _HANG_REMEDY = ("Look at the culprit's stack: it is stuck in compute, I/O or a rank-dependent "

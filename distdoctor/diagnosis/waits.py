@@ -356,3 +356,14 @@ def _top(c: Counter | None) -> dict | None:
         return None
     (file, line, function), _ = c.most_common(1)[0]
     return {"file": file, "line": line, "function": function}
+
+
+def same_call(ev, main: Rendezvous) -> bool:
+    """Whether the lone rank's op is the call the others wait in, made with another
+    group: the same op, from the same line or with the same tensors."""
+    theirs = next(iter(main.arrivals.values()), None)
+    if theirs is None or theirs.op != ev.op:
+        return False
+    mine, other = ev.callsite or {}, theirs.callsite or {}
+    return ((mine.get("file"), mine.get("line")) == (other.get("file"), other.get("line"))
+            or (ev.shapes, ev.dtypes) == (theirs.shapes, theirs.dtypes))

@@ -11,10 +11,14 @@ parted`, the statement that split the ranks `expect: branch`.
   rank 0 (rank 1 did nothing wrong);
 - leave_batch_loop: rank 1 runs out of batches a step early and leaves the batch loop,
   whose body also loops over the parameters: the batch loop is the one left (rank 1);
+- slow_sampler: rank 1's sampler hands it a batch that takes 5 s to prepare in step 2,
+  under a process-group timeout of 3 s (PARTED_GLOO_TIMEOUT=3): rank 0's all_reduce
+  times out while rank 1 computes; a straggler with that timeout, not a hang (rank 1);
 - healthy: the same shapes written right: quiet.
 """
 import math
 import sys
+import time
 
 import torch
 import torch.distributed as dist
@@ -44,6 +48,15 @@ def save(tensor):
     torch.save(tensor, "/dev/null")
 
 
+def skewed_batch(step):
+    """Busy preparing the batch: 5 s on rank 1 in step 2, a moment otherwise."""
+    until = time.time() + (5.0 if (rank == 1 and step == 2) else 0.01)
+    n = 0
+    while time.time() < until:  # expect: computing
+        n += 1  # expect: computing
+    return torch.ones(8)
+
+
 params = [torch.ones(4), torch.ones(4)]
 batches = 3 if (kind == "leave_batch_loop" and rank == 1) else 4
 for step in range(4):
@@ -65,6 +78,8 @@ for step in range(4):
         if step % 2 == 1:
             if kind == "healthy" or rank == 0:  # expect: branch
                 save(g)  # expect: caller
+    elif kind == "slow_sampler":
+        dist.all_reduce(skewed_batch(step))
     elif kind == "leave_batch_loop":
         if step >= batches:  # expect: branch
             break  # expect: parted
