@@ -36,6 +36,7 @@ from distdoctor.logs.story import (
 LAST_LINES = 15  # a kill word this close to a file's end is how it ended
 DUMP_NEAR_END = 400  # lines: a stack dump this close to the end is where it stood
 MIN_REPEATS = 3
+END_LINES = 20  # a file's last lines, for what it ends repeating
 
 KILLED_REMEDY = ("The job was stopped from outside its processes, with no error of theirs in "
                  "this log: ask who stopped it (the scheduler's accounting, `sacct -j JOBID`; "
@@ -80,6 +81,11 @@ def verdict(found: list[Finding], story: Story, truncated: bool) -> tuple[str, F
     errors = [f for f in found if f.severity == "error"]
     if errors:
         return "failed: " + clip(errors[0].summary, 100), None
+    stalls = [f for f in found if f.details.get("family") == "stall"]
+    if stalls:  # the log ends in one line over and over (repeats.py): said already
+        for f in stalls:
+            _name_the_wait(f)
+        return "stopped with no error", None
     killed = _killed(story)
     if killed is not None:
         return "killed from outside", killed
@@ -162,7 +168,42 @@ def _stuck(story: Story) -> Finding | None:
     ends = [fs for fs in story.files.values() if fs.tail]
     if ends and not story.all(STEP) and _ends_at_init(ends):
         return _stuck_at_init(story, ends)
+    for fs in ends:
+        found = _ends_unresolved(story, fs)
+        if found is not None:
+            return found
     return None
+
+
+def _name_the_wait(f: Finding) -> None:
+    """A stall whose repeated line says what it waits on gets the cause's remedy."""
+    if _UNRESOLVED.search(f.summary) and "could not be resolved" not in f.summary:
+        f.summary += ": the store's address could not be resolved"
+        f.remedy = RESOLVE_REMEDY
+
+
+def _ends_unresolved(story: Story, fs: FileStory) -> Finding | None:
+    """A file that ends repeating that the rendezvous address does not resolve (warned on
+    every retry, nothing else after): the job never got past its store."""
+    last = fs.tail[-END_LINES:]
+    hits = [ll for ll in last if _UNRESOLVED.search(ll.text)]
+    if len(hits) < MIN_REPEATS or not any(_UNRESOLVED.search(ll.text) for ll in last[-3:]):
+        return None
+    if any(m.kind == STEP and m.line.lineno > hits[0].lineno for m in fs.milestones):
+        return None
+    where = story.where(hits[0])
+    span = _span(hits[0], hits[-1])
+    over = f" over {span:.0f} s" if span else ""
+    summary = (f"the job stopped with no error{f' {where}' if where else ''}: it ends "
+               f"repeating {clip(hits[-1].text.strip(), 140)!r} ({len(hits)} times{over}): "
+               f"the store's address could not be resolved")
+    f = Finding("hang", "warning", summary, remedy=RESOLVE_REMEDY, details={
+        "source": "log", "family": "ending", "rule": "stopped_unresolved",
+        "signature": "log/ending/unresolved", "ending": "stopped with no error",
+        "lines": [hits[-1].text[:300]], "repeats": len(hits)})
+    if where:
+        f.details["story"] = where
+    return f
 
 
 def _dump_line(fs: FileStory) -> int:
