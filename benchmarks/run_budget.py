@@ -8,7 +8,8 @@ they cost the machine next to nothing and never wait on each other: everything `
 to do (read every event of every rank, match each op across the ranks, check liveness,
 sample the probes, relay and scan the output) is there, at a rate a 2-core machine could
 not drive through gloo. Measured: the CPU time of `run`'s process (all its threads) and
-of the guardian it starts, over the job's steady middle (the first and last 2 s left out),
+of the guardian it starts, over the job's steady middle (from 1.5 s after every rank has
+its log to 1.5 s before the ranks stop),
 as a share of one core. Goal (issue 49): at most 1% at 2 ranks x 1,000 collectives/s,
 growing no faster than the event rate; `--rate 0`: an idle job (the ranks sleep).
 
@@ -134,13 +135,24 @@ def measure(ranks: int, rate: int, seconds: float, pythonpath: str | None) -> tu
              os.path.abspath(__file__), "--rank", str(rate), str(seconds)],
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
             text=True, env=env, cwd=tmp)
-        time.sleep(4.0)  # the ranks start (8 torch imports on this machine) and settle
+        # the window opens once every rank has its log (torch imported: seconds on a
+        # loaded machine) and has issued ops for a second, so it holds the steady middle
+        ranks_dir = os.path.join(tmp, "run", "ranks")
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and run.poll() is None:
+            try:
+                if sum(n.endswith(".ring") for n in os.listdir(ranks_dir)) >= ranks:
+                    break
+            except OSError:
+                pass
+            time.sleep(0.2)
+        time.sleep(1.5)
         helpers = guardians(run.pid)
         pids = [run.pid, *helpers]
         names = thread_names(run.pid)
         c0, t0 = sum(cpu_seconds(p) for p in pids), time.monotonic()
         th0 = thread_cpu(run.pid)
-        window = max(1.0, seconds - 6.0)
+        window = max(1.0, seconds - 3.0)  # the ranks' last seconds and exit left out
         time.sleep(window)
         c1, t1 = sum(cpu_seconds(p) for p in pids), time.monotonic()
         th1 = thread_cpu(run.pid)
