@@ -2,6 +2,7 @@
 live scan of the output find.
 
   lines.py     one line of output: prefixes (rank, launcher, glog, Ray, mpirun, srun), ANSI
+  colours.py   colour codes, with their ESC or without it (lost in a copy)
   files.py     which files a spec names (paths, globs, .gz) and what their names say
   wraps.py     hard-wrapped lines found and rejoined
   reader.py    only lines holding an anchor parsed (fast); every line counted per process

@@ -129,8 +129,9 @@ class Story:
         if any(m.kind == FINISHED for m in before):
             return "after training finished"
         steps = [m for m in before if m.kind == STEP]
-        if steps:
-            return f"after {step_words(steps[-1])}"
+        if steps:  # the failing process's own last step where it printed steps
+            own = [m for m in steps if line.who is not None and m.line.who == line.who]
+            return f"after {step_words((own or steps)[-1])}"
         # no step before it: certain only where the head window reaches the line, and the
         # log shows the job's start (launch or init words before it)
         if (fs.whole or line.lineno <= fs.head_end) and not self.mid_run:

@@ -3,7 +3,7 @@
   --fault sibling-killed  every rank trains; rank 1 kills itself with SIGKILL after step 3
                           (rank 0 then loses its peer inside the next all_reduce)
   --fault store-never-fills  the ranks join a process group of one rank more than were
-                          launched: the store never fills; a faulthandler dump after 3 s
+                          launched: the store never fills; a faulthandler dump after 1.5 s
                           shows where they stood, then the test stops the launcher (SIGTERM)
 Run under torchrun (its environment contract: RANK, WORLD_SIZE, MASTER_ADDR/PORT).
 """
@@ -26,7 +26,7 @@ def main() -> None:
     args = ap.parse_args()
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     if args.fault == "store-never-fills":
-        faulthandler.dump_traceback_later(3, exit=False)
+        faulthandler.dump_traceback_later(1.5, exit=False)
         print(f"rank {rank}: init_process_group (world {world + 1})", flush=True)
         dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{args.port}",
                                 rank=rank, world_size=world + 1, timeout=timedelta(seconds=60))
