@@ -84,6 +84,21 @@ def test_a_log_that_just_ends_mid_run_is_said_but_not_alarmed(tmp_path):
     assert "ends mid-run with no error" in read and "last progress: step 5" in read
 
 
+# the last words of a job stopped from outside: kubectl's (a container's exit code 128 + 9),
+# Lightning's SIGTERM handler, a shell's; (what the summary must say)
+KILLED_ENDS = [("command terminated with exit code 137\n", "SIGKILL"),
+               ("[rank: 0] Received SIGTERM: 15\nBypassing SIGTERM: 15\n", "SIGTERM"),
+               ("Terminated\n", "'Terminated'")]
+
+
+@pytest.mark.parametrize("end,says", KILLED_ENDS, ids=["kubectl", "lightning", "shell"])
+def test_a_log_killed_from_outside_says_so_with_its_last_progress(tmp_path, end, says):
+    found, read = scan_logs([_write(tmp_path, "k.log", STEPS + end)])
+    (top,) = _loud(found)
+    assert top.severity == "warning" and "killed from outside after step 5" in top.summary
+    assert says in top.summary and read.endswith("how it ends: killed from outside")
+
+
 def test_kill_words_far_from_the_end_are_not_how_it_ended(tmp_path):
     text = "Received SIGTERM in a helper, ignoring\n" + STEPS * 4 + \
         "[2025-01-01 10:00:09] INFO Training completed.\n"

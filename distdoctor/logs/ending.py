@@ -143,6 +143,12 @@ def _who_stopped(stops: list[Milestone]) -> tuple[str, str | None]:
     if signame is None and num:
         signame = {"15": "SIGTERM", "9": "SIGKILL", "2": "SIGINT", "1": "SIGHUP"}.get(
             num[1], f"signal {num[1]}")
+    code = re.search(r"command terminated with exit code (\d+)", text)
+    if signame is None and code:  # a container's exit code 128 + N: killed by signal N
+        signame = {"137": "SIGKILL", "143": "SIGTERM", "134": "SIGABRT"}.get(code[1])
+    if code:
+        return ("the container was ended (`kubectl` reports exit code "
+                f"{code[1]}: the OOM killer or the node when SIGKILL)", signame)
     pids = re.findall(r"Killing subprocess (\d+)", text)
     if pids:
         return (f"the launcher killed its worker processes (pid {', '.join(pids[:8])}), as "
