@@ -64,9 +64,12 @@ def scan_logs(specs: list[str], anchors: tuple[bytes, ...] | None = None
         {p: list(zip(fs.tail, fs.tail_raw, strict=True)) for p, fs in story.files.items()}
     ) + (stall_signals(rest, reader.file_lines, reader.heads) if rest else [])
     found = scanner.findings()
-    causes_first(found, story, scanner.first_lines, scanner.signals)
-    annotate(found, story, scanner.first_lines)
-    ending, said = verdict(found, story, reader.truncated)
+    try:  # the story's reading adds to the findings; a fault in it must not lose them
+        causes_first(found, story, scanner.first_lines, scanner.signals)
+        annotate(found, story, scanner.first_lines)
+        ending, said = verdict(found, story, reader.truncated)
+    except Exception as exc:  # noqa: BLE001 (contained here, said in the read line)
+        ending, said = f"not judged (internal error: {type(exc).__name__})", None
     if said is not None:
         found.append(said)
     read = scanner.read_summary(reader.total_lines)
