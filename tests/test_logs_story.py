@@ -161,3 +161,12 @@ def test_a_real_store_that_never_fills_then_a_sigterm_says_where_it_stood(tmp_pa
     assert "received SIGTERM" in top.summary, top.summary
     assert "stack dump showed the job stuck in _create_c10d_store" in top.summary
     assert "story_job.py" in top.summary and "at init, before the first step" in top.summary
+
+
+def test_a_cause_said_as_a_warning_is_how_it_ended_not_a_kill():
+    """The launcher's SIGTERMs after a worker raised (then a restart that failed to join):
+    the exception is the ending, not a kill from outside."""
+    log = Path(__file__).parent / "fixtures" / "logs" / "field" / "srun_rdzv_closed_two_nodes.log"
+    found, read = scan_logs([str(log)])
+    assert not [f for f in found if f.details.get("family") == "ending"]
+    assert "how it ends: failed: rank 2 raised RuntimeError" in read

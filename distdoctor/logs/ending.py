@@ -78,7 +78,10 @@ def annotate(found: list[Finding], story: Story, first_lines: dict) -> None:
 
 def verdict(found: list[Finding], story: Story, truncated: bool) -> tuple[str, Finding | None]:
     """The words for how the log ends, and the finding that says it where no other does."""
-    errors = [f for f in found if f.severity == "error"]
+    # a crash said as a warning (its job restarted and went on, a demoted cause) is the
+    # ending's cause too: no second word on how it ended
+    errors = [f for f in found if f.severity == "error"] or [
+        f for f in found if f.severity == "warning" and f.kind == "crash"]
     if errors:
         return "failed: " + clip(errors[0].summary, 100), None
     stalls = [f for f in found if f.details.get("family") == "stall"]
