@@ -10,8 +10,9 @@ import os
 import socket
 
 from distdoctor.diagnosis import live as live_mod
-from distdoctor.diagnosis.live import SLOW_S, LiveDiagnosis
+from distdoctor.diagnosis.live import LiveDiagnosis
 from distdoctor.runlog import format as F
+from distdoctor.runlog.pace import SLOW_S
 from distdoctor.runlog.ring import RingWriter
 from distdoctor.runlog.rundir import rank_meta_path, ring_path
 

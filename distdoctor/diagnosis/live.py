@@ -38,13 +38,7 @@ from distdoctor.priority import lower_this_thread
 from distdoctor.runlog.follow import RunFollower
 from distdoctor.runlog.reader import Event
 
-POLL_S = 0.25
-# A pass in which nothing changed (no event, no new log, no line of output, no exit)
-# reads each rank's log header, keeps a new probe sample, and stops there. What moves
-# with time alone (the ranks' heartbeats and pids, their progress, the detectors' clocks:
-# hangs, long waits) is looked at every SLOW_S: a hang is found a fraction of a second
-# later, and an idle job costs little (the full pass took ~0.7 ms at 2 ranks, 4 a second).
-SLOW_S = 0.5
+POLL_S = 0.25  # the follower's look at the logs; the rest at the job's pace (runlog.pace)
 # The loop's CPU budget: after a pass that took `c` seconds of CPU it waits at least c /
 # CPU_SHARE (at most MAX_WAIT_S) before the next. Passes have a fixed cost (liveness
 # checks, findings.json), so a heavier job gets fewer, larger passes: the diagnosis may
@@ -116,8 +110,6 @@ class LiveDiagnosis:
         self._gpu_findings = gpu_findings_fn()
         # each pass's events of the newest incarnation, under the lock (a node's digest)
         self.on_batch: Callable[[list], None] | None = None
-        self._slow_at = -float("inf")  # when the time-driven checks last ran
-        self._exits_seen: dict = {}  # the launcher's exits as of the last pass
 
     @property
     def engine(self) -> Engine:
@@ -248,20 +240,9 @@ class LiveDiagnosis:
 
     # --- one pass ----------------------------------------------------------------------
     def _step(self, now_s: float, final: bool = False, due: bool = False) -> None:
-        """One pass: what changed since the last, and the time-driven checks when due
-        (`due`, `final` or SLOW_S since they last ran)."""
         batches = self.follower.poll_incarnations(final)
-        exits = self.exits() if self.exits is not None else {}
-        sample = self.sampler.latest() if self.sampler is not None else None
-        new_sample = sample is not None and sample.t != self._last_sample_t
-        due = due or final or now_s - self._slow_at >= SLOW_S or now_s < self._slow_at
-        if not (due or batches or self.follower.moved or self.follower.said or self._lines
-                or exits != self._exits_seen):
-            # nothing changed and nothing is due: the job is idle, so is this; a probe
-            # sample (once a second) waits for the detectors' next turn
-            if new_sample:
-                self._last_sample_t = sample.t
-                self.engine.samples.append(sample)
+        due = self.follower.plan(now_s, due or final, self.exits and self.exits(), self._lines)
+        if due is None:  # nothing changed and nothing is due: the job is idle, so is this
             return
         for i in sorted(batches):
             self._engine_of(i).ingest(batches[i], now_s)
@@ -273,7 +254,8 @@ class LiveDiagnosis:
             self.on_batch(batches.get(self.follower.newest, ()))
         if self.recent is not None:
             self._remember(batches.get(self.follower.newest, ()))
-        if new_sample:
+        sample = self.sampler.latest() if self.sampler is not None else None
+        if sample is not None and sample.t != self._last_sample_t:
             self._last_sample_t = sample.t
             engine.samples.append(sample)
         if self._sample_tail is not None:
@@ -292,15 +274,11 @@ class LiveDiagnosis:
                 sig = ("external", f.kind, f.details.get("signature") or f.summary)
                 held = next((e for e in self.engines.values() if sig in e.found), engine)
                 held.add_finding(f)
-        if due:
-            self._slow_at = now_s
+        if due:  # and a new or closed log (a rank that shut down) is looked at at once
             self._check_ranks(now_s)
             self._read_progress(engine)
-        elif self.follower.moved:  # a log closed: a rank that shut down, said now
-            self._check_ranks(now_s)
-        self._exits_seen = exits
         if self.exits is not None:  # the launcher's ranks: each in its newest incarnation
-            for rank, (code, stopped) in exits.items():
+            for rank, (code, stopped) in self.exits().items():
                 newest = max((i for i, e in self.engines.items() if rank in e.ranks),
                              default=None)
                 if newest is not None and newest not in self._done:

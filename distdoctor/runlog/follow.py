@@ -21,6 +21,7 @@ from pathlib import Path
 
 from distdoctor.errors import UserError
 from distdoctor.runlog.incarnations import Incarnations
+from distdoctor.runlog.pace import Pace
 from distdoctor.runlog.reader import Event, RankLog, RingHeader
 from distdoctor.runlog.rundir import parse_log_name, rank_meta_path, ring_path
 
@@ -95,6 +96,8 @@ class RunFollower:
         # the last poll found more than events: a new log, or a log closed (its rank shut
         # down) or let go; a reader that skips its idle passes looks at the ranks then
         self.moved = False
+        self.brought = False  # the last poll returned events
+        self.pace = Pace()
         self._ranks_mtime = -1
         self._meta_tried: dict[tuple[int, int], tuple[float, int]] = {}
         self._scanned_s = -math.inf
@@ -210,7 +213,16 @@ class RunFollower:
                 out.setdefault(feed.incarnation, []).extend(events)
             elif not final and self._finished(key, feed):
                 self._let_go(key, feed)
+        self.brought = bool(out)
         return out
+
+    def plan(self, now_s: float, forced: bool, exits, news) -> bool | None:
+        """The reader's pass after a poll, at the job's pace (runlog.pace): True when the
+        time-driven checks are due, False when only what changed is, None when nothing
+        is. A log that appeared or closed makes them due at once; `news`: what else
+        changed for the reader (its own input, e.g. lines of the job's output)."""
+        return self.pace.plan(now_s, forced or self.moved, exits,
+                              bool(self.brought or self.said or news))
 
     def _finished(self, key: tuple[int, int], feed: RankFeed) -> bool:
         """Read to its end, and either closed or left behind by a newer log of its rank
