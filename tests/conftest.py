@@ -222,8 +222,8 @@ MATRIX_SMOKE = (
 # --- the extended tier ---------------------------------------------------------------------
 # Variants whose mechanism a sibling test in the default run exercises already, run only
 # with `pytest -m extended` (or `-m "extended or not extended"` for everything): each
-# launches a multi-process job of its own, and CI has 30 minutes for the whole suite. In
-# one place, with the sibling that covers each in CI.
+# launches a multi-process job of its own, and CI has 35 minutes for the whole suite and
+# the version matrix. In one place, with the sibling that covers each in CI.
 EXTENDED = (
     # bare and traced on every test of the subset (CI: traced, against the bare outcomes)
     "test_torch_suite.py::test_bare_and_traced_agree_test_by_test",
@@ -271,6 +271,23 @@ EXTENDED = (
     "test_native.py::test_c_and_python_paths_record_the_same_events[parallel_stack.py-2]",
     # the dashboard on a terminal, closed by SIGHUP (CI: closed with q)
     "test_demo.py::test_demo_on_a_terminal_runs_behind_the_dashboard_and_stops_with_it[hangup]",
+    # the public corpus's benchmark script scoring one case (CI: its flags; the corpus's
+    # own checkers run the cases)
+    "test_public_corpus.py::test_the_benchmark_scores_distdoctor_and_a_plain_timeout_on_a_corpus_case",
+    # `--on-hang kill` on a Lightning job's own processes (CI: on-hang kill in the bug
+    # corpus and the framework jobs; a signal to run stops ranks and detached children)
+    "test_launch_cleanup.py::test_on_hang_kill_stops_every_process_of_a_lightning_job",
+    # a periodic evaluator on a starved host (CI: a rank starved of CPU is its host's
+    # finding; rank 0's periodic evaluation is no straggler)
+    "test_stragglers.py::test_a_periodic_evaluator_starved_of_cpu_is_its_hosts_finding",
+    # launches again and again (CI: an elastic restart traced per round; a rank that
+    # remakes its default group is a new incarnation)
+    "test_incarnations.py::test_a_script_that_launches_its_ranks_again_and_again",
+    # a dtype that differs (CI: shape_mismatch, wrong_group, uneven_batches: signatures)
+    "test_diagnosis_corpus.py::test_bug_is_diagnosed[dtype_mismatch]",
+    # a straggler across nodes from real digests (CI: the lateness of digests' waits on
+    # recorded positions in test_fleet; test_netns_multinode's rate-limited link)
+    "test_fleet.py::test_a_rank_that_keeps_the_other_node_waiting_is_a_straggler_from_digests",
 )
 
 
