@@ -7,7 +7,6 @@ before its fix.
 from __future__ import annotations
 
 import json
-import os
 import socket
 import sys
 import time
@@ -17,7 +16,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
-from simnode import CollectorProcess, connect_node, dropped, meta, send, until  # noqa: E402
+from simnode import CollectorProcess, connect_node, dropped, meta, send  # noqa: E402
 
 from distdoctor.collect import wire  # noqa: E402
 
@@ -115,8 +114,10 @@ def test_a_digest_of_rankless_runs_does_not_stall_the_loop(tmp_path, ranks, coun
         victim, evil = connect_node(c.address, "victim"), connect_node(c.address, "evil")
         runs = [f'["g",{i * 65536},0,{ranks},{count}]' for i in range(1)]
         runs += [f'["g",{i * 65536},0,[],65536]' for i in range(1, 10)]
-        text = ('{"host":"evil","ranks":[],"groups":{"g":["d",[0,1]]},"sigs":{"0":%s},'
-                '"arrivals":[%s],"waits":[],"dropped":0}' % (_ROW, ",".join(runs)))
+        text = json.dumps({"host": "evil", "ranks": [], "groups": {"g": ["d", [0, 1]]},
+                           "sigs": {"0": json.loads(_ROW)},
+                           "arrivals": [json.loads(r) for r in runs], "waits": [],
+                           "dropped": 0})
         send(evil, meta(0, "evil"), wire.frame(wire.DIGEST, text.encode()))
         time.sleep(0.05)
         assert _victim_applied_within(c, victim, 5), "the loop stalled"

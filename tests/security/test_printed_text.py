@@ -47,8 +47,9 @@ def test_a_ranks_escape_codes_are_printed_as_text(tmp_path: Path):
 def test_the_dashboard_shows_a_findings_words_as_text():
     """The dashboard's findings table and detail pane (Textual writes a Text's characters
     to the terminal as they are)."""
-    from distdoctor.findings import Finding
     from distdoctor.tui import cells
+
+    from distdoctor.findings import Finding
 
     said = "rank 1 raised bad batch \x1b[2J\x1b]0;owned\x07 [/x] \x9b31m"
     f = Finding("crash", "error", said, [1], remedy="see \x1b[5m",
