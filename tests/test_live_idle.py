@@ -59,8 +59,13 @@ def test_an_idle_job_costs_a_header_read_per_pass_and_checks_liveness_on_its_own
     live._step(100.0)  # the first pass reads everything
     counted = _Counted(live, monkeypatch)
     passes = 8
-    for i in range(1, passes + 1):  # polls within one slow period, nothing written
+    for i in range(1, passes + 1):  # polls within one slow period: only samples written
+        for w in ranks:  # the main thread's sampler writes these whatever the job does
+            e = w.append(F.KIND_SAMPLE, F.OP_CODE["sample"], F.REDOP_NONE, 0, 0, 0, 0, -1,
+                         0, 0, 0, 5000 + i, 0, 0)
+            w.complete(e, F.STATUS_OK, 5000 + i)
         live._step(100.0 + i * SLOW_S / (passes + 1))
+    assert live.follower.poll() == []  # the samples were taken in, not left behind
     assert (counted.ticks, counted.pid_reads) == (0, 0)
     live._step(100.0 + SLOW_S)  # the slow checks' turn: each rank's pid, the detectors
     assert (counted.ticks, counted.pid_reads) == (1, 2)

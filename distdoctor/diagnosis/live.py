@@ -241,9 +241,6 @@ class LiveDiagnosis:
     # --- one pass ----------------------------------------------------------------------
     def _step(self, now_s: float, final: bool = False, due: bool = False) -> None:
         batches = self.follower.poll_incarnations(final)
-        due = self.follower.plan(now_s, due or final, self.exits and self.exits(), self._lines)
-        if due is None:  # nothing changed and nothing is due: the job is idle, so is this
-            return
         for i in sorted(batches):
             self._engine_of(i).ingest(batches[i], now_s)
         for why in self.follower.said:
@@ -254,6 +251,9 @@ class LiveDiagnosis:
             self.on_batch(batches.get(self.follower.newest, ()))
         if self.recent is not None:
             self._remember(batches.get(self.follower.newest, ()))
+        due = self.follower.plan(now_s, due or final, self.exits and self.exits(), self._lines)
+        if due is None:  # nothing changed but samples, nothing is due: the job's pace
+            return
         sample = self.sampler.latest() if self.sampler is not None else None
         if sample is not None and sample.t != self._last_sample_t:
             self._last_sample_t = sample.t

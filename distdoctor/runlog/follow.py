@@ -96,7 +96,7 @@ class RunFollower:
         # the last poll found more than events: a new log, or a log closed (its rank shut
         # down) or let go; a reader that skips its idle passes looks at the ranks then
         self.moved = False
-        self.brought = False  # the last poll returned events
+        self.brought = False  # the last poll returned events other than samples
         self.pace = Pace()
         self._ranks_mtime = -1
         self._meta_tried: dict[tuple[int, int], tuple[float, int]] = {}
@@ -213,7 +213,9 @@ class RunFollower:
                 out.setdefault(feed.incarnation, []).extend(events)
             elif not final and self._finished(key, feed):
                 self._let_go(key, feed)
-        self.brought = bool(out)
+        # the main threads' samples (50 a second a rank, tracer/steps.py) come whether
+        # or not the job issues ops: taken in, but news only with something else
+        self.brought = any(ev.kind != "sample" for events in out.values() for ev in events)
         return out
 
     def plan(self, now_s: float, forced: bool, exits, news) -> bool | None:
