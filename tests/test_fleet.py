@@ -268,3 +268,26 @@ def test_each_silent_node_is_lost_only_where_others_wait_for_its_ranks():
     assert [(found[h].ranks, found[h].details["waiting_ranks"]) for h in sorted(found)] == [
         ([4, 5], [0, 1, 2, 3]), ([10, 11], [0, 1, 2, 3]), ([12, 13], [0, 1, 2, 3, 6])]
     assert lost_node_findings({"h7": (9.0, False)}, positions, 30.0) == []
+
+
+def test_a_node_of_a_job_past_fifty_thousand_ranks_sends_its_digest_once_a_second(tmp_path):
+    """The collector goes through every rank's position each round of digests; past
+    DIGEST_SLOWER_PAST ranks in the job (as the ranks' own logs say it), a node sends
+    once a second instead of twice (forward.py)."""
+    from distdoctor.collect import forward
+    from distdoctor.runlog import format as F
+    from distdoctor.runlog.ring import RingWriter
+    from distdoctor.runlog.rundir import ring_path
+
+    def interval(world: int | None) -> float:
+        run_dir = tmp_path / f"node{world}"
+        (run_dir / "ranks").mkdir(parents=True)
+        if world is not None:
+            RingWriter(str(ring_path(run_dir, 3)), 3, 64 * F.SLOT_SIZE, 4096,
+                       launch={"world": world}).close()
+        fwd = forward.Forwarder(run_dir, ("127.0.0.1", 9))
+        fwd._discover()
+        return fwd.digest_interval_s()
+
+    assert interval(None) == interval(4096) == interval(50_000) == forward.DIGEST_INTERVAL_S
+    assert interval(100_000) == forward.DIGEST_SLOWER_S > forward.DIGEST_INTERVAL_S
