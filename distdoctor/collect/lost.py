@@ -3,7 +3,7 @@
 A node whose link (or host) goes down sends nothing more: no reset reaches the collector,
 its stream just stops. Silence alone is not loss: a busy node, or a congested management
 network, delays its reports while its job goes on (reports.py: a `host` state, never a
-hang). But a node silent for LOST_S (ten times a forwarder's longest interval), while ranks on nodes that still report are blocked in an op with its ranks (a collective of a group
+hang). But a node silent for LOST_S (five digests of a job past 50,000 ranks, ten of a smaller one), while ranks on nodes that still report are blocked in an op with its ranks (a collective of a group
 it has members in, a p2p op with one of its ranks) past the hang rule, is the job's hang,
 and the lost node its culprit: one `hang` finding naming the node and its ranks. The
 other nodes' own `run`s see only that ranks of another node never joined.
