@@ -20,7 +20,7 @@ from distdoctor.diagnosis.arms import Branch
 
 def into_callee(b: Branch) -> Branch:
     """`b`, or the guard inside the function its condition calls that split the ranks."""
-    if b.statement != "if" or b.exit_line is not None or True not in b.inside:
+    if b.statement != "if" or b.exit_line is not None or sorted(b.inside) != [False, True]:
         return b
     src = S.read(b.file)
     node = next((n for n in ast.walk(src.tree) if isinstance(n, ast.If)

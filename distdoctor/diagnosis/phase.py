@@ -28,8 +28,9 @@ def crash_phase(ended_at: dict, history, span: str | None) -> dict | None:
     if src is None:
         return None
     fn = S.function_at(src, ended_at.get("function"), line)
+    memo: dict = {}  # a few distinct frames among the ops: one reading of each
     lines = [at for ev in history if ev.kind in ("collective", "p2p")
-             and (at := _line_in(ev, src, fn)) is not None]
+             and (at := _line_in(ev, src, fn, memo)) is not None]
     if not lines:
         return None
     site = max(set(lines), key=lambda x: (lines.count(x), -x))  # the loop's own op
@@ -58,12 +59,16 @@ def crash_phase(ended_at: dict, history, span: str | None) -> dict | None:
     return None
 
 
-def _line_in(ev, src, fn) -> int | None:
+def _line_in(ev, src, fn, memo: dict) -> int | None:
     """The line of `fn` the op came from: its own line there, or the call in `fn` that
     led to it (the frames the tracer kept)."""
     for file, function, line in chain(ev):
-        if file == src.path and isinstance(line, int) and \
-                S.function_at(src, function, line) is fn:
+        if file != src.path or not isinstance(line, int):
+            continue
+        key = (function, line)
+        if key not in memo:
+            memo[key] = S.function_at(src, function, line) is fn
+        if memo[key]:
             return line
     return None
 
