@@ -122,15 +122,10 @@ def test_who_and_caller_identity():
     assert parse_line("[rank6]:x", rank=4).rank == 6
 
 
-def test_parse_never_raises_and_is_cheap():
-    import time
+def test_parse_never_raises():
+    # (its cost per line is measured in benchmarks/log_throughput.py, not here)
     for junk in ["", "\x00\x00", "[", "(", "[rank]:", "3:", "\x1b[", "[1,]<stderr>:", "é" * 5]:
         assert isinstance(parse_line(junk), LogLine)
-    line = "[rank3]:[E1206 18:44:12.715298746 ProcessGroupNCCL.cpp:607] " + WATCHDOG.format(r=3)
-    t = time.perf_counter()
-    for _ in range(2000):
-        parse_line(line)
-    assert (time.perf_counter() - t) / 2000 < 50e-6  # a few µs; generous for a loaded CI box
 
 
 def test_segments_and_interleaving():
