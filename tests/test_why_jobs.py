@@ -124,3 +124,17 @@ def test_a_slow_rank_under_a_short_pg_timeout_is_a_straggler_not_a_hang(tmp_path
     assert f["callsites"][0]["rank"] == 1, f["callsites"]
     assert f["callsites"][0]["line"] in marker_sets(JOB)["computing"], f["callsites"]
     assert not [g for g in findings if g["kind"] == "hang" and g["severity"] == "error"]
+
+
+@pytest.mark.timeout(120)
+def test_the_healthy_shape_of_the_periodic_save_is_quiet(tmp_path):
+    """Every rank calls the collective save under the periodic guard: no finding of
+    severity error or warning (the rank guard read as a split only where it splits)."""
+    run_dir = tmp_path / "run"
+    proc = run_cli(["run", "--nproc", "2", "--run-dir", str(run_dir), "--grace", "2",
+                    "--on-hang", "kill", "--", str(JOB), "healthy"], timeout=100,
+                   run_dir=run_dir)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    findings = json.loads((run_dir / "findings.json").read_text())["findings"]
+    assert not [f for f in findings if f["severity"] in ("error", "warning")], \
+        _said(findings)
