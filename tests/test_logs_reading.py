@@ -292,3 +292,39 @@ def test_a_wrap_whose_trailing_spaces_a_copy_dropped_is_still_rejoined(tmp_path)
     r, hits = read([write(tmp_path, "w.log", stripped)])
     assert r.wrapped_width == 80
     check_watchdogs(r, hits)
+
+
+def test_the_slow_paths_remembered_anchor_test_is_the_plain_test():
+    """Lines that differ only in digits share one answer; an anchor with a digit in it, a
+    long line and a full memory are tested each time: the same answer as testing every
+    anchor in every line."""
+    from distdoctor.logs import reader
+    from distdoctor.logs.families import ANCHORS
+
+    texts = tuple(a.decode() for a in ANCHORS)
+    holds = reader._Holds(texts)
+    lines = ["step 1 loss 0.5", "step 2 loss 0.7", "C10d store said 3", "Cd store said 4",
+             "C11d store", "NCCL WARN 1", "NCCL WARN 2", "#1 store", "x" * 2000 + " NCCL",
+             "x" * 2000, "step 3 loss 0.9 Watchdog"]
+    for _ in range(2):
+        for text in lines * 3:
+            assert holds(text) == any(t in text for t in texts), text
+        holds.memory.update({str(i).encode(): False for i in range(reader.MEMO)})
+
+
+def test_the_scanners_remembered_routes_are_every_family_whose_anchor_a_line_holds():
+    """Lines that differ only in digits share a remembered route; an anchor with a digit
+    ("C10d store") is left to test on the line itself: each line reaches the families whose
+    anchors it holds, whichever line of its masked shape came first."""
+    from distdoctor.logs.scanner import LogScanner
+
+    scanner = LogScanner()
+    lines = ["C11d store failed", "C10d store failed", "C11d store failed",
+             "Watchdog caught 3", "Watchdog caught 4 C10d store", "x" * 1100 + "C10d store"]
+    for text in lines:
+        read = [f for f, a in scanner._readers(text)
+                if a is None or any(x in text for x in a)]
+        want = [f for f, a in scanner._routes
+                if ("NCCL INFO" not in text or not f.orchestrator)
+                and any(x in text for x in a)]
+        assert read == want, text

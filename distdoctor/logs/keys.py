@@ -108,7 +108,7 @@ class Keys:
     def who(self, key) -> tuple[tuple | None, LogLine | None]:
         if self.empty is None:  # "[rankN]:" alone: the key is N's digits, nothing to parse
             rank = int(key)  # (and nothing cached: a million ranks are a million keys)
-            return ("rank", rank), LogLine("x", rank, host=self.host)
+            return ("rank", rank), LogLine("x", rank, None, self.host)
         hit = self._who.get(key)
         if hit is None:
             synthetic = []

@@ -385,6 +385,11 @@ def parse_raw(raw: str, *, file: str = "", lineno: int = 0, rank: int | None = N
     """A raw line as read (maybe with '\\r' redraws and mixed ranks) into its parsed lines."""
     if "\r" not in raw and "][" not in raw and raw.count("]:") + raw.count(">:") < 2:
         seg = raw.rstrip("\n")  # the common line, one segment, one process: no splitting
+        if seg and head is None:  # parse_line's work without its call (every anchored line)
+            try:
+                return [_parse(seg, file, lineno, rank, host)]
+            except Exception:  # as parse_line: a malformed line is still a line
+                return [LogLine(seg, rank, None, host, None, None, file, lineno)]
         return [parse_line(seg, file=file, lineno=lineno, rank=rank, host=host,
                            head=head)] if seg else []
     out = []

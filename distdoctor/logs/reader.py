@@ -45,6 +45,8 @@ FOLLOW = {b'File "': 3, b"ActorDiedError": 8, b"Communicator ranks have differen
           b"DEAD": 20}
 RARE = 0.002  # an anchor byte rarer than this in a chunk's sample filters the anchors
 SAMPLE = 16 << 10
+_DIGITS_MASKED = bytes.maketrans(b"0123456789", b"##########")
+MEMO, MEMO_CHARS = 4096, 1024  # masked messages remembered, and the longest remembered
 FEW_CANDIDATES = 8  # past this many anchors left to search a chunk for, see _in_line_shapes
 
 
@@ -132,6 +134,7 @@ class LogReader:
         with open_log(path) as fh:
             follow = {a.decode(): n for a, n in FOLLOW.items() if a.decode() in texts}
             after_frame = 0  # lines still to hand over after a frame or a report's head
+            holds = _Holds(texts)
             lineno = 0
             for lineno, raw in logical_lines(fh, sniff.width, self):
                 seen: set = set()
@@ -143,9 +146,11 @@ class LogReader:
                         seen.add(who)
                         self._count(who, ll, 1, lineno, lineno, path,
                                     raw.encode("utf-8", "replace")[-8192:])
-                    if after_frame or any(map(ll.text.__contains__, texts)):
+                    if after_frame or holds(ll.text):
                         yield ll
-                    next_too = max([next_too] + [n for t, n in follow.items() if t in ll.text])
+                    for t, n in follow.items():
+                        if n > next_too and t in ll.text:
+                            next_too = n
                 after_frame = max(next_too, after_frame - 1)
         self.file_lines[path] = lineno
         if self._ended_mid_line:
@@ -209,38 +214,39 @@ class LogReader:
         found = plan.candidates(body)
         # a line can hold only the anchors its chunk holds: test those alone
         texts = tuple(a.decode("utf-8", "replace") for a in found)
+        find, rfind, add = body.find, body.rfind, starts.add  # (bound once: a line each)
         for a in found:
             follow = FOLLOW.get(a, 0)
-            i = body.find(a)
+            i = find(a)
             while i >= 0:
-                s = body.rfind(b"\n", 0, i) + 1
-                e = body.find(b"\n", i)
-                starts.add(s)
-                j = e
+                add(rfind(b"\n", 0, i) + 1)
+                j = e = find(b"\n", i)
                 for _ in range(follow):
                     if j >= last:
                         break
-                    starts.add(j + 1)
+                    add(j + 1)
                     after.add(j + 1)
-                    j = body.find(b"\n", j + 1)
-                i = body.find(a, e)
+                    j = find(b"\n", j + 1)
+                i = find(a, e)
         prev, lineno = 0, base
+        count, rank, host = body.count, keys.rank, keys.host
+        keyed = keys.keyed if file_who is None else None
         for s in sorted(starts):
-            lineno += body.count(b"\n", prev, s)
+            lineno += count(b"\n", prev, s)
             prev = s
-            raw = body[s:body.find(b"\n", s)]
-            unkeyed = file_who is None and not keys.keyed(body, s - 1)
+            raw = body[s:find(b"\n", s)]
+            unkeyed = keyed is not None and not keyed(body, s - 1)
             text = raw.decode("utf-8", "replace")
             # a message holds only anchors its chunk holds (`texts`: every anchor of the chunk,
             # a superset of the line's own, so the same test as with the line's alone)
-            seen: set = set()
-            parsed = parse_raw(text, file=path, lineno=lineno, rank=keys.rank, host=keys.host)
+            parsed = parse_raw(text, file=path, lineno=lineno, rank=rank, host=host)
             if parsed and len(raw) <= 8192 and b"\r" not in raw:  # _last_text(raw), made
                 texts_at[s] = parsed[0].text[:LAST_TEXT] if text.strip() else ""  # here once
+            seen: set = set()
             for ll in parsed:
-                if unkeyed and ll.who is not None and ll.who not in seen:
-                    seen.add(ll.who)
-                    self._count(ll.who, ll, 1, lineno, lineno, path, raw[-8192:])
+                if unkeyed and (who := ll.who) is not None and who not in seen:
+                    seen.add(who)
+                    self._count(who, ll, 1, lineno, lineno, path, raw[-8192:])
                 if s in after or any(map(ll.text.__contains__, texts)):
                     yield ll
         return n_lines
@@ -280,6 +286,31 @@ class LogReader:
             raw = self._last_raw.pop(who, None)  # its text now: a million raw lines not kept
             if raw is not None:  # until the end (a later file's later line replaces it)
                 self.activity[who].last_text = _last_text(raw)
+
+
+class _Holds:
+    """Whether a message holds one of `texts` (the slow path's test, every line), remembered
+    by the message with its digits masked, as the scanner's routes are: an anchor with no
+    digit is in a line exactly when it is in the masked line, so lines that differ only in
+    numbers (progress lines) are tested once; anchors with a digit are tested each time."""
+
+    def __init__(self, texts: tuple[str, ...]):
+        self.plain = tuple(t for t in texts if not any(c.isdigit() or c == "#" for c in t))
+        self.digital = tuple(t for t in texts if t not in self.plain)
+        self.memory: dict[bytes, bool] = {}
+
+    def __call__(self, text: str) -> bool:
+        if self.digital and any(map(text.__contains__, self.digital)):
+            return True
+        if len(text) > MEMO_CHARS:
+            return any(map(text.__contains__, self.plain))
+        key = text.encode("utf-8", "surrogatepass").translate(_DIGITS_MASKED)
+        hit = self.memory.get(key)
+        if hit is None:
+            if len(self.memory) >= MEMO:
+                self.memory.clear()
+            hit = self.memory[key] = any(map(text.__contains__, self.plain))
+        return hit
 
 
 class _AnchorPlan:

@@ -74,7 +74,12 @@ class LogScanner:
         self.dropped = 0
         self._context_kept = 0
         self._route_memory: dict[bytes, list] = {}
-        self._masked = {f for f, a in self._routes if _no_digit(a)}  # see _DIGITS_MASKED
+        # per family, its anchors with no digit (told by the masked line alone) and those
+        # with one, each with its masked form (a line whose masked form lacks it cannot hold it)
+        self._split = {f: (tuple(x for x in a if _no_digit((x,))),
+                           tuple((x, x.encode().translate(_DIGITS_MASKED)) for x in a
+                                 if not _no_digit((x,))))
+                       for f, a in self._routes}
         self._kept: dict[tuple, int] = {}
         self._lineno = 0
         self._emitted: dict[str, dict] = {}
@@ -156,9 +161,18 @@ class LogScanner:
             routes = self._info_routes if "NCCL INFO" in text else self._routes
             # a family reads only the lines that hold one of its own anchors
             # (map: no Python frame per anchor)
-            masked = self._masked
-            found = [(f, None if f in masked else a) for f, a in routes
-                     if f not in masked or any(map(text.__contains__, a))]
+            found = []
+            for f, a in routes:
+                plain, digital = self._split[f]
+                if any(map(text.__contains__, plain)):
+                    found.append((f, None))
+                elif digital and key is None:
+                    if any(a in text for a, _ in digital):
+                        found.append((f, None))
+                elif digital:  # left to test per line: those the masked line may hold
+                    maybe = tuple(a for a, m in digital if m in key)
+                    if maybe:
+                        found.append((f, maybe))
             if key is not None:
                 if len(self._route_memory) >= ROUTE_MEMORY:
                     self._route_memory.clear()

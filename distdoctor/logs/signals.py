@@ -51,17 +51,16 @@ def rule(name: str, family: str, role: str, regex: str, ints: tuple[str, ...] = 
 
 
 def fields_of(r: Rule, m: re.Match) -> dict:
-    out = {}
-    for k, v in m.groupdict().items():
-        if v is None:
-            continue
-        if k in r.ints:
+    """The match's groups that matched, those named in `r.ints` as ints (one that is not a
+    number is left out)."""
+    out = {k: v for k, v in m.groupdict().items() if v is not None}
+    for k in r.ints:
+        v = out.get(k)
+        if v is not None:
             try:
                 out[k] = int(v)
             except ValueError:
-                continue
-        else:
-            out[k] = v
+                del out[k]
     return out
 
 

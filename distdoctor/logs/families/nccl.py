@@ -161,7 +161,7 @@ class NcclFamily(Family):
         text = line.text
         if " NCCL INFO " in text or text.startswith("NCCL INFO"):
             return self._info(line, text)
-        w = _WARN.search(text)
+        w = _WARN.search(text) if "NCCL WARN" in text else None
         out = super().feed(line)
         if out and out[0].rule == "remote_error":
             self._name_peer(out[0])
