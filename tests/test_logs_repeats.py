@@ -16,6 +16,7 @@ from pathlib import Path
 
 import psutil
 import pytest
+from logtests import warned_of
 
 from distdoctor.launch.env import free_port
 from distdoctor.logs import scan_logs
@@ -23,9 +24,6 @@ from distdoctor.logs.repeats import TAIL_BYTES, repeating_tail, tail_lines, temp
 
 JOBS = Path(__file__).parent / "jobs"
 
-
-def _loud(found):
-    return [f for f in found if f.severity in ("error", "warning")]
 
 
 def _write(tmp_path: Path, text: str, name: str = "job.log") -> str:
@@ -47,14 +45,14 @@ def test_a_wait_repeated_with_a_moving_try_count_is_a_stall(tmp_path):
     log = _write(tmp_path, "\n".join(
         ["2026-02-03 09:59:00,000 INFO train: starting"] + _waits(
             6, "store: retrying connection to 10.0.0.7:29500 (attempt {i}/30), waiting 60 s")))
-    (top,) = _loud(scan_logs([log])[0])
+    (top,) = warned_of(scan_logs([log])[0])
     assert top.kind == "hang" and top.severity == "error" and "6 times" in top.summary
     assert "over 300 s" in top.summary and "10.0.0.7:29500" in top.summary and top.ranks == []
 
 
 def test_a_counter_that_moves_is_progress_not_a_stall(tmp_path):
     log = _write(tmp_path, "\n".join(_waits(8, "waiting for batch {i}: data loader slow")))
-    assert _loud(scan_logs([log])[0]) == []
+    assert warned_of(scan_logs([log])[0]) == []
 
 
 def test_a_crash_the_waiting_follows_is_the_cause(tmp_path):
@@ -62,16 +60,16 @@ def test_a_crash_the_waiting_follows_is_the_cause(tmp_path):
              '[rank1]:   File "train.py", line 9, in <module>',
              "[rank1]: ValueError: bad batch shape"]
     lines += [f"[rank0]: {x}" for x in _waits(6, "still waiting for rank 1 at step 7")]
-    found = _loud(scan_logs([_write(tmp_path, "\n".join(lines))])[0])
+    found = warned_of(scan_logs([_write(tmp_path, "\n".join(lines))])[0])
     assert found and "ValueError" in found[0].summary
     assert not any("the same line" in f.summary for f in found), [f.summary for f in found]
 
 
 def test_untimed_repeats_need_more_of_them_and_are_only_a_warning(tmp_path):
     eight = _write(tmp_path, "x\n" + "waiting for the parameter server\n" * 8, "eight.log")
-    assert _loud(scan_logs([eight])[0]) == []
+    assert warned_of(scan_logs([eight])[0]) == []
     twelve = _write(tmp_path, "x\n" + "waiting for the parameter server\n" * 12, "12.log")
-    (top,) = _loud(scan_logs([twelve])[0])
+    (top,) = warned_of(scan_logs([twelve])[0])
     assert top.severity == "warning" and "the log shows no times" in top.summary
 
 
@@ -84,7 +82,7 @@ def test_healthy_ends_that_repeat_a_line_are_no_stall(tmp_path):
     at_once = ["2026-02-03 10:00:02,000 INFO Waiting for all ranks before exit"] * 8
     for name, lines in (("done", done), ("farewell", farewell), ("at_once", at_once)):
         path = _write(tmp_path, "\n".join(["step 999 loss 0.5"] + lines) + "\n", name + ".log")
-        assert _loud(scan_logs([path])[0]) == [], name
+        assert warned_of(scan_logs([path])[0]) == [], name
 
 
 @pytest.mark.timeout(60)  # a hang guard: they once took minutes (backtracking, a min() a line)
@@ -94,12 +92,12 @@ def test_odd_tails_are_read_and_said_to_be_no_stall(tmp_path):
     distinct = _write(tmp_path, "".join(f"line {i:x} of its own\n" for i in range(40_000)),
                       "distinct.log")
     for path in (digits, distinct):
-        assert repeating_tail(tail_lines(path)) == [] and _loud(scan_logs([path])[0]) == []
+        assert repeating_tail(tail_lines(path)) == [] and warned_of(scan_logs([path])[0]) == []
 
 
 def test_a_line_repeated_without_a_wait_word_is_no_stall(tmp_path):
     log = _write(tmp_path, "\n".join(_waits(8, "GPU memory 40.1 GiB of 80.0 GiB")))
-    assert _loud(scan_logs([log])[0]) == []
+    assert warned_of(scan_logs([log])[0]) == []
 
 
 def test_the_tail_of_a_large_or_gzipped_file_keeps_its_line_numbers(tmp_path):
@@ -113,7 +111,7 @@ def test_the_tail_of_a_large_or_gzipped_file_keeps_its_line_numbers(tmp_path):
     for path in (plain, str(packed)):
         (r,) = repeating_tail(tail_lines(path, 20_005))
         assert (r.count, r.first.lineno, r.last.lineno, r.span_s) == (5, 20_001, 20_005, 240)
-        (top,) = _loud(scan_logs([path])[0])
+        (top,) = warned_of(scan_logs([path])[0])
         assert "5 times" in top.summary and top.severity == "error"
 
 
@@ -140,6 +138,6 @@ def test_a_hung_torchrun_job_whose_heartbeat_repeats_is_said_as_the_stall(tmp_pa
         proc.wait(timeout=30)
     text = out.read_text()
     assert text.count("still at step 4") >= 8, text[-2000:]
-    (top,) = _loud(scan_logs([str(out)])[0])
+    (top,) = warned_of(scan_logs([str(out)])[0])
     assert top.kind == "hang" and "still at step 4" in top.summary and "rank 0" in top.summary
     assert top.severity == "warning"  # seconds of it: the job may yet go on

@@ -8,6 +8,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+from logtests import warned_of, write_named
 
 from distdoctor.logs import scan_logs
 from distdoctor.logs.families import ROUTES
@@ -30,14 +31,6 @@ UNKNOWN = [
 ]
 
 
-def _write(tmp_path: Path, name: str, text: str) -> str:
-    p = tmp_path / name
-    p.write_text(text)
-    return str(p)
-
-
-def _loud(found):
-    return [f for f in found if f.severity in ("error", "warning")]
 
 
 @pytest.mark.parametrize("shape", ["[rank{r}]: {line}", "[default{r}]:{line}", "{r}: {line}"])
@@ -46,8 +39,8 @@ def test_an_error_no_family_knows_is_said_as_unknown_with_its_rank(tmp_path, lin
     body = "".join(shape.format(r=r, line=f"step {i} loss 2.0") + "\n"
                    for i in range(3) for r in range(4))
     body += "".join(shape.format(r=2, line=part) + "\n" for part in line.split("\n"))
-    found, _ = scan_logs([_write(tmp_path, "job.log", body)])
-    (top,) = _loud(found)
+    found, _ = scan_logs([write_named(tmp_path, "job.log", body)])
+    (top,) = warned_of(found)
     assert top.severity == "error" and top.ranks == [2]
     assert words in top.summary and "not a known distributed-training failure" in top.summary
     assert top.details["family"] == "unknown"
@@ -56,7 +49,7 @@ def test_an_error_no_family_knows_is_said_as_unknown_with_its_rank(tmp_path, lin
 def test_the_same_error_with_the_fast_reader_and_every_line_read(tmp_path):
     body = "".join(f"[rank{r}]: step {i}\n" for i in range(50) for r in range(2))
     body += "[rank1]: omegaconf.errors.ConfigKeyError: Missing key optimizer\n"
-    path = _write(tmp_path, "job.log", body)
+    path = write_named(tmp_path, "job.log", body)
     fast = scan_logs([path])[0]
     every = scan_logs([path], anchors=ROUTES)[0]
     assert [f.to_json() for f in fast] == [f.to_json() for f in every]
@@ -65,12 +58,12 @@ def test_the_same_error_with_the_fast_reader_and_every_line_read(tmp_path):
 
 def test_the_first_error_in_time_wins_over_the_order_of_the_files(tmp_path):
     # rank 1's file is read first, but rank 0's error is 3 s older by the logs' own stamps
-    _write(tmp_path, "a.log", "2026-11-27 10:00:05,000 [rank1]: DataShardError: shard 9 "
+    write_named(tmp_path, "a.log", "2026-11-27 10:00:05,000 [rank1]: DataShardError: shard 9 "
                               "is empty\n")
-    _write(tmp_path, "b.log", "2026-11-27 10:00:02,000 [rank0]: TokenizerLoadError: vocab "
+    write_named(tmp_path, "b.log", "2026-11-27 10:00:02,000 [rank0]: TokenizerLoadError: vocab "
                               "file is missing\n")
     found, _ = scan_logs([str(tmp_path / "*.log")])
-    (top,) = _loud(found)
+    (top,) = warned_of(found)
     assert top.ranks == [0] and "TokenizerLoadError" in top.summary
     # the later one is a consequence of it, not a second root cause
     assert "DataShardError" in top.details["consequences"][0]["summary"]
@@ -79,7 +72,7 @@ def test_the_first_error_in_time_wins_over_the_order_of_the_files(tmp_path):
 def test_without_stamps_the_first_error_in_the_log_wins(tmp_path):
     text = ("[rank3]: ShardMissingError: shard 4 not found\n"
             "[rank0]: WriterClosedError: the writer was closed\n")
-    (top,) = _loud(scan_logs([_write(tmp_path, "job.log", text)])[0])
+    (top,) = warned_of(scan_logs([write_named(tmp_path, "job.log", text)])[0])
     assert top.ranks == [3] and "ShardMissingError" in top.summary
 
 
@@ -121,7 +114,7 @@ def test_a_file_name_is_a_hint_and_the_text_wins(tmp_path):
     neutral name: one answer."""
     answers = []
     for name in ("node_rank0.log", "train_rank0.log", "job.log"):
-        found, _ = scan_logs([_write(tmp_path, name, REPORT)])
+        found, _ = scan_logs([write_named(tmp_path, name, REPORT)])
         answers.append([(f.kind, f.severity, f.ranks, f.summary) for f in found])
     assert answers[0] == answers[1] == answers[2]
     assert answers[0][0][2] == [0] and "SIGKILL" in answers[0][0][3]
@@ -130,8 +123,8 @@ def test_a_file_name_is_a_hint_and_the_text_wins(tmp_path):
 def test_a_report_in_a_shape_not_read_never_stops_the_reading(tmp_path):
     text = REPORT.replace("rank      : 0 (local_rank: 0)", "rank      : zero").replace(
         "exitcode  : -9 (pid: 910)", "exitcode  : killed")
-    found, _ = scan_logs([_write(tmp_path, "job.log", text)])
-    assert _loud(found)  # the one-line report still says local rank 0 was SIGKILLed
+    found, _ = scan_logs([write_named(tmp_path, "job.log", text)])
+    assert warned_of(found)  # the one-line report still says local rank 0 was SIGKILLed
 
 
 def test_node_rank_in_a_name_is_a_node_not_a_rank(tmp_path):
@@ -143,7 +136,7 @@ def test_node_rank_in_a_name_is_a_node_not_a_rank(tmp_path):
 
 def test_a_restart_the_group_recovered_from_is_a_warning_not_an_alarm():
     found, _ = scan_logs([str(LOGS / "real" / "elastic_restart_recovers.log")])
-    (top,) = _loud(found)
+    (top,) = warned_of(found)
     assert top.severity == "warning" and top.ranks == [1]
     assert "restarted the worker group 1 time" in top.summary and top.details["restarts"] == 1
     proc = run_cli(["diagnose", "--log", str(LOGS / "real" / "elastic_restart_recovers.log")])
@@ -152,7 +145,7 @@ def test_a_restart_the_group_recovered_from_is_a_warning_not_an_alarm():
 
 def test_a_restart_that_failed_again_says_so():
     found, _ = scan_logs([str(LOGS / "real" / "elastic_restart_fails_again.log")])
-    top = _loud(found)[0]
+    top = warned_of(found)[0]
     assert top.severity == "error" and top.ranks == [1] and "failed again" in top.summary
 
 
@@ -160,16 +153,16 @@ def test_a_membership_change_alone_is_no_failure(tmp_path):
     text = ("I1127 08:00:00.000000 700 torch/distributed/elastic/agent/server/api.py:840] "
             "[default] Detected 1 new nodes from group_rank=0; will restart worker group\n"
             "[rank0]: step 10 loss 1.0\n")
-    found, _ = scan_logs([_write(tmp_path, "job.log", text)])
-    assert not _loud(found)
+    found, _ = scan_logs([write_named(tmp_path, "job.log", text)])
+    assert not warned_of(found)
     assert [f.severity for f in found] == ["info"] and "membership change" in found[0].summary
 
 
 def test_an_error_its_process_lived_long_past_is_info_not_an_alarm(tmp_path):
     text = "[rank0]: HubDownloadError: retrying shard 2 after a reset connection\n"
     text += "".join(f"[rank0]: step {i} loss {2 - i / 100:.2f}\n" for i in range(80))
-    found, _ = scan_logs([_write(tmp_path, "job.log", text)])
-    assert not _loud(found)
+    found, _ = scan_logs([write_named(tmp_path, "job.log", text)])
+    assert not warned_of(found)
     assert found[0].severity == "info" and "went on" in found[0].summary
 
 
@@ -180,7 +173,7 @@ def test_the_live_scanner_reads_a_traceback_whose_last_line_holds_no_anchor():
                  "[rank1]:     compiled(x)",
                  "[rank1]: torch._dynamo.exc.Unsupported: call_function BuiltinVariable(open)"]:
         sc.feed(line)
-    (top,) = _loud(sc.findings())
+    (top,) = warned_of(sc.findings())
     assert top.ranks == [1] and "Unsupported" in top.summary
     assert top.callsites[0]["file"] == "/w/train.py" and top.callsites[0]["line"] == 7
 
@@ -189,7 +182,7 @@ def test_a_traceback_cut_before_its_exception_line_is_still_said(tmp_path):
     text = ("[rank5]: Traceback (most recent call last):\n"
             '[rank5]:   File "/w/train.py", line 40, in save\n'
             "[rank5]:     writer.flush(shard)\n")
-    (top,) = _loud(scan_logs([_write(tmp_path, "job.log", text)])[0])
+    (top,) = warned_of(scan_logs([write_named(tmp_path, "job.log", text)])[0])
     assert top.ranks == [5] and "cuts off" in top.summary and "train.py:40" in top.summary
 
 
@@ -205,8 +198,8 @@ def test_a_traceback_cut_before_its_exception_line_is_still_said(tmp_path):
 ])
 def test_lines_that_say_error_in_a_healthy_run_stay_quiet(tmp_path, line):
     text = "".join(f"[rank{r}]: step {i}\n" for i in range(5) for r in range(2)) + line + "\n"
-    found, _ = scan_logs([_write(tmp_path, "job.log", text)])
-    assert not _loud(found), [f.summary for f in found]
+    found, _ = scan_logs([write_named(tmp_path, "job.log", text)])
+    assert not warned_of(found), [f.summary for f in found]
 
 
 def test_a_recorded_slurm_log_under_another_name_gives_the_same_answer(tmp_path):
@@ -223,7 +216,7 @@ def test_nccl_ras_names_the_processes_it_found_dead(tmp_path):
     text = ("Errors\n======\n\nDEAD\n"
             "  1 job process is considered dead (unreachable via the RAS network)\n"
             "  Process 4412 on node gpu-n07 managing GPU 3\n\n")
-    (top,) = _loud(scan_logs([_write(tmp_path, "ras.txt", text)])[0])
+    (top,) = warned_of(scan_logs([write_named(tmp_path, "ras.txt", text)])[0])
     assert "process 4412 on gpu-n07 (GPU 3)" in top.summary and top.details["family"] == "ras"
 
 
@@ -231,9 +224,9 @@ def test_live_a_traceback_still_being_printed_is_no_finding_yet():
     sc = LogScanner()
     sc.feed("[rank2]: Traceback (most recent call last):")
     sc.feed('[rank2]:   File "/w/train.py", line 9, in <module>')
-    assert not _loud(sc.findings())  # its last line has not come yet
+    assert not warned_of(sc.findings())  # its last line has not come yet
     sc.feed("[rank2]: KeyError: 'labels'")
-    (top,) = _loud(sc.findings())
+    (top,) = warned_of(sc.findings())
     assert top.ranks == [2] and "KeyError" in top.summary
 
 
@@ -243,7 +236,7 @@ def test_an_exception_python_ignored_at_shutdown_is_no_failure(tmp_path):
             "[rank0]: Traceback (most recent call last):\n"
             '[rank0]:   File "/usr/lib/python3.11/multiprocessing/pool.py", line 271, in __del__\n'
             "[rank0]: TypeError: 'NoneType' object is not callable\n")
-    assert not _loud(scan_logs([_write(tmp_path, "job.log", text)])[0])
+    assert not warned_of(scan_logs([write_named(tmp_path, "job.log", text)])[0])
     # the same traceback without Python's "ignored" line is an error
     text = text.replace("[rank0]: Exception ignored in: <function Pool.__del__ at 0x7f00>\n", "")
-    assert _loud(scan_logs([_write(tmp_path, "job2.log", text)])[0])
+    assert warned_of(scan_logs([write_named(tmp_path, "job2.log", text)])[0])

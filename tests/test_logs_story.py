@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 
 import pytest
+from logtests import warned_of, write_named
 
 from distdoctor.logs import scan_logs
 from distdoctor.logs.lines import parse_line
@@ -26,21 +27,13 @@ ROUND5 = Path(__file__).parent / "fixtures" / "logs" / "round5"
 JOB = Path(__file__).parent / "jobs" / "logstory" / "story_job.py"
 
 
-def _loud(found):
-    return [f for f in found if f.severity in ("error", "warning")]
-
-
-def _write(tmp_path: Path, name: str, text: str) -> str:
-    p = tmp_path / name
-    p.write_text(text)
-    return str(p)
 
 
 @pytest.mark.parametrize("log", sorted(ROUND5.glob("*.log")), ids=lambda p: p.stem)
 def test_each_fixture_says_what_its_sidecar_expects(log):
     expect = json.loads(log.with_suffix(".json").read_text())["expect"]
     found, read = scan_logs([str(log)])
-    loud = _loud(found)
+    loud = warned_of(found)
     assert bool(loud) == expect["serious"], [f.summary for f in found]
     text = " ".join(f.summary for f in loud)
     for word in expect["words"]:
@@ -74,13 +67,13 @@ STEPS = "".join(f"[2025-01-01 10:00:{s:02d}] INFO step {s} | loss 1.0\n" for s i
 
 def test_a_finished_log_is_quiet_and_says_it_finished(tmp_path):
     text = STEPS + "[2025-01-01 10:00:07] INFO Training completed. train_runtime 7.0\n"
-    found, read = scan_logs([_write(tmp_path, "ok.log", text)])
-    assert not _loud(found) and read.endswith("how it ends: finished")
+    found, read = scan_logs([write_named(tmp_path, "ok.log", text)])
+    assert not warned_of(found) and read.endswith("how it ends: finished")
 
 
 def test_a_log_that_just_ends_mid_run_is_said_but_not_alarmed(tmp_path):
-    found, read = scan_logs([_write(tmp_path, "mid.log", STEPS)])
-    assert not _loud(found)
+    found, read = scan_logs([write_named(tmp_path, "mid.log", STEPS)])
+    assert not warned_of(found)
     assert "ends mid-run with no error" in read and "last progress: step 5" in read
 
 
@@ -93,8 +86,8 @@ KILLED_ENDS = [("command terminated with exit code 137\n", "SIGKILL"),
 
 @pytest.mark.parametrize("end,says", KILLED_ENDS, ids=["kubectl", "lightning", "shell"])
 def test_a_log_killed_from_outside_says_so_with_its_last_progress(tmp_path, end, says):
-    found, read = scan_logs([_write(tmp_path, "k.log", STEPS + end)])
-    (top,) = _loud(found)
+    found, read = scan_logs([write_named(tmp_path, "k.log", STEPS + end)])
+    (top,) = warned_of(found)
     assert top.severity == "warning" and "killed from outside after step 5" in top.summary
     assert says in top.summary and read.endswith("how it ends: killed from outside")
 
@@ -102,11 +95,11 @@ def test_a_log_killed_from_outside_says_so_with_its_last_progress(tmp_path, end,
 def test_kill_words_far_from_the_end_are_not_how_it_ended(tmp_path):
     text = "Received SIGTERM in a helper, ignoring\n" + STEPS * 4 + \
         "[2025-01-01 10:00:09] INFO Training completed.\n"
-    assert not _loud(scan_logs([_write(tmp_path, "ok.log", text)])[0])
+    assert not warned_of(scan_logs([write_named(tmp_path, "ok.log", text)])[0])
 
 
 def test_the_story_places_a_line_after_its_last_step(tmp_path):
-    path = _write(tmp_path, "s.log", STEPS + "RuntimeError: boom\n")
+    path = write_named(tmp_path, "s.log", STEPS + "RuntimeError: boom\n")
     story = read_story([path], {path: 6})
     fs = story.files[path]
     assert [m.step for m in fs.milestones] == [1, 2, 3, 4, 5]
@@ -148,7 +141,7 @@ def _torchrun(tmp_path: Path, fault: str, stop_when: str | None = None) -> str:
 @pytest.mark.timeout(60)
 def test_a_real_killed_sibling_is_said_after_its_last_step(tmp_path):
     found, _ = scan_logs([_torchrun(tmp_path, "sibling-killed")])
-    top = _loud(found)[0]
+    top = warned_of(found)[0]
     assert top.ranks == [1] and "SIGKILL" in top.summary, top.summary
     assert "(after step 3)" in top.summary and top.details["story"] == "after step 3"
 
@@ -157,7 +150,7 @@ def test_a_real_killed_sibling_is_said_after_its_last_step(tmp_path):
 def test_a_real_store_that_never_fills_then_a_sigterm_says_where_it_stood(tmp_path):
     found, read = scan_logs([_torchrun(tmp_path, "store-never-fills",
                                        stop_when="most recent call first")])
-    top = _loud(found)[0]
+    top = warned_of(found)[0]
     assert "received SIGTERM" in top.summary, top.summary
     assert "stack dump showed the job stuck in _create_c10d_store" in top.summary
     assert "story_job.py" in top.summary and "at init, before the first step" in top.summary

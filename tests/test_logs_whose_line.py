@@ -7,7 +7,7 @@ submission of issue 42)."""
 from __future__ import annotations
 
 import pytest
-from test_logs_round_four import _loud, _write
+from logtests import warned_of, write_named
 
 from distdoctor.logs import scan_logs
 
@@ -23,7 +23,7 @@ def test_a_pid_names_a_ray_worker_only_on_its_own_node(tmp_path, ip, rank):
     reports dead only where the death is on that node too."""
     text = ("(WorkerDict pid=833, ip=10.0.0.1) [rank=62, world_size=64] initialized\n"
             + RAY_DEATH.format(ip=ip))
-    (top,) = _loud(scan_logs([_write(tmp_path, "job.log", text)])[0])
+    (top,) = warned_of(scan_logs([write_named(tmp_path, "job.log", text)])[0])
     assert top.ranks == ([rank] if rank is not None else []), top.summary
     assert ("its rank is not in this log" in top.summary) == (rank is None)
 
@@ -33,7 +33,7 @@ def test_a_watchdog_timeout_whose_line_is_cut_is_still_a_watchdog_timeout(tmp_pa
     the op) is lost, what it was is not."""
     cut = ("[rank3]:[E809 14:59:33.656957424 ProcessGroupNCCL.cpp:629] [Rank 3] Watchdog "
            "caught collective oper")
-    (top,) = _loud(scan_logs([_write(tmp_path, "job.log", cut)])[0])
+    (top,) = warned_of(scan_logs([write_named(tmp_path, "job.log", cut)])[0])
     assert "NCCL watchdog timeout (its line cut off before the SeqNum)" in top.summary
     assert top.details["rule"] == "watchdog_timeout"
 
@@ -57,7 +57,7 @@ def test_the_rank_of_an_nccl_warning_is_read_from_its_process_transport_lines(tm
     transport lines name its rank where they agree."""
     text = _channels(pairs) + ("\nnode-a:503:503 [2] enqueue.cc:1085 NCCL WARN Cuda failure "
                                "'out of memory'\n")
-    (top,) = _loud(scan_logs([_write(tmp_path, "job.log", text)])[0])
+    (top,) = warned_of(scan_logs([write_named(tmp_path, "job.log", text)])[0])
     assert "out of memory" in top.summary
     assert top.ranks == ([rank] if rank is not None else [])
 
@@ -70,7 +70,7 @@ def test_a_cause_that_names_no_rank_says_what_the_others_saw_of_it(tmp_path):
               "cpp:542] [Rank 1] Collective WorkNCCL(SeqNum=1, OpType=BROADCAST) raised the "
               "following async exception: NCCL error: remote process exited or there was a "
               "network error, NCCL version 2.21.5\n")
-    (top,) = _loud(scan_logs([_write(tmp_path, "job.log", text)])[0])
+    (top,) = warned_of(scan_logs([write_named(tmp_path, "job.log", text)])[0])
     assert top.ranks == [] and "died (SYSTEM_ERROR)" in top.summary
     assert "; then NCCL remote error" in top.summary
 
@@ -92,6 +92,6 @@ def test_the_launchers_own_traceback_cut_off_is_its_report_not_the_ranks(tmp_pat
         "in run",
         "    elastic_launch(",
         "  File"))
-    (top,) = _loud(scan_logs([_write(tmp_path, "job.log", text)])[0])
+    (top,) = warned_of(scan_logs([write_named(tmp_path, "job.log", text)])[0])
     assert top.ranks == [3] and "exited with code 1" in top.summary, top.summary
     assert not any("accelerate-launch" in (c.get("file") or "") for c in top.callsites)
