@@ -66,34 +66,41 @@ def worker(iters: int, fake: bool) -> None:
 
 
 def paired_worker(rounds: int) -> None:
-    import torch
     import torch.distributed as dist
 
     dist.init_process_group("gloo")
     traced = dist.group.WORLD
     assert type(traced).__name__ == "TracingProcessGroup", "run me under distdoctor"
     plain = traced._dd_twin()  # the same gloo backend, torch's own untraced path
+    plain_us, traced_us = _alternate(traced, plain, rounds, 200, 100, time.perf_counter)
+    if dist.get_rank() == 0:
+        print(f"PAIRED {plain_us:.3f} {traced_us:.3f}")
+    dist.destroy_process_group()
+
+
+def _alternate(traced, plain, rounds: int, warmup: int, block: int, clock) -> tuple:
+    """(plain, traced) microseconds per 1-element all_reduce, the median over `rounds`
+    blocks of `block` calls each side, the sides' order alternating by round, timed by
+    `clock` (the wall's or the thread's CPU)."""
+    import torch
+    import torch.distributed as dist
+
     t = torch.ones(1)
-    for _ in range(200):
+    for _ in range(warmup):
         dist.all_reduce(t, group=traced)
         dist.all_reduce(t, group=plain)
     times = {"traced": [], "plain": []}
     for rnd in range(rounds):
-        order = ("traced", "plain") if rnd % 2 else ("plain", "traced")
-        for name in order:
+        for name in ("traced", "plain") if rnd % 2 else ("plain", "traced"):
             group = traced if name == "traced" else plain
-            start = time.perf_counter()
-            for _ in range(100):
+            start = clock()
+            for _ in range(block):
                 dist.all_reduce(t, group=group)
-            times[name].append((time.perf_counter() - start) / 100 * 1e6)
-    if dist.get_rank() == 0:
-        print(f"PAIRED {statistics.median(times['plain']):.3f} "
-              f"{statistics.median(times['traced']):.3f}")
-    dist.destroy_process_group()
+            times[name].append((clock() - start) / block * 1e6)
+    return statistics.median(times["plain"]), statistics.median(times["traced"])
 
 
 def fake_paired_worker(rounds: int) -> None:
-    import torch
     import torch.distributed as dist
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
@@ -104,20 +111,8 @@ def fake_paired_worker(rounds: int) -> None:
     traced = dist.group.WORLD
     assert type(traced).__name__ == "TracingProcessGroup", "run me traced"
     plain = traced._dd_twin()
-    t = torch.ones(1)
-    for _ in range(2000):
-        dist.all_reduce(t, group=traced)
-        dist.all_reduce(t, group=plain)
-    times = {"traced": [], "plain": []}
-    for rnd in range(rounds):
-        for name in ("traced", "plain") if rnd % 2 else ("plain", "traced"):
-            group = traced if name == "traced" else plain
-            start = time.thread_time()
-            for _ in range(1000):
-                dist.all_reduce(t, group=group)
-            times[name].append((time.thread_time() - start) / 1000 * 1e6)
-    print(f"FAKE_PAIRED {statistics.median(times['plain']):.3f} "
-          f"{statistics.median(times['traced']):.3f}")
+    plain_us, traced_us = _alternate(traced, plain, rounds, 2000, 1000, time.thread_time)
+    print(f"FAKE_PAIRED {plain_us:.3f} {traced_us:.3f}")
     dist.destroy_process_group()
 
 
