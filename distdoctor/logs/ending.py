@@ -127,12 +127,8 @@ def _killed(story: Story) -> Finding | None:
                    f"{f' ({sig})' if sig else ''}; no error of its processes is in this log")
         if came:
             summary += f"; the last line before it: {came!r}"
-        f = Finding("crash", "warning", summary, remedy=KILLED_REMEDY, details={
-            "source": "log", "family": "ending", "rule": "killed_from_outside",
-            "signature": "log/ending/killed", "lines": [m.text[:300] for m in stops[:4]],
-            "ending": "killed from outside"})
-        if where:
-            f.details["story"] = where
+        f = _ending("crash", summary, KILLED_REMEDY, "killed_from_outside", "killed",
+                    "killed from outside", where, lines=[m.text[:300] for m in stops[:4]])
         _last_progress(f, story)
         return f
     return None
@@ -206,13 +202,9 @@ def _ends_unresolved(story: Story, fs: FileStory) -> Finding | None:
     summary = (f"the job stopped with no error{f' {where}' if where else ''}: it ends "
                f"repeating {clip(hits[-1].text.strip(), 140)!r} ({len(hits)} times{over}): "
                f"the store's address could not be resolved")
-    f = Finding("hang", "warning", summary, remedy=RESOLVE_REMEDY, details={
-        "source": "log", "family": "ending", "rule": "stopped_unresolved",
-        "signature": "log/ending/unresolved", "ending": "stopped with no error",
-        "lines": [hits[-1].text[:300]], "repeats": len(hits)})
-    if where:
-        f.details["story"] = where
-    return f
+    return _ending("hang", summary, RESOLVE_REMEDY, "stopped_unresolved", "unresolved",
+                   "stopped with no error", where, lines=[hits[-1].text[:300]],
+                   repeats=len(hits))
 
 
 def _dump_line(fs: FileStory) -> int:
@@ -245,13 +237,9 @@ def _stuck_in_dump(story: Story, fs: FileStory) -> Finding:
         if _UNRESOLVED.search(rep):  # the cause the warnings told, not the stack's symptom
             summary += ": the store's address could not be resolved"
             remedy = RESOLVE_REMEDY
-    f = Finding("hang", "warning", summary, remedy=remedy, details={
-        "source": "log", "family": "ending", "rule": "stopped_no_error",
-        "signature": "log/ending/stuck", "frames": fs.dump[:12],
-        "ending": "stopped with no error"})
+    f = _ending("hang", summary, remedy, "stopped_no_error", "stuck",
+                "stopped with no error", where, frames=fs.dump[:12])
     f.callsites = [dict(fr) for fr in (user or frames)[:1]]
-    if where:
-        f.details["story"] = where
     _last_progress(f, story)
     return f
 
@@ -286,11 +274,20 @@ def _stuck_at_init(story: Story, ends: list[FileStory]) -> Finding:
     summary = (f"the job stopped with no error at init, before the first step: NCCL's last "
                f"word from every process ({len(procs)}) was Init COMPLETE, and nothing "
                f"followed")
-    f = Finding("hang", "warning", summary, remedy=INIT_REMEDY, details={
-        "source": "log", "family": "ending", "rule": "stopped_at_init",
-        "signature": "log/ending/init", "ending": "stopped with no error",
-        "story": "at init, before the first step",
-        "lines": [ends[-1].tail[-1].text[:300]]})
+    return _ending("hang", summary, INIT_REMEDY, "stopped_at_init", "init",
+                   "stopped with no error", "at init, before the first step",
+                   lines=[ends[-1].tail[-1].text[:300]])
+
+
+def _ending(kind: str, summary: str, remedy: str, rule: str, signature: str, ending: str,
+            where: str | None, **details) -> Finding:
+    """A warning of how the log ended (`ending`), at `where` in the job's story if known;
+    `details`: its evidence (lines, frames, repeats)."""
+    f = Finding(kind, "warning", summary, remedy=remedy, details={
+        "source": "log", "family": "ending", "rule": rule,
+        "signature": f"log/ending/{signature}", **details, "ending": ending})
+    if where:
+        f.details["story"] = where
     return f
 
 
