@@ -3,6 +3,7 @@ log written into the test's own directory."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 
@@ -16,3 +17,24 @@ def write_named(tmp_path: Path, name: str, text: str) -> str:
     p = tmp_path / name
     p.write_text(text)
     return str(p)
+
+
+def says_what_its_sidecar_expects(log: Path) -> str:
+    """A fixture log judged against the `expect` of the .json beside it: serious or not,
+    the words its warnings say (and do not), the ranks they name, the first one's remedy.
+    Returns the read line `diagnose --log` prints about the log."""
+    from distdoctor.logs import scan_logs
+
+    expect = json.loads(log.with_suffix(".json").read_text())["expect"]
+    found, read = scan_logs([str(log)])
+    loud = warned_of(found)
+    assert bool(loud) == expect["serious"], [f.summary for f in found]
+    text = " ".join(f.summary for f in loud)
+    for word in expect["words"]:
+        assert word in text, text
+    for word in expect.get("not_words", []):
+        assert word not in text, text
+    assert sorted({r for f in loud for r in f.ranks}) == expect["ranks"], text
+    if "remedy" in expect:
+        assert expect["remedy"] in (loud[0].remedy or ""), loud[0].remedy
+    return read

@@ -25,7 +25,6 @@ from distdoctor.logs.repeats import TAIL_BYTES, repeating_tail, tail_lines, temp
 JOBS = Path(__file__).parent / "jobs"
 
 
-
 def _write(tmp_path: Path, text: str, name: str = "job.log") -> str:
     p = tmp_path / name
     p.write_text(text)

@@ -4,13 +4,12 @@ sidecar naming its source project, version and what a right diagnosis says)."""
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-from logtests import warned_of, write_named
+from logtests import says_what_its_sidecar_expects, warned_of, write_named
 
 from distdoctor.logs import scan_logs
 from distdoctor.logs.heads import learn
@@ -20,20 +19,9 @@ ROUND4 = Path(__file__).parent / "fixtures" / "logs" / "round4"
 JOBS = Path(__file__).parent / "jobs"
 
 
-
-
 @pytest.mark.parametrize("log", sorted(ROUND4.glob("*.log")), ids=lambda p: p.stem)
 def test_each_fixture_says_what_its_sidecar_expects(log):
-    expect = json.loads(log.with_suffix(".json").read_text())["expect"]
-    found, _ = scan_logs([str(log)])
-    loud = warned_of(found)
-    assert bool(loud) == expect["serious"], [f.summary for f in found]
-    if not loud:
-        return
-    text = " ".join(f.summary for f in loud)
-    for word in expect["words"]:
-        assert word in text, text
-    assert sorted({r for f in loud for r in f.ranks}) == expect["ranks"], text
+    says_what_its_sidecar_expects(log)
 
 
 # --- any head -------------------------------------------------------------------------------

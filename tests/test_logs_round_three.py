@@ -31,8 +31,6 @@ UNKNOWN = [
 ]
 
 
-
-
 @pytest.mark.parametrize("shape", ["[rank{r}]: {line}", "[default{r}]:{line}", "{r}: {line}"])
 @pytest.mark.parametrize("line, words", UNKNOWN)
 def test_an_error_no_family_knows_is_said_as_unknown_with_its_rank(tmp_path, line, words, shape):

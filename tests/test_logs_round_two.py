@@ -23,7 +23,6 @@ def _scan(path: Path) -> list:
     return scan_logs([str(path)])[0]
 
 
-
 def _write(tmp_path: Path, text: str, name: str = "job.log") -> Path:
     p = tmp_path / name
     p.write_text(text)
