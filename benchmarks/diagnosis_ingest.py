@@ -19,7 +19,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from distdoctor.diagnosis.engine import Engine
+from distdoctor.diagnosis.engine.core import Engine
 from distdoctor.diagnosis.live import relax_gc
 from distdoctor.runlog import format as F
 from distdoctor.runlog.follow import RunFollower

@@ -15,7 +15,7 @@ import argparse
 
 from distdoctor.probes.sampler import read_samples
 
-from distdoctor.diagnosis.engine import Engine
+from distdoctor.diagnosis.engine.core import Engine
 from distdoctor.runlog.run import read_run
 
 

@@ -12,7 +12,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-# `internal`: distdoctor's own failure (a detector that raised, boundary.py), a warning
+# `internal`: distdoctor's own failure (a detector that raised, diagnosis/engine/boundary.py), a warning
 # that names no rank: never a job's fault, never a culprit
 KINDS = ("mismatch", "hang", "deadlock", "long_wait", "straggler", "host", "crash",
          "throttle", "comm_error", "internal")

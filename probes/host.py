@@ -2,7 +2,7 @@
 liveness, state, CPU and resident memory. Snapshots are immutable; a probe keeps its
 `psutil.Process` objects between ticks so CPU percentages cover the time since the last one.
 
-For the machine's noise (diagnosis/host_noise.py): the steal time, the CPU all other
+For the machine's noise (diagnosis/stragglers/host_noise.py): the steal time, the CPU all other
 processes use (not the ranks, their children or distdoctor) and the busiest of them,
 grouped by program (twenty small workers of one parent are one busy program), with the
 cores they may run on, and each rank process's run queue delay: how long all its threads

@@ -24,7 +24,7 @@ MAX_CHILDREN = 64
 @dataclass(frozen=True)
 class Reading:
     """One look at a rank's process from outside; counters are cumulative (what
-    diagnosis/progress.py judges)."""
+    diagnosis/hangs/progress.py judges)."""
 
     t: float  # monotonic seconds (the reader's clock)
     cpu_s: float  # the main thread's CPU time

@@ -10,11 +10,11 @@ import textwrap
 
 import pytest
 
-from distdoctor.diagnosis import align as D
-from distdoctor.diagnosis import blame
-from distdoctor.diagnosis import branch as B
-from distdoctor.diagnosis import conditions as C
-from distdoctor.diagnosis import source as S
+from distdoctor.diagnosis.parting import align as D
+from distdoctor.diagnosis.parting import blame
+from distdoctor.diagnosis.parting import branch as B
+from distdoctor.diagnosis.parting import conditions as C
+from distdoctor.diagnosis.parting import source as S
 from distdoctor.runlog.reader import Event
 
 

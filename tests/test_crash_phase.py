@@ -12,8 +12,8 @@ from types import SimpleNamespace as NS
 import pytest
 from conftest import JOBS, marker_lines, run_cli
 
-from distdoctor.diagnosis import source as S
-from distdoctor.diagnosis.phase import crash_phase
+from distdoctor.diagnosis.crashes.phase import crash_phase
+from distdoctor.diagnosis.parting import source as S
 
 JOB = JOBS / "crashes" / "phase.py"
 OP_LINE = next(n for n, t in enumerate(JOB.read_text().splitlines(), 1)

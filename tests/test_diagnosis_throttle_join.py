@@ -8,7 +8,7 @@ from __future__ import annotations
 from test_diagnosis_units import _steps
 from test_probes_sampler_throttle import replayed_run
 
-from distdoctor.diagnosis.engine import Engine
+from distdoctor.diagnosis.engine.core import Engine
 from distdoctor.diagnosis.live import gpu_findings_fn
 
 

@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from distdoctor.diagnosis.crash import ExitInfo
-from distdoctor.diagnosis.engine import Engine
+from distdoctor.diagnosis.crashes.crash import ExitInfo
+from distdoctor.diagnosis.engine.core import Engine
 from distdoctor.findings import Finding, write_findings
 from distdoctor.runlog.reader import Event
 
@@ -241,8 +241,8 @@ def test_a_short_rise_waits_to_be_judged():
     """A rank late by the floor in its last few steps only (a healthy job's last 5 steps,
     5 ms late each, on a 2-core VM) is not yet a straggler: a rise is judged once it has
     lasted MIN_RISE_STEPS; a rank late in most of its steps is judged at once."""
-    from distdoctor.diagnosis.stepstats import onset, t
-    from distdoctor.diagnosis.straggler import StragglerTracker
+    from distdoctor.diagnosis.stragglers.stepstats import onset, t
+    from distdoctor.diagnosis.stragglers.straggler import StragglerTracker
 
     def score(xs):
         split, rise, t_rise = onset(xs)
@@ -261,7 +261,7 @@ def test_the_onset_is_where_the_rise_explains_most_not_where_t_peaks():
     """A rank late by 25 ms from step 40, whose first late step was cut short by the
     scheduler (a noisy step early in the rise): the rise starts at 40. The best Welch t
     would split after the noisy step, where the later side is quietest."""
-    from distdoctor.diagnosis.stepstats import onset
+    from distdoctor.diagnosis.stragglers.stepstats import onset
 
     xs = [0.4, -0.3] * 20 + [25.0, 9.0, 24.0, 26.0] + [25.0, 24.5, 25.5] * 5
     split, rise, t_rise = onset(xs)
@@ -272,7 +272,7 @@ def test_an_onset_the_window_slid_past_is_found_in_the_history():
     """A rank late in every step of its window, whose first verdict came after the
     window had slid past its onset: the finding says since the step where its longer
     history rose, not since the window's first step."""
-    from distdoctor.diagnosis.straggler import StragglerTracker
+    from distdoctor.diagnosis.stragglers.straggler import StragglerTracker
 
     history = [(k, 0.3 if k % 2 else -0.3) for k in range(40)] + \
               [(k, 25.0 + (k % 3) - 1) for k in range(40, 120)]
@@ -288,7 +288,7 @@ def test_occasional_late_steps_are_left_out_and_a_rise_is_kept():
     """nanoGPT's rank 0 evaluates every N steps: those steps, far above its typical one,
     alone or two in a row and few, are left out of the verdict (stepstats.typical); a
     rank late since some step is late in a run of steps, which stays."""
-    from distdoctor.diagnosis.stepstats import typical
+    from distdoctor.diagnosis.stragglers.stepstats import typical
 
     steps = list(enumerate(([3.0] * 9 + [300.0]) * 6))
     kept = typical(steps, 5.0)
@@ -307,7 +307,7 @@ def test_a_rank_late_for_its_cpu_or_at_no_line_beside_busy_processes_is_the_host
     stays the program's; on a quiet node, no line says nothing of the machine."""
     from types import SimpleNamespace as NS
 
-    from distdoctor.diagnosis.host_noise import separate
+    from distdoctor.diagnosis.stragglers.host_noise import separate
 
     def samples(others_pct):
         procs = (NS(rank=0, runq_ms_per_s=900.0), NS(rank=1, runq_ms_per_s=900.0))
@@ -340,7 +340,7 @@ def test_a_crash_the_log_explains_keeps_the_step_the_ops_said():
     """The job's output has rank 1's traceback, the log of ops its step: the log's finding
     replaces the exit-code crash and says the step that crash knew; a second merge (the
     live engine merges at every tick) does not say it twice."""
-    from distdoctor.diagnosis.crash import merge_crashes
+    from distdoctor.diagnosis.crashes.crash import merge_crashes
 
     exit_crash = Finding("crash", "error", "crash: rank 1 exited with code 1, in step 5",
                          [1], details={"how": "exit", "exit_code": 1, "span": "step 5"})
@@ -357,8 +357,8 @@ def test_a_late_stretch_that_has_ended_is_no_straggler():
     """A healthy 2-rank FSDP2 job on 2 cores (recorded in a CI-like run): rank 1 late by
     15 ms per step for 9 steps, then on time, judged at its 13th step. A straggler keeps
     the others waiting now; the same stretch still going on is one."""
-    from distdoctor.diagnosis.stepstats import onset, t
-    from distdoctor.diagnosis.straggler import StragglerTracker
+    from distdoctor.diagnosis.stragglers.stepstats import onset, t
+    from distdoctor.diagnosis.stragglers.straggler import StragglerTracker
 
     def score(xs):
         split, rise, t_rise = onset(xs)
@@ -379,7 +379,7 @@ def test_a_batch_is_ops_posted_before_the_one_before_completed_not_a_quick_block
     on a loaded machine: 1 ms apart), is two steps, not one batch."""
     from types import SimpleNamespace
 
-    from distdoctor.diagnosis.waits import same_batch
+    from distdoctor.diagnosis.hangs.waits import same_batch
 
     s = Stream(3)
     first = s.op("recv", kind="p2p", peer=2, t=1.0, wait=0.0002)  # done at 1.0002

@@ -17,7 +17,7 @@ from conftest import JOBS, Lines, _kill_ranks, start_cli, stop_process
 from distdoctor.collect.digest import DigestBuilder, event_row, row_event
 from distdoctor.collect.fleet import FleetEngine
 from distdoctor.collect.wire import WireError
-from distdoctor.diagnosis.engine import Engine
+from distdoctor.diagnosis.engine.core import Engine
 from distdoctor.launch.env import free_port
 from distdoctor.runlog.reader import Event
 

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from conftest import JOBS, marker_lines, own_sites, run_cli, run_ranks_bare
 
-from distdoctor.diagnosis.flight_recorder import load_fr_dumps
+from distdoctor.diagnosis.flight_recorder.dumps import load_fr_dumps
 from distdoctor.diagnosis.postmortem import diagnose_events
 from distdoctor.errors import UserError
 

@@ -6,8 +6,8 @@ the mismatch's consequence."""
 
 from __future__ import annotations
 
-from distdoctor.diagnosis.engine import Engine
-from distdoctor.diagnosis.group_order import GroupNames
+from distdoctor.diagnosis.engine.core import Engine
+from distdoctor.diagnosis.hangs.group_order import GroupNames
 from distdoctor.findings import Finding
 from distdoctor.runlog.reader import Event
 

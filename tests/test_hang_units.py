@@ -1,4 +1,4 @@
-"""The progress rule (diagnosis/progress.py) and the collector's judgement of late nodes
+"""The progress rule (diagnosis/hangs/progress.py) and the collector's judgement of late nodes
 (collect/fleet.py, collect/reports.py), on readings and digests built by hand; the real
 jobs are in test_hang_auto.py."""
 
@@ -9,7 +9,7 @@ import os
 from distdoctor.probes.progress import Reading, read_progress
 
 from distdoctor.collect.fleet import FleetEngine
-from distdoctor.diagnosis.progress import SPIN_S, STALL_S, Policy, ProgressTracker
+from distdoctor.diagnosis.hangs.progress import SPIN_S, STALL_S, Policy, ProgressTracker
 from distdoctor.runlog.reader import Event
 
 
@@ -129,7 +129,7 @@ def test_a_late_node_is_a_state_and_its_ranks_are_judged_when_it_reports_again()
 
 
 def test_watch_and_metrics_show_a_long_wait_as_a_state_and_hung_ranks_only_on_a_hang():
-    from distdoctor.diagnosis.hang import RankView
+    from distdoctor.diagnosis.hangs.hang import RankView
     from distdoctor.export.metrics import RANK_STATES
     from distdoctor.findings import Finding
     from distdoctor.views.rank import judged_states, rank_state
@@ -162,7 +162,7 @@ def _p2p(rank: int, index: int, op: str, peer: int, t: int) -> Event:
 def test_a_dropped_isend_is_named_at_its_line():
     """Rank 0's isend (never waited, never completed) then its recv from rank 1; rank 1
     waits in the recv that send should have matched: the isend is the culprit."""
-    from distdoctor.diagnosis.engine import Engine
+    from distdoctor.diagnosis.engine.core import Engine
 
     s = 1_000_000_000
     engine = Engine(None)

@@ -209,7 +209,7 @@ def test_the_checks_see_what_they_must():
     assert ("distdoctor.runlog.slots", "distdoctor.runlog._fast") in EDGES  # in a function
     assert ("distdoctor.reference_trainer.config", "distdoctor.reference_trainer.faults") \
         in EDGES  # relative
-    assert ("distdoctor.cli.common", "distdoctor.diagnosis.progress") in EDGES
+    assert ("distdoctor.cli.common", "distdoctor.diagnosis.hangs.progress") in EDGES
     assert unit_of("distdoctor.runlog._fast") == "distdoctor.runlog"
     assert unit_of("distdoctor.tracer.recorder") == "distdoctor.tracer"
     assert unit_of("distdoctor.nonexistent") is None  # the package names only itself
@@ -217,7 +217,7 @@ def test_the_checks_see_what_they_must():
     assert _loops({"a": {"b", "c"}, "b": {"c"}, "c": {"a"}}) == [["a", "c", "a"],
                                                                  ["b", "c", "a", "b"]]
     assert _loops({"a": {"b"}, "b": set()}) == []
-    module, package = "distdoctor.diagnosis.engine", False
+    module, package = "distdoctor.diagnosis.live", False
     (node,) = ast.parse("from ..views import snapshot").body
     assert _imported(module, package, node) == ["distdoctor.views.snapshot"]
 
@@ -231,6 +231,51 @@ def test_no_two_files_import_each_other():
             graph.setdefault(module, set()).add(target)
     said = [" -> ".join(loop) for loop in _loops(graph)]
     assert not said, "files that import each other, around:\n  " + "\n  ".join(said)
+
+
+# The diagnosis package's parts, lowest first (docs/architecture.md, "Who owns what"): a
+# detector never imports the engine that runs it, the engine never its drivers.
+DIAGNOSIS_PARTS = (
+    ("distdoctor.diagnosis.rendezvous", "distdoctor.diagnosis.report"),
+    ("distdoctor.diagnosis.mismatches",),
+    ("distdoctor.diagnosis.parting",),
+    ("distdoctor.diagnosis.hangs", "distdoctor.diagnosis.stragglers",
+     "distdoctor.diagnosis.flight_recorder"),
+    ("distdoctor.diagnosis.crashes",),
+    ("distdoctor.diagnosis.engine",),
+    ("distdoctor.diagnosis.live", "distdoctor.diagnosis.postmortem",
+     "distdoctor.diagnosis.optional", "distdoctor.diagnosis.pids"),
+)
+
+
+def _diagnosis_part(module: str) -> int | None:
+    for i, units in enumerate(DIAGNOSIS_PARTS):
+        if any(module == u or module.startswith(u + ".") for u in units):
+            return i
+    return None
+
+
+def test_every_diagnosis_module_has_a_part():
+    loose = [m for m in MODULES if m.startswith("distdoctor.diagnosis.")
+             and _diagnosis_part(m) is None]
+    assert not loose, f"place these in DIAGNOSIS_PARTS: {loose}"
+
+
+def test_diagnosis_parts_point_down():
+    up = sorted(f"{a} -> {b}" for a, b in EDGES
+                if (pa := _diagnosis_part(a)) is not None
+                and (pb := _diagnosis_part(b)) is not None and pb > pa)
+    assert not up, "diagnosis imports pointing up its parts:\n  " + "\n  ".join(up)
+
+
+def test_every_package_is_installed():
+    """pyproject.toml lists its packages by name: one left out is missing from a wheel
+    (an editable install would still find it, so only this catches it)."""
+    import tomllib
+    listed = set(tomllib.loads((ROOT / "pyproject.toml").read_text())
+                 ["tool"]["setuptools"]["packages"])
+    packages = {m for m, (_, package) in MODULES.items() if package}
+    assert packages - listed == set(), "add to pyproject.toml's packages"
 
 
 MAX_LINES = 400  # a room a reader takes in whole; past it, a seam is waiting to be cut

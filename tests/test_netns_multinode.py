@@ -25,7 +25,7 @@ from distdoctor.collect.fleet import FleetEngine
 from distdoctor.collect.links import LinkWatch
 from distdoctor.collect.lost import lost_node_findings
 from distdoctor.collect.wire import WireError
-from distdoctor.diagnosis.engine import Engine
+from distdoctor.diagnosis.engine.core import Engine
 from distdoctor.runlog.reader import Event
 
 JOB = JOBS / "netns" / "allreduce_steps.py"

@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 from conftest import JOBS, marker_sets, run_cli
 
-from distdoctor.diagnosis import align as D
-from distdoctor.diagnosis import blame
+from distdoctor.diagnosis.parting import align as D
+from distdoctor.diagnosis.parting import blame
 from distdoctor.runlog.reader import Event
 
 PARTED = JOBS / "parted"

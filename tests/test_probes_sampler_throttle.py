@@ -17,7 +17,7 @@ from distdoctor.probes.nvml import NvmlProbe
 from distdoctor.probes.nvml_replay import ReplayNvml
 from distdoctor.probes.sampler import Sampler, read_samples, samples_path
 
-from distdoctor.diagnosis.throttle import join_with_straggler, throttle_findings
+from distdoctor.diagnosis.stragglers.throttle import join_with_straggler, throttle_findings
 from distdoctor.errors import UserError
 from distdoctor.findings import Finding
 

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from types import SimpleNamespace as NS
 
-from distdoctor.diagnosis import cause
-from distdoctor.diagnosis.steptime import RankSteps
+from distdoctor.diagnosis.stragglers import cause
+from distdoctor.diagnosis.stragglers.steptime import RankSteps
 
 MS = 1_000_000
 SLEEP = {"function": "straggle", "file": "/x/faults.py", "line": 188}
@@ -85,7 +85,7 @@ def test_own_work_on_a_busy_machine_is_the_programs_not_the_cpus():
 def test_a_rank_with_its_own_work_stays_a_straggler_beside_busy_processes():
     """host_noise.separate keeps a straggler whose extra work is at lines of its own on a
     busy node (the busy processes noted); the same rank with no such line is the host's."""
-    from distdoctor.diagnosis.host_noise import separate
+    from distdoctor.diagnosis.stragglers.host_noise import separate
     from distdoctor.findings import Finding
 
     procs = (NS(rank=0, runq_ms_per_s=900.0), NS(rank=1, runq_ms_per_s=300.0))

@@ -184,7 +184,7 @@ def _judged_as_the_run_went(run_dir) -> tuple[list, list]:
     """The run's events fed through the engine in the job's time, judged every half
     second (as `distdoctor run` judges live) and at the end: (every straggler said on the
     way, the final findings)."""
-    from distdoctor.diagnosis.engine import Engine
+    from distdoctor.diagnosis.engine.core import Engine
     from distdoctor.runlog.run import read_run
     run = read_run(str(run_dir))
     events = sorted((e for evs in run.events.values() for e in evs),

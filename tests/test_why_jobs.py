@@ -20,8 +20,8 @@ from types import SimpleNamespace as NS
 import pytest
 from conftest import JOBS, marker_sets, run_cli
 
-from distdoctor.diagnosis import branch as B
-from distdoctor.diagnosis import source as S
+from distdoctor.diagnosis.parting import branch as B
+from distdoctor.diagnosis.parting import source as S
 
 JOB = JOBS / "parted" / "why_kinds.py"
 

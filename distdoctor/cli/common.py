@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 # what --hang-timeout's value means is the detectors' rule; the flag is worded here
-from distdoctor.diagnosis.progress import AUTO
-from distdoctor.diagnosis.progress import hang_timeout_s as hang_timeout_s
+from distdoctor.diagnosis.hangs.progress import AUTO
+from distdoctor.diagnosis.hangs.progress import hang_timeout_s as hang_timeout_s
 from distdoctor.errors import UserError
 
 

@@ -44,7 +44,7 @@ def run(args) -> int:
     except (UserError, BrokenPipeError):
         raise  # the CLI's own one-line answers
     except Exception as exc:  # never a traceback on any run dir (DESIGN principle 9)
-        from distdoctor.diagnosis.boundary import exception_text
+        from distdoctor.diagnosis.engine.boundary import exception_text
 
         print(f"distdoctor: diagnose failed: {exception_text(exc)} (a bug in distdoctor; "
               "please report it with the run dir)", file=sys.stderr)
@@ -96,7 +96,7 @@ def _diagnose(args) -> int:
 
 
 def _from_fr(prefix: str, hang_timeout, notes: list[str]):
-    from distdoctor.diagnosis.flight_recorder import load_fr_dumps
+    from distdoctor.diagnosis.flight_recorder.dumps import load_fr_dumps
     from distdoctor.diagnosis.postmortem import diagnose_events
 
     dumps = load_fr_dumps(prefix)
@@ -107,5 +107,5 @@ def _from_fr(prefix: str, hang_timeout, notes: list[str]):
     # usually taken on a timeout), unless --hang-timeout asks for more.
     engine = diagnose_events(dumps.events, dumps.headers(), {},
                              hang_timeout if isinstance(hang_timeout, float) else 0.0,
-                             members_per_op=True)  # each op's witnesses (flight_recorder.py)
+                             members_per_op=True)  # each op's witnesses (diagnosis/flight_recorder/dumps.py)
     return engine.findings()

@@ -6,7 +6,7 @@ the node's own `run`, which follows its ranks anyway, sends instead, twice a sec
 
 - each rank's position: its newest op and newest finished op (as compact events), how
   many collectives it issued per group, its clock now, and its exit if it has one: what
-  the hang detector reads (diagnosis/hang.py's RankView), so the collector finds hangs
+  the hang detector reads (diagnosis/hangs/hang.py's RankView), so the collector finds hangs
   and deadlocks across nodes with the same code as a single node;
 - each collective its ranks entered, once per (group, seq, signature) with the local
   ranks that entered it, consecutive ones alike in one run: the collector compares the

@@ -4,7 +4,7 @@ thousands of ranks, followed live without reading every event of every rank.
 - Hangs and deadlocks: each rank's position (its newest op, its newest finished op, what
   it issued per group, its clock) and its progress as its own node read it (CPU, I/O,
   sampled line) come with every digest. The ops still in flight make the open
-  rendezvous, and diagnosis/hang.py finds the stuck ones, who never joined and the
+  rendezvous, and diagnosis/hangs/hang.py finds the stuck ones, who never joined and the
   cycles, as it does on one node. A node whose digests come late is a state (a `host`
   finding, once), never a hang: its ranks are judged on their own positions when its
   reports resume, and waits are never extrapolated far past what a node reported.
@@ -35,9 +35,9 @@ from distdoctor.collect.limits import MAX_ISSUED_GROUPS, MAX_RANKS
 from distdoctor.collect.position import RankPosition, finished_callsites, is_row
 from distdoctor.collect.reports import NodeReports, sent_progress
 from distdoctor.collect.wire import WireError
-from distdoctor.diagnosis.hang import RankView, hang_findings
-from distdoctor.diagnosis.mismatch import mismatch_finding, signature
-from distdoctor.diagnosis.progress import UNKNOWN, Policy, Verdict
+from distdoctor.diagnosis.hangs.hang import RankView, hang_findings
+from distdoctor.diagnosis.hangs.progress import UNKNOWN, Policy, Verdict
+from distdoctor.diagnosis.mismatches.mismatch import mismatch_finding, signature
 from distdoctor.diagnosis.rendezvous import Rendezvous, key_of
 from distdoctor.findings import Finding
 

@@ -28,7 +28,7 @@ import math
 from collections import deque
 
 from distdoctor.collect import bounded
-from distdoctor.diagnosis.straggler import MIN_LATENESS_MS
+from distdoctor.diagnosis.stragglers.straggler import MIN_LATENESS_MS
 from distdoctor.findings import Finding
 
 WINDOW_S = 10  # buckets of 1 s the verdict looks at

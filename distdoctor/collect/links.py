@@ -29,7 +29,7 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 
-from distdoctor.diagnosis.straggler import MIN_LATENESS_MS
+from distdoctor.diagnosis.stragglers.straggler import MIN_LATENESS_MS
 from distdoctor.findings import Finding
 
 BLOCK = 8  # collectives per median

@@ -6,7 +6,7 @@ a node's report says of its ranks' progress (Engine.progress_summary), as read t
 
 from __future__ import annotations
 
-from distdoctor.diagnosis.progress import UNKNOWN, Progress
+from distdoctor.diagnosis.hangs.progress import UNKNOWN, Progress
 from distdoctor.findings import Finding
 
 LATE_MIN_S = 6.0  # a report this late, and LATE_FACTOR x the node's usual gap: late

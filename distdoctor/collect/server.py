@@ -152,7 +152,7 @@ class Collector:
 
     def _find_lost_nodes(self) -> None:
         from distdoctor.collect import lost
-        from distdoctor.diagnosis.progress import STALL_S
+        from distdoctor.diagnosis.hangs.progress import STALL_S
 
         silent = {h: v for h, v in self._silent().items() if h not in self._lost}
         now = time.monotonic()

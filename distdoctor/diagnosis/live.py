@@ -22,8 +22,8 @@ from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
-from distdoctor.diagnosis.crash import ExitInfo
-from distdoctor.diagnosis.engine import Engine
+from distdoctor.diagnosis.crashes.crash import ExitInfo
+from distdoctor.diagnosis.engine.core import Engine
 from distdoctor.diagnosis.optional import (
     gpu_findings_fn,
     log_scanner,

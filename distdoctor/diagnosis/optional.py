@@ -36,7 +36,7 @@ def gpu_findings_fn():
     """throttle findings from probe samples, joined to the stragglers (throttle.py: it
     reads the probes' GPU readings)."""
     try:
-        from distdoctor.diagnosis.throttle import join_with_straggler, throttle_findings
+        from distdoctor.diagnosis.stragglers.throttle import join_with_straggler, throttle_findings
     except ImportError:
         return None
 

@@ -5,11 +5,11 @@ from __future__ import annotations
 from dataclasses import replace
 from pathlib import Path
 
-from distdoctor.diagnosis.after_mismatch import alloc_in_mismatch
-from distdoctor.diagnosis.boundary import exception_text, internal_finding, where_raised
-from distdoctor.diagnosis.crash import ExitInfo, merge_crashes
-from distdoctor.diagnosis.engine import Engine
-from distdoctor.diagnosis.progress import hang_timeout_s as timeout_of
+from distdoctor.diagnosis.crashes.crash import ExitInfo, merge_crashes
+from distdoctor.diagnosis.engine.boundary import exception_text, internal_finding, where_raised
+from distdoctor.diagnosis.engine.core import Engine
+from distdoctor.diagnosis.hangs.progress import hang_timeout_s as timeout_of
+from distdoctor.diagnosis.mismatches.after_mismatch import alloc_in_mismatch
 from distdoctor.findings import (
     FINDINGS_FILE,
     Finding,
@@ -195,7 +195,7 @@ def _after_traced_mismatch(written: list[Finding], found: list[Finding]) -> list
 
 def _contained(run: Run, hang_timeout_s, newest: dict[int, int],
                completed: set) -> tuple[list[Finding], list[str]]:
-    """_diagnose_one, where a failure outside the detectors' own boundary (boundary.py)
+    """_diagnose_one, where a failure outside the detectors' own boundary (engine/boundary.py)
     loses that incarnation's recomputed findings, never the others' nor the live ones:
     said as an internal finding and a note."""
     try:

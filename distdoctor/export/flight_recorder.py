@@ -35,7 +35,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from distdoctor.diagnosis.flight_recorder import _DTYPES
+from distdoctor.diagnosis.flight_recorder.dumps import _DTYPES
 from distdoctor.errors import UserError
 from distdoctor.export.clock import Clock
 

@@ -163,7 +163,7 @@ def user_frame(frame):
 # How many of the user's frames that called the op's frame are part of its call site, and
 # within how many frames they are looked for (runlog/_fast.c walks the same way): a
 # helper's barrier called from two places is then two sites, and that is what tells
-# where two ranks' paths parted (diagnosis/align.py, diagnosis/branch.py).
+# where two ranks' paths parted (diagnosis/parting/align.py, diagnosis/parting/branch.py).
 CALLERS = 3
 CALLER_HOPS = 32
 

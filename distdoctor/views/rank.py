@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from distdoctor.diagnosis.engine import SPLIT
+from distdoctor.diagnosis.engine.core import SPLIT
 from distdoctor.findings import site_text
 
 HEARTBEAT_LATE_S = 3.0  # heartbeats come every second; this long without one is news
@@ -51,7 +51,7 @@ class RankMetrics:
 
 
 def split_text(b: dict | None) -> str | None:
-    """Where a rank's last finished steps went (RankSteps.recent, diagnosis/steptime.py)."""
+    """Where a rank's last finished steps went (RankSteps.recent, diagnosis/stragglers/steptime.py)."""
     if b is None:
         return None
     return (f"{b['wall_ms']:.1f} ms a step (last {b['steps']}): collectives "

@@ -5,7 +5,7 @@ sequence number and its line, then stops the job (--on-hang kill).
 
 Under the fixed rule (--hang-timeout 5) the hang is named after 5 s. Under the default
 progress rule every rank has joined the op and none completes, so it is named once the
-wait passes the all-joined floor (30 s, diagnosis/progress.py)."""
+wait passes the all-joined floor (30 s, diagnosis/hangs/progress.py)."""
 
 from __future__ import annotations
 

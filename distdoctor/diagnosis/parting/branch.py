@@ -15,9 +15,9 @@ identity or on the ranks' data (conditions.py), which blame.py reads to say who 
 
 from __future__ import annotations
 
-from distdoctor.diagnosis import arms
-from distdoctor.diagnosis import source as S
-from distdoctor.diagnosis.callee import into_callee
+from distdoctor.diagnosis.parting import arms
+from distdoctor.diagnosis.parting import source as S
+from distdoctor.diagnosis.parting.callee import into_callee
 from distdoctor.runlog.reader import Event
 
 Branch, END = arms.Branch, arms.END  # what find() returns; a side gone

@@ -21,7 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import lru_cache
 
-from distdoctor.diagnosis.mismatch import signature
+from distdoctor.diagnosis.mismatches.mismatch import signature
 from distdoctor.findings import callsite_of, site_phrase, site_text
 from distdoctor.runlog.reader import Event
 

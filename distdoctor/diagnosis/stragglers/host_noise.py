@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import statistics
 
-from distdoctor.diagnosis.cause import CPU_OVER_WORK
+from distdoctor.diagnosis.stragglers.cause import CPU_OVER_WORK
 from distdoctor.findings import Finding
 
 RECENT_SAMPLES = 30  # node samples (1 Hz) looked at: the recent steps' time

@@ -21,8 +21,8 @@ import ast
 import os
 from functools import lru_cache
 
-from distdoctor.diagnosis import source as S
-from distdoctor.diagnosis.conditions import kind_of
+from distdoctor.diagnosis.parting import source as S
+from distdoctor.diagnosis.parting.conditions import kind_of
 from distdoctor.findings import Finding, who
 
 MAX_NAMES = 4096  # group names followed (a job has a few; past this, no name is split)
@@ -168,7 +168,7 @@ def _where(positions: dict[int, tuple], created: list[dict]) -> dict[int, str]:
 def group_order_finding(names: GroupNames, name: str, positions: dict[int, tuple],
                         hangs: list[Finding], files) -> Finding:
     """The finding for a name that stands for several groups. `positions`: each rank's
-    position now, (words, sampled file, sampled line) (engine_hangs.py); `hangs`: the
+    position now, (words, sampled file, sampled line) (engine/hangs.py); `hangs`: the
     hang findings that follow from it (folded in: the job hangs, and this is why);
     `files`: the user's files the ops and samples name."""
     meanings = names.meanings(name)

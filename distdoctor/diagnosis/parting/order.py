@@ -14,9 +14,9 @@ from __future__ import annotations
 import ast
 import os
 
-from distdoctor.diagnosis import align as D
-from distdoctor.diagnosis import branch as B
-from distdoctor.diagnosis import source as S
+from distdoctor.diagnosis.parting import align as D
+from distdoctor.diagnosis.parting import branch as B
+from distdoctor.diagnosis.parting import source as S
 
 # iterables whose order is not the same in every process
 _UNORDERED = ("set(", "frozenset(", "{", ".keys()", "listdir(", "glob(", "iterdir(",

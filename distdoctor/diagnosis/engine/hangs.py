@@ -1,14 +1,14 @@
 """The engine's pass over hangs: the hang, deadlock and long-wait findings of the open
 rendezvous put in the book, or, where the ranks created their groups in different orders
-(group_order.py), folded into that one cause. A mixin of Engine (engine.py), which holds
+(hangs/group_order.py), folded into that one cause. A mixin of Engine (core.py), which holds
 the state it reads (`open`, `found`, `ranks`, `gaps`, `group_names`, `policy`).
 """
 
 from __future__ import annotations
 
-from distdoctor.diagnosis.group_order import group_order_finding
-from distdoctor.diagnosis.hang import RankView, hang_findings
-from distdoctor.diagnosis.parted import explain_hang
+from distdoctor.diagnosis.hangs.group_order import group_order_finding
+from distdoctor.diagnosis.hangs.hang import RankView, hang_findings
+from distdoctor.diagnosis.parting.parted import explain_hang
 from distdoctor.findings import Finding, site_text
 
 MAX_FOLDED = 64  # hang findings kept while folded into a group-order cause

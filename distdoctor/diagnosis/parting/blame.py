@@ -24,9 +24,9 @@ from __future__ import annotations
 import ast
 from dataclasses import dataclass
 
-from distdoctor.diagnosis import align as A
-from distdoctor.diagnosis import branch as B
-from distdoctor.diagnosis import source as S
+from distdoctor.diagnosis.parting import align as A
+from distdoctor.diagnosis.parting import branch as B
+from distdoctor.diagnosis.parting import source as S
 from distdoctor.runlog.reader import Event
 
 # framework contexts whose barrier orders the ranks on purpose: the main process runs

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import ast
 
-from distdoctor.diagnosis import source as S
+from distdoctor.diagnosis.parting import source as S
 
 
 def left(fn, l1, l2, after):

@@ -14,10 +14,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from distdoctor.diagnosis.progress import UNKNOWN, Policy, Verdict
-from distdoctor.diagnosis.rendezvous import Rendezvous
-from distdoctor.diagnosis.slow_past_timeout import slow_past_timeout
-from distdoctor.diagnosis.waits import (
+from distdoctor.diagnosis.hangs.progress import UNKNOWN, Policy, Verdict
+from distdoctor.diagnosis.hangs.slow_past_timeout import slow_past_timeout
+from distdoctor.diagnosis.hangs.waits import (
     all_joined_finding,
     dropped_sends,
     extra_collective,
@@ -29,6 +28,7 @@ from distdoctor.diagnosis.waits import (
     unmatched_p2p_finding,
     wrong_peer_finding,
 )
+from distdoctor.diagnosis.rendezvous import Rendezvous
 from distdoctor.findings import Finding, callsite_of, error_text, site_phrase
 from distdoctor.runlog.reader import Event
 

@@ -13,11 +13,11 @@ nothing tells who strayed, the finding says it is a tie and blames nobody.
 
 from __future__ import annotations
 
-from distdoctor.diagnosis import align as D
-from distdoctor.diagnosis import blame, order
-from distdoctor.diagnosis import branch as B
-from distdoctor.diagnosis import threads as T
-from distdoctor.diagnosis.branch import Branch
+from distdoctor.diagnosis.mismatches import threads as T
+from distdoctor.diagnosis.parting import align as D
+from distdoctor.diagnosis.parting import blame, order
+from distdoctor.diagnosis.parting import branch as B
+from distdoctor.diagnosis.parting.branch import Branch
 from distdoctor.diagnosis.rendezvous import Rendezvous
 from distdoctor.findings import Finding, callsite_of, who
 

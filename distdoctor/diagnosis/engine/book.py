@@ -1,7 +1,7 @@
 """The engine's book of findings: how a finding is put (new, or an update said again only
 when asked), the findings from other sources (the job's log) and the ones held back a few
 seconds for a traced one to explain them, and the final list: merged, consequences said
-as such, most severe first. A mixin of Engine (engine.py), which holds the state it
+as such, most severe first. A mixin of Engine (core.py), which holds the state it
 reads (`found`, `_changed`, `_held`, `_now_s`, `ranks`, `straggler`, `_errors`); the
 comm_error findings from the failed ops it keeps.
 """
@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from distdoctor.diagnosis.after_mismatch import alloc_in_mismatch, is_host_alloc
-from distdoctor.diagnosis.crash import merge_crashes
-from distdoctor.diagnosis.threads import race_at_failure
+from distdoctor.diagnosis.crashes.crash import merge_crashes
+from distdoctor.diagnosis.mismatches.after_mismatch import alloc_in_mismatch, is_host_alloc
+from distdoctor.diagnosis.mismatches.threads import race_at_failure
 from distdoctor.findings import Finding, error_text, most_severe_first
 
 # how long a mismatch the job's output tells with no culprit waits for the traced one

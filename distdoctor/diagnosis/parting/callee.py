@@ -13,9 +13,9 @@ from __future__ import annotations
 
 import ast
 
-from distdoctor.diagnosis import conditions as C
-from distdoctor.diagnosis import source as S
-from distdoctor.diagnosis.arms import Branch
+from distdoctor.diagnosis.parting import conditions as C
+from distdoctor.diagnosis.parting import source as S
+from distdoctor.diagnosis.parting.arms import Branch
 
 
 def into_callee(b: Branch) -> Branch:

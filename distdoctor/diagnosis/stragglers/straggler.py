@@ -33,11 +33,11 @@ from __future__ import annotations
 from collections import Counter, deque
 from dataclasses import replace
 
-from distdoctor.diagnosis import cause, host_noise
 from distdoctor.diagnosis.rendezvous import Rendezvous
-from distdoctor.diagnosis.stepstats import STEPS, Steps, onset, t, typical
-from distdoctor.diagnosis.steptime import RankSteps, StepTimes
-from distdoctor.diagnosis.waitgraph import Activity, WaitGraph, delays_text
+from distdoctor.diagnosis.stragglers import cause, host_noise
+from distdoctor.diagnosis.stragglers.stepstats import STEPS, Steps, onset, t, typical
+from distdoctor.diagnosis.stragglers.steptime import RankSteps, StepTimes
+from distdoctor.diagnosis.stragglers.waitgraph import Activity, WaitGraph, delays_text
 from distdoctor.findings import Finding, callsite_of
 
 WINDOW = 400  # recent collectives per rank kept for the report

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections import Counter
 
-from distdoctor.diagnosis.progress import LONG_WAIT_MIN_S, STALL_S, Policy
+from distdoctor.diagnosis.hangs.progress import LONG_WAIT_MIN_S, STALL_S, Policy
 from distdoctor.diagnosis.rendezvous import Rendezvous
 from distdoctor.findings import Finding, callsite_of, site_phrase, who
 

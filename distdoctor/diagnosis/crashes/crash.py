@@ -5,8 +5,8 @@ from __future__ import annotations
 import signal
 from dataclasses import dataclass
 
-from distdoctor.diagnosis.hang import RankView, _fmt_op
-from distdoctor.diagnosis.phase import crash_phase
+from distdoctor.diagnosis.crashes.phase import crash_phase
+from distdoctor.diagnosis.hangs.hang import RankView, _fmt_op
 from distdoctor.exits import signal_name
 from distdoctor.findings import Finding, callsite_of, error_text
 

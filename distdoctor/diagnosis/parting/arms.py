@@ -17,9 +17,9 @@ import ast
 import os
 from dataclasses import dataclass, field
 
-from distdoctor.diagnosis import conditions as C
-from distdoctor.diagnosis import loops as L
-from distdoctor.diagnosis import source as S
+from distdoctor.diagnosis.parting import conditions as C
+from distdoctor.diagnosis.parting import loops as L
+from distdoctor.diagnosis.parting import source as S
 
 END = None  # a side that left the function (or the program) without another op there
 

@@ -2,7 +2,7 @@
 verdict on a rank others wait for (its progress: /proc readings, its GPU, its sampled
 line and, for a busy rank on one line, its full stack), the long waits that completed,
 and the stacks a hang finding carries (and the line read from them). A mixin of Engine
-(engine.py), which holds the state it reads.
+(core.py), which holds the state it reads.
 """
 
 from __future__ import annotations
@@ -10,10 +10,10 @@ from __future__ import annotations
 from dataclasses import replace
 from itertools import islice
 
-from distdoctor.diagnosis.progress import LONG_WAIT_MIN_S, Progress, Verdict
+from distdoctor.diagnosis.hangs.progress import LONG_WAIT_MIN_S, Progress, Verdict
+from distdoctor.diagnosis.hangs.stackframes import user_frame
+from distdoctor.diagnosis.hangs.waits import completed_wait
 from distdoctor.diagnosis.rendezvous import Rendezvous
-from distdoctor.diagnosis.stackframes import user_frame
-from distdoctor.diagnosis.waits import completed_wait
 from distdoctor.findings import Finding
 
 MAX_SITES = 4096  # call sites whose longest wait is remembered

@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import ast
 
-from distdoctor.diagnosis import source as S
-from distdoctor.diagnosis.branch import chain
+from distdoctor.diagnosis.parting import source as S
+from distdoctor.diagnosis.parting.branch import chain
 
 
 def crash_phase(ended_at: dict, history, span: str | None) -> dict | None:

@@ -25,8 +25,8 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from distdoctor.diagnosis.fr_files import Unreadable, find_dump_files, read_dump
-from distdoctor.diagnosis.stackframes import is_library
+from distdoctor.diagnosis.flight_recorder.files import Unreadable, find_dump_files, read_dump
+from distdoctor.diagnosis.hangs.stackframes import is_library
 from distdoctor.errors import UserError
 from distdoctor.runlog.reader import Event, RingHeader
 

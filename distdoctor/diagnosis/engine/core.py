@@ -4,8 +4,8 @@ Feed it events (new or updated) with `ingest`, rank liveness with `heartbeat` an
 `exited`, then call `tick`: it returns the findings that are new or changed since the last
 tick. Memory stays bounded: a rendezvous is dropped once every member has finished it
 (after the straggler tracker has seen it), and the open ones are capped. Its mixins:
-engine_findings.py (findings put, held, taken from the log, the final list) and
-engine_waits.py (the judgement of waits).
+book.py (findings put, held, taken from the log, the final list), waits.py (the judgement
+of waits) and hangs.py (the hang pass); what it keeps of each rank: ranks.py.
 """
 
 from __future__ import annotations
@@ -13,25 +13,30 @@ from __future__ import annotations
 import re
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from itertools import islice
 
-from distdoctor.diagnosis.align import HISTORY
-from distdoctor.diagnosis.boundary import Boundary, detector_of
-from distdoctor.diagnosis.crash import ExitInfo, crash_findings
-from distdoctor.diagnosis.engine_findings import FindingBook
-from distdoctor.diagnosis.engine_hangs import HangPass
-from distdoctor.diagnosis.engine_waits import WaitJudge
-from distdoctor.diagnosis.group_order import GroupNames
-from distdoctor.diagnosis.hang import RankView
-from distdoctor.diagnosis.mismatch import habit, mismatch_finding, p2p_signature, signature
-from distdoctor.diagnosis.parted import explain_mismatch
-from distdoctor.diagnosis.progress import Policy, ProgressTracker
+from distdoctor.diagnosis.crashes.crash import ExitInfo, crash_findings
+from distdoctor.diagnosis.engine.book import FindingBook
+from distdoctor.diagnosis.engine.boundary import Boundary, detector_of
+from distdoctor.diagnosis.engine.hangs import HangPass
+from distdoctor.diagnosis.engine.ranks import RankState
+from distdoctor.diagnosis.engine.waits import WaitJudge
+from distdoctor.diagnosis.hangs.group_order import GroupNames
+from distdoctor.diagnosis.hangs.hang import RankView
+from distdoctor.diagnosis.hangs.progress import Policy, ProgressTracker
+from distdoctor.diagnosis.hangs.waits import Gaps
+from distdoctor.diagnosis.mismatches.mismatch import (
+    habit,
+    mismatch_finding,
+    p2p_signature,
+    signature,
+)
+from distdoctor.diagnosis.mismatches.threads import ThreadUse
+from distdoctor.diagnosis.parting.parted import explain_mismatch
 from distdoctor.diagnosis.rendezvous import Rendezvous, key_of
-from distdoctor.diagnosis.steptime import StepTimes
-from distdoctor.diagnosis.straggler import StragglerTracker
-from distdoctor.diagnosis.threads import ThreadUse
-from distdoctor.diagnosis.waits import Gaps
+from distdoctor.diagnosis.stragglers.steptime import StepTimes
+from distdoctor.diagnosis.stragglers.straggler import StragglerTracker
 from distdoctor.findings import Finding
 from distdoctor.runlog.reader import Event
 from distdoctor.runlog.run import span_name
@@ -44,27 +49,6 @@ MAX_SPANS = 4096  # span names remembered per rank
 MAX_HABITS = 256  # (op, line) pairs remembered per group
 MAX_SAMPLES = 3600  # probe samples kept (an hour at 1 Hz on one node)
 SETTLE_S = 1.0  # how long a disagreement waits for more ranks before it is reported
-
-
-@dataclass
-class _Rank:
-    rank: int
-    latest: Event | None = None
-    last_done: Event | None = None
-    issued: dict[str, int] = field(default_factory=dict)
-    spans: dict[int, str] = field(default_factory=dict)  # span_index -> name
-    newest_span: str | None = None  # the span begun last (where a rank outside ops is)
-    span_open: bool = False  # and it has not ended yet
-    hb_ns: int = 0  # the rank's clock at its last heartbeat
-    hb_seen_s: float | None = None  # engine clock when that heartbeat was first seen
-    max_t_ns: int = 0  # the latest time seen in any of its events
-    # (group, group desc, op) -> [ops completed, seconds inside them] (for /metrics)
-    completed: dict[tuple, list] = field(default_factory=dict)
-    exit: ExitInfo | None = None
-    # its last ops (every group): where it parted from the others, after a failure
-    recent: deque = field(default_factory=lambda: deque(maxlen=HISTORY))
-    # group name -> (the member list its ops gave, GroupNames.variant of it)
-    names: dict[str, tuple] = field(default_factory=dict)
 
 
 class Engine(FindingBook, WaitJudge, HangPass):
@@ -89,7 +73,7 @@ class Engine(FindingBook, WaitJudge, HangPass):
         self.settle_s = settle_s
         self.stacks = stacks
         self.open: dict[tuple, Rendezvous] = {}
-        self.ranks: dict[int, _Rank] = {}
+        self.ranks: dict[int, RankState] = {}
         # where each rank's steps go (steptime.py), which the straggler tracker reads
         self.steptime = StepTimes()
         self.straggler = (StragglerTracker(steptime=self.steptime) if straggler_min_ms is None
@@ -116,10 +100,10 @@ class Engine(FindingBook, WaitJudge, HangPass):
         self.same_clock: set[int] = set()
 
     # --- input -------------------------------------------------------------------------
-    def _rank(self, rank: int) -> _Rank:
+    def _rank(self, rank: int) -> RankState:
         st = self.ranks.get(rank)
         if st is None:
-            st = self.ranks[rank] = _Rank(rank)
+            st = self.ranks[rank] = RankState(rank)
         return st
 
     def ingest(self, events, now_s: float) -> None:
@@ -296,7 +280,7 @@ class Engine(FindingBook, WaitJudge, HangPass):
         self.found.pop(("crash", rank), None)
 
     # --- analysis ----------------------------------------------------------------------
-    def _now_ns(self, st: _Rank, now_s: float | None) -> int | None:
+    def _now_ns(self, st: RankState, now_s: float | None) -> int | None:
         """The rank's clock now: its last heartbeat, moved on by the engine's time since."""
         base = max(st.hb_ns, st.max_t_ns)
         if not base:

@@ -22,24 +22,26 @@ from collections.abc import Callable
 from distdoctor.findings import Finding
 
 _HERE = os.path.abspath(__file__)
-_PACKAGE = os.path.dirname(os.path.dirname(_HERE))  # .../distdoctor
+_PACKAGE = os.path.dirname(os.path.dirname(os.path.dirname(_HERE)))  # .../distdoctor
 MESSAGE_CHARS = 300
 
 # the module a failure was raised in -> the detector it belongs to (per-event feeds, where
 # the engine's own `try` cannot tell which call raised)
 MODULE_DETECTOR = {
-    "straggler.py": "straggler", "waitgraph.py": "straggler", "stepstats.py": "straggler",
-    "steptime.py": "step times", "waits.py": "waits", "threads.py": "threads",
-    "mismatch.py": "mismatch", "hang.py": "hang", "crash.py": "crash",
-    "host_noise.py": "host noise", "throttle.py": "throttle", "parted.py": "parted",
-    "blame.py": "parted", "branch.py": "parted", "align.py": "parted", "arms.py": "parted",
-    "group_order.py": "group order",
+    "stragglers/straggler.py": "straggler", "stragglers/waitgraph.py": "straggler",
+    "stragglers/stepstats.py": "straggler", "stragglers/steptime.py": "step times",
+    "hangs/waits.py": "waits", "mismatches/threads.py": "threads",
+    "mismatches/mismatch.py": "mismatch", "hangs/hang.py": "hang", "crashes/crash.py": "crash",
+    "stragglers/host_noise.py": "host noise", "stragglers/throttle.py": "throttle",
+    "parting/parted.py": "parted", "parting/blame.py": "parted", "parting/branch.py": "parted",
+    "parting/align.py": "parted", "parting/arms.py": "parted",
+    "hangs/group_order.py": "group order",
 }
 
 
 def where_raised(exc: BaseException) -> str | None:
-    """'diagnosis/straggler.py:129': the innermost frame of the traceback in distdoctor
-    (the boundary's own frames left out: they only passed the call on)."""
+    """'diagnosis/stragglers/straggler.py:129': the innermost frame of the traceback in
+    distdoctor (the boundary's own frames left out: they only passed the call on)."""
     site = None
     for frame, line in traceback.walk_tb(exc.__traceback__):
         path = os.path.abspath(frame.f_code.co_filename)
@@ -64,7 +66,7 @@ def _caller_site() -> str | None:
 def detector_of(exc: BaseException, default: str) -> str:
     """The detector whose module raised `exc` (the innermost distdoctor frame's)."""
     site = where_raised(exc)
-    module = os.path.basename(site.rsplit(":", 1)[0]) if site else ""
+    module = site.rsplit(":", 1)[0].removeprefix("diagnosis/") if site else ""
     return MODULE_DETECTOR.get(module, default)
 
 

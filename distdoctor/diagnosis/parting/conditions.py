@@ -16,7 +16,7 @@ import ast
 import re
 from functools import lru_cache
 
-from distdoctor.diagnosis.source import FUNCS, Source
+from distdoctor.diagnosis.parting.source import FUNCS, Source
 
 # names that say "which rank am I" in the frameworks and in training scripts
 _RANK_WORDS = {

@@ -10,7 +10,7 @@ thread, its heartbeat). Nothing here touches the ranks.
 The rule (the `auto` policy; docs/hangs.md):
 - idle (no CPU, no I/O) for STALL_S while others wait: a hang, named at once;
 - busy on one sampled line with no I/O, its other threads idle, for SPIN_S: a hang (a
-  loop that never ends), once two stacks of it a second apart agree (engine_waits.py);
+  loop that never ends), once two stacks of it a second apart agree (engine/waits.py);
 - busy otherwise: a long wait, a state shown live and never an error; it escalates to a
   hang only past what this job has shown normal at that call site (LONG_FACTOR x the
   longest completed wait there, at least LONG_FLOOR_S);

@@ -1,0 +1,10 @@
+"""Hangs and waits: collectives in flight too long, who never joined and why (`hang`),
+waits that are not plain hangs (`waits`), whether a rank others wait for makes progress
+(`progress`, with its stack read back by `stackframes`), a slow rank the job's own
+timeout ended (`slow_past_timeout`), and groups created in a rank-dependent order
+(`group_order`).
+
+Layer: detectors (tests/test_layers.py), part of distdoctor.diagnosis: May import the
+rendezvous, where the ranks parted (diagnosis/parting) and what the diagnosis package may
+import.
+"""
