@@ -14,13 +14,17 @@ never an import.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import sys
 
 from distdoctor.errors import UserError
 
 # Order here is the order in `--help`.
-SUBCOMMANDS = ["run", "show", "diagnose", "export", "demo", "nccl-test", "check"]
+SUBCOMMANDS = ["run", "show", "diagnose", "export", "pack", "demo", "nccl-test", "check"]
+# Commands that read a run dir and take a pack in its place (runlog/pack.py: unpacked
+# into a private temp dir for the command's life)
+READS_PACKS = ("show", "diagnose", "export", "watch")
 # Commands of other parts of the distribution (the dashboard's `watch`) come through
 # distdoctor.plugins, so the core never imports them.
 
@@ -74,6 +78,23 @@ def _unavailable(name: str, exc: Exception):
     return run
 
 
+@contextlib.contextmanager
+def _pack_read(args):
+    """A pack given where a run dir goes: the command reads it made again as a run dir."""
+    path = getattr(args, "run_dir", None)
+    if args.command not in READS_PACKS or not path or getattr(args, "listen", None):
+        yield
+        return
+    from distdoctor.runlog.unpack import is_pack, unpacked
+
+    if not is_pack(path):
+        yield
+        return
+    with unpacked(path) as run_dir:
+        args.run_dir = str(run_dir)
+        yield
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     try:
@@ -82,7 +103,8 @@ def main(argv: list[str] | None = None) -> int:
         if not getattr(args, "func", None):
             parser.print_help()
             return 2
-        return int(args.func(args) or 0)
+        with _pack_read(args):
+            return int(args.func(args) or 0)
     except UserError as exc:
         print(f"distdoctor: error: {exc}", file=sys.stderr)
         return exc.exit_code

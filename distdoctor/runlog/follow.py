@@ -83,6 +83,9 @@ class RunFollower:
 
     def __init__(self, run_dir: str | Path, backlog: int | None = None):
         self.run_dir = Path(run_dir)
+        from distdoctor.runlog import kept
+
+        kept.attach(self.run_dir)  # the live diagnosis reads what the run keeps
         # events already in a log when it is first seen that are read (None: all of them);
         # a viewer joining a long job needs the present, not a ring's worth of history
         self.backlog = backlog

@@ -7,6 +7,8 @@
       ranks/rank-00003.1.ring  rank 3's second log (it started again), with .1.json; ...
       findings.json            written by the diagnosis engine
       exits.json               the processes' exit codes (`run`, or a collector's copy)
+      sources/                 the job's source files the call sites name: hashes, copies
+                               within bounds (runlog/sources.py)
 
 Files are written under a fresh temporary name (O_EXCL | O_NOFOLLOW) and renamed into
 place: never through a link, and a reader sees a whole file.
@@ -205,6 +207,9 @@ def open_run_dir(path: str | os.PathLike | None) -> RunInfo:
             if parsed is not None and parsed[1] == 0:
                 ranks[parsed[0]] = read_rank_meta(run, parsed[0])
     logs = rank_logs(run)
+    from distdoctor.runlog import kept
+
+    kept.attach(run)  # the diagnosis reads the sources this run kept
     return RunInfo(run, meta, ranks, sorted(logs), logs)
 
 

@@ -1,0 +1,241 @@
+"""A pack read back (runlog/pack.py has the format): the run dir made again in a private
+temp dir, every file with O_EXCL | O_NOFOLLOW, each log sparse at its size.
+
+Bounded whatever the pack says: entries (MAX_ENTRIES), names (relative, plain parts, in
+a run dir's folders), what an entry inflates to (its stated size, checked as it
+inflates, MAX_ENTRY_RAW at most) and all of them (MAX_TOTAL_RAW), a log's sparse size
+(MAX_LOG_SIZE). Each entry's CRC-32 and the trailer's SHA-256 of the whole file are
+checked before the run dir is handed over. A pack that is truncated, corrupt, foreign or
+of a newer version is one line (UserError, exit 2).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import re
+import shutil
+import stat
+import tempfile
+import zlib
+from pathlib import Path
+
+from distdoctor.errors import UserError
+from distdoctor.runlog import format as F
+from distdoctor.runlog import pack as P
+
+_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
+
+def is_pack(path: str | os.PathLike) -> bool:
+    """Whether `path` names a regular file (a run dir is a directory): read as a pack."""
+    try:
+        return stat.S_ISREG(os.stat(path).st_mode)
+    except (OSError, ValueError):
+        return False
+
+
+class _Reader:
+    def __init__(self, fh, name: str, size: int):
+        self.fh, self.name, self.size = fh, name, size
+        self.sha, self.at = hashlib.sha256(), 0
+
+    def bad(self, why: str) -> UserError:
+        return UserError(f"{self.name} is a damaged distdoctor pack ({why}); pack the run "
+                         f"dir again")
+
+    def take(self, n: int, hashed: bool = True) -> bytes:
+        if n > self.size - self.at:
+            raise UserError(f"{self.name} is a truncated distdoctor pack ({self.size} "
+                            f"bytes; an entry runs past its end): copy it again")
+        data = self.fh.read(n)
+        if len(data) != n:
+            raise UserError(f"{self.name} is a truncated distdoctor pack (it shrank while "
+                            f"read)")
+        if hashed:
+            self.sha.update(data)
+        self.at += n
+        return data
+
+    def inflate(self, stored_len: int, raw_len: int, sink) -> int:
+        """Inflate `stored_len` bytes into `sink` (a callable), never more than `raw_len`
+        bytes out; the CRC-32 of what came out."""
+        z = zlib.decompressobj()
+        crc, out, left = 0, 0, stored_len
+        try:
+            while left or z.unconsumed_tail:
+                data = z.unconsumed_tail or self.take(min(P.CHUNK, left))
+                if not z.unconsumed_tail:
+                    left -= len(data)
+                piece = z.decompress(data, P.CHUNK)
+                out += len(piece)
+                if out > raw_len:
+                    raise self.bad("an entry inflates past its stated size")
+                crc = zlib.crc32(piece, crc)
+                sink(piece)
+            piece = z.flush()
+        except zlib.error:
+            raise self.bad("an entry does not inflate") from None
+        out += len(piece)
+        if out > raw_len:
+            raise self.bad("an entry inflates past its stated size")
+        crc = zlib.crc32(piece, crc)
+        sink(piece)
+        if out != raw_len or not z.eof:
+            raise self.bad("an entry is shorter than its stated size")
+        return crc
+
+
+def _rows(columns: bytes | memoryview, n: int) -> bytearray:
+    out = bytearray(n * F.SLOT_SIZE)
+    for j in range(F.SLOT_SIZE):
+        out[j::F.SLOT_SIZE] = columns[j * n:(j + 1) * n]
+    return out
+
+
+def _check_name(name: str) -> str:
+    parts = name.split("/")
+    if (not 0 < len(parts) <= P.MAX_DEPTH or not all(P.NAME_PART.match(p) for p in parts)
+            or (len(parts) > 1 and parts[0] not in _DIRS)):
+        raise UserError(f"refused: an entry named {name[:80]!r} (not a run dir's file)")
+    return name
+
+
+_DIRS = {"ranks", "probes", "stacks", "sources", "logs"}
+
+
+def unpack(pack: str | os.PathLike, dest: str | os.PathLike) -> int:
+    """Make the run dir of `pack` in `dest` (an empty private dir of ours); the entries
+    made. UserError (one line) on a pack that is not whole, ours, or of this version."""
+    pack = Path(pack)
+    name = str(pack)
+    try:
+        fd = os.open(pack, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
+    except OSError as exc:
+        raise UserError(f"cannot read {name}: {exc.strerror or exc}") from None
+    with os.fdopen(fd, "rb") as fh:
+        st = os.fstat(fh.fileno())
+        if not stat.S_ISREG(st.st_mode):
+            raise UserError(f"{name} is neither a run directory nor a distdoctor pack")
+        r = _Reader(fh, name, st.st_size)
+        head = fh.read(P.HEAD.size)
+        if len(head) < len(P.MAGIC) and P.MAGIC.startswith(head):
+            raise UserError(f"{name} is a truncated distdoctor pack ({st.st_size} bytes)"
+                            if head else f"{name} is an empty file, not a distdoctor pack")
+        if head[:len(P.MAGIC)] != P.MAGIC:
+            raise UserError(f"{name} is neither a run directory nor a distdoctor pack "
+                            f"(it does not start with {P.MAGIC.decode()})")
+        if len(head) < P.HEAD.size:
+            raise UserError(f"{name} is a truncated distdoctor pack ({st.st_size} bytes)")
+        _, version, _flags = P.HEAD.unpack(head)
+        if version > P.VERSION or version < 1:
+            raise UserError(f"{name} is a distdoctor pack of format version {version}; "
+                            f"this distdoctor reads up to {P.VERSION}: upgrade distdoctor")
+        r.sha.update(head)
+        r.at = P.HEAD.size
+        total = count = 0
+        while True:
+            eh = r.take(P.ENTRY.size, hashed=False)
+            kind, _zero, name_len, crc, raw_len, stored_len = P.ENTRY.unpack(eh)
+            if kind == P.KIND_END:
+                digest = r.take(32, hashed=False)
+                if stored_len != 32 or raw_len != count or digest != r.sha.digest():
+                    raise r.bad("its checksum does not match")
+                if r.at != r.size:
+                    raise r.bad("bytes after its end")
+                return count
+            r.sha.update(eh)
+            if kind not in (P.KIND_FILE, P.KIND_RING) or name_len > P.MAX_NAME or _zero:
+                raise r.bad(f"an entry of unknown kind {kind}")
+            if count >= P.MAX_ENTRIES:
+                raise r.bad(f"more than {P.MAX_ENTRIES} entries")
+            if raw_len > P.MAX_ENTRY_RAW or total + raw_len > P.MAX_TOTAL_RAW:
+                raise r.bad("an entry larger than a run dir's file may be")
+            if stored_len > r.size - r.at:
+                raise UserError(f"{name} is a truncated distdoctor pack ({st.st_size} "
+                                f"bytes; an entry runs past its end): copy it again")
+            try:
+                rel = _check_name(r.take(name_len).decode())
+            except UnicodeDecodeError:
+                raise r.bad("an entry's name is not text") from None
+            total += raw_len
+            count += 1
+            if kind == P.KIND_FILE:
+                _unpack_file(r, Path(dest), rel, stored_len, raw_len, crc)
+            else:
+                _unpack_log(r, Path(dest), rel, stored_len, raw_len, crc)
+
+
+def _create(dest: Path, rel: str) -> int:
+    parent = dest
+    for part in rel.split("/")[:-1]:
+        parent = parent / part
+        try:
+            os.mkdir(parent, 0o700)
+        except FileExistsError:
+            if not stat.S_ISDIR(os.lstat(parent).st_mode):
+                raise UserError(f"refused: {rel} (its folder is a file)") from None
+    try:
+        return os.open(dest / rel, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NOFOLLOW
+                       | os.O_CLOEXEC, 0o600)
+    except (FileExistsError, IsADirectoryError):
+        raise UserError(f"refused: {rel} twice in the pack") from None
+
+
+def _unpack_file(r: _Reader, dest: Path, rel: str, stored_len, raw_len, crc) -> None:
+    fd = _create(dest, rel)
+    with os.fdopen(fd, "wb") as out:
+        got = r.inflate(stored_len, raw_len, out.write)
+    if got != crc:
+        raise r.bad(f"{rel} does not match its checksum")
+
+
+def _unpack_log(r: _Reader, dest: Path, rel: str, stored_len, raw_len, crc) -> None:
+    buf = bytearray()
+    got = r.inflate(stored_len, raw_len, buf.extend)
+    if got != crc:
+        raise r.bad(f"{rel} does not match its checksum")
+    if len(buf) < P.RING_META.size + F.HEADER_SIZE:
+        raise r.bad(f"{rel} is too short for a log")
+    full, first, n, used = P.RING_META.unpack_from(buf, 0)
+    head = bytes(buf[P.RING_META.size:P.RING_META.size + F.HEADER_SIZE])
+    layout = P.layout_of(head, full)
+    if layout is None or layout[-1] != full:
+        raise r.bad(f"{rel} holds no log this distdoctor reads")
+    capacity, s_off, s_size, r_off, _ = layout
+    at = P.RING_META.size + F.HEADER_SIZE
+    if (used > s_size or n > capacity
+            or len(buf) != at + used + n * F.SLOT_SIZE
+            or first + n != F.U64.unpack_from(head, F.OFF_HEAD)[0]):
+        raise r.bad(f"{rel}'s parts do not add up")
+    fd = _create(dest, rel)
+    try:
+        os.ftruncate(fd, full)  # sparse, as the rank's own
+        os.pwrite(fd, head, 0)
+        os.pwrite(fd, memoryview(buf)[at:at + used], s_off)
+        rows = _rows(memoryview(buf)[at + used:], n)
+        e, done = first, 0
+        while done < n:
+            slot = e % capacity
+            k = min(n - done, capacity - slot)
+            os.pwrite(fd, memoryview(rows)[done * F.SLOT_SIZE:(done + k) * F.SLOT_SIZE],
+                      r_off + slot * F.SLOT_SIZE)
+            e += k
+            done += k
+    finally:
+        os.close(fd)
+
+
+@contextlib.contextmanager
+def unpacked(pack: str | os.PathLike):
+    """The run dir of `pack`, made in a private temp dir that is removed after."""
+    stem = re.sub(r"[^A-Za-z0-9_.-]", "_", Path(pack).name)[:40]
+    dest = tempfile.mkdtemp(prefix=f"distdoctor-pack-{stem}-")  # 0700, ours
+    try:
+        try:
+            unpack(pack, dest)
+        except OSError as exc:
+            raise UserError(f"cannot unpack {pack}: {exc.strerror or exc}") from None
+        yield Path(dest)
+    finally:
+        shutil.rmtree(dest, ignore_errors=True)
