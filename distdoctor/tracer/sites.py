@@ -15,6 +15,7 @@ from __future__ import annotations
 import linecache
 import re
 
+from distdoctor.runlog.sources import note as keep_source
 from distdoctor.tracer import callsite, compiled
 
 
@@ -74,6 +75,7 @@ class CallSites:
         if up:
             site["callers"] = [compiled.frame_site(f) for f in up]
         sid = self.ring.add_string(site)
+        keep_source(self.ring, site)  # queued for the run's copy of its files (no I/O here)
         # keeps the codes (and so their ids in the key) alive
         table[key] = (sid, code, *(f.f_code for f in walked), fw and fw.f_code)
         return sid
