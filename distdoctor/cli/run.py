@@ -59,6 +59,9 @@ def register(sub) -> None:
     p.add_argument("--metrics", metavar="HOST:PORT",
                    help="serve this node's ranks as Prometheus metrics at /metrics "
                    "(loopback unless $DISTDOCTOR_TOKEN is set)")
+    p.add_argument("--no-source", action="store_true",
+                   help="keep no copy of the job's source files in the run dir (their "
+                   "hashes only; the diagnosis reads a file then only if unchanged)")
     common.add_tls(p)
     p.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- CMD ...",
                    help="the training command")
@@ -105,12 +108,18 @@ def run(args) -> int:
         rundir.write_run_meta(run_dir, launcher="distdoctor run", command=cmd,
                               nproc=args.nproc, world_size=args.nproc,
                               hang_timeout_s=common.hang_timeout_s(args.hang_timeout),
-                              on_hang=args.on_hang)
+                              on_hang=args.on_hang,
+                              sources="hashes" if getattr(args, "no_source", False)
+                              else "copies")
     except OSError as exc:  # a full or read-only disk: the job still runs, as it would
         print(f"distdoctor: cannot write the run dir ({exc.strerror or exc}); the job runs "
               f"untraced", file=sys.stderr)
         return _run_untraced(cmd, args)
     env = traced_env(run_dir)
+    if getattr(args, "no_source", False):
+        from distdoctor.runlog.sources import ENV
+
+        env[ENV] = "0"
     if args.nproc:
         port = free_port()
         commands = [(r, cmd, rank_env(env, r, args.nproc, port)) for r in range(args.nproc)]
@@ -346,3 +355,8 @@ def _summary(run_dir, job, findings) -> None:
               f"diagnose {run_dir}", file=sys.stderr)
     else:
         print("distdoctor: no findings", file=sys.stderr)
+    import shlex
+
+    print(f"distdoctor: to share it: distdoctor pack {shlex.quote(str(run_dir))} -o "
+          f"{shlex.quote(Path(run_dir).name + '.ddpack')}",
+          file=sys.stderr)

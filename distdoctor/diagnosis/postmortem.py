@@ -131,8 +131,9 @@ def diagnose_runs(runs: list[Run], hang_timeout_s: float | None = None
         findings += found
         notes += [n for n in run_notes if n not in notes]
     ranks = {r for run in runs for r in run.events}
-    return most_severe_first(merge_crashes(agree_with_live(
-        findings, _live_findings(runs[0].path, notes), completed), ranks)), notes
+    findings = most_severe_first(merge_crashes(agree_with_live(
+        findings, _live_findings(runs[0].path, notes), completed), ranks))
+    return findings, notes + _source_notes(runs[0].path, notes)
 
 
 def diagnose_run(run: Run, hang_timeout_s: float | None = None) -> tuple[list[Finding], list[str]]:
@@ -148,7 +149,15 @@ def diagnose_run(run: Run, hang_timeout_s: float | None = None) -> tuple[list[Fi
         found = [label_incarnation(f, run.incarnation) for f in found]
         written = [f for f in written if f.details.get("incarnation") == run.incarnation]
     return most_severe_first(merge_crashes(agree_with_live(found, written, completed),
-                                           set(run.events))), notes
+                                           set(run.events))), notes + _source_notes(
+                                               run.path, notes)
+
+
+def _source_notes(run_dir: Path, notes: list[str]) -> list[str]:
+    """Source files that changed since the run (read from its kept copy, or not read)."""
+    from distdoctor.runlog.kept import attach
+
+    return [n for n in attach(run_dir).notes if n not in notes]
 
 
 def agree_with_live(found: list[Finding], written: list[Finding],

@@ -1,9 +1,11 @@
 """The user's source, read with `ast` after a failure: the statements around a line.
 
 Step 2 of where-the-ranks-parted (align.py, branch.py, blame.py, parted.py) reads the
-program, never the hot path: a file is read and parsed once per diagnosing process
-(cached), and only for the lines a failure's call sites name. A file that cannot be read
-or parsed (gone, not Python, a notebook cell) is None, and the callers say so.
+program, never the hot path: a file is read and parsed once per diagnosing process and
+run (cached), and only for the lines a failure's call sites name: the copy the run kept
+of it (runlog/kept.py), so an edit after the run, or another machine, changes nothing. A
+file that cannot be read or parsed (gone, changed with no copy kept, not Python, a
+notebook cell) is None, and the callers say so.
 """
 
 from __future__ import annotations
@@ -32,15 +34,29 @@ class Source:
         return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
-@lru_cache(maxsize=64)
 def read(path: str | None) -> Source | None:
-    """The parsed file; None when it cannot be read or parsed."""
+    """The parsed file as the run saw it; None when it cannot be read or parsed. The copy
+    the run kept is read where there is one; else the file on disk, only when its hash
+    is the one the run recorded (runlog/kept.py: it says once when a file changed). A run
+    that recorded nothing of the file (an older run dir) reads the disk."""
     if not path or path.startswith("<"):
         return None
+    from distdoctor.runlog.kept import current
+
+    return _read(path, current())
+
+
+read.cache_clear = lambda: _read.cache_clear()  # (tests that write files in place)
+
+
+@lru_cache(maxsize=64)
+def _read(path: str, kept) -> Source | None:
     try:
-        with open(path, encoding="utf-8") as fh:
-            text = fh.read()
-        return Source(path, text, ast.parse(text))
+        decided, text = kept.text(path) if kept is not None else (False, None)
+        if not decided:
+            with open(path, encoding="utf-8") as fh:
+                text = fh.read()
+        return None if text is None else Source(path, text, ast.parse(text))
     except (OSError, SyntaxError, ValueError, TypeError, MemoryError, RecursionError):
         return None
 
