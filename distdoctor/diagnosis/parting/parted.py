@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from distdoctor.diagnosis.mismatches import threads as T
 from distdoctor.diagnosis.parting import align as D
-from distdoctor.diagnosis.parting import blame, order
+from distdoctor.diagnosis.parting import blame, direction, order
 from distdoctor.diagnosis.parting import branch as B
 from distdoctor.diagnosis.parting.branch import Branch
 from distdoctor.diagnosis.rendezvous import Rendezvous
@@ -318,6 +318,8 @@ def explain_hang(f: Finding, histories: dict) -> Finding:
     parted from the others' on the group, when that was before the op it shows at."""
     if f.details.get("reason") == "unmatched_p2p" and f.ranks:
         return _last_exchange(f, histories)
+    if f.kind == "deadlock":  # a two-rank p2p cycle: the side that broke the order
+        return direction.judge(f, histories)
     if (not f.ranks or f.group is None or f.seq is None or "parted_at" in f.details
             or f.details.get("reason") in _NOT_ON_GROUP):
         return f

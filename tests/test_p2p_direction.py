@@ -1,0 +1,75 @@
+"""Direction in a two-rank p2p cycle (issue 48, item 4): real 3-rank gloo pipelines
+(tests/jobs/parted/pipeline_send_order.py) where stages 1 and 2 deadlock, each in a send.
+
+- the last stage sends its gradient up before it receives, from the first step: the
+  other link (0 -> 1) opens with the upstream send, so rank 2 broke the order;
+- the same after a forward-only evaluation pass: the link's own earlier exchanges show
+  rank 2 received first there;
+- a halo exchange that sends before it receives on every rank (one line, one function):
+  the program is symmetric, and the finding stays a tie of both ranks (as r25 does)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from conftest import JOBS, marker_sets, run_cli
+
+JOB = JOBS / "parted" / "pipeline_send_order.py"
+
+
+def _deadlock(kind: str, run_dir: Path) -> dict:
+    proc = run_cli(["run", "--nproc", "3", "--run-dir", str(run_dir), "--grace", "2",
+                    "--on-hang", "kill", "--", str(JOB), kind], timeout=90, run_dir=run_dir)
+    assert proc.returncode != 0, proc.stderr[-2000:]
+    findings = json.loads((run_dir / "findings.json").read_text())["findings"]
+    said = "\n".join(f"{f['kind']} {f['severity']} {f['ranks']} {f['summary']}"
+                     for f in findings)
+    errors = [f for f in findings if f["severity"] == "error"]
+    assert len(errors) == 1 and errors[0]["kind"] == "deadlock", said
+    return errors[0]
+
+
+def _broke_it(f: dict, decided_by: str) -> None:
+    marks = marker_sets(JOB)
+    assert f["ranks"] == [2], f["summary"]
+    d = f["details"]["direction"]
+    assert d["culprit"] == 2 and d["peer"] == 1 and decided_by in d["decided_by"], d
+    assert d["blocked"] == {"1": "send", "2": "send"}, d
+    # the culprit's line first, the other side's after it
+    assert f["callsites"][0]["rank"] == 2 and f["callsites"][0]["line"] in marks["culprit"]
+    assert {c["line"] for c in f["callsites"] if c["rank"] == 1} & marks["other"]
+    assert f["summary"].startswith("deadlock: rank 2 broke the order of its link with "
+                                   "rank 1: it sends to rank 1"), f["summary"]
+    assert "before receiving from it" in f["summary"]
+    # the program's arms: rank 2 is in the last stage's arm of the rank branch
+    branch = f["details"]["branch"]
+    assert branch["kind"] == "rank" and branch["arms"][0]["ranks"] == [2], branch
+
+
+@pytest.mark.timeout(100)
+def test_the_last_stage_that_sends_first_broke_the_pipeline_order(tmp_path):
+    f = _deadlock("last_sends_first", tmp_path / "run")
+    _broke_it(f, "other_links")
+    links = f["details"]["direction"]["other_links"]
+    assert links["opened"] == [{"from": 0, "to": 1}], links
+    assert (links["sender_first"], links["receiver_first"]) == (1, 2), links
+    assert "every other link opens with the upstream rank's send (0 → 1)" in f["summary"]
+
+
+@pytest.mark.timeout(100)
+def test_the_links_earlier_exchanges_show_who_changed_its_order(tmp_path):
+    f = _deadlock("after_eval", tmp_path / "run")
+    _broke_it(f, "earlier_exchanges")
+    assert f["details"]["direction"]["earlier_exchanges"] == {"1": "send", "2": "recv"}
+    assert "rank 2 received at this point and rank 1 sent" in f["summary"], f["summary"]
+
+
+@pytest.mark.timeout(100)
+def test_a_symmetric_exchange_stays_a_tie(tmp_path):
+    """A guard more than a change: one line sends on every rank; nothing says who broke
+    an order, so both ranks stay named and no direction is claimed."""
+    f = _deadlock("symmetric", tmp_path / "run")
+    assert f["ranks"] == [1, 2] and "direction" not in f["details"], f["summary"]
+    assert {c["line"] for c in f["callsites"]} <= marker_sets(JOB)["tie"]
