@@ -52,13 +52,15 @@ LEVEL = 6  # zlib's default: level 9 gains ~1% here for twice the time
 # --- bounds on what a pack may make a reader do --------------------------------------
 MAX_ENTRIES = 1 << 20  # 1,024 ranks x several logs, probes, stacks and sources
 MAX_NAME = 512
-MAX_DEPTH = 3  # ranks/rank-00003.ring, sources/<hash>.src, probes/node-h.jsonl.1
+MAX_DEPTH = 2  # a name's parts: ranks/rank-00003.ring, sources/<hash>.src
 MAX_ENTRY_RAW = 1 << 30  # what one entry may inflate to (a full default log: 64 MiB)
 MAX_TOTAL_RAW = 64 << 30  # what all of them may
 MAX_LOG_SIZE = 16 << 30  # a log's sparse size (a 60 MiB ring by default)
 MAX_OTHER_FILE = 256 << 20  # a file of the run dir other than a log, when packing
 CHUNK = 1 << 20
 _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
+# the run dir's folders (runlog/rundir.py); a pack holds their files and the top level's
+RUN_DIRS = frozenset({"ranks", "probes", "stacks", "sources"})
 NAME_PART = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.+@=-]*\Z")
 
 
@@ -148,8 +150,8 @@ def write_pack(run_dir: str | os.PathLike, out: str | os.PathLike,
 
 
 def _run_files(run: Path, stats: PackStats):
-    """(relative name, path) of every regular file of the run dir, two levels deep, in a
-    stable order; links and temp files (dot names) left out."""
+    """(relative name, path) of every regular file of the run dir and of its folders, in
+    a stable order; links and temp files (dot names) left out."""
     def walk(d: Path, prefix: str, depth: int):
         try:
             entries = sorted(os.scandir(d), key=lambda e: e.name)
@@ -157,12 +159,20 @@ def _run_files(run: Path, stats: PackStats):
             stats.notes.append(f"{d}: not read ({exc.strerror or exc})")
             return
         for e in entries:
-            if e.name.startswith(".") or not NAME_PART.match(e.name):
+            if e.name.startswith("."):
+                continue
+            if not NAME_PART.match(e.name):
+                stats.notes.append(f"{prefix}{e.name!r}: a name a run dir does not make, "
+                                   f"left out")
                 continue
             if e.is_symlink():
                 stats.notes.append(f"{prefix}{e.name}: a link, left out")
-            elif e.is_dir(follow_symlinks=False) and depth < MAX_DEPTH - 1:
-                yield from walk(Path(e.path), f"{prefix}{e.name}/", depth + 1)
+            elif e.is_dir(follow_symlinks=False):
+                if depth == 0 and e.name in RUN_DIRS:
+                    yield from walk(Path(e.path), f"{prefix}{e.name}/", depth + 1)
+                else:
+                    stats.notes.append(f"{prefix}{e.name}/: not a folder of a run dir, "
+                                       f"left out")
             elif e.is_file(follow_symlinks=False):
                 yield f"{prefix}{e.name}", Path(e.path)
 

@@ -46,6 +46,7 @@ KEEP_RUN_BYTES = 8 << 20  # the copies of a run, all of them
 HASH_MAX_BYTES = 64 << 20  # a file larger is named by size only
 MAX_MANIFEST = 16 << 20
 MAX_FILES = 20_000  # entries of a manifest
+EXIT_WAIT_S = 0.5  # at exit, the longest a rank waits for its keeper to write
 _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 
 
@@ -236,6 +237,7 @@ def note(ring, site) -> None:
         if k is None:
             k = _start(ring)
         if k is not None:
+            k.idle.clear()
             k.queue.put(site)
     except Exception:
         pass
@@ -249,6 +251,11 @@ def _start(ring) -> _Keeper | None:
             if not path:
                 return None
             _keeper = _Keeper(Path(path).parent.parent)
+            import atexit
+
+            # a site first seen just before the end is still kept: a bounded wait, and
+            # only while something noted is not written yet
+            atexit.register(flush, EXIT_WAIT_S)
         return _keeper
 
 

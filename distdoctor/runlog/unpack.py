@@ -96,12 +96,9 @@ def _rows(columns: bytes | memoryview, n: int) -> bytearray:
 def _check_name(name: str) -> str:
     parts = name.split("/")
     if (not 0 < len(parts) <= P.MAX_DEPTH or not all(P.NAME_PART.match(p) for p in parts)
-            or (len(parts) > 1 and parts[0] not in _DIRS)):
+            or (len(parts) > 1 and parts[0] not in P.RUN_DIRS)):
         raise UserError(f"refused: an entry named {name[:80]!r} (not a run dir's file)")
     return name
-
-
-_DIRS = {"ranks", "probes", "stacks", "sources", "logs"}
 
 
 def unpack(pack: str | os.PathLike, dest: str | os.PathLike) -> int:
