@@ -42,7 +42,13 @@ def test_sites_met_again_name_the_same_lines(tmp_path, pure):
     per_round = 2 + GENERATED + 1
     assert len(sites) == 3 * per_round
     rounds = [sites[i * per_round:(i + 1) * per_round] for i in range(3)]
-    assert rounds[0] == rounds[1] == rounds[2]  # each site, met again, is the same site
+    # each site, met again, is the same site; each round's thread is a new thread, whose
+    # ident the system may or may not hand out again (it did unless the old thread had
+    # not quite ended when the next started: a flake on a loaded machine)
+    for r in rounds:
+        r[-1] = dict(r[-1])
+        assert r[-1].pop("thread_id")
+    assert rounds[0] == rounds[1] == rounds[2]
     first, second, *generated, threaded = rounds[0]
     for site, caller in ((first, "first caller"), (second, "second caller")):
         assert (site["line"], site["function"]) == (lines["helper"], "helper")

@@ -330,11 +330,16 @@ typedef struct {
     size_t sites_mask, sites_used;
     struct CodeSlot *codes; /* code objects already judged internal or not */
     size_t codes_mask, codes_used;
+    /* the last work a synchronous op waited on, freed when the next one is waited on,
+     * with the GIL (see work.RecordingWork): held here, not as a class attribute, whose
+     * every assignment invalidated the type's attribute caches (~0.3 us an op) */
+    PyObject *last_waited;
+    PyObject *cpu_tensor_ids; /* (shape, dtype) of one CPU tensor -> string id */
 } Core;
 
 static PyObject *s_pending, *s_check, *s_group_id, *s_describe, *s_seq, *s_p2p_seq, *s_kind,
     *s_op, *s_code, *s_method, *s_reduceOp, *s_rootRank, *s_asyncOp, *s_shape, *s_dtype,
-    *s_device, *s_is_cuda, *s_numel, *s_wait, *s_last_waited;
+    *s_device, *s_is_cuda, *s_is_cpu, *s_numel, *s_wait, *s_last_waited;
 
 static int Core_init(Core *c, PyObject *args, PyObject *kw)
 {
@@ -370,6 +375,8 @@ static int Core_init(Core *c, PyObject *args, PyObject *kw)
     CORE_OBJECTS(SET)
 #undef SET
     c->main_ident = main_ident;
+    if (c->cpu_tensor_ids == NULL && (c->cpu_tensor_ids = PyDict_New()) == NULL)
+        return -1;
     return 0;
 }
 
@@ -378,6 +385,8 @@ static int Core_traverse(Core *c, visitproc visit, void *arg)
 #define VISIT(name) Py_VISIT(c->name);
     CORE_OBJECTS(VISIT)
 #undef VISIT
+    Py_VISIT(c->last_waited);
+    Py_VISIT(c->cpu_tensor_ids);
     return 0;
 }
 
@@ -386,6 +395,8 @@ static int Core_clear(Core *c)
 #define CLEAR(name) Py_CLEAR(c->name);
     CORE_OBJECTS(CLEAR)
 #undef CLEAR
+    Py_CLEAR(c->last_waited);
+    Py_CLEAR(c->cpu_tensor_ids);
     return 0;
 }
 
@@ -427,41 +438,76 @@ static int64_t numel_of(PyObject *tensors)
     return total;
 }
 
-/* The string id of the tensors' description (recorder._tensors_id). */
-static long long tensors_id(Core *c, PyObject *tensors)
+/* The product of a shape's sizes (a tensor's numel), or -1 where it is not all ints. */
+static int64_t shape_numel(PyObject *shape)
+{
+    if (!PyTuple_Check(shape))
+        return -1;
+    int64_t n = 1;
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(shape); i++) {
+        PyObject *d = PyTuple_GET_ITEM(shape, i);
+        if (!PyLong_CheckExact(d))
+            return -1;
+        long long v = PyLong_AsLongLong(d);
+        if (v < 0) {
+            PyErr_Clear();
+            return -1;
+        }
+        n *= v;
+    }
+    return n;
+}
+
+/* The string id of the tensors' description (recorder._tensors_id). `cpu`: the one
+ * tensor is known to be on the CPU; its key is then (shape, dtype) in this core's own
+ * table, and no device object is made. *numel: that tensor's element count, read off
+ * the shape (a numel() call less), where it was. */
+static long long tensors_id(Core *c, PyObject *tensors, int cpu, int64_t *numel)
 {
     Py_ssize_t n = PyList_GET_SIZE(tensors);
     if (n == 0)
         return 0;
+    PyObject *cpu_key = NULL;
     if (n == 1) {
         PyObject *t = PyList_GET_ITEM(tensors, 0);
-        PyObject *key = PyTuple_New(3);
+        PyObject *key = PyTuple_New(cpu ? 2 : 3);
         if (key == NULL)
             return -1;
         PyObject *shape = PyObject_GetAttr(t, s_shape), *dtype = NULL, *device = NULL;
         if (shape)
             dtype = PyObject_GetAttr(t, s_dtype);
-        if (dtype)
+        if (dtype && !cpu)
             device = PyObject_GetAttr(t, s_device);
+        if (shape)
+            *numel = shape_numel(shape);
         PyTuple_SET_ITEM(key, 0, shape ? shape : Py_NewRef(Py_None));
         PyTuple_SET_ITEM(key, 1, dtype ? dtype : Py_NewRef(Py_None));
-        PyTuple_SET_ITEM(key, 2, device ? device : Py_NewRef(Py_None));
-        if (device == NULL) {
+        if (!cpu)
+            PyTuple_SET_ITEM(key, 2, device ? device : Py_NewRef(Py_None));
+        if (cpu ? dtype == NULL : device == NULL) {
             Py_DECREF(key);
             return -1;
         }
-        PyObject *hit = PyDict_GetItemWithError(c->tensor_ids, key);
-        Py_DECREF(key);
-        if (hit != NULL)
+        PyObject *hit = PyDict_GetItemWithError(cpu ? c->cpu_tensor_ids : c->tensor_ids, key);
+        if (hit != NULL) {
+            Py_DECREF(key);
             return PyLong_AsLongLong(hit);
-        if (PyErr_Occurred())
+        }
+        if (PyErr_Occurred()) {
+            Py_DECREF(key);
             return -1;
+        }
+        if (cpu)
+            cpu_key = key;
+        else
+            Py_DECREF(key);
     }
     PyObject *sid = PyObject_CallOneArg(c->tensors_miss, tensors);
-    if (sid == NULL)
-        return -1;
-    long long r = PyLong_AsLongLong(sid);
-    Py_DECREF(sid);
+    long long r = sid == NULL ? -1 : PyLong_AsLongLong(sid);
+    if (cpu_key != NULL && r > 0 && PyDict_SetItem(c->cpu_tensor_ids, cpu_key, sid) < 0)
+        r = -1;
+    Py_XDECREF(sid);
+    Py_XDECREF(cpu_key);
     return r;
 }
 
@@ -861,50 +907,55 @@ static int read_options(Core *c, PyObject *opts, int *redop, PyObject **peer, in
     return 0;
 }
 
-static PyObject *core_begin(Core *c, PyObject *pg, PyObject *spec, PyObject *desc)
+/* What an op is, read from its OpSpec once (TracedMethod) or per call (Core.begin). */
+typedef struct {
+    PyObject *spec; /* the OpSpec: passed to on_error, its .op read for p2p ops */
+    PyObject *method; /* spec.method, for the token */
+    int kind, code;
+} OpInfo;
+
+/* What Recorder.begin's token holds, kept in C: the event (-1: not written), whether
+ * the op is on CUDA, and whether it is async (or of unknown asyncness). */
+typedef struct {
+    long long e;
+    int on_cuda, async_op;
+} Began;
+
+/* Record an op entering (Recorder.begin): 0, or -1 with an exception set. `cpu`: 1 or 0
+ * where the caller knows whether the op's first tensor is on the CPU, -1 where not. */
+static int core_record(Core *c, PyObject *pg, const OpInfo *info, PyObject *ins,
+                       PyObject *outs, PyObject *opts, PyObject *peer, int cpu, Began *out)
 {
-    PyObject *rooted = NULL, *token = NULL;
+    PyObject *rooted = NULL;
+    int rc = -1;
     PyObject *pending = PyObject_GetAttr(c->pending, s_pending);
     if (pending == NULL)
-        return NULL;
+        return -1;
     int any = PyObject_IsTrue(pending);
     Py_DECREF(pending);
     if (any < 0)
-        return NULL;
+        return -1;
     if (any) { /* earlier ops' completions, seen on the way in */
         PyObject *r = PyObject_CallMethodNoArgs(c->pending, s_check);
         if (r == NULL)
-            return NULL;
+            return -1;
         Py_DECREF(r);
-    }
-    if (!PyTuple_Check(desc) || PyTuple_GET_SIZE(desc) != 4) {
-        PyErr_SetString(PyExc_TypeError, "desc must be (inputs, outputs, options, peer)");
-        return NULL;
-    }
-    PyObject *ins = PyTuple_GET_ITEM(desc, 0), *outs = PyTuple_GET_ITEM(desc, 1);
-    PyObject *opts = PyTuple_GET_ITEM(desc, 2), *peer = PyTuple_GET_ITEM(desc, 3);
-    if (!PyList_Check(ins) || !PyList_Check(outs)) {
-        PyErr_SetString(PyExc_TypeError, "inputs and outputs must be lists");
-        return NULL;
     }
     int64_t t_enter = monotonic_ns();
 
     long long group_id = get_int_attr(pg, s_group_id);
     if (group_id == -1 && PyErr_Occurred())
-        return NULL;
+        return -1;
     if (group_id == 0) {
         PyObject *g = PyObject_CallMethodOneArg(pg, s_describe, c->recorder);
         group_id = g == NULL ? -1 : PyLong_AsLongLong(g);
         Py_XDECREF(g);
         if (group_id == -1 && PyErr_Occurred())
-            return NULL;
+            return -1;
     }
-    long long kind = get_int_attr(spec, s_kind);
-    if (kind == -1 && PyErr_Occurred())
-        return NULL;
-    long long seq = next_seq(c, pg, spec, kind == c->kind_p2p, peer);
+    long long seq = next_seq(c, pg, info->spec, info->kind == c->kind_p2p, peer);
     if (seq < 0)
-        return NULL;
+        return -1;
 
     int redop = c->redop_none, flags = 0;
     if (opts != Py_None) {
@@ -916,7 +967,27 @@ static PyObject *core_begin(Core *c, PyObject *pg, PyObject *spec, PyObject *des
         flags |= c->flag_async_unknown;
     }
     PyObject *tensors = PyList_GET_SIZE(ins) ? ins : outs;
-    long long tid = tensors_id(c, tensors);
+    int on_cuda = 0;
+    if (PyList_GET_SIZE(tensors)) {
+        PyObject *first = PyList_GET_ITEM(tensors, 0);
+        if (cpu < 0) {
+            PyObject *v = PyObject_GetAttr(first, s_is_cpu);
+            cpu = v == NULL ? -1 : PyObject_IsTrue(v);
+            Py_XDECREF(v);
+            if (cpu < 0)
+                goto done;
+        }
+        if (!cpu) {
+            PyObject *v = PyObject_GetAttr(first, s_is_cuda);
+            on_cuda = v == NULL ? -1 : PyObject_IsTrue(v);
+            Py_XDECREF(v);
+            if (on_cuda < 0)
+                goto done;
+        }
+    }
+    int64_t one_numel = -1;
+    long long tid = tensors_id(c, tensors, cpu == 1 && PyList_GET_SIZE(tensors) == 1,
+                               &one_numel);
     if (tid == -1 && PyErr_Occurred())
         goto done;
     int from_main;
@@ -925,10 +996,11 @@ static PyObject *core_begin(Core *c, PyObject *pg, PyObject *spec, PyObject *des
         goto done;
     if (from_main || PyThread_get_thread_ident() != c->main_ident)
         flags |= c->flag_other_thread;
-    int64_t numel_in = numel_of(ins);
+    int64_t numel_in = tensors == ins && one_numel >= 0 ? one_numel : numel_of(ins);
     if (numel_in < 0)
         goto done;
-    int64_t numel_out = outs == ins ? numel_in : numel_of(outs);
+    int64_t numel_out = outs == ins ? numel_in
+                        : tensors == outs && one_numel >= 0 ? one_numel : numel_of(outs);
     if (numel_out < 0)
         goto done;
     long long peer_rank = -1;
@@ -939,9 +1011,6 @@ static PyObject *core_begin(Core *c, PyObject *pg, PyObject *spec, PyObject *des
         if (peer_rank == -1 && PyErr_Occurred())
             goto done;
     }
-    long long code = get_int_attr(spec, s_code);
-    if (code == -1 && PyErr_Occurred())
-        goto done;
     Py_ssize_t nspans = PyList_GET_SIZE(c->spans);
     long long span_index = 0;
     if (nspans) {
@@ -949,30 +1018,44 @@ static PyObject *core_begin(Core *c, PyObject *pg, PyObject *spec, PyObject *des
         if (span_index == 0 && PyErr_Occurred())
             goto done;
     }
-    Record rec = {(int)kind, (int)code, redop, flags, (uint32_t)group_id, (uint32_t)site,
+    Record rec = {info->kind, info->code, redop, flags, (uint32_t)group_id, (uint32_t)site,
                   (uint32_t)tid, 0, (uint64_t)seq, (uint64_t)span_index, (int32_t)peer_rank,
                   numel_in, numel_out, t_enter};
     long long e = slots_append((SlotWriter *)c->slots, &rec);
     if (e == LLONG_MIN)
         goto done;
-
-    int on_cuda = 0;
-    if (PyList_GET_SIZE(tensors)) {
-        PyObject *cuda = PyObject_GetAttr(PyList_GET_ITEM(tensors, 0), s_is_cuda);
-        on_cuda = cuda == NULL ? -1 : PyObject_IsTrue(cuda);
-        Py_XDECREF(cuda);
-        if (on_cuda < 0)
-            goto done;
-    }
-    PyObject *method = PyObject_GetAttr(spec, s_method);
-    if (method == NULL)
-        goto done;
-    token = Py_BuildValue("(LOON)", e, on_cuda ? Py_True : Py_False,
-                          (flags & c->flag_async) || opts == Py_None ? Py_True : Py_False,
-                          method);
+    out->e = e;
+    out->on_cuda = on_cuda;
+    out->async_op = (flags & c->flag_async) || opts == Py_None;
+    rc = 0;
 done:
     Py_XDECREF(rooted);
-    return token;
+    return rc;
+}
+
+/* Recorder.begin's token for `b`. */
+static PyObject *token_of(const Began *b, PyObject *method)
+{
+    return Py_BuildValue("(LOOO)", b->e, b->on_cuda ? Py_True : Py_False,
+                         b->async_op ? Py_True : Py_False, method);
+}
+
+/* begin failed with an Exception: report it to on_error (Python's warn_once) and carry
+ * on with the op unrecorded. Anything else (KeyboardInterrupt) is left raised: -1. */
+static int began_badly(Core *c, PyObject *spec)
+{
+    if (!PyErr_ExceptionMatches(PyExc_Exception))
+        return -1; /* KeyboardInterrupt and the like go on, as in Python */
+    PyObject *type, *value, *tb;
+    PyErr_Fetch(&type, &value, &tb);
+    PyErr_NormalizeException(&type, &value, &tb);
+    PyObject *r = PyObject_CallFunctionObjArgs(c->on_error, spec, value, NULL);
+    Py_XDECREF(r);
+    PyErr_Clear();
+    Py_XDECREF(type);
+    Py_XDECREF(value);
+    Py_XDECREF(tb);
+    return 0;
 }
 
 static PyObject *Core_begin(Core *c, PyObject *const *args, Py_ssize_t n)
@@ -981,43 +1064,71 @@ static PyObject *Core_begin(Core *c, PyObject *const *args, Py_ssize_t n)
         PyErr_SetString(PyExc_TypeError, "begin(pg, spec, desc)");
         return NULL;
     }
-    PyObject *token = core_begin(c, args[0], args[1], args[2]);
-    if (token != NULL || !PyErr_ExceptionMatches(PyExc_Exception))
-        return token; /* KeyboardInterrupt and the like go on, as in Python */
-    PyObject *type, *value, *tb;
-    PyErr_Fetch(&type, &value, &tb);
-    PyErr_NormalizeException(&type, &value, &tb);
-    PyObject *r = PyObject_CallFunctionObjArgs(c->on_error, args[1], value, NULL);
-    Py_XDECREF(r);
-    PyErr_Clear();
-    Py_XDECREF(type);
-    Py_XDECREF(value);
-    Py_XDECREF(tb);
+    PyObject *spec = args[1], *desc = args[2];
+    OpInfo info = {spec, NULL, 0, 0};
+    Began b = {-1, 0, 0};
+    PyObject *token = NULL;
+    long long kind = -1, code = -1;
+    if (!PyTuple_Check(desc) || PyTuple_GET_SIZE(desc) != 4) {
+        PyErr_SetString(PyExc_TypeError, "desc must be (inputs, outputs, options, peer)");
+        goto failed;
+    }
+    PyObject *ins = PyTuple_GET_ITEM(desc, 0), *outs = PyTuple_GET_ITEM(desc, 1);
+    if (!PyList_Check(ins) || !PyList_Check(outs)) {
+        PyErr_SetString(PyExc_TypeError, "inputs and outputs must be lists");
+        goto failed;
+    }
+    if ((kind = get_int_attr(spec, s_kind)) == -1 && PyErr_Occurred())
+        goto failed;
+    if ((code = get_int_attr(spec, s_code)) == -1 && PyErr_Occurred())
+        goto failed;
+    if ((info.method = PyObject_GetAttr(spec, s_method)) == NULL)
+        goto failed;
+    info.kind = (int)kind;
+    info.code = (int)code;
+    if (core_record(c, args[0], &info, ins, outs, PyTuple_GET_ITEM(desc, 2),
+                    PyTuple_GET_ITEM(desc, 3), -1, &b) == 0)
+        token = token_of(&b, info.method);
+    if (token != NULL) {
+        Py_DECREF(info.method);
+        return token;
+    }
+failed:
+    Py_XDECREF(info.method);
+    if (began_badly(c, spec) < 0)
+        return NULL;
     Py_RETURN_NONE;
 }
 
 /* A synchronous CPU op: waited on here, in the caller's thread (recorder._wait_sync). */
+/* The op of event e raised the exception that is set: record it (Recorder._finish) and
+ * leave it set, for the caller. */
+static void finish_raised(Core *c, long long e)
+{
+    PyObject *type, *value, *tb;
+    PyErr_Fetch(&type, &value, &tb);
+    PyErr_NormalizeException(&type, &value, &tb);
+    PyObject *e_obj = PyLong_FromLongLong(e);
+    PyObject *f = e_obj && value ? PyObject_CallFunctionObjArgs(c->finish, e_obj, value, NULL)
+                                 : NULL;
+    Py_XDECREF(e_obj);
+    Py_XDECREF(f);
+    PyErr_Clear();
+    PyErr_Restore(type, value, tb);
+}
+
 static PyObject *wait_sync(Core *c, long long e, PyObject *work)
 {
     PyObject *r = PyObject_CallMethodNoArgs(work, s_wait);
     if (r == NULL) {
-        PyObject *type, *value, *tb;
-        PyErr_Fetch(&type, &value, &tb);
-        PyErr_NormalizeException(&type, &value, &tb);
-        PyObject *e_obj = PyLong_FromLongLong(e);
-        PyObject *f = e_obj ? PyObject_CallFunctionObjArgs(c->finish, e_obj, value, NULL) : NULL;
-        Py_XDECREF(e_obj);
-        Py_XDECREF(f);
-        PyErr_Clear();
-        PyErr_Restore(type, value, tb);
+        finish_raised(c, e);
         return NULL;
     }
     Py_DECREF(r);
     if (slots_complete((SlotWriter *)c->slots, e, c->status_ok, monotonic_ns(), 0) < 0)
         PyErr_Clear(); /* a closed log: nothing to record into */
     /* freed here, with the GIL, when the next op completes: see work.RecordingWork */
-    if (PyObject_SetAttr(c->work_class, s_last_waited, work) < 0)
-        PyErr_Clear();
+    Py_XSETREF(c->last_waited, Py_NewRef(work));
     return Py_NewRef(work);
 }
 
@@ -1062,10 +1173,385 @@ static PyTypeObject CoreType = {
     .tp_methods = Core_methods,
 };
 
+/* ---------------------------------------------------------------- TracedMethod */
+
+/* A TracingProcessGroup method (process_group.py) whose common case runs here, in one C
+ * call: the op described, its backend's bound method found, the op recorded, issued and,
+ * when synchronous on the CPU, waited on. Every other case (keyword arguments, no
+ * recorder or no C core, an op routed through torch's dispatcher for its hooks, a device
+ * or backend method not met before, barrier, monitored_barrier, coalesced ops) is the
+ * Python method's, `slow`, which is also the reference: the same records, the same
+ * results. The Python method is a plain function named as the method, which pybind11
+ * needs to let it call the base method; this object is a method descriptor, not a
+ * builtin function, so pybind11 takes it for a Python override and C++ callers (DDP's
+ * reducer, functional collectives) reach it as they reach a Python method.
+ *
+ * Why: the Python method's frame, its *args, spec.describe, the bound-method look-up and
+ * the token tuple cost ~1.5 us an op on top of the recorder (fake backend). */
+typedef struct {
+    PyObject_HEAD
+    vectorcallfunc vectorcall;
+    PyObject *slow;     /* the Python method */
+    PyObject *spec;     /* its OpSpec */
+    PyObject *method;   /* spec.method */
+    PyObject *describe; /* spec.describe */
+    PyObject *keys[2];  /* (method, "cpu"), (method, "cuda"): keys of pg._dd_bound */
+    PyObject *state;    /* distdoctor.tracer.state's dict: its "recorder" */
+    OpInfo info;
+    int form;  /* FORM_* */
+    int hooks; /* torch's groups may carry hooks (dispatch.HOOKS): see `hooked` */
+} TracedMethod;
+
+enum {
+    FORM_SLOW = 0,     /* always the Python method */
+    FORM_INPLACE = 1,  /* (tensors, opts): ops.py _inplace() */
+    FORM_OUT_IN = 2,   /* (outputs, inputs, opts): ops.py _out_in() */
+    FORM_DESCRIBE = 3, /* spec.describe(args, {}) */
+};
+
+static PyObject *s_recorder, *s_core, *s_dd_bound, *s_dd_hooked, *s_dd_torch_hooks,
+    *s_describe_attr;
+static PyObject *empty_kwargs;
+
+/* The main thread is inside a traced op's C call (the sampler looks at nothing then,
+ * as it does where the Python method's frame is on the main thread's stack). Changed and
+ * read with the GIL held. */
+static int main_in_op;
+
+/* The recorder last seen in state.recorder, and its C core (NULL: it has none). */
+static PyObject *seen_recorder, *seen_core;
+
+static Core *active_core(PyObject *state)
+{
+    PyObject *rec = PyDict_GetItemWithError(state, s_recorder);
+    if (rec == NULL) {
+        PyErr_Clear();
+        return NULL;
+    }
+    if (rec != seen_recorder) {
+        PyObject *core = rec == Py_None ? NULL : PyObject_GetAttr(rec, s_core);
+        if (core == NULL)
+            PyErr_Clear();
+        else if (!PyObject_TypeCheck(core, &CoreType))
+            Py_CLEAR(core);
+        Py_XSETREF(seen_core, core);
+        Py_XSETREF(seen_recorder, Py_NewRef(rec));
+    }
+    return (Core *)seen_core;
+}
+
+/* ops.py _flat: the tensors in a tensor, a list of tensors or a list of lists (new). */
+static PyObject *flat(PyObject *x)
+{
+    if (x == Py_None)
+        return PyList_New(0);
+    if (!PyList_Check(x) && !PyTuple_Check(x)) {
+        PyObject *one = PyList_New(1);
+        if (one != NULL)
+            PyList_SET_ITEM(one, 0, Py_NewRef(x));
+        return one;
+    }
+    PyObject *seq = PySequence_Fast(x, "");
+    if (seq == NULL)
+        return NULL;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    PyObject **items = PySequence_Fast_ITEMS(seq);
+    int nested = 0;
+    for (Py_ssize_t i = 0; i < n && !nested; i++)
+        nested = PyList_Check(items[i]) || PyTuple_Check(items[i]);
+    PyObject *out = PyList_New(nested ? 0 : n);
+    for (Py_ssize_t i = 0; out != NULL && i < n; i++) {
+        PyObject *item = items[i];
+        if (!nested) {
+            PyList_SET_ITEM(out, i, Py_NewRef(item));
+        } else if (PyList_Check(item) || PyTuple_Check(item)) {
+            PyObject *more = PySequence_Fast(item, "");
+            for (Py_ssize_t j = 0; more != NULL && j < PySequence_Fast_GET_SIZE(more); j++)
+                if (PyList_Append(out, PySequence_Fast_GET_ITEM(more, j)) < 0)
+                    Py_CLEAR(out);
+            if (more == NULL)
+                Py_CLEAR(out);
+            Py_XDECREF(more);
+        } else if (PyList_Append(out, item) < 0) {
+            Py_CLEAR(out);
+        }
+    }
+    Py_DECREF(seq);
+    return out;
+}
+
+/* Whether the op must go through torch's dispatcher op for the group's hooks (the
+ * Python method's `_dd_dispatch_call`): 1 yes, or not known yet (the Python method
+ * finds out, and caches it in the group), 0 no, -1 error. */
+static int hooked(PyObject *pg)
+{
+    PyObject *d = PyObject_GenericGetDict(pg, NULL);
+    if (d == NULL)
+        return -1;
+    int r = 1;
+    PyObject *own = PyDict_GetItemWithError(d, s_dd_hooked);
+    if (own != NULL)
+        r = PyObject_IsTrue(own);
+    if (r == 0 || (own == NULL && !PyErr_Occurred())) {
+        PyObject *torch_own = PyDict_GetItemWithError(d, s_dd_torch_hooks);
+        r = torch_own != Py_False;
+    }
+    if (PyErr_Occurred())
+        r = -1;
+    Py_DECREF(d);
+    return r;
+}
+
+static PyObject *TracedMethod_vectorcall(TracedMethod *m, PyObject *const *args,
+                                         size_t nargsf, PyObject *kwnames)
+{
+    Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
+    Core *c;
+    if (m->form == FORM_SLOW || nargs < 1 || (kwnames != NULL && PyTuple_GET_SIZE(kwnames)) ||
+        (c = active_core(m->state)) == NULL)
+        return PyObject_Vectorcall(m->slow, args, nargsf, kwnames);
+    PyObject *pg = args[0], *const *a = args + 1;
+    Py_ssize_t n = nargs - 1;
+    PyObject *ins = NULL, *outs = NULL, *desc = NULL, *table = NULL, *bound = NULL;
+    PyObject *opts = Py_None, *peer = Py_None, *work = NULL, *result = NULL;
+    /* everything that can fail before the op is issued sends it to the Python method */
+    if (m->form == FORM_INPLACE) {
+        if ((ins = flat(n > 0 ? a[0] : Py_None)) == NULL)
+            goto slow;
+        outs = Py_NewRef(ins);
+        opts = n > 1 ? a[1] : Py_None;
+    } else if (m->form == FORM_OUT_IN) {
+        if ((outs = flat(n > 0 ? a[0] : Py_None)) == NULL ||
+            (ins = flat(n > 1 ? a[1] : Py_None)) == NULL)
+            goto slow;
+        opts = n > 2 ? a[2] : Py_None;
+    } else {
+        PyObject *t = PyTuple_New(n);
+        if (t == NULL)
+            goto slow;
+        for (Py_ssize_t i = 0; i < n; i++)
+            PyTuple_SET_ITEM(t, i, Py_NewRef(a[i]));
+        desc = PyObject_CallFunctionObjArgs(m->describe, t, empty_kwargs, NULL);
+        Py_DECREF(t);
+        if (desc == NULL || !PyTuple_Check(desc) || PyTuple_GET_SIZE(desc) != 4 ||
+            !PyList_Check(PyTuple_GET_ITEM(desc, 0)) || !PyList_Check(PyTuple_GET_ITEM(desc, 1)))
+            goto slow;
+        ins = Py_NewRef(PyTuple_GET_ITEM(desc, 0));
+        outs = Py_NewRef(PyTuple_GET_ITEM(desc, 1));
+        opts = PyTuple_GET_ITEM(desc, 2);
+        peer = PyTuple_GET_ITEM(desc, 3);
+    }
+    /* the backend's bound method, as TracingProcessGroup._dd_backend_call finds it */
+    PyObject *tensors = PyList_GET_SIZE(ins) ? ins : outs;
+    if (!PyList_GET_SIZE(tensors))
+        goto slow; /* barrier: its device is the group's to choose */
+    PyObject *v = PyObject_GetAttr(PyList_GET_ITEM(tensors, 0), s_is_cpu);
+    int cpu = v == NULL ? -1 : PyObject_IsTrue(v);
+    Py_XDECREF(v);
+    if (cpu < 0)
+        goto slow;
+    int key = 0;
+    if (!cpu) {
+        v = PyObject_GetAttr(PyList_GET_ITEM(tensors, 0), s_is_cuda);
+        int cuda = v == NULL ? -1 : PyObject_IsTrue(v);
+        Py_XDECREF(v);
+        if (cuda != 1)
+            goto slow; /* another device: its type is read the Python way */
+        key = 1;
+    }
+    if (m->hooks && hooked(pg) != 0)
+        goto slow;
+    if ((table = PyObject_GetAttr(pg, s_dd_bound)) == NULL || !PyDict_Check(table))
+        goto slow;
+    if ((bound = PyDict_GetItemWithError(table, m->keys[key])) == NULL)
+        goto slow; /* not met yet: the Python method binds it */
+    Py_INCREF(bound);
+
+    Began b = {-1, 0, 0};
+    int recorded = 1;
+    if (core_record(c, pg, &m->info, ins, outs, opts, peer, cpu, &b) < 0) {
+        if (began_badly(c, m->spec) < 0)
+            goto out;
+        recorded = 0;
+    }
+    int on_main = PyThread_get_thread_ident() == c->main_ident;
+    main_in_op += on_main;
+    work = PyObject_Vectorcall(bound, a, n, NULL);
+    if (work == NULL) {
+        if (recorded)
+            finish_raised(c, b.e);
+    } else if (!recorded) {
+        result = Py_NewRef(work);
+    } else if (work != Py_None && !b.on_cuda && !b.async_op) {
+        result = wait_sync(c, b.e, work);
+    } else {
+        PyObject *token = token_of(&b, m->method);
+        if (token != NULL)
+            result = PyObject_CallFunctionObjArgs(c->end_other, token, work, NULL);
+        Py_XDECREF(token);
+        if (result == NULL && PyErr_ExceptionMatches(PyExc_Exception)) {
+            PyErr_Clear(); /* never raise our own failure into the job */
+            result = Py_NewRef(work);
+        }
+    }
+    main_in_op -= on_main;
+    goto out;
+slow:
+    PyErr_Clear();
+    result = PyObject_Vectorcall(m->slow, args, nargsf, kwnames);
+out:
+    Py_XDECREF(ins);
+    Py_XDECREF(outs);
+    Py_XDECREF(desc);
+    Py_XDECREF(table);
+    Py_XDECREF(bound);
+    Py_XDECREF(work);
+    return result;
+}
+
+static int TracedMethod_init(TracedMethod *m, PyObject *args, PyObject *kw)
+{
+    static char *names[] = {"slow", "spec", "form", "state", "hooks", NULL};
+    PyObject *slow, *spec, *state;
+    int form, hooks;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOiO!p", names, &slow, &spec, &form,
+                                     &PyDict_Type, &state, &hooks))
+        return -1;
+    if (m->slow != NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "TracedMethod initialised twice");
+        return -1;
+    }
+    long long kind = get_int_attr(spec, s_kind), code;
+    if (kind == -1 && PyErr_Occurred())
+        return -1;
+    if ((code = get_int_attr(spec, s_code)) == -1 && PyErr_Occurred())
+        return -1;
+    PyObject *method = PyObject_GetAttr(spec, s_method);
+    PyObject *describe = method ? PyObject_GetAttr(spec, s_describe_attr) : NULL;
+    PyObject *cpu = describe ? Py_BuildValue("(Os)", method, "cpu") : NULL;
+    PyObject *cuda = cpu ? Py_BuildValue("(Os)", method, "cuda") : NULL;
+    if (cuda == NULL) {
+        Py_XDECREF(method);
+        Py_XDECREF(describe);
+        Py_XDECREF(cpu);
+        return -1;
+    }
+    m->slow = Py_NewRef(slow);
+    m->spec = Py_NewRef(spec);
+    m->method = method;
+    m->describe = describe;
+    m->keys[0] = cpu;
+    m->keys[1] = cuda;
+    m->state = Py_NewRef(state);
+    m->info = (OpInfo){spec, method, (int)kind, (int)code};
+    m->form = form;
+    m->hooks = hooks;
+    m->vectorcall = (vectorcallfunc)TracedMethod_vectorcall;
+    return 0;
+}
+
+static int TracedMethod_traverse(TracedMethod *m, visitproc visit, void *arg)
+{
+    Py_VISIT(m->slow);
+    Py_VISIT(m->spec);
+    Py_VISIT(m->method);
+    Py_VISIT(m->describe);
+    Py_VISIT(m->keys[0]);
+    Py_VISIT(m->keys[1]);
+    Py_VISIT(m->state);
+    return 0;
+}
+
+static int TracedMethod_clear(TracedMethod *m)
+{
+    m->form = FORM_SLOW;
+    m->info.spec = m->info.method = NULL;
+    Py_CLEAR(m->spec);
+    Py_CLEAR(m->method);
+    Py_CLEAR(m->describe);
+    Py_CLEAR(m->keys[0]);
+    Py_CLEAR(m->keys[1]);
+    Py_CLEAR(m->state);
+    return 0;
+}
+
+static void TracedMethod_dealloc(TracedMethod *m)
+{
+    PyObject_GC_UnTrack(m);
+    TracedMethod_clear(m);
+    Py_CLEAR(m->slow);
+    Py_TYPE(m)->tp_free((PyObject *)m);
+}
+
+static PyObject *TracedMethod_call(PyObject *m, PyObject *args, PyObject *kw)
+{
+    if (((TracedMethod *)m)->slow == NULL) {
+        PyErr_SetString(PyExc_TypeError, "TracedMethod not initialised");
+        return NULL;
+    }
+    return PyVectorcall_Call(m, args, kw);
+}
+
+/* As a function is: looked up on an instance, a bound method (what pybind11 unwraps to
+ * find this object, and takes for a Python override). */
+static PyObject *TracedMethod_get(PyObject *m, PyObject *obj, PyObject *type)
+{
+    if (obj == NULL || obj == Py_None)
+        return Py_NewRef(m);
+    return PyMethod_New(m, obj);
+}
+
+/* __name__, __doc__, __code__, ... are the Python method's. */
+static PyObject *TracedMethod_getattro(PyObject *m, PyObject *name)
+{
+    PyObject *r = PyObject_GenericGetAttr(m, name);
+    if (r != NULL || !PyErr_ExceptionMatches(PyExc_AttributeError) ||
+        ((TracedMethod *)m)->slow == NULL)
+        return r;
+    PyErr_Clear();
+    return PyObject_GetAttr(((TracedMethod *)m)->slow, name);
+}
+
+static PyMemberDef TracedMethod_members[] = {
+    {"__wrapped__", T_OBJECT, offsetof(TracedMethod, slow), READONLY,
+     "the Python method: the reference, and the path of every case this one leaves"},
+    {NULL},
+};
+
+static PyTypeObject TracedMethodType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "distdoctor.runlog._fast.TracedMethod",
+    .tp_basicsize = sizeof(TracedMethod),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL |
+                Py_TPFLAGS_METHOD_DESCRIPTOR,
+    .tp_doc = "A traced ProcessGroup method's common case in C (see _fast.c).",
+    .tp_new = PyType_GenericNew,
+    .tp_init = (initproc)TracedMethod_init,
+    .tp_dealloc = (destructor)TracedMethod_dealloc,
+    .tp_traverse = (traverseproc)TracedMethod_traverse,
+    .tp_clear = (inquiry)TracedMethod_clear,
+    .tp_vectorcall_offset = offsetof(TracedMethod, vectorcall),
+    .tp_call = TracedMethod_call,
+    .tp_descr_get = TracedMethod_get,
+    .tp_getattro = TracedMethod_getattro,
+    .tp_members = TracedMethod_members,
+};
+
+static PyObject *module_main_in_op(PyObject *mod, PyObject *unused)
+{
+    return PyBool_FromLong(main_in_op > 0);
+}
+
+static PyMethodDef module_methods[] = {
+    {"main_in_op", module_main_in_op, METH_NOARGS,
+     "whether the main thread is inside a traced op's C call (TracedMethod)"},
+    {NULL},
+};
+
 static struct PyModuleDef module = {
     PyModuleDef_HEAD_INIT, "distdoctor.runlog._fast",
     "The event log's slot writer and the tracer's hot path in C (see _fast.c; "
-    "runlog/slots.py and tracer/recorder.py are the reference).", -1, NULL,
+    "runlog/slots.py and tracer/recorder.py are the reference).", -1, module_methods,
 };
 
 PyMODINIT_FUNC PyInit__fast(void)
@@ -1076,18 +1562,22 @@ PyMODINIT_FUNC PyInit__fast(void)
         {&s_kind, "kind"}, {&s_op, "op"}, {&s_code, "code"}, {&s_method, "method"},
         {&s_reduceOp, "reduceOp"}, {&s_rootRank, "rootRank"}, {&s_asyncOp, "asyncOp"},
         {&s_shape, "shape"}, {&s_dtype, "dtype"}, {&s_device, "device"},
-        {&s_is_cuda, "is_cuda"}, {&s_numel, "numel"}, {&s_wait, "wait"},
-        {&s_last_waited, "_last_waited"}};
+        {&s_is_cuda, "is_cuda"}, {&s_is_cpu, "is_cpu"}, {&s_numel, "numel"}, {&s_wait, "wait"},
+        {&s_last_waited, "_last_waited"}, {&s_recorder, "recorder"}, {&s_core, "_core"},
+        {&s_dd_bound, "_dd_bound"}, {&s_dd_hooked, "_dd_hooked"},
+        {&s_dd_torch_hooks, "_dd_torch_hooks"}, {&s_describe_attr, "describe"}};
     for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
         if ((*names[i].at = PyUnicode_InternFromString(names[i].text)) == NULL)
             return NULL;
-    if (PyType_Ready(&SlotWriterType) < 0 || PyType_Ready(&CoreType) < 0)
+    if (PyType_Ready(&SlotWriterType) < 0 || PyType_Ready(&CoreType) < 0 ||
+        PyType_Ready(&TracedMethodType) < 0 || (empty_kwargs = PyDict_New()) == NULL)
         return NULL;
     PyObject *m = PyModule_Create(&module);
     if (m == NULL)
         return NULL;
     if (PyModule_AddObjectRef(m, "SlotWriter", (PyObject *)&SlotWriterType) < 0 ||
-        PyModule_AddObjectRef(m, "Core", (PyObject *)&CoreType) < 0) {
+        PyModule_AddObjectRef(m, "Core", (PyObject *)&CoreType) < 0 ||
+        PyModule_AddObjectRef(m, "TracedMethod", (PyObject *)&TracedMethodType) < 0) {
         Py_DECREF(m);
         return NULL;
     }

@@ -80,6 +80,7 @@ def _inplace(opts_index=1):
     def describe(args, kwargs):
         tensors = _flat(_arg(args, kwargs, 0, "tensors"))
         return tensors, tensors, _arg(args, kwargs, opts_index, "opts"), None
+    describe.form = "inplace" if opts_index == 1 else None  # runlog/_fast.c reads it so
     return describe
 
 
@@ -89,6 +90,7 @@ def _out_in(out_name="output_tensors", in_name="input_tensors"):
         outs = _flat(_arg(args, kwargs, 0, out_name))
         ins = _flat(_arg(args, kwargs, 1, in_name))
         return ins, outs, _arg(args, kwargs, 2, "opts"), None
+    describe.form = "out_in"  # runlog/_fast.c reads positional arguments so
     return describe
 
 

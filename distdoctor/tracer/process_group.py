@@ -31,6 +31,7 @@ from __future__ import annotations
 import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 
+from distdoctor.runlog.slots import native_module
 from distdoctor.tracer import dispatch, state
 from distdoctor.tracer.ops import TRACED
 
@@ -297,7 +298,31 @@ def _make_method(spec):
     return method
 
 
+# How the C path (runlog/_fast.c, TracedMethod) reads each op's positional arguments;
+# any other op it hands to spec.describe, and ops with no backend method (or barriers,
+# whose device the group chooses) always to the Python method.
+_FORMS = {None: 3, "inplace": 1, "out_in": 2}
+
+
+def _traced_method(spec):
+    """The method to put on TracingProcessGroup for `spec`: the Python method, or where
+    the C extension is built (and DISTDOCTOR_PURE_PYTHON unset) a C method that runs the
+    common case itself and hands everything else to the Python method (_fast.c says
+    which)."""
+    method = _make_method(spec)
+    native = native_module()
+    if native is None or not hasattr(native, "TracedMethod"):
+        return method
+    form = _FORMS.get(getattr(spec.describe, "form", None), 3)
+    if spec.backend_method is None or spec.method in ("barrier", "monitored_barrier"):
+        form = 0
+    try:
+        return native.TracedMethod(method, spec, form, vars(state), dispatch.HOOKS)
+    except Exception:
+        return method
+
+
 # Each op under the name this torch binds it by (tracer/ops.py: TRACED); an op this torch
 # lacks is not there to trace.
 for _spec in TRACED:
-    setattr(TracingProcessGroup, _spec.method, _make_method(_spec))
+    setattr(TracingProcessGroup, _spec.method, _traced_method(_spec))

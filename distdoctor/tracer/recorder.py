@@ -114,6 +114,7 @@ class Recorder:
             warn_once("native", f"the C hot path could not start: {exc!r}")
             return
         self.begin, self.end = core.begin, core.end
+        self._core = core  # the traced methods' C path records through it (_fast.c)
 
     # --- interning -------------------------------------------------------------------
     def intern(self, namespace: str, key, value) -> int:

@@ -40,6 +40,7 @@ import time
 import weakref
 
 from distdoctor.runlog import format as F
+from distdoctor.runlog.slots import native_module
 from distdoctor.tracer import callsite, framework, state
 
 SAMPLE_HZ = 50.0
@@ -174,6 +175,8 @@ class Sampler:
         self.period = 1.0 / hz
         self._op_codes = {getattr(TracingProcessGroup, name).__code__
                           for name in TRACED_OPS.values()}
+        # the C path of a traced method has no frame to find: it says so itself
+        self._in_op = getattr(native_module(), "main_in_op", None) or (lambda: False)
         self._main = threading.main_thread().ident
         self._schedstat = _open_schedstat(threading.main_thread().native_id)
         self._runq_ns = self._run_delay_ns()  # at the last sample recorded
@@ -192,6 +195,8 @@ class Sampler:
                 return
 
     def sample(self) -> None:
+        if self._in_op():
+            return  # inside a collective, in its C path
         frame = sys._current_frames().get(self._main)
         f = frame
         while f is not None:
