@@ -133,7 +133,7 @@ def diagnose_runs(runs: list[Run], hang_timeout_s: float | None = None
     ranks = {r for run in runs for r in run.events}
     findings = most_severe_first(merge_crashes(agree_with_live(
         findings, _live_findings(runs[0].path, notes), completed), ranks))
-    return findings, notes + _source_notes(runs[0].path, notes)
+    return findings, notes + _source_notes(runs[0].path, notes, findings)
 
 
 def diagnose_run(run: Run, hang_timeout_s: float | None = None) -> tuple[list[Finding], list[str]]:
@@ -148,16 +148,22 @@ def diagnose_run(run: Run, hang_timeout_s: float | None = None) -> tuple[list[Fi
     if run.incarnations > 1:
         found = [label_incarnation(f, run.incarnation) for f in found]
         written = [f for f in written if f.details.get("incarnation") == run.incarnation]
-    return most_severe_first(merge_crashes(agree_with_live(found, written, completed),
-                                           set(run.events))), notes + _source_notes(
-                                               run.path, notes)
+    findings = most_severe_first(merge_crashes(agree_with_live(found, written, completed),
+                                               set(run.events)))
+    return findings, notes + _source_notes(run.path, notes, findings)
 
 
-def _source_notes(run_dir: Path, notes: list[str]) -> list[str]:
-    """Source files that changed since the run (read from its kept copy, or not read)."""
+def _source_notes(run_dir: Path, notes: list[str], findings: list[Finding]) -> list[str]:
+    """Source files that changed since the run, said once each: those the diagnosis read
+    (from the run's copy, or not at all) and those the findings name (their lines are
+    the run's)."""
     from distdoctor.runlog.kept import attach
 
-    return [n for n in attach(run_dir).notes if n not in notes]
+    kept = attach(run_dir)
+    for path in sorted({c.get("file") for f in findings for c in f.callsites
+                        if isinstance(c.get("file"), str)}):
+        kept.text(path)  # (the note, where the file on disk is not the run's)
+    return [n for n in kept.notes if n not in notes]
 
 
 def agree_with_live(found: list[Finding], written: list[Finding],
