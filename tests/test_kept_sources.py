@@ -112,3 +112,24 @@ def test_noting_never_raises_and_keeps_nothing_off(tmp_path, monkeypatch):
     assert not sources.enabled()
     sources.note(object(), {"file": 3})  # a ring without a path: nothing happens
     sources.note(None, None)
+
+
+def test_no_file_is_written_through_a_link_in_the_run_dir(tmp_path):
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "sources").symlink_to(elsewhere)
+    f = tmp_path / "job.py"
+    f.write_text("x = 1\n")
+    _keeper(run_dir)._record([str(f)])
+    assert not list(elsewhere.iterdir())
+    (run_dir / "sources").unlink()
+    (run_dir / "sources").mkdir()
+    (run_dir / "sources" / ".lock").symlink_to(elsewhere / "lock")
+    try:
+        _keeper(run_dir)._record([str(f)])
+    except OSError:
+        pass  # (the keeper thread swallows it: the run keeps nothing)
+    assert not list(elsewhere.iterdir())
+    assert sources.read_manifest(run_dir) is None

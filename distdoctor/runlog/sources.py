@@ -205,6 +205,9 @@ class _Keeper:
         d = self.run_dir / DIR
         with contextlib.suppress(FileExistsError):
             os.mkdir(d, 0o755)
+        st = os.lstat(d)
+        if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid():
+            return  # a link or another user's: nothing is written through it
         lock = os.open(d / ".lock", os.O_RDWR | os.O_CREAT | _NOFOLLOW | os.O_CLOEXEC, 0o644)
         try:
             import fcntl
