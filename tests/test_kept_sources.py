@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import threading
 from pathlib import Path
 
@@ -133,3 +134,20 @@ def test_no_file_is_written_through_a_link_in_the_run_dir(tmp_path):
         pass  # (the keeper thread swallows it: the run keeps nothing)
     assert not list(elsewhere.iterdir())
     assert sources.read_manifest(run_dir) is None
+
+
+def test_without_a_copy_the_disk_is_read_only_while_it_is_the_runs(tmp_path):
+    f = tmp_path / "job.py"
+    f.write_text("x = 1\n")
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    _keeper(run_dir, keep=False)._record([str(f)])
+    assert kept.KeptSources(run_dir).text(str(f)) == (True, "x = 1\n")
+    f.write_text("x = 2\n")
+    reader = kept.KeptSources(run_dir)
+    assert reader.text(str(f)) == (True, None)
+    assert reader.text(str(f)) == (True, None) and len(reader.notes) == 1  # said once
+    f.unlink()
+    os.mkfifo(f)  # never a wait on whatever is at the path now
+    assert kept.KeptSources(run_dir).text(str(f)) == (True, None)
+    assert kept.KeptSources(run_dir).text(str(tmp_path / "other.py")) == (False, None)

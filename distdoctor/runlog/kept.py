@@ -94,12 +94,10 @@ class KeptSources:
             return True, data.decode("utf-8", "replace")
         if not isinstance(sha, str):
             return False, None  # a library's file, or one the run could not read
-        try:
-            with open(path, "rb") as fh:
-                disk = fh.read(S.HASH_MAX_BYTES + 1)
-        except OSError:
+        now, disk = S.describe(path)  # (a regular file only: never a FIFO's wait)
+        if disk is None:
             return True, None
-        if hashlib.sha256(disk).hexdigest() != sha:
+        if now.get("sha256") != sha:
             why = entry.get("why") or "no copy"
             self._say(path, f"{path} changed since the run, which kept no copy of it "
                             f"({why}): not read")
