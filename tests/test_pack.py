@@ -226,3 +226,34 @@ def test_the_hf_trainer_run_dir_packed_with_its_source_reads_the_same_without_it
     mismatch = [f for f in there if f["kind"] == "mismatch"]
     assert mismatch and mismatch[0]["ranks"] == [0], there
     assert "is_world_process_zero" in mismatch[0]["summary"]
+
+
+def test_a_wrapped_log_comes_back_as_its_reader_reads_it(tmp_path):
+    """A ring that wrapped (its newest events at its start) and an event still in
+    flight: the log read from the pack is the log read from the run dir."""
+    from distdoctor.runlog import rundir
+    from distdoctor.runlog.reader import RankLog
+    from distdoctor.runlog.ring import RingWriter
+    from distdoctor.runlog.unpack import unpacked
+
+    run_dir = tmp_path / "run"
+    rundir.write_run_meta(run_dir, launcher="test")
+    w = RingWriter(str(rundir.ring_path(run_dir, 0)), 0, 16 * F.SLOT_SIZE, 4096)
+    group = w.add_string({"name": "0", "desc": "default_pg", "ranks": [0, 1]})
+    for i in range(41):
+        e = w.append(F.KIND_COLLECTIVE, F.OP_CODE["all_reduce"], 0, 0, group, 0, i, -1, 0,
+                     4, 4, 1000 * i, 0, 0)
+        if i < 40:
+            w.complete(e, F.STATUS_OK, 1000 * i + 500)
+    w.close()
+    pack = tmp_path / "p.ddpack"
+    P.write_pack(run_dir, pack)
+    with unpacked(pack) as back:
+        mine, theirs = (RankLog(rundir.ring_path(d, 0)) for d in (run_dir, back))
+        assert [e.seq for e in theirs.read()] == list(range(25, 41))
+        assert theirs.read() == mine.read() and theirs.header() == mine.header()
+        assert theirs.read()[-1].status == "in_flight"
+        assert (rundir.ring_path(back, 0).stat().st_size
+                == rundir.ring_path(run_dir, 0).stat().st_size)
+        mine.close()
+        theirs.close()
