@@ -35,6 +35,7 @@ from dataclasses import replace
 
 from distdoctor.diagnosis.rendezvous import Rendezvous
 from distdoctor.diagnosis.stragglers import cause, host_noise
+from distdoctor.diagnosis.stragglers.beside import StepThread
 from distdoctor.diagnosis.stragglers.stepstats import STEPS, Steps, onset, t, typical
 from distdoctor.diagnosis.stragglers.steptime import RankSteps, StepTimes
 from distdoctor.diagnosis.stragglers.waitgraph import Activity, WaitGraph, delays_text
@@ -91,6 +92,7 @@ class StragglerTracker:
         self.activity = Activity()  # when each rank last did something (p2p waits)
         self._p2p: deque[Rendezvous] = deque()  # completed pairings awaiting that
         self.members: dict[str, frozenset] = {}  # collective group -> its ranks
+        self.step_thread = StepThread()  # a user thread beside it keeps its own time
 
     def op(self, ev) -> None:
         """A collective or p2p op of a rank (new, or its completion), in its own order."""
@@ -101,6 +103,8 @@ class StragglerTracker:
         waits until both ranks have done something since (their blocked time is known)."""
         if len(rv.arrivals) < 2:
             return
+        if not rv.is_p2p and self.step_thread.beside(rv):
+            return  # a thread's own group at its own cadence: no step of the rank's
         if rv.is_p2p:
             self._p2p.append(rv)
             if len(self._p2p) > MAX_PENDING_P2P:

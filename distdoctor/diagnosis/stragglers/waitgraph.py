@@ -36,6 +36,8 @@ TRIM = 512
 KEEP_STEPS = 64  # steps of edges kept per rank
 CHAIN_SHARE = 0.5  # a rank late mostly (this share) because it waited on Q is Q's victim
 MAX_HOPS = 16
+# torch's description of a group made without one, and a missing value printed
+_NO_WORDS = ("", "undefined", "None", "group None")
 
 
 class WaitGraph:
@@ -57,8 +59,8 @@ class WaitGraph:
                 steps.popitem(last=False)
         out[late] = out.get(late, 0.0) + ms
         kinds = self.via.setdefault(waiter, {})
-        if late not in kinds:
-            kinds[late] = via
+        if late not in kinds:  # a missing description: never said as a word of code
+            kinds[late] = via if via not in _NO_WORDS else "waiting"
 
     def waits(self, waiter: int, last: int = 0) -> dict[int, float]:
         """Mean ms per step `waiter` waited on each rank, over its last `last` finished
