@@ -14,9 +14,16 @@ as a share of one core. Goal (issue 49): at most 1% at 2 ranks x 1,000 collectiv
 growing no faster than the event rate; `--rate 0`: an idle job (the ranks sleep).
 
 `--baseline DIR`: a copy of the package to compare (`git archive OLD distdoctor probes |
-tar -x -C DIR`, and the built extension copied in): each round runs it and the working
-tree back to back (A/B interleaved, on the same loaded machine), and the report gives
-both shares and their ratio, with the load average of each round.
+tar -x -C DIR`, and the built extension copied in; its probes/ is linked in as
+distdoctor/probes, else the editable install would lend it this tree's): each round runs
+it and the working tree back to back (A/B interleaved, on the same loaded machine), and
+the report gives both shares and their ratio, with the load average of each round.
+
+`--sweep`: issue 49's table in one run: 2, 8 and 32 ranks (`--ranks-list`) at 100, 1,000
+and 10,000 collectives/s a rank (`--rates`), each row A/B against `--baseline` when given.
+The events are counted from the rank logs' heads over the window (what the ranks really
+issued: on 2 cores, many ranks at a high rate fall short of the rate asked), so the CPU
+per event is per event read.
 """
 
 from __future__ import annotations
@@ -122,8 +129,25 @@ def guardians(run_pid: int) -> list[int]:
     return found
 
 
+def events_written(ranks_dir: str) -> int:
+    """Events the ranks have written so far (their logs' heads)."""
+    from distdoctor.runlog.reader import RankLog
+
+    total = 0
+    for name in os.listdir(ranks_dir):
+        if name.endswith(".ring"):
+            try:
+                log = RankLog(os.path.join(ranks_dir, name))
+                total += log.header().head
+                log.close()
+            except Exception:
+                pass
+    return total
+
+
 def measure(ranks: int, rate: int, seconds: float, pythonpath: str | None) -> tuple:
-    """(share of one core, CPU us per event, the job's exit, its last lines)."""
+    """(share of one core, CPU us per event, the job's exit, its last lines, by thread,
+    events a second)."""
     env = dict(os.environ)
     if pythonpath:
         env["PYTHONPATH"] = os.pathsep.join(p for p in (pythonpath, env.get("PYTHONPATH"))
@@ -150,22 +174,49 @@ def measure(ranks: int, rate: int, seconds: float, pythonpath: str | None) -> tu
         helpers = guardians(run.pid)
         pids = [run.pid, *helpers]
         names = thread_names(run.pid)
+        e0 = events_written(ranks_dir)
         c0, t0 = sum(cpu_seconds(p) for p in pids), time.monotonic()
         th0 = thread_cpu(run.pid)
         window = max(1.0, seconds - 3.0)  # the ranks' last seconds and exit left out
         time.sleep(window)
         c1, t1 = sum(cpu_seconds(p) for p in pids), time.monotonic()
         th1 = thread_cpu(run.pid)
+        e1 = events_written(ranks_dir)
         out, _ = run.communicate(timeout=300)
     share = (c1 - c0) / (t1 - t0)
-    events = max(1.0, ranks * rate * (t1 - t0))
+    events = max(1.0, e1 - e0)
     by_thread: dict[str, float] = {}
     for tid, cpu in th1.items():
         name = names.get(tid, "other")
         name = "distdoctor-tee" if name.startswith("distdoctor-tee") else name
         by_thread[name] = by_thread.get(name, 0.0) + (cpu - th0.get(tid, 0.0)) / (t1 - t0)
     return (share, (c1 - c0) / events * 1e6, run.returncode, out.strip().splitlines()[-3:],
-            by_thread)
+            by_thread, events / (t1 - t0))
+
+
+def link_probes(baseline: str) -> None:
+    """The copy's probes/ as its distdoctor/probes (see --baseline)."""
+    src, dst = os.path.join(baseline, "probes"), os.path.join(baseline, "distdoctor", "probes")
+    if os.path.isdir(src) and not os.path.exists(dst):
+        os.symlink(os.path.join("..", "probes"), dst)
+
+
+def row(sides, ranks: int, rate: int, seconds: float, r: int) -> dict:
+    """One measurement of each side, in turn (the order alternates with the round)."""
+    got = {}
+    for name, path in sides if r % 2 == 0 else sides[::-1]:
+        load = os.getloadavg()[0]
+        share, per_event, code, tail, by_thread, rate_seen = measure(ranks, rate, seconds,
+                                                                     path)
+        got[name] = share
+        print(f"{name}: {ranks} ranks x {rate} collectives/s: run's process used "
+              f"{share * 100:.2f}% of one core ({per_event:.2f} us per event, "
+              f"{rate_seen:.0f} events/s read); job exit {code}; load {load:.2f}", flush=True)
+        print("  by thread: " + ", ".join(
+            f"{n} {v * 100:.2f}%" for n, v in sorted(by_thread.items(), key=lambda kv: -kv[1])))
+        if code:
+            print("  " + "\n  ".join(tail))
+    return got
 
 
 def main() -> int:
@@ -179,24 +230,32 @@ def main() -> int:
     ap.add_argument("--seconds", type=float, default=12.0)
     ap.add_argument("--baseline", help="a copy of the package to compare, A/B interleaved")
     ap.add_argument("--rounds", type=int, default=1)
+    ap.add_argument("--sweep", action="store_true", help="every --ranks-list x --rates")
+    ap.add_argument("--ranks-list", default="2,8,32")
+    ap.add_argument("--rates", default="100,1000,10000")
     args = ap.parse_args()
+    if args.baseline:
+        link_probes(args.baseline)
     sides = [("baseline", os.path.abspath(args.baseline)), ("this tree", None)] \
         if args.baseline else [("this tree", None)]
+    if args.sweep:
+        table = []
+        for ranks in map(int, args.ranks_list.split(",")):
+            for rate in map(int, args.rates.split(",")):
+                got = row(sides, ranks, rate, args.seconds, len(table))
+                table.append((ranks, rate, got))
+        print("\nranks x collectives/s: " + " | ".join(n for n, _ in sides)
+              + (" | this tree / baseline" if args.baseline else ""))
+        for ranks, rate, got in table:
+            cells = [f"{got[n] * 100:.2f}%" for n, _ in sides]
+            if args.baseline:
+                cells.append(f"{got['this tree'] / got['baseline']:.2f}")
+            print(f"{ranks} x {rate}: " + " | ".join(cells))
+        return 0
     shares: dict[str, list[float]] = {name: [] for name, _ in sides}
     for r in range(args.rounds):
-        for name, path in sides if r % 2 == 0 else sides[::-1]:
-            load = os.getloadavg()[0]
-            share, per_event, code, tail, by_thread = measure(args.ranks, args.rate,
-                                                              args.seconds, path)
+        for name, share in row(sides, args.ranks, args.rate, args.seconds, r).items():
             shares[name].append(share)
-            print(f"{name}: {args.ranks} ranks x {args.rate} collectives/s: run's process "
-                  f"used {share * 100:.2f}% of one core ({per_event:.2f} us per event); "
-                  f"job exit {code}; load {load:.2f}", flush=True)
-            print("  by thread: " + ", ".join(
-                f"{n} {v * 100:.2f}%" for n, v in sorted(by_thread.items(),
-                                                         key=lambda kv: -kv[1])))
-            if code:
-                print("  " + "\n  ".join(tail))
     for name, values in shares.items():
         values.sort()
         print(f"{name}: median {values[len(values) // 2] * 100:.2f}% of one core "

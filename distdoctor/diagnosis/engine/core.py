@@ -148,12 +148,17 @@ class Engine(FindingBook, WaitJudge, HangPass):
             except Exception as exc:
                 self._feed_failed(exc, "step times")
             return
-        try:
-            self.straggler.op(ev)  # its activity: how long its p2p ops blocked it
-        except Exception as exc:
-            self._feed_failed(exc, "straggler")
-        if st.latest is None or ev.index >= st.latest.index:
-            if st.latest is None or ev.index > st.latest.index:
+        straggler = self.straggler
+        # its activity: how long its p2p ops blocked it (kept from a rank's first p2p op
+        # on, so a job of collectives only skips the call)
+        if kind == "p2p" or straggler.activity.times:
+            try:
+                straggler.op(ev)
+            except Exception as exc:
+                self._feed_failed(exc, "straggler")
+        latest = st.latest
+        if latest is None or ev.index >= latest.index:
+            if latest is None or ev.index > latest.index:
                 st.recent.append(ev)
                 try:
                     self.gaps.op(ev.rank, ev.index)
@@ -213,14 +218,20 @@ class Engine(FindingBook, WaitJudge, HangPass):
         if rv.done >= len(rv.members) and rv.complete:
             del self.open[key]
             try:
-                self.straggler.observe(rv)
+                straggler.observe(rv)
             except Exception as exc:
                 self._feed_failed(exc, "straggler")
-            self.boundary.call("waits", self._completed, rv, keep_on=True)
+            if "waits" not in self.boundary.off:  # boundary.call, without its frame
+                try:
+                    self._completed(rv)
+                except Exception as exc:
+                    self.boundary.failed("waits", exc, keep_on=True)
             if rv.mismatch_since_s is not None:
                 self._report_mismatch(rv)
-            elif not rv.is_p2p:
-                habits = self._habits.setdefault(rv.group, set())
+            elif key[0] != "p":  # not p2p
+                habits = self._habits.get(rv.group)
+                if habits is None:
+                    habits = self._habits[rv.group] = set()
                 if len(habits) < MAX_HABITS:  # a sample: agreeing ranks mostly share lines
                     habits.update(map(habit, islice(rv.arrivals.values(), 8)))
 

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from bisect import bisect_right
 from collections import Counter, OrderedDict, deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from distdoctor.runlog.run import span_name
 
@@ -89,16 +89,18 @@ class Pattern:
 
 @dataclass(slots=True)
 class StepTime:
+    # one is made per step and rank (a loop of one collective per iteration: one per
+    # collective), so its containers are made when first needed, not with it
     wall_ms: float | None = None
     coll_ms: float = 0.0
     data_ms: float = 0.0
     batches: int = 0
     first_enter_ns: int = 0
     label: str | None = None
-    samples: Counter = field(default_factory=Counter)
+    samples: Counter | None = None  # where the main thread was (site -> samples)
     runq_ms: float = 0.0  # waited for a CPU (the samples' run queue delays)
-    by_group: Counter = field(default_factory=Counter)  # group -> ms inside its collectives
-    children: list = field(default_factory=list)  # its batch waits' keys (their samples)
+    by_group: dict | None = None  # group -> ms inside its collectives
+    children: list | None = None  # its batch waits' keys (their samples)
 
     @property
     def compute_ms(self) -> float | None:
@@ -138,12 +140,16 @@ class RankSteps:
         return st
 
     def collective(self, key: int, ev) -> None:
-        st = self.get(key)
+        st = self.steps.get(key) or self.get(key)
         ms = (ev.t_end_ns - ev.t_enter_ns) / 1e6
         st.coll_ms += ms
-        st.by_group[ev.group] += ms
-        if ev.group not in self.group_desc:
-            self.group_desc[ev.group] = ev.group_desc
+        group, by_group = ev.group, st.by_group
+        if by_group is None:
+            st.by_group = {group: ms}
+        else:
+            by_group[group] = by_group.get(group, 0.0) + ms
+        if group not in self.group_desc:
+            self.group_desc[group] = ev.group_desc
         if key < 0:  # a turn of the pattern: it runs from its first op to the next turn's
             if not st.first_enter_ns or ev.t_enter_ns < st.first_enter_ns:
                 st.first_enter_ns = ev.t_enter_ns
@@ -156,6 +162,8 @@ class RankSteps:
                 st = self.get(ev.span_index)
                 st.data_ms += ms
                 st.batches += 1
+                if st.children is None:
+                    st.children = []
                 st.children.append(ev.index + 1)
             return
         st = self.get(ev.index + 1)
@@ -170,6 +178,8 @@ class RankSteps:
                     ev.callsite.get("line"))
             if ev.span_index:
                 st = self.get(ev.span_index)
+                if st.samples is None:
+                    st.samples = Counter()
                 st.samples[site] += 1
                 st.runq_ms += runq_ms
             else:
@@ -210,16 +220,17 @@ class RankSteps:
         n = len(rows)
         by_group = Counter()
         for r in rows:
-            by_group.update(r.by_group)
+            if r.by_group:
+                by_group.update(r.by_group)
         samples = Counter()
         runq_ms = sum(r.runq_ms for r in rows)
         for r in rows:
-            for child in r.children:  # sampled while waiting for a batch
+            for child in r.children or ():  # sampled while waiting for a batch
                 if child in self.steps:
                     runq_ms += self.steps[child].runq_ms
-                    if with_samples:
+                    if with_samples and self.steps[child].samples:
                         samples.update(self.steps[child].samples)
-            if with_samples:
+            if with_samples and r.samples:
                 samples.update(r.samples)
         if self.loose and with_samples:  # no spans: a sample counts in the turn it fell in
             loose = list(self.loose)
@@ -273,13 +284,17 @@ class StepTimes:
     def assign(self, ev) -> None:
         """A collective with no span, seen in its rank's own order (the engine's ingest):
         its turn of the rank's repeating pattern. Looked up when its rendezvous completes."""
-        if ev.index <= self._assigned.get(ev.rank, -1):
+        rank, index = ev.rank, ev.index
+        assigned = self._assigned
+        if index <= assigned.get(rank, -1):
             return  # seen before (this is its completion)
-        self._assigned[ev.rank] = ev.index
-        t = self.ranks.get(ev.rank) or self.rank(ev.rank)
+        assigned[rank] = index
+        t = self.ranks.get(rank) or self.rank(rank)
         keys = self._keys
-        key = keys[(ev.rank, ev.index)] = t.pattern.key(pattern_sig(ev))
-        self._turn[ev.rank] = key
+        cs = ev.callsite  # pattern_sig, inline
+        key = keys[(rank, index)] = t.pattern.key(
+            (ev.group, ev.op, cs.get("line") if cs else None))
+        self._turn[rank] = key
         if len(keys) > MAX_KEYS:
             keys.popitem(last=False)
 
