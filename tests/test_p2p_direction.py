@@ -73,3 +73,52 @@ def test_a_symmetric_exchange_stays_a_tie(tmp_path):
     f = _deadlock("symmetric", tmp_path / "run")
     assert f["ranks"] == [1, 2] and "direction" not in f["details"], f["summary"]
     assert {c["line"] for c in f["callsites"]} <= marker_sets(JOB)["tie"]
+
+
+# --- the reading itself, on the shapes the real jobs above do not make ----------------
+
+def _ev(rank, index, op, peer, t0, t1, line):
+    from types import SimpleNamespace as NS
+    return NS(rank=rank, index=index, kind="p2p", op=op, peer_global=peer, t_enter_ns=t0,
+              t_end_ns=t1, group="0", seq=index, is_async=False,
+              callsite={"file": "/x/pipe.py", "line": line, "function": "f"})
+
+
+def _cycle(histories, a, b):
+    from distdoctor.diagnosis.parting import direction
+    from distdoctor.findings import Finding
+    f = Finding("deadlock", "error", "deadlock: ...", [a, b], "0", 0,
+                [{"rank": a, "file": "/x/pipe.py", "line": 1},
+                 {"rank": b, "file": "/x/pipe.py", "line": 2}],
+                details={"cycle": [a, b]})
+    return direction.judge(f, histories)
+
+
+def test_a_link_that_opened_the_usual_way_is_no_broken_order():
+    """r25's shape (1F1B with blocking sends): on link 2-3 rank 2 sent and rank 3
+    received first, as on every link; then both block in a send. The schedule deadlocks,
+    nobody broke an order: both ranks stay named."""
+    h = {0: [_ev(0, 0, "send", 1, 0, 10, 5)], 1: [_ev(1, 0, "recv", 0, 0, 10, 6),
+                                                  _ev(1, 1, "send", 2, 11, 20, 7)],
+         2: [_ev(2, 0, "recv", 1, 0, 20, 6), _ev(2, 1, "send", 3, 21, 30, 7),
+             _ev(2, 2, "send", 3, 31, None, 7)],
+         3: [_ev(3, 0, "recv", 2, 0, 30, 6), _ev(3, 1, "send", 2, 31, None, 9)]}
+    f = _cycle(h, 2, 3)
+    assert f.ranks == [2, 3] and "direction" not in f.details
+
+
+def test_openings_posted_as_one_batch_say_no_order():
+    """Link 0-1 opened with a batch (send and recv posted together, waited after): which
+    came first says nothing of the program's order, so nothing decides link 1-2."""
+    h = {0: [_ev(0, 0, "send", 1, 0, 50, 5), _ev(0, 1, "recv", 1, 1, 50, 5)],
+         1: [_ev(1, 0, "recv", 0, 0, 50, 6), _ev(1, 1, "send", 0, 1, 50, 6),
+             _ev(1, 2, "send", 2, 60, None, 7)],
+         2: [_ev(2, 0, "send", 1, 60, None, 9)]}
+    f = _cycle(h, 1, 2)
+    assert f.ranks == [1, 2] and "direction" not in f.details
+    # the same link opened in order (the send done before the next was posted) decides
+    h[0] = [_ev(0, 0, "send", 1, 0, 10, 5), _ev(0, 1, "recv", 1, 11, 50, 5)]
+    h[1] = [_ev(1, 0, "recv", 0, 0, 10, 6), _ev(1, 1, "send", 0, 40, 50, 6),
+            _ev(1, 2, "send", 2, 60, None, 7)]
+    f = _cycle(h, 1, 2)
+    assert f.ranks == [2] and f.details["direction"]["decided_by"] == ["other_links"]

@@ -55,11 +55,20 @@ def _openings(histories: dict, skip: frozenset) -> list[dict]:
             if not mine or not theirs:
                 continue
             a, b = mine[0], theirs[0]
-            if {a.op, b.op} != set(_KINDS) or a.t_end_ns is None or b.t_end_ns is None:
+            if {a.op, b.op} != set(_KINDS) or not (_alone(mine) and _alone(theirs)):
                 continue
             src, dst = (u, v) if a.op == "send" else (v, u)
             out.append({"from": src, "to": dst})
     return sorted(out, key=lambda o: (min(o["from"], o["to"]), o["from"]))
+
+
+def _alone(ops: list) -> bool:
+    """Whether the first op completed before the next on the link was posted: an order,
+    not one of a batch posted together (batch_isend_irecv) whose order says nothing."""
+    first = ops[0]
+    if first.t_end_ns is None:
+        return False
+    return len(ops) < 2 or first.t_end_ns <= ops[1].t_enter_ns
 
 
 def _rhythm(ops: list) -> str | None:
