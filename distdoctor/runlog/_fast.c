@@ -608,13 +608,13 @@ static int code_internal(Core *c, PyCodeObject *code, int *framework)
  * found without allocating anything (the key tuple is built only on a miss). */
 #define SITE_WORDS (6 + 2 * MAX_CALLERS)
 static int site_words(Core *c, PyFrameObject *f, PyCodeObject *code, PyFrameObject *fw,
-                      uint64_t *w)
+                      int from_main, uint64_t *w)
 {
     unsigned long me = PyThread_get_thread_ident();
     w[0] = (uint64_t)(uintptr_t)code;
     w[1] = (uint64_t)(int64_t)PyFrame_GetLasti(f);
-    w[2] = 0;
-    w[3] = me == c->main_ident ? 0 : (uint64_t)me;
+    w[2] = from_main != 0;
+    w[3] = from_main || me == c->main_ident ? 0 : (uint64_t)me;
     w[4] = w[5] = 0;
     if (fw != NULL) {
         PyCodeObject *fwc = PyFrame_GetCode(fw);
@@ -655,7 +655,7 @@ static PyObject *site_key(const uint64_t *w, int n)
     for (int i = 0; i < n; i++) {
         PyObject *v;
         if (i == 2)
-            v = Py_NewRef(Py_False);
+            v = PyBool_FromLong((long)w[i]);
         else if (i == 3)
             v = PyLong_FromUnsignedLongLong(w[i]);
         else if (i == 0 || i == 4 || (i >= 6 && i % 2 == 0))
@@ -730,87 +730,138 @@ static void site_add(Core *c, const uint64_t *w, int n, uint64_t h, long long si
     }
 }
 
-/* The call site's string id (tracer/sites.py: CallSites.current); *from_main set when it
- * is the main thread's line (an op issued on a thread with no user frame). The walk
- * keeps the innermost framework frame below the user's (callsite.find_user_frame).
- * -1 on error. */
-static long long callsite_id(Core *c, int *from_main)
+/* The innermost user frame at or above `f` and the innermost framework frame below it
+ * (callsite.user_and_framework_frame), each a new reference or NULL; *code, the user
+ * frame's code (new reference). -1 with an exception set, else 0. Steals `f`. */
+static int user_and_framework_frame(Core *c, PyFrameObject *f, PyFrameObject **user,
+                                    PyCodeObject **code, PyFrameObject **fw)
 {
-    *from_main = 0;
-    PyFrameObject *f = PyEval_GetFrame();
-    PyFrameObject *fw = NULL; /* the innermost framework frame, a new reference */
-    long long r = -1;
-    Py_XINCREF(f);
+    *user = *fw = NULL;
+    *code = NULL;
     while (f != NULL) {
-        PyCodeObject *code = PyFrame_GetCode(f);
+        PyCodeObject *fc = PyFrame_GetCode(f);
         int framework = 0;
-        int internal = code_internal(c, code, fw == NULL ? &framework : NULL);
+        int internal = code_internal(c, fc, *fw == NULL ? &framework : NULL);
         if (internal < 0) {
-            Py_DECREF(code);
-            goto done;
+            Py_DECREF(fc);
+            Py_DECREF(f);
+            Py_CLEAR(*fw);
+            return -1;
         }
-        if (!internal) { /* the user's frame */
-            uint64_t w[SITE_WORDS];
-            int n = site_words(c, f, code, fw, w);
-            Py_DECREF(code);
-            if (n < 0)
-                goto done;
-            uint64_t h = hash_words(w, n);
-            SiteSlot *known = site_find(c, w, n, h);
-            if (known != NULL && known->n) {
-                r = known->sid;
-                goto done;
-            }
-            PyObject *k = site_key(w, n);
-            if (k == NULL)
-                goto done;
-            PyObject *site = PyDict_GetItemWithError(c->callsites, k);
-            if (site != NULL && PyTuple_Check(site) && PyTuple_GET_SIZE(site) >= 1) {
-                r = PyLong_AsLongLong(PyTuple_GET_ITEM(site, 0));
-            } else if (!PyErr_Occurred()) {
-                PyObject *sid = PyObject_CallFunctionObjArgs(
-                    c->callsite_miss, (PyObject *)f, k, c->callsites,
-                    fw != NULL ? (PyObject *)fw : Py_None, NULL);
-                if (sid != NULL) {
-                    r = PyLong_AsLongLong(sid);
-                    Py_DECREF(sid);
-                }
-            }
-            if (r >= 0 && !PyErr_Occurred()) {
-                int held = PyDict_Contains(c->callsites, k);
-                if (held == 1)
-                    site_add(c, w, n, h, r);
-                else if (held < 0)
-                    PyErr_Clear();
-            }
-            Py_DECREF(k);
-            goto done;
+        if (!internal) {
+            *user = f;
+            *code = fc;
+            return 0;
         }
-        Py_DECREF(code);
+        Py_DECREF(fc);
         if (framework)
-            fw = (PyFrameObject *)Py_NewRef(f);
+            *fw = (PyFrameObject *)Py_NewRef(f);
         PyFrameObject *back = PyFrame_GetBack(f);
         Py_DECREF(f);
         f = back;
     }
-    if (PyThread_get_thread_ident() == c->main_ident) {
+    return 0;
+}
+
+/* The string id of the call site at user frame `f` (CallSites.of): found in this core's
+ * table by its key's words, else interned by CallSites.at. -1 with an exception set. */
+static long long site_of_frame(Core *c, PyFrameObject *f, PyCodeObject *code,
+                               PyFrameObject *fw, int from_main)
+{
+    uint64_t w[SITE_WORDS];
+    int n = site_words(c, f, code, fw, from_main, w);
+    if (n < 0)
+        return -1;
+    uint64_t h = hash_words(w, n);
+    SiteSlot *known = site_find(c, w, n, h);
+    if (known != NULL && known->n)
+        return known->sid;
+    PyObject *k = site_key(w, n);
+    if (k == NULL)
+        return -1;
+    long long r = -1;
+    PyObject *site = PyDict_GetItemWithError(c->callsites, k);
+    if (site != NULL && PyTuple_Check(site) && PyTuple_GET_SIZE(site) >= 1) {
+        r = PyLong_AsLongLong(PyTuple_GET_ITEM(site, 0));
+    } else if (!PyErr_Occurred()) {
+        PyObject *sid = PyObject_CallFunctionObjArgs(
+            c->callsite_miss, (PyObject *)f, k, c->callsites,
+            fw != NULL ? (PyObject *)fw : Py_None, NULL);
+        if (sid != NULL) {
+            r = PyLong_AsLongLong(sid);
+            Py_DECREF(sid);
+        }
+    }
+    if (r >= 0 && !PyErr_Occurred()) {
+        int held = PyDict_Contains(c->callsites, k);
+        if (held == 1)
+            site_add(c, w, n, h, r);
+        else if (held < 0)
+            PyErr_Clear();
+    }
+    Py_DECREF(k);
+    return r == -1 || PyErr_Occurred() ? -1 : r;
+}
+
+/* The main thread's innermost frame (a new reference), or NULL (none; or an exception
+ * set). Through sys._current_frames, which reads the thread states under the runtime's
+ * lock, as callsite.main_thread_frames does. */
+static PyFrameObject *main_thread_frame(Core *c)
+{
+    PyObject *current = PySys_GetObject("_current_frames"); /* borrowed */
+    if (current == NULL)
+        return NULL;
+    PyObject *frames = PyObject_CallNoArgs(current);
+    if (frames == NULL)
+        return NULL;
+    PyObject *ident = PyLong_FromUnsignedLong(c->main_ident), *f = NULL;
+    if (ident != NULL && PyDict_Check(frames))
+        f = PyDict_GetItemWithError(frames, ident);
+    Py_XINCREF(f);
+    Py_XDECREF(ident);
+    Py_DECREF(frames);
+    if (f != NULL && !PyFrame_Check(f))
+        Py_CLEAR(f);
+    return (PyFrameObject *)f;
+}
+
+/* The call site's string id (tracer/sites.py: CallSites.current); *from_main set when it
+ * is the main thread's line (an op issued on a thread with no user frame: DDP's and
+ * FSDP's hooks on autograd's threads take the line that called backward()). The walk
+ * keeps the innermost framework frame below the user's (callsite.find_user_frame); on
+ * the main thread's stack, the framework frame is the op's own thread's where it has
+ * one. -1 on error. */
+static long long callsite_id(Core *c, int *from_main)
+{
+    *from_main = 0;
+    PyFrameObject *user, *fw, *main_fw = NULL;
+    PyCodeObject *code;
+    long long r = -1;
+    if (user_and_framework_frame(c, (PyFrameObject *)Py_XNewRef(PyEval_GetFrame()), &user,
+                                 &code, &fw) < 0)
+        return -1;
+    if (user != NULL) {
+        r = site_of_frame(c, user, code, fw, 0);
+    } else if (PyThread_get_thread_ident() == c->main_ident) {
         r = 0;
-        goto done;
-    }
-    /* the main thread's line */
-    PyObject *res = PyObject_CallOneArg(c->off_main, fw != NULL ? (PyObject *)fw : Py_None);
-    if (res == NULL)
-        goto done;
-    if (PyTuple_Check(res) && PyTuple_GET_SIZE(res) == 2) {
-        r = PyLong_AsLongLong(PyTuple_GET_ITEM(res, 0));
-        *from_main = PyObject_IsTrue(PyTuple_GET_ITEM(res, 1)) == 1;
     } else {
-        PyErr_SetString(PyExc_TypeError, "off_main must return (sid, from_main)");
+        PyFrameObject *top = main_thread_frame(c);
+        if (top == NULL && PyErr_Occurred())
+            goto done;
+        if (user_and_framework_frame(c, top, &user, &code, &main_fw) < 0)
+            goto done;
+        if (user == NULL) {
+            r = 0;
+        } else {
+            r = site_of_frame(c, user, code, fw != NULL ? fw : main_fw, 1);
+            *from_main = r >= 0;
+        }
     }
-    Py_DECREF(res);
 done:
-    Py_XDECREF(f);
+    Py_XDECREF(user);
+    Py_XDECREF(code);
     Py_XDECREF(fw);
+    Py_XDECREF(main_fw);
     return r;
 }
 
@@ -1240,7 +1291,8 @@ static Core *active_core(PyObject *state)
     return (Core *)seen_core;
 }
 
-/* ops.py _flat: the tensors in a tensor, a list of tensors or a list of lists (new). */
+/* ops.py _flat: the tensors in a tensor, a list of tensors or a list of lists, as a list
+ * (a new reference; the caller's own list where it is one of tensors: only read). */
 static PyObject *flat(PyObject *x)
 {
     if (x == Py_None)
@@ -1250,6 +1302,14 @@ static PyObject *flat(PyObject *x)
         if (one != NULL)
             PyList_SET_ITEM(one, 0, Py_NewRef(x));
         return one;
+    }
+    if (PyList_CheckExact(x)) { /* a flat list (the common case) is read as it is */
+        Py_ssize_t i = 0;
+        while (i < PyList_GET_SIZE(x) && !PyList_Check(PyList_GET_ITEM(x, i)) &&
+               !PyTuple_Check(PyList_GET_ITEM(x, i)))
+            i++;
+        if (i == PyList_GET_SIZE(x))
+            return Py_NewRef(x);
     }
     PyObject *seq = PySequence_Fast(x, "");
     if (seq == NULL)
@@ -1504,6 +1564,12 @@ static PyObject *TracedMethod_get(PyObject *m, PyObject *obj, PyObject *type)
 /* __name__, __doc__, __code__, ... are the Python method's. */
 static PyObject *TracedMethod_getattro(PyObject *m, PyObject *name)
 {
+    static const char *const own[] = {"__doc__", "__name__", "__qualname__", "__module__",
+                                      "__code__", "__defaults__", "__kwdefaults__",
+                                      "__annotations__", "__dict__", NULL};
+    for (int i = 0; own[i] != NULL && ((TracedMethod *)m)->slow != NULL; i++)
+        if (PyUnicode_Check(name) && PyUnicode_CompareWithASCIIString(name, own[i]) == 0)
+            return PyObject_GetAttr(((TracedMethod *)m)->slow, name);
     PyObject *r = PyObject_GenericGetAttr(m, name);
     if (r != NULL || !PyErr_ExceptionMatches(PyExc_AttributeError) ||
         ((TracedMethod *)m)->slow == NULL)
