@@ -93,14 +93,17 @@ class StragglerTracker:
         self._p2p: deque[Rendezvous] = deque()  # completed pairings awaiting that
         self.members: dict[str, frozenset] = {}  # collective group -> its ranks
         self.step_thread = StepThread()  # a user thread beside it keeps its own time
+        self._quiet_as_of: tuple | None = None  # no late rank, and nothing fed since
 
     def op(self, ev) -> None:
         """A collective or p2p op of a rank (new, or its completion), in its own order."""
+        self._quiet_as_of = None
         self.activity.op(ev)
 
     def observe(self, rv: Rendezvous) -> None:
         """Feed one completed rendezvous (every member arrived and finished). A p2p one
         waits until both ranks have done something since (their blocked time is known)."""
+        self._quiet_as_of = None
         if len(rv.arrivals) < 2:
             return
         if not rv.is_p2p and self.step_thread.beside(rv):
@@ -122,8 +125,6 @@ class StragglerTracker:
             self._judge(pending.popleft())
 
     def _judge(self, rv: Rendezvous) -> None:
-        # Once per completed rendezvous (a thousand a second on a small busy job): the
-        # per-member work is written out inline, with what it reads bound once.
         arrivals = rv.arrivals
         p2p = rv.is_p2p
         # a rendezvous comes here complete; an arrival without an end is still no wait to
@@ -138,11 +139,10 @@ class StragglerTracker:
                      if e.t_end_ns is not None]
         if len(waits) < 2:
             return
-        if len(waits) == 2:  # the sort's order (stable) without its call
-            if waits[1][0] < waits[0][0]:
-                waits.reverse()
-        else:
+        if len(waits) > 2:
             waits.sort(key=_first)
+        elif waits[1][0] < waits[0][0]:  # two: the stable sort's order without its call
+            waits.reverse()
         w_last, last = waits[0][0], waits[0][1]
         gap = (waits[1][0] - w_last) / 1e6
         obs, steps, group = self.obs, self.steps, rv.group
@@ -256,6 +256,9 @@ class StragglerTracker:
         on another late rank is that rank's victim (waitgraph.py), named in its finding.
         A rank late because its cores are busy is its host's finding (host_noise.py).
         `samples`: the probe samples of the ranks' nodes, where a front end has them."""
+        quiet_as_of = (self.min_lateness_ms, self.min_t, self.window)
+        if self._quiet_as_of == quiet_as_of and not self._p2p:  # (an idle job's ticks)
+            return []  # what it said last time: no late rank
         self._drain()
         scores = {r: self.score(r) for r in sorted(self.obs)}
         for r, s in scores.items():
@@ -278,6 +281,7 @@ class StragglerTracker:
             if also:  # late too, but through the root: its victims, not culprits
                 f.details["late_through_root"] = also
             out.append(f)
+        self._quiet_as_of = None if out else quiet_as_of
         return host_noise.separate(out, samples, self.time)
 
     def kept_pace(self, f: Finding) -> Finding | None:
