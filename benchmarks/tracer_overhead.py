@@ -20,8 +20,12 @@
    ranks land, what else runs), so the median of --launches launches is the number, with
    its quartiles as the spread.
 
+4. Before and after (--before DIR: a checkout of an earlier commit, its C extension
+   built in place, `python setup.py build_ext --inplace`): parts 1 and 3 alternate
+   launch by launch between that tree and this one, so both see the same machine.
+
     python benchmarks/tracer_overhead.py [--iters 3000] [--repeats 5] [--rounds 150]
-                                         [--launches 15]
+                                         [--launches 15] [--before DIR]
 """
 
 from __future__ import annotations
@@ -116,23 +120,33 @@ def fake_paired_worker(rounds: int) -> None:
     dist.destroy_process_group()
 
 
-def fake_paired(rounds: int) -> tuple[float, float]:
-    for line in _spawn(1, ["--fake-paired", str(rounds)], {}, True).splitlines():
+def fake_paired(rounds: int, tree: str | None = None) -> tuple[float, float]:
+    for line in _spawn(1, ["--fake-paired", str(rounds)], {}, True, tree).splitlines():
         if line.startswith("FAKE_PAIRED"):
             plain, traced = map(float, line.split()[1:])
             return plain, traced
     raise RuntimeError("fake paired worker printed nothing")
 
 
-def _spawn(nproc: int, worker_args: list[str], extra_env: dict, traced: bool) -> str:
-    """Run the worker on `nproc` local ranks; rank 0's output."""
+def _spawn(nproc: int, worker_args: list[str], extra_env: dict, traced: bool,
+           tree: str | None = None) -> str:
+    """Run the worker on `nproc` local ranks (with distdoctor from checkout `tree`, this
+    one by default); rank 0's output."""
     from distdoctor.launch.env import free_port, rank_env, traced_env
 
     base = {k: v for k, v in os.environ.items() if not k.startswith(("DISTDOCTOR", "TORCH_"))}
     base.update(extra_env)
+    worker = WORKER
+    if tree is not None:
+        tree = os.path.abspath(tree)
+        worker = os.path.join(tree, "benchmarks", os.path.basename(WORKER))
+        base["PYTHONPATH"] = os.pathsep.join(
+            [os.path.join(tree, "distdoctor", "launch", "bootstrap"), tree])
     env = traced_env(tempfile.mkdtemp(prefix="dd-bench-"), base) if traced else base
+    if tree is not None:  # the earlier tree's own bootstrap, not this one's
+        env["PYTHONPATH"] = base["PYTHONPATH"]
     port = free_port()
-    procs = [subprocess.Popen([sys.executable, WORKER, *worker_args],
+    procs = [subprocess.Popen([sys.executable, worker, *worker_args],
                               env=rank_env(env, r, nproc, port), stdout=subprocess.PIPE,
                               stderr=subprocess.DEVNULL, text=True, stdin=subprocess.DEVNULL)
              for r in range(nproc)]
@@ -142,8 +156,8 @@ def _spawn(nproc: int, worker_args: list[str], extra_env: dict, traced: bool) ->
     return outs[0]
 
 
-def paired(rounds: int) -> tuple[float, float]:
-    for line in _spawn(2, ["--paired", str(rounds)], {}, True).splitlines():
+def paired(rounds: int, tree: str | None = None) -> tuple[float, float]:
+    for line in _spawn(2, ["--paired", str(rounds)], {}, True, tree).splitlines():
         if line.startswith("PAIRED"):
             plain, traced = map(float, line.split()[1:])
             return plain, traced
@@ -182,6 +196,8 @@ def main() -> None:
     ap.add_argument("--fake-paired", type=int, help=argparse.SUPPRESS)
     ap.add_argument("--only", choices=["paired", "launched", "per-call"],
                     help="one part of the three")
+    ap.add_argument("--before", metavar="DIR",
+                    help="an earlier checkout: paired parts alternate with it, launch by launch")
     args = ap.parse_args()
     if args.worker:
         return worker(args.worker, args.fake)
@@ -201,18 +217,26 @@ def main() -> None:
         launched_report(args)
 
 
+def _trees(args) -> list:
+    """(label, checkout) of each tree measured, alternating launch by launch."""
+    return [("before", args.before), ("after", None)] if args.before else [("", None)]
+
+
 def paired_report(args) -> None:
     print(f"paired: 2 gloo ranks, all_reduce(1 element), {args.rounds} x 2 alternating blocks "
           f"of 100 ops per launch, {args.launches} launches")
-    ratios = []
+    ratios = {label: [] for label, _ in _trees(args)}
     for _ in range(args.launches):
-        plain, traced = paired(args.rounds)
-        ratios.append(traced / plain)
-        print(f"  plain twin {plain:7.1f} us/op   traced {traced:7.1f} us/op   "
-              f"ratio {traced / plain:5.3f}")
-    q1, med, q3 = statistics.quantiles(ratios, n=4) if len(ratios) > 1 else ratios * 3
-    print(f"  median ratio {statistics.median(ratios):5.3f} (quartiles {q1:5.3f}-{q3:5.3f}, "
-          f"range {min(ratios):5.3f}-{max(ratios):5.3f}; load {os.getloadavg()[0]:.2f})\n")
+        for label, tree in _trees(args):
+            plain, traced = paired(args.rounds, tree)
+            ratios[label].append(traced / plain)
+            print(f"  {label:6s} plain twin {plain:7.1f} us/op   traced {traced:7.1f} us/op   "
+                  f"ratio {traced / plain:5.3f}")
+    for label, rs in ratios.items():
+        q1, med, q3 = statistics.quantiles(rs, n=4) if len(rs) > 1 else rs * 3
+        print(f"  {label:6s} median ratio {statistics.median(rs):5.3f} (quartiles "
+              f"{q1:5.3f}-{q3:5.3f}, range {min(rs):5.3f}-{max(rs):5.3f})")
+    print(f"  (load {os.getloadavg()[0]:.2f})\n")
 
 
 def launched_report(args) -> None:
@@ -232,14 +256,19 @@ def launched_report(args) -> None:
 def per_call(args) -> None:
     print(f"the tracer's own cost, paired in one process: fake backend, {args.launches} "
           "launches of 60 alternating blocks of 1,000 calls (thread CPU time)")
-    deltas = []
+    runs = {label: [] for label, _ in _trees(args)}
     for _ in range(args.launches):
-        plain, traced = fake_paired(60)
-        deltas.append(traced - plain)
-        print(f"  plain {plain:6.2f} us/call   traced {traced:6.2f} us/call   "
-              f"+{traced - plain:5.2f} us   ratio {traced / plain:5.3f}")
-    print(f"  median +{statistics.median(deltas):.2f} us per call "
-          f"(load {os.getloadavg()[0]:.2f})\n")
+        for label, tree in _trees(args):
+            plain, traced = fake_paired(60, tree)
+            runs[label].append((traced - plain, traced / plain))
+            print(f"  {label:6s} plain {plain:6.2f} us/call   traced {traced:6.2f} us/call   "
+                  f"+{traced - plain:5.2f} us   ratio {traced / plain:5.3f}")
+    for label, rs in runs.items():
+        print(f"  {label:6s} median +{statistics.median(d for d, _ in rs):.2f} us per call, "
+              f"ratio {statistics.median(r for _, r in rs):5.3f}")
+    print(f"  (load {os.getloadavg()[0]:.2f})\n")
+    if args.before:
+        return
     print(f"the tracer's own cost: fake backend (no communication), {args.iters * 10} "
           f"calls, median of {args.repeats}")
     one = {"untraced": [], "traced": []}
