@@ -9,6 +9,7 @@ import json
 import os
 import shutil
 import subprocess
+import tempfile
 import zlib
 from pathlib import Path
 
@@ -171,24 +172,34 @@ def _bad_packs(good: bytes) -> dict[str, tuple[bytes, str]]:
 
 
 @pytest.mark.timeout(120)
-def test_a_damaged_foreign_or_newer_pack_is_one_line_and_exit_2(run, tmp_path):
+def test_a_damaged_foreign_or_newer_pack_is_one_line_and_exit_2(run, tmp_path, capsys,
+                                                                monkeypatch):
+    from distdoctor.cli import main
+
     _, _, run_dir = run
     good_pack = tmp_path / "good.ddpack"
     _pack(run_dir, good_pack)
     good = good_pack.read_bytes()
     temp = tmp_path / "tmp"
     temp.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(temp))
     for what, (data, says) in _bad_packs(good).items():
         bad = tmp_path / f"{what.replace(' ', '_')}.ddpack"
         bad.write_bytes(data)
-        for command in (["diagnose", str(bad), "--json"], ["show", str(bad)]):
-            proc = run_cli(command, timeout=60, env={"TMPDIR": str(temp)})
-            assert proc.returncode == 2, (what, proc.stderr)
-            assert proc.stdout == "" and "Traceback" not in proc.stderr, (what, proc.stderr)
-            lines = proc.stderr.strip().splitlines()
-            assert len(lines) == 1 and says in lines[0], (what, proc.stderr)
+        for command in (["diagnose", str(bad), "--json"], ["show", str(bad)],
+                        ["export", str(bad), "--perfetto", str(tmp_path / "t.json")]):
+            code = main(command)
+            out, err = capsys.readouterr()
+            assert code == 2, (what, command, err)
+            assert out == "" and "Traceback" not in err, (what, err)
+            lines = err.strip().splitlines()
+            assert len(lines) == 1 and says in lines[0], (what, err)
         assert not list(temp.iterdir()), what  # nothing left behind
     assert not (tmp_path / "escaped").exists() and not (temp.parent / "escaped").exists()
+    # and as a user runs it: one line, no traceback, from the command itself
+    for what in ("truncated", "newer"):
+        proc = run_cli(["diagnose", str(tmp_path / f"{what}.ddpack")], timeout=60)
+        assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
 
 
 @pytest.mark.timeout(120)
