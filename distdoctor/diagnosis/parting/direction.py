@@ -144,10 +144,10 @@ def judge(f: Finding, histories: dict) -> Finding:
     f.summary = said + ". " + f.summary
     first = [c for c in f.callsites if c.get("rank") == culprit]
     f.callsites = first + [c for c in f.callsites if c.get("rank") != culprit]
-    f.remedy = (f"Make rank {culprit} take its turn on this link the way the others do "
-                f"(the side that sends first on every link sends first here too), or "
-                f"post the pair with isend/irecv (batch_isend_irecv) so the order does "
-                f"not matter.")
+    first, then = ("receive from", "sends to") if op == "send" else ("send to", "receives from")
+    f.remedy = (f"Make rank {culprit} {first} rank {other} before it {then} it, as the "
+                f"order kept elsewhere has it, or post the pair with isend/irecv "
+                f"(batch_isend_irecv) and wait on both, so the order does not matter.")
     return f
 
 
