@@ -95,7 +95,8 @@ def test_predict_on_the_main_process_only_is_the_mismatch_at_its_branch(tmp_path
 # distdoctor's CLI as a user runs it.
 BROKEN = """
 import sys
-from distdoctor.diagnosis import straggler, threads
+from distdoctor.diagnosis.mismatches import threads
+from distdoctor.diagnosis.stragglers import straggler
 
 def broken(*args, **kwargs):
     raise TypeError("broken by the test")
