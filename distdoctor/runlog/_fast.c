@@ -6,15 +6,18 @@
  * functions, so the two stay one extension, which imports nothing of distdoctor. The
  * tracer reaches it downward, through runlog/slots.py's native_module().
  *
- * Two types:
+ * Three types:
  *   SlotWriter: appends and completes the fixed-size records of a rank's event log
  *     (runlog/ring.py's RingWriter owns one). Stores, in the order readers rely on: a
  *     slot's number word is cleared, the body written, then the number (release), then
  *     the header's head; a completion writes the end time last (release).
  *   Core: Recorder.begin and Recorder.end for the common case, byte for byte what the
  *     Python methods record. Anything unusual (a new call site, new tensor shapes, an
- *     async or CUDA op's completion, an op issued off the main thread with no user
- *     frame) is handed to the Python methods named at construction.
+ *     async or CUDA op's completion) is handed to the Python methods named at
+ *     construction.
+ *   TracedMethod: a TracingProcessGroup method (tracer/process_group.py) whose common
+ *     case (positional arguments, a device and backend method met before) runs in one
+ *     C call through its recorder's Core; everything else is its Python method's.
  *
  * Why C: a traced op cost ~6 us of Python on top of torch's own call (fake backend),
  * most of it bytecode around a few dict look-ups and attribute reads. The pybind reads
@@ -313,11 +316,11 @@ static PyTypeObject SlotWriterType = {
     X(redop_reader)   /* None: hash(reduceOp) is its number; else reader(reduceOp) */   \
     X(tensors_miss)   /* (tensors) -> string id */                                      \
     X(callsite_miss)  /* (frame, key, table, framework frame) -> string id */           \
-    X(off_main)       /* (framework frame) -> (string id, from_main): no user frame */  \
+    X(off_main)       /* unused: the main thread's line is found in C (callsite_id) */  \
     X(on_error)       /* (spec, exc): begin failed */                                   \
     X(end_other)      /* (token, work) -> work: every completion but a sync CPU op's */ \
     X(finish)         /* (e, exc): an op failed */                                      \
-    X(work_class)     /* RecordingWork: ._last_waited keeps the last waited work */
+    X(work_class)     /* unused: the last waited work is this core's (last_waited) */
 
 typedef struct {
     PyObject_HEAD
@@ -1370,6 +1373,7 @@ static PyObject *TracedMethod_vectorcall(TracedMethod *m, PyObject *const *args,
     if (m->form == FORM_SLOW || nargs < 1 || (kwnames != NULL && PyTuple_GET_SIZE(kwnames)) ||
         (c = active_core(m->state)) == NULL)
         return PyObject_Vectorcall(m->slow, args, nargsf, kwnames);
+    Py_INCREF(c); /* held across the Python this call may run (a new recorder meanwhile) */
     PyObject *pg = args[0], *const *a = args + 1;
     Py_ssize_t n = nargs - 1;
     PyObject *ins = NULL, *outs = NULL, *desc = NULL, *table = NULL, *bound = NULL;
@@ -1457,9 +1461,12 @@ static PyObject *TracedMethod_vectorcall(TracedMethod *m, PyObject *const *args,
     main_in_op -= on_main;
     goto out;
 slow:
+    if (PyErr_Occurred() && !PyErr_ExceptionMatches(PyExc_Exception))
+        goto out; /* KeyboardInterrupt and the like go on */
     PyErr_Clear();
     result = PyObject_Vectorcall(m->slow, args, nargsf, kwnames);
 out:
+    Py_DECREF(c);
     Py_XDECREF(ins);
     Py_XDECREF(outs);
     Py_XDECREF(desc);
