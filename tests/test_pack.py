@@ -98,8 +98,8 @@ def test_a_pack_read_elsewhere_without_the_source_gives_the_run_dirs_findings(ru
     assert not any("changed" in n for n in notes), notes
     events_here = json.loads(shown_here.stdout)
     events_there = json.loads(shown_there.stdout)
-    events_here.pop("run_dir")
-    events_there.pop("run_dir")
+    assert events_here.pop("run_dir") == str(run_dir)
+    assert events_there.pop("run_dir") == str(pack)  # the pack, as given: not its temp dir
     assert events_there == events_here
     assert not list(temp.iterdir())  # the unpacked run dir is gone after
 
@@ -268,3 +268,49 @@ def test_a_wrapped_log_comes_back_as_its_reader_reads_it(tmp_path):
                 == rundir.ring_path(run_dir, 0).stat().st_size)
         mine.close()
         theirs.close()
+
+
+@pytest.mark.timeout(60)
+def test_a_pack_is_named_as_itself_never_by_its_temp_dir(run, tmp_path, capsys, monkeypatch):
+    """diagnose, show, export and watch on a pack name the pack where they name the run
+    dir (text and JSON); a note on one of its files names it inside the pack."""
+    from distdoctor.cli import main
+    from distdoctor.runlog.unpack import unpack
+
+    _, _, run_dir = run
+    # the run dir, with an exits.json that is not whole: its note names the file
+    again = tmp_path / "again"
+    again.mkdir()
+    first = tmp_path / "first.ddpack"
+    P.write_pack(run_dir, first)
+    unpack(first, again)
+    (again / "exits.json").write_text("{")
+    temp = tmp_path / "tmp"
+    temp.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(temp))
+    monkeypatch.chdir(tmp_path)
+    for name in ("job.ddpack", 'a "quoted" pack'):
+        P.write_pack(again, tmp_path / name)
+        said = {}
+        for command in (["diagnose", name], ["diagnose", name, "--json"],
+                        ["show", name], ["show", name, "--json"],
+                        ["export", name, "--perfetto", "t.json"],
+                        ["export", name, "--perfetto", "-"], ["watch", name, "--once"]):
+            code = main(command)
+            out, err = capsys.readouterr()
+            assert code in (0, 1), (command, err)
+            text = out + err + (Path("t.json").read_text() if "t.json" in command else "")
+            assert str(temp) not in text and "ddpack-" not in text, (command, text)
+            said[" ".join(command[:1] + command[2:])] = out
+        assert f"diagnosis of run {name}" in said["diagnose"]
+        assert f"{name}/exits.json is unreadable" in said["diagnose"]
+        diagnosed = json.loads(said["diagnose --json"])
+        assert diagnosed["sources"] == [f"run {name}"]
+        assert f"{name}/exits.json is unreadable: process exit codes unknown" in \
+            diagnosed["notes"]
+        assert json.loads(said["show --json"])["run_dir"] == name
+        assert name in said["show"]
+        for trace in (Path("t.json").read_text(), said["export --perfetto -"]):
+            assert json.loads(trace)["otherData"]["run_dir"] == name
+        assert name in said["watch --once"]
+    assert not list(temp.iterdir())

@@ -20,6 +20,7 @@ from textual.binding import Binding
 from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.widgets import DataTable, Footer, Header, Input, Static
 
+from distdoctor.runlog.unpack import shown
 from distdoctor.views.snapshot import JobSnapshot, SnapshotTaker
 
 REFRESH_S = 0.5
@@ -91,7 +92,7 @@ class WatchApp(App):
             for name in columns:
                 table.add_column(name, key=name, width=cells.RANK_WIDTHS.get(name)
                                  if table_id == "ranks" else None)
-        self.sub_title = str(self.taker.live.run_dir)
+        self.sub_title = shown(self.taker.live.run_dir)
         self._take()
         self.set_interval(self.refresh_s, self._take)
 
@@ -236,7 +237,7 @@ class WatchApp(App):
 
     def action_pause(self) -> None:
         self.paused = not self.paused
-        self.sub_title = f"{self.taker.live.run_dir}" + ("  [paused]" if self.paused else "")
+        self.sub_title = shown(self.taker.live.run_dir) + ("  [paused]" if self.paused else "")
 
 
 def _fill(table: DataTable, shown: dict[str, tuple], rows: list[tuple[str, tuple]],

@@ -90,9 +90,59 @@ def _pack_read(args):
     if not is_pack(path):
         yield
         return
-    with unpacked(path) as run_dir:
+    with unpacked(path) as run_dir, _renamed(args):
         args.run_dir = str(run_dir)
         yield
+
+
+@contextlib.contextmanager
+def _renamed(args):
+    """The command names the pack where it names the run dir; what it says from deeper (a
+    note on one of the run's files, an error) is renamed on its way out: in rich's text
+    before it is laid out in lines (a long path folds), in what print() writes, in the
+    error that stops the command."""
+    from rich.console import Console
+    from rich.markup import escape
+
+    from distdoctor.runlog.unpack import in_json, shown
+
+    render_str = Console.render_str
+
+    def renamed(self, text, *a, **kw):
+        markup = kw.get("markup")
+        marked = self._markup if markup is None else markup
+        return render_str(self, shown(text, escape if marked else None), *a, **kw)
+
+    streams = sys.stdout, sys.stderr
+    as_json = bool(getattr(args, "json", False) or getattr(args, "perfetto", None) == "-")
+    Console.render_str = renamed
+    sys.stdout = _Renaming(streams[0], lambda text: shown(text, in_json if as_json else None))
+    sys.stderr = _Renaming(streams[1], shown)
+    try:
+        yield
+    except UserError as exc:
+        raise UserError(shown(str(exc)), exc.exit_code) from None
+    finally:
+        sys.stdout, sys.stderr = streams
+        Console.render_str = render_str
+
+
+class _Renaming:
+    """A text stream whose writes pass through `rename` (the rest is the stream's own)."""
+
+    def __init__(self, stream, rename):
+        self._stream, self._rename = stream, rename
+
+    def write(self, text: str) -> int:
+        self._stream.write(self._rename(text))
+        return len(text)
+
+    def writelines(self, lines) -> None:
+        for line in lines:
+            self.write(line)
+
+    def __getattr__(self, name):
+        return getattr(self._stream, name)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -80,7 +80,9 @@ def _diagnose(args) -> int:
         findings += found
         notes += run_notes
         several = f" ({len(runs)} incarnations)" if len(runs) > 1 else ""
-        sources.insert(0, f"run {runs[0].path}{several}")
+        from distdoctor.runlog.unpack import shown  # a pack: named as the user gave it
+
+        sources.insert(0, f"run {shown(runs[0].path)}{several}")
     if args.json:
         json.dump({"findings": [f.to_json() for f in findings], "notes": notes,
                    "sources": sources}, sys.stdout, indent=2, default=str)

@@ -20,6 +20,7 @@ from dataclasses import asdict
 
 from distdoctor.cli import common
 from distdoctor.errors import UserError
+from distdoctor.runlog.unpack import shown  # a pack: named as the user gave it
 
 CELL_WIDTH = 30
 
@@ -43,7 +44,7 @@ def run(args) -> int:
     run_ = common.read_incarnation(args, "show", None if args.rank is None else [args.rank])
     if args.rank is not None and args.rank not in run_.events:
         known = ", ".join(map(str, run_.info.ring_ranks)) or "none"
-        raise UserError(f"show: rank {args.rank} has no event log in {run_.path} "
+        raise UserError(f"show: rank {args.rank} has no event log in {shown(run_.path)} "
                         f"(ranks with logs: {known})")
     if args.json:
         print(json.dumps(_as_json(run_, args.last), indent=1))
@@ -54,7 +55,8 @@ def run(args) -> int:
     for rank, why in sorted(run_.unreadable.items()):
         console.print(f"[yellow]rank {rank}: {why}[/]")
     if not run_.events:
-        console.print(f"no event logs in {run_.path} (did any rank create a process group?)")
+        console.print(f"no event logs in {shown(run_.path)} (did any rank create a process "
+                      f"group?)")
         return 0
     for rank, header in sorted(run_.headers.items()):
         if header.dropped:
@@ -74,7 +76,7 @@ def _as_json(run_, last):
     for rank, events in sorted(run_.events.items()):
         events = events[-last:] if last else events
         out[str(rank)] = [asdict(e) for e in events]
-    return {"run_dir": str(run_.path), "incarnation": run_.incarnation,
+    return {"run_dir": shown(run_.path), "incarnation": run_.incarnation,
             "incarnations": run_.incarnations, "ranks": out}
 
 
@@ -158,7 +160,7 @@ def side_by_side(run_, ranks: list[int], last: int | None):
             order[key] = min(order.get(key, ev.index), ev.index)
     keys = sorted(cells, key=lambda k: (order[k], k))
     keys = keys[-last:] if last else keys
-    t = Table(title=f"{run_.path} · collectives by (group, seq)"
+    t = Table(title=f"{shown(run_.path)} · collectives by (group, seq)"
               + (f" · {p2p} p2p ops: see --rank" if p2p else ""), title_justify="left",
               box=box.SIMPLE_HEAD, pad_edge=False)
     t.add_column("group")

@@ -31,6 +31,7 @@ from distdoctor.errors import UserError
 from distdoctor.export.clock import Clock
 from distdoctor.findings import framework_text
 from distdoctor.runlog.run import span_name
+from distdoctor.runlog.unpack import shown
 
 OP_KINDS = ("collective", "p2p")
 _NAME_MAX = 160  # characters of a finding's summary used as the instant's name
@@ -291,7 +292,7 @@ def _dump(fh, run, findings, stats: ExportStats) -> None:
     events = trace_events(run, findings, stats)
     first = next(events, None)  # runs the clock set-up, which fills stats.clock
     fh.write(_ENCODER.encode({"generator": f"distdoctor {__version__}",
-                              "run_dir": str(run.path), "clock": stats.clock,
+                              "run_dir": shown(run.path), "clock": stats.clock,
                               "world_size": run.world_size}))
     fh.write(',"traceEvents":[\n')
     if first is not None:

@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import json
 import os
-import re
 import shutil
 import stat
 import tempfile
@@ -26,6 +26,9 @@ from distdoctor.runlog import format as F
 from distdoctor.runlog import pack as P
 
 _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
+# The run dirs unpacked now in this process: each spelling of the temp dir (as made, and
+# with its links resolved) -> the pack's name as the user gave it (see shown())
+_SHOWN: dict[str, str] = {}
 
 def is_pack(path: str | os.PathLike) -> bool:
     """Whether `path` names a regular file (a run dir is a directory): read as a pack."""
@@ -223,11 +226,30 @@ def _unpack_log(r: _Reader, dest: Path, rel: str, stored_len, raw_len, crc) -> N
         os.close(fd)
 
 
+def shown(text: str | os.PathLike, quote=None) -> str:
+    """`text` as the user is told it: a path in (or of) a pack's unpacked run dir is named
+    by the pack (`run.ddpack/exits.json`), never by the private temp dir it lies in.
+    `quote`: how the name is written into `text` (JSON's escapes, rich's markup...)."""
+    text = str(text)
+    for tmp, name in _SHOWN.items():
+        if tmp in text:
+            text = text.replace(tmp, quote(name) if quote else name)
+    return text
+
+
+def in_json(name: str) -> str:
+    """`name` as it goes inside a JSON string."""
+    return json.dumps(name)[1:-1]
+
+
 @contextlib.contextmanager
 def unpacked(pack: str | os.PathLike):
-    """The run dir of `pack`, made in a private temp dir that is removed after."""
-    stem = re.sub(r"[^A-Za-z0-9_.-]", "_", Path(pack).name)[:40]
-    dest = tempfile.mkdtemp(prefix=f"distdoctor-pack-{stem}-")  # 0700, ours
+    """The run dir of `pack`, made in a private temp dir that is removed after. While it
+    lives, shown() names it, and what lies in it, by `pack` as given."""
+    dest = tempfile.mkdtemp(prefix="ddpack-")  # 0700, ours; short: a line keeps it whole
+    spellings = {dest, os.path.realpath(dest)}
+    for tmp in spellings:
+        _SHOWN[tmp] = str(pack)
     try:
         try:
             unpack(pack, dest)
@@ -236,3 +258,5 @@ def unpacked(pack: str | os.PathLike):
         yield Path(dest)
     finally:
         shutil.rmtree(dest, ignore_errors=True)
+        for tmp in spellings:
+            _SHOWN.pop(tmp, None)

@@ -15,6 +15,7 @@ import time
 from dataclasses import dataclass, field, replace
 
 from distdoctor.findings import FINDINGS_FILE, Finding, merge_findings, read_findings, site_text
+from distdoctor.runlog.unpack import shown  # a pack read: named as the user gave it
 from distdoctor.views.probe_columns import with_probes
 from distdoctor.views.rank import RankRow, judged_states, rank_state, split_text
 
@@ -111,12 +112,13 @@ class SnapshotTaker:
         ranks = _with_stuck_lines(ranks, findings)
         cmd, world, started = self._job_info()
         return JobSnapshot(
-            run_dir=str(live.run_dir), command=cmd, world_size=world,
+            run_dir=shown(live.run_dir), command=cmd, world_size=world,
             state=_job_state(live.run_dir, ranks, world),
             elapsed_s=None if started is None else max(0.0, time.time() - started),
             ranks=ranks, groups=groups, findings=findings,
-            events=events, notes=list(self._notes) + ([live.error] if live.error else [])
-            + sorted(set(live.follower.unreadable.values()))[:8],
+            events=events, notes=[shown(n) for n in list(self._notes)
+                                  + ([live.error] if live.error else [])
+                                  + sorted(set(live.follower.unreadable.values()))[:8]],
             recent=recent)
 
     def _job_info(self) -> tuple[str | None, int | None, float | None]:
