@@ -24,6 +24,7 @@ from pathlib import Path
 
 from distdoctor.collect import auth, wire
 from distdoctor.collect.log_source import LogSource
+from distdoctor.collect.source_copies import SourceSender
 from distdoctor.errors import UserError
 from distdoctor.runlog.rundir import rank_logs, rank_meta_path, ring_path
 from distdoctor.safetext import printable
@@ -74,6 +75,8 @@ class Forwarder:
         self._samples = None
         self._findings_seen: int | None = None  # findings.json's mtime, last read
         self._findings_sent: bytes | None = None
+        self.kept = SourceSender(self.run_dir)  # the run's sources/, to a collector that
+        self._sources_welcome = False           # says it takes them (WELCOME)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="distdoctor-forward",
                                         daemon=True)
@@ -147,6 +150,7 @@ class Forwarder:
                 self._let_go(key)
         self._forward_samples()
         self._forward_findings()
+        self._forward_sources()
 
     def _feed_digest(self, events) -> None:
         # under the live engine's lock, on its thread: only collected here
@@ -165,6 +169,7 @@ class Forwarder:
         self._send(wire.frame(wire.DIGEST, data))
         self._forward_samples()
         self._forward_findings()
+        self._forward_sources()
 
     def _let_go(self, key: tuple[int, int]) -> None:
         self.sources.pop(key).close()
@@ -244,6 +249,12 @@ class Forwarder:
             return self._refused(why)
         self._sock, self._connected_s, self._refused_by = sock, now, None
         self._findings_sent = None
+        self.kept.reset()
+        try:
+            self._sources_welcome = bool(verdict[3]) and wire.json_payload(
+                wire.WELCOME, verdict[3]).get("sources") == 1
+        except wire.WireError:
+            self._sources_welcome = False
         for src in self.sources.values():
             src.reset()
             src.meta_mtime = None
@@ -346,6 +357,12 @@ class Forwarder:
         if data != self._findings_sent:
             self._send(wire.frame(wire.FINDINGS, data))
             self._findings_sent = data
+
+    def _forward_sources(self) -> None:
+        if self._sources_welcome:
+            said = self.kept.forward(self._send)
+            if said:
+                self._say("sources", said)
 
     def _say(self, key: str, message: str) -> None:
         """One line per kind of news until a connection has lasted STABLE_S: a collector

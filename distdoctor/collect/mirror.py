@@ -39,6 +39,7 @@ from distdoctor.collect.limits import (
     copy_fd_budget,
 )
 from distdoctor.collect.node_mirror import HOST_NAME, NodeMirror  # noqa: F401 (server's)
+from distdoctor.collect.source_copies import SourceCopies
 from distdoctor.runlog import format as F
 from distdoctor.runlog.ring import RingWriter
 from distdoctor.runlog.ring_copy import open_copy
@@ -72,6 +73,7 @@ class Mirror:
         self._told: set[tuple] = {(None, _ident(f)) for f in self._findings.get(EARLIER, [])}
         self._told_by: dict[str, int] = {}  # host -> findings told
         self._findings_bytes: dict[str, int] = {}  # host -> its findings' JSON bytes
+        self.sources = SourceCopies(self.run_dir)  # the nodes' kept sources, merged
 
     def claim(self, node: NodeMirror, ranks) -> None:
         """`node` sends these ranks: refused (WireError) when another host owns one, or
@@ -179,6 +181,7 @@ class Mirror:
 
     def close(self) -> None:
         self.copies.close()
+        self.sources.close()
 
     def lost_node(self, node: NodeMirror) -> None:
         """A node whose stream ended without its exit codes: its ranks are written as gone

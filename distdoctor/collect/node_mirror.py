@@ -63,6 +63,8 @@ class NodeMirror:
             return self.mirror.set_findings(self.host, node_findings(payload))
         if kind == wire.DIGEST:
             return self._digest(payload)
+        if kind == wire.SOURCE:  # the run's kept sources (collect/source_copies.py)
+            return self.mirror.sources.apply(payload)
         if kind == wire.HELLO:
             raise wire.WireError("a second HELLO")
         if rank >= MAX_RANK:

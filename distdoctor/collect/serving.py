@@ -273,7 +273,7 @@ class Serving:
                 self.drop(old, f"{old.who}: replaced by its new connection")
         link.node = NodeMirror(self.mirror, link.hello)
         link.state = "node"
-        link.send(wire.frame(wire.WELCOME))
+        link.send(wire.json_frame(wire.WELCOME, {"sources": 1}))  # SOURCE frames welcome
         if link.deadline is not None:
             link.deadline.cancel()
         self.pending.pop(link, None)

@@ -32,6 +32,9 @@ writes it, and drops a connection that sends a malformed one (what came before s
     DIGEST   instead of OPEN/STRINGS/SLOTS/STATE (`run --forward-digest`, for thousands of
              ranks): each rank's position and the collectives its ranks entered, one JSON
              object (collect/digest.py)
+    SOURCE   a file of the node's sources/ (runlog/sources.py): its name, b"\n", its
+             bytes; `manifest.json` or `<sha256>.src` only, sent only to a collector whose
+             WELCOME says {"sources": 1} (collect/source_copies.py)
 
 The token itself never travels, TLS or not: a collector with a token answers HELLO with
 CHALLENGE, a fresh random nonce, and the node proves it holds the token with AUTH. A
@@ -41,7 +44,8 @@ the same frames go inside a TLS connection, its handshake first.
 and from the collector:
 
     CHALLENGE  the nonce (raw bytes), when the collector has a token; then AUTH is due
-    WELCOME    go on
+    WELCOME    go on; {"sources": 1}: SOURCE frames are welcome (an older collector's is
+               empty, and a node sends it none)
     REFUSED    {"why"}: the connection closes (a wrong answer, another protocol version).
                To a node of an older version it goes in that version's header, so the
                node reads it and says why (upgrade the node).
@@ -62,11 +66,11 @@ FRAME = struct.Struct("<4sBBHIQI")
 MAX_PAYLOAD = 4 << 20
 
 (HELLO, META, OPEN, STRINGS, SLOTS, STATE, SAMPLES, EXITS, WELCOME, REFUSED,
- FINDINGS, DIGEST, CHALLENGE, AUTH) = range(1, 15)
+ FINDINGS, DIGEST, CHALLENGE, AUTH, SOURCE) = range(1, 16)
 NAMES = {HELLO: "HELLO", META: "META", OPEN: "OPEN", STRINGS: "STRINGS", SLOTS: "SLOTS",
          STATE: "STATE", SAMPLES: "SAMPLES", EXITS: "EXITS", WELCOME: "WELCOME",
          REFUSED: "REFUSED", FINDINGS: "FINDINGS", DIGEST: "DIGEST", CHALLENGE: "CHALLENGE",
-         AUTH: "AUTH"}
+         AUTH: "AUTH", SOURCE: "SOURCE"}
 MAX_HELLO = 64 << 10  # HELLO and AUTH are read before the node is known: small
 # The findings a FINDINGS frame carries besides those read from the job's output: a node
 # that sends digests judges its stragglers itself, over the groups wholly on it
