@@ -180,11 +180,10 @@ class Engine(FindingBook, WaitJudge, HangPass):
                 text = re.sub(r"\d+", "N", ev.error or ev.status)
                 self._errors.setdefault(text, []).append(ev)
         if kind == "collective":
-            if not ev.span_index:  # a step from the rank's own order of collectives
-                try:
-                    self.steptime.assign(ev)
-                except Exception as exc:
-                    self._feed_failed(exc, "step times")
+            try:  # its step, from the rank's own order of collectives (steptime.py)
+                self.steptime.assign(ev)
+            except Exception as exc:
+                self._feed_failed(exc, "step times")
             group, seq = ev.group, ev.seq
             if st.issued.get(group, 0) <= seq:
                 st.issued[group] = seq + 1

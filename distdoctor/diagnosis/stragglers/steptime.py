@@ -5,8 +5,10 @@ A step is, in order of preference:
   the tracer's implicit ones (tracer/steps.py: optimizer step to optimizer step, else
   batch to batch). An op's `span_index` names it;
 - in a job with no spans at all, one turn of the repeating pattern of the rank's
-  collectives: the shortest period p of their (group, op, line) sequence that holds over
-  the last max(3p, MIN_PATTERN) of them (a loop with one all-reduce per iteration: p=1).
+  collectives (its step thread's: a metrics thread beside it, on a group of its own,
+  keeps its own cadence and is left out; beside.py): the shortest period p of their
+  (group, op, line) sequence that holds over the last max(3p, MIN_PATTERN) of them (a
+  loop with one all-reduce per iteration: p=1).
   Until a period is found, CHUNK collectives make a step.
 
 Per step and rank: the wall time (the span's duration, or from one turn's first op to the
@@ -26,6 +28,7 @@ from bisect import bisect_right
 from collections import Counter, OrderedDict, deque
 from dataclasses import dataclass
 
+from distdoctor.diagnosis.stragglers.beside import StepThread
 from distdoctor.runlog.run import span_name
 
 CHUNK = 64  # collectives per step before a rank's pattern is known
@@ -65,6 +68,7 @@ class Pattern:
         self.period: int | None = None
         self.count = 0  # collectives seen
         self.start = 0  # the count at which the period was found
+        self.turns0 = 0  # turns given before the pattern was found anew (restart)
 
     def key(self, sig) -> int:
         self.count += 1
@@ -77,13 +81,22 @@ class Pattern:
                 self.start = self.count
             if self.period is None:
                 return -1 - (self.count - 1) // CHUNK
-        return -1_000_000 - (self.count - self.start) // self.period
+        return -1_000_000 - self.turns0 - (self.count - self.start) // self.period
+
+    def restart(self) -> None:
+        """The rank's step thread changed (beside.py): the period is found anew, over the
+        new thread's collectives; the keys go on after those given."""
+        if self.period is not None:
+            self.turns0 += (self.count - self.start) // self.period + 1
+        self.sigs, self.period = [], None
 
     def label(self, key: int) -> str:
         """Which turn of the loop a key is, counted from the rank's first collective."""
         if key > -1_000_000:
             return f"collectives {(-1 - key) * CHUNK + 1}-{(-key) * CHUNK}"
-        turn = (-1_000_000 - key) + (self.start // self.period if self.period else 0)
+        turn = -1_000_000 - key
+        if self.period and not self.turns0:
+            turn += self.start // self.period
         return f"iteration {turn + 1}"
 
 
@@ -266,6 +279,7 @@ class StepTimes:
         self._keys: OrderedDict = OrderedDict()  # (rank, event index) -> key
         self._assigned: dict[int, int] = {}  # rank -> the last event index given a key
         self._turn: dict[int, int] = {}  # rank -> the step key of its latest collective
+        self.thread = StepThread()  # which of its collectives are the step's (beside.py)
 
     def rank(self, rank: int) -> RankSteps:
         t = self.ranks.get(rank)
@@ -282,14 +296,21 @@ class StepTimes:
         self.rank(ev.rank).sample(ev)
 
     def assign(self, ev) -> None:
-        """A collective with no span, seen in its rank's own order (the engine's ingest):
-        its turn of the rank's repeating pattern. Looked up when its rendezvous completes."""
+        """A collective, seen in its rank's own order (the engine's ingest): whether it is
+        the step's (beside.py), and, with no span, its turn of the rank's repeating
+        pattern, looked up when its rendezvous completes."""
         rank, index = ev.rank, ev.index
         assigned = self._assigned
         if index <= assigned.get(rank, -1):
             return  # seen before (this is its completion)
         assigned[rank] = index
+        thread = self.thread
+        before = thread.of.get(rank)
+        if thread.op(ev) or ev.span_index:
+            return  # a thread beside the step's; or its span is its step
         t = self.ranks.get(rank) or self.rank(rank)
+        if before is not None and thread.of[rank] != before:
+            t.pattern.restart()  # the step thread changed: its own pattern
         keys = self._keys
         cs = ev.callsite  # pattern_sig, inline
         key = keys[(rank, index)] = t.pattern.key(

@@ -35,7 +35,6 @@ from dataclasses import replace
 
 from distdoctor.diagnosis.rendezvous import Rendezvous
 from distdoctor.diagnosis.stragglers import cause, host_noise
-from distdoctor.diagnosis.stragglers.beside import StepThread
 from distdoctor.diagnosis.stragglers.stepstats import STEPS, Steps, onset, t, typical
 from distdoctor.diagnosis.stragglers.steptime import RankSteps, StepTimes
 from distdoctor.diagnosis.stragglers.waitgraph import Activity, WaitGraph, delays_text
@@ -92,7 +91,7 @@ class StragglerTracker:
         self.activity = Activity()  # when each rank last did something (p2p waits)
         self._p2p: deque[Rendezvous] = deque()  # completed pairings awaiting that
         self.members: dict[str, frozenset] = {}  # collective group -> its ranks
-        self.step_thread = StepThread()  # a user thread beside it keeps its own time
+        self.step_thread = self.steptime.thread  # beside.py: the step detection's rule
         self._quiet_as_of: tuple | None = None  # no late rank, and nothing fed since
 
     def op(self, ev) -> None:
