@@ -288,6 +288,25 @@ EXTENDED = (
     # a straggler across nodes from real digests (CI: the lateness of digests' waits on
     # recorded positions in test_fleet; test_netns_multinode's rate-limited link)
     "test_fleet.py::test_a_rank_that_keeps_the_other_node_waiting_is_a_straggler_from_digests",
+    # a Lightning rank slow in its own augmentation (CI: a rank slow in its data loading,
+    # found with its cause, in test_stragglers; Lightning's steps in test_framework_steps)
+    "test_stragglers.py::test_a_lightning_rank_that_augments_slowly_is_found_in_its_function",
+    # the GPU suite's torch 2.15 stage on a CPU machine (CI: its dry run, every GPU test
+    # skipped with the reason)
+    "gpu/test_suite_plumbing.py::test_the_torch215_stage_runs_its_own_gpu_test",
+    # branch kinds at 4 ranks whose 2-rank twins run in CI (a majority on the other side)
+    "test_branch_jobs.py::test_the_condition_names_the_rank_that_strayed[early_return-4]",
+    "test_branch_jobs.py::test_the_condition_names_the_rank_that_strayed[except_continue-4]",
+    "test_branch_jobs.py::test_the_condition_names_the_rank_that_strayed[rank_name-4]",
+    "test_parted.py::test_the_culprit_and_the_line_where_it_parted[resume_branch_2rank-4]",
+    # the sweep's every root at 4 ranks (CI: every op, dtype and reduction at 2 ranks, and
+    # the pairwise and per-rail sweeps at 4)
+    "test_nccl_test_runs.py::test_four_ranks_every_root_dtype_and_redop_checks_out",
+    # a bug in an inductor-compiled function (CI: the same under aot_eager; the version
+    # matrix's compiled call sites)
+    "test_framework_compiled.py::test_compiled_branch_mismatch_names_the_users_lines[inductor]",
+    # rank 0 leaving by sys.exit (CI: rank 1 the same, under torchrun and spawned)
+    "test_run_and_rundir.py::test_a_rank_that_calls_sys_exit_mid_training_is_named_at_that_line[0-nproc]",
 )
 
 
