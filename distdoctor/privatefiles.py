@@ -165,6 +165,26 @@ def write_atomically(path: str, data: bytes, mode: int = 0o644,
         raise
 
 
+def read_regular(path, limit: int) -> bytes | None:
+    """The bytes of the regular file at `path`, reached through no link (O_NOFOLLOW) and
+    never waited on (O_NONBLOCK: a FIFO put there answers at once, and is refused); None
+    when it is missing, not a regular file, unreadable, or over `limit` bytes."""
+    try:
+        fd = os.open(path, os.O_RDONLY | _NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
+    except OSError:
+        return None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
+        with os.fdopen(os.dup(fd), "rb") as fh:
+            data = fh.read(limit + 1)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    return data if len(data) <= limit else None
+
+
 def _write_all(fd: int, data: bytes) -> None:
     view = memoryview(data)
     while view:

@@ -28,7 +28,7 @@ import time
 from pathlib import Path
 
 from distdoctor.collect import wire
-from distdoctor.privatefiles import PrivateDir, PrivateDirRefused
+from distdoctor.privatefiles import PrivateDir, PrivateDirRefused, read_regular
 from distdoctor.runlog import sources as S
 from distdoctor.safetext import printable
 
@@ -42,24 +42,6 @@ _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 
 def source_frame(name: str, data: bytes) -> bytes:
     return wire.frame(wire.SOURCE, name.encode() + b"\n" + data)
-
-
-def _read(folder: Path, name: str, limit: int) -> bytes | None:
-    """A regular file's bytes, reached by no link; None if missing or over `limit`."""
-    try:
-        fd = os.open(folder / name, os.O_RDONLY | _NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
-    except OSError:
-        return None
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            return None
-        with os.fdopen(os.dup(fd), "rb") as fh:
-            data = fh.read(limit + 1)
-    except OSError:
-        return None
-    finally:
-        os.close(fd)
-    return data if len(data) <= limit else None
 
 
 class SourceSender:
@@ -86,7 +68,7 @@ class SourceSender:
         stamp = (st.st_ino, st.st_mtime_ns, st.st_size)
         if stamp == self._stamp:
             return None
-        data = _read(self.dir, S.MANIFEST, S.KEEP_FILE_BYTES)
+        data = read_regular(self.dir / S.MANIFEST, S.KEEP_FILE_BYTES)
         if data is None:
             self._stamp = stamp
             return (f"the run's sources/{S.MANIFEST} is over {S.KEEP_FILE_BYTES >> 20} MiB "
@@ -100,7 +82,7 @@ class SourceSender:
             if not isinstance(name, str) or not COPY_NAME.match(name) or name in self.sent:
                 continue
             self.sent.add(name)
-            body = _read(self.dir, name, S.KEEP_FILE_BYTES)
+            body = read_regular(self.dir / name, S.KEEP_FILE_BYTES)
             if (body is None or hashlib.sha256(body).hexdigest() != name[:64]
                     or self.sent_bytes + len(body) > S.KEEP_RUN_BYTES):
                 continue

@@ -12,9 +12,9 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import stat
 from pathlib import Path
 
+from distdoctor.privatefiles import read_regular
 from distdoctor.runlog import sources as S
 
 _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
@@ -23,20 +23,7 @@ _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 def _read_copy(run_dir: Path, name) -> bytes | None:
     if not isinstance(name, str) or "/" in name or name.startswith("."):
         return None
-    try:
-        fd = os.open(run_dir / S.DIR / name, os.O_RDONLY | _NOFOLLOW | os.O_CLOEXEC
-                     | os.O_NONBLOCK)
-    except OSError:
-        return None
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            return None
-        with os.fdopen(os.dup(fd), "rb") as fh:
-            return fh.read(S.KEEP_FILE_BYTES + 1)
-    except OSError:
-        return None
-    finally:
-        os.close(fd)
+    return read_regular(run_dir / S.DIR / name, S.KEEP_FILE_BYTES)
 
 
 def _disk_sha(path: str) -> str | None:

@@ -34,7 +34,7 @@ import sys
 import threading
 from pathlib import Path
 
-from distdoctor.privatefiles import write_atomically
+from distdoctor.privatefiles import read_regular, write_atomically
 
 ENV = "DISTDOCTOR_SOURCES"
 DIR = "sources"
@@ -281,22 +281,11 @@ if hasattr(os, "register_at_fork"):
 def read_manifest(run_dir: str | os.PathLike) -> dict | None:
     """The run dir's manifest, checked; None when it has none (an older run, or one that
     noted nothing) or it is not readable."""
-    try:
-        fd = os.open(Path(run_dir) / DIR / MANIFEST, os.O_RDONLY | _NOFOLLOW | os.O_CLOEXEC
-                     | os.O_NONBLOCK)
-    except OSError:
+    data = read_regular(Path(run_dir) / DIR / MANIFEST, MAX_MANIFEST)
+    if data is None:
         return None
     try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            return None
-        with os.fdopen(os.dup(fd), "rb") as fh:
-            data = fh.read(MAX_MANIFEST + 1)
-    except OSError:
-        return None
-    finally:
-        os.close(fd)
-    try:
-        m = json.loads(data) if len(data) <= MAX_MANIFEST else None
+        m = json.loads(data)
     except (ValueError, UnicodeDecodeError):
         return None
     if (not isinstance(m, dict) or m.get("format") != FORMAT

@@ -25,7 +25,7 @@ from pathlib import Path
 import pytest
 from distdoctor.probes import stacks
 
-from distdoctor.privatefiles import PrivateDir
+from distdoctor.privatefiles import PrivateDir, read_regular
 
 NOBODY = 65534
 RANK = """
@@ -160,3 +160,20 @@ def test_files_in_a_private_dir_replace_links_and_never_read_through_them(tmp_pa
     assert target.read_bytes() == PRECIOUS
     assert not (d / "a.json").is_symlink()
     assert [p.name for p in d.iterdir()] == ["a.json"]  # no temp file left
+
+
+def test_read_regular_reads_no_link_no_fifo_and_nothing_over_its_bound(tmp_path):
+    """The one reader of the kept sources, their manifest and the collector's copies: a
+    link planted at the name is not followed, a FIFO is not waited on (a reader blocked
+    on it would hang `diagnose`), and a file over the bound is refused whole."""
+    secret = tmp_path / "secret"
+    secret.write_bytes(b"another user's file")
+    (tmp_path / "plain").write_bytes(b"x" * 10)
+    (tmp_path / "link").symlink_to(secret)
+    os.mkfifo(tmp_path / "fifo")
+    assert read_regular(tmp_path / "plain", 10) == b"x" * 10
+    assert read_regular(tmp_path / "plain", 9) is None
+    assert read_regular(tmp_path / "link", 100) is None
+    assert read_regular(tmp_path / "fifo", 100) is None
+    assert read_regular(tmp_path / "missing", 100) is None
+    assert read_regular(tmp_path, 100) is None  # a directory
