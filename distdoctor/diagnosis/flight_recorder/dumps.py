@@ -12,7 +12,7 @@ unless timing was on (no straggler verdict from a dump). Gloo records no p2p ops
 every entry as "scheduled" (only `retired` tells it finished, and a failed op is retired
 too) and leaves `pg_config` empty (members are inferred from the dumps themselves).
 
-Security: unpickling runs code; `fr_files` reads dumps with an unpickler that refuses
+Security: unpickling runs code; `files` reads dumps with an unpickler that refuses
 every global, so a crafted file lands in `unreadable`, never runs.
 """
 
