@@ -39,12 +39,15 @@ def render(rows: list[Row], console, seconds: float, world: int | None) -> None:
     from rich import box
     from rich.table import Table
 
+    from distdoctor.safetext import for_rich
+
     t = Table(box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False)
     for name in ("check", "scope", "status", "found", "remedy"):
         t.add_column(name, overflow="fold", no_wrap=name in ("check", "status"))
     for r in ordered(rows):
-        t.add_row(r.check, r.scope, f"[{STYLE[r.status]}]{r.status}[/]", r.found,
-                  r.remedy or "-")
+        # found: what a rank's collective raised (gloo's "[/pytorch/third_party/...]")
+        t.add_row(for_rich(r.check), for_rich(r.scope), f"[{STYLE[r.status]}]{r.status}[/]",
+                  for_rich(r.found), for_rich(r.remedy or "-"))
     console.print(t)
     counts = {s: sum(r.status == s for r in rows) for s in STATUSES}
     verdict = ("[bold red]FAIL[/]" if counts["fail"] else

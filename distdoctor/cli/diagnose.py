@@ -90,8 +90,9 @@ def _diagnose(args) -> int:
     else:
         from distdoctor.console import console
         from distdoctor.diagnosis.report import print_report
+        from distdoctor.safetext import for_rich  # paths are the user's text, not markup
 
-        console.print(f"[dim]diagnosis of {', '.join(sources)}[/]")
+        console.print(f"[dim]diagnosis of {for_rich(', '.join(sources))}[/]")
         print_report(findings, console, notes,
                      traced=args.run_dir is not None or not (args.fr_dump or args.log))
     return 1 if any(f.severity == "error" for f in findings) else 0

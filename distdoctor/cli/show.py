@@ -21,6 +21,7 @@ from dataclasses import asdict
 from distdoctor.cli import common
 from distdoctor.errors import UserError
 from distdoctor.runlog.unpack import shown  # a pack: named as the user gave it
+from distdoctor.safetext import for_rich  # what the ranks wrote is text, never markup
 
 CELL_WIDTH = 30
 
@@ -51,11 +52,11 @@ def run(args) -> int:
         return 0
     which = common.incarnation_line(run_, "show")
     if which:
-        console.print(which)
+        console.print(for_rich(which))
     for rank, why in sorted(run_.unreadable.items()):
-        console.print(f"[yellow]rank {rank}: {why}[/]")
+        console.print(f"[yellow]rank {rank}: {for_rich(why)}[/]")
     if not run_.events:
-        console.print(f"no event logs in {shown(run_.path)} (did any rank create a process "
+        console.print(f"no event logs in {for_rich(shown(run_.path))} (did any rank create a process "
                       f"group?)")
         return 0
     for rank, header in sorted(run_.headers.items()):
@@ -85,20 +86,22 @@ _DT = {"float32": "f32", "float16": "f16", "bfloat16": "bf16", "float64": "f64",
        "int64": "i64", "int32": "i32", "int8": "i8", "uint8": "u8", "bool": "bool"}
 
 
+# Each fmt_* is rich markup: what a rank wrote in it (dtypes, files, names) is escaped.
 def fmt_tensors(ev) -> str:
     if not ev.shapes:
         return "-"
     parts = [f"{_DT.get(d, d)}[{','.join(map(str, s))}]" for s, d in zip(ev.shapes, ev.dtypes, strict=False)]
     if len(parts) > 2:
-        return f"{parts[0]} +{len(parts) - 1} more"
-    return " ".join(parts)
+        return for_rich(f"{parts[0]} +{len(parts) - 1} more")
+    return for_rich(" ".join(parts))
 
 
 def fmt_callsite(ev) -> str:
     cs = ev.callsite
     if not cs:
         return "?"
-    return f"{os.path.basename(str(cs.get('file', '?')))}:{cs.get('line', '?')} {cs.get('function', '')}"
+    return for_rich(f"{os.path.basename(str(cs.get('file', '?')))}:{cs.get('line', '?')} "
+                    f"{cs.get('function', '')}")
 
 
 def fmt_duration(ev) -> str:
@@ -110,7 +113,7 @@ def fmt_duration(ev) -> str:
 
 
 def group_label(ev) -> str:
-    return ev.group_desc or ev.group
+    return for_rich(ev.group_desc or ev.group, 200)
 
 
 def signature(ev) -> tuple:
@@ -128,17 +131,20 @@ def rank_table(run_, rank: int, last: int | None):
     events = events[-last:] if last else events
     meta = run_.meta.get(rank, {})
     title = f"rank {rank}" + (f" · {meta.get('host')} pid {meta.get('pid')}" if meta else "")
+    title = for_rich(title, 400)
     t = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
     for col in ("group", "seq", "op", "tensors", "peer", "time", "span", "call site"):
         t.add_column(col, overflow="fold", no_wrap=col in ("seq", "op", "time"))
     for ev in events:
         if ev.kind == "span":
-            t.add_row("", "", f"[cyan]span {ev.name}[/]", "", "", fmt_duration(ev),
-                      spans.get(ev.span_index, ""), fmt_callsite(ev))
+            t.add_row("", "", f"[cyan]span {for_rich(ev.name, 200)}[/]", "", "",
+                      fmt_duration(ev), for_rich(spans.get(ev.span_index, ""), 200),
+                      fmt_callsite(ev))
             continue
         peer = "" if ev.peer is None else str(ev.peer_global)
-        t.add_row(group_label(ev), str(ev.seq), ev.op, fmt_tensors(ev), peer,
-                  fmt_duration(ev), spans.get(ev.span_index, ""), fmt_callsite(ev))
+        t.add_row(group_label(ev), str(ev.seq), for_rich(ev.op, 100), fmt_tensors(ev), peer,
+                  fmt_duration(ev), for_rich(spans.get(ev.span_index, ""), 200),
+                  fmt_callsite(ev))
     return t
 
 
@@ -160,7 +166,7 @@ def side_by_side(run_, ranks: list[int], last: int | None):
             order[key] = min(order.get(key, ev.index), ev.index)
     keys = sorted(cells, key=lambda k: (order[k], k))
     keys = keys[-last:] if last else keys
-    t = Table(title=f"{shown(run_.path)} · collectives by (group, seq)"
+    t = Table(title=f"{for_rich(shown(run_.path))} · collectives by (group, seq)"
               + (f" · {p2p} p2p ops: see --rank" if p2p else ""), title_justify="left",
               box=box.SIMPLE_HEAD, pad_edge=False)
     t.add_column("group")
@@ -177,7 +183,8 @@ def side_by_side(run_, ranks: list[int], last: int | None):
             if ev is None:
                 out.append("[dim]—[/]")
                 continue
-            text = f"{ev.op} {fmt_tensors(ev)} {fmt_duration(ev)}\n[dim]{fmt_callsite(ev)}[/]"
+            text = (f"{for_rich(ev.op, 100)} {fmt_tensors(ev)} {fmt_duration(ev)}\n"
+                    f"[dim]{fmt_callsite(ev)}[/]")
             out.append(f"[red]{text}[/]" if signature(ev) != majority else text)
         t.add_row(*out)
     return t

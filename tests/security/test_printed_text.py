@@ -60,3 +60,46 @@ def test_the_dashboard_shows_a_findings_words_as_text():
         for bad in ("\x1b", "\x9b", "\x07"):
             assert bad not in text, repr(text)
     assert "[/x]" in shown[3] and "job.py:3" in shown[-1]
+
+
+MARKUP_JOB = JOBS / "security" / "markup_names.py"
+BAD = ("\x1b", "\x9b", "\x07")
+
+
+def test_show_and_diagnose_print_a_ranks_names_and_the_users_path_as_text(tmp_path: Path):
+    """A group description and a span name from the job's code, in `show`'s tables; and
+    a run dir whose path reads as markup (`a[/x]b`), in every header that names it."""
+    (tmp_path / "a[").mkdir()
+    run_dir = tmp_path / "a[" / "x]b"
+    done = run_cli(["run", "--nproc", "2", "--run-dir", str(run_dir), "--", "python",
+                    str(MARKUP_JOB)], timeout=90, run_dir=run_dir)
+    assert done.returncode == 0, done.stderr[-3000:]
+    wide = {"COLUMNS": "200"}
+    for args in (["show", str(run_dir)], ["show", str(run_dir), "--rank", "0"],
+                 ["diagnose", str(run_dir)]):
+        res = run_cli(args, timeout=60, env=wide)
+        assert res.returncode == 0 and "Traceback" not in res.stderr, (args, res.stderr)
+        if "--rank" not in args:  # (one rank's table is titled by its rank)
+            assert "a[/x]b" in res.stdout, (args, res.stdout)  # the path, as given
+        for bad in BAD:
+            assert bad not in res.stdout, (args, repr(res.stdout))
+    side = run_cli(["show", str(run_dir)], timeout=60, env=wide).stdout
+    one = run_cli(["show", str(run_dir), "--rank", "0"], timeout=60, env=wide).stdout
+    assert "[/x] mesh" in side and "[bold]tp" in side, side  # the group, not styled
+    assert "[/y] step" in one, one  # the span
+
+
+def test_check_prints_what_a_collective_raised_as_text():
+    """`check`'s table quotes what a rank's collective raised: gloo's messages open with
+    its source path in brackets, a closing tag to rich."""
+    from rich.console import Console
+
+    from distdoctor.check.table import Row, render
+
+    said = ("[/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:534] Connection closed "
+            "by peer [127.0.0.1]:29501 \x1b[2J")
+    console = Console(record=True, width=300, color_system=None)
+    render([Row("all_reduce", "job", "fail", said, "see [/x]")], console, 1.0, 2)
+    out = console.export_text()
+    assert "[/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:534]" in out, out
+    assert "see [/x]" in out and "\x1b" not in out, repr(out)
