@@ -21,6 +21,7 @@ from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.widgets import DataTable, Footer, Header, Input, Static
 
 from distdoctor.runlog.unpack import shown
+from distdoctor.safetext import printable
 from distdoctor.views.snapshot import JobSnapshot, SnapshotTaker
 
 REFRESH_S = 0.5
@@ -92,7 +93,7 @@ class WatchApp(App):
             for name in columns:
                 table.add_column(name, key=name, width=cells.RANK_WIDTHS.get(name)
                                  if table_id == "ranks" else None)
-        self.sub_title = shown(self.taker.live.run_dir)
+        self.sub_title = printable(shown(self.taker.live.run_dir))
         self._take()
         self.set_interval(self.refresh_s, self._take)
 
@@ -124,7 +125,7 @@ class WatchApp(App):
         self.query_one("#states", Static).update(cells.state_summary(snap))
         culprits = cells.culprits_of(snap)
         rows, which = cells.ranks_shown(snap, self.show_all, self.find_text)
-        self.query_one("#shown", Static).update(which)
+        self.query_one("#shown", Static).update(Text(printable(which)))  # quotes the find box
         _fill(self.query_one("#ranks", DataTable), self._shown["ranks"],
               [(str(r.rank), cells.rank_cells(r, culprits)) for r in rows],
               cells.RANK_COLUMNS)
@@ -237,7 +238,7 @@ class WatchApp(App):
 
     def action_pause(self) -> None:
         self.paused = not self.paused
-        self.sub_title = shown(self.taker.live.run_dir) + ("  [paused]" if self.paused else "")
+        self.sub_title = printable(shown(self.taker.live.run_dir)) + ("  [paused]" if self.paused else "")
 
 
 def _fill(table: DataTable, shown: dict[str, tuple], rows: list[tuple[str, tuple]],

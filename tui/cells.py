@@ -40,6 +40,12 @@ STATE_ORDER = ("failed", "hung", "no heartbeat", "long wait", "in collective", "
 LATE_MS = 5.0
 
 
+def _said(text, limit: int = 300, style: str = "") -> Text:
+    """A value a rank, a node or the user wrote (a host, a line, a group's description, a
+    path): its characters, never terminal control (rich's Text passes ESC through)."""
+    return Text(printable(text, limit), style=style)
+
+
 def _num(value, fmt: str, style: str = "") -> Text:
     return Text("-" if value is None else format(value, fmt), style=style, justify="right")
 
@@ -66,18 +72,18 @@ def rank_cells(row: RankRow, culprits: set[int]) -> tuple:
     return (
         Text(str(row.rank), style="bold red" if row.rank in culprits else "bold",
              justify="right"),
-        Text(row.host or "?"),
+        _said(row.host or "?"),
         Text(row.state, style=STATE_STYLE.get(row.state, "")),
-        Text(row.where),
-        Text(elide_head(row.callsite, RANK_WIDTHS["line"]) if row.callsite else "-",
-             style="dim" if row.callsite is None else ""),
-        Text(row.last_done or "-"),
+        _said(row.where),
+        _said(elide_head(printable(row.callsite), RANK_WIDTHS["line"]) if row.callsite
+              else "-", style="dim" if row.callsite is None else ""),
+        _said(row.last_done or "-"),
         _num(row.rate, ".0f"),
-        Text(row.span or "-"),
+        _said(row.span or "-"),
         _num(late, "+.1f", late_style),
         _num(row.cpu_pct, ".0f"),
         _bytes(row.rss_bytes),
-        Text(row.gpu or "-"),
+        _said(row.gpu or "-"),
     )
 
 
@@ -87,7 +93,7 @@ def group_cells(row: GroupRow) -> tuple:
               ) if counts else "-"
     name = row.group + (f" ({row.desc})" if row.desc else "")
     return (
-        Text(name),
+        _said(name),
         Text(rank_ranges(row.ranks)),
         Text(issued, justify="right"),
         Text(rank_ranges(row.behind) if row.behind else "-",
@@ -129,14 +135,15 @@ def rank_detail(row: RankRow, ops: list[OpRow]) -> Text:
     """One rank, for the detail pane: where it is, then its newest ops, newest last."""
     out = Text()
     out.append(f"rank {row.rank}", style="bold")
-    out.append(f"  {row.host or '?'}  pid {row.pid if row.pid is not None else '?'}  ")
+    out.append(f"  {printable(row.host or '?', 300)}  "
+               f"pid {row.pid if row.pid is not None else '?'}  ")
     out.append(row.state, style=STATE_STYLE.get(row.state, ""))
-    out.append(f"\n{row.where}\n")
+    out.append(f"\n{printable(row.where)}\n")
     if row.step_split:
-        out.append(f"{row.step_split}\n", style="dim")
+        out.append(f"{printable(row.step_split)}\n", style="dim")
     if row.straggler:
         out.append("why late: ", style="bold yellow")
-        out.append(row.straggler.split(": ", 1)[-1] + "\n")
+        out.append(printable(row.straggler.split(": ", 1)[-1]) + "\n")
     if not ops:
         out.append("no ops seen since this view started\n", style="dim")
     for op in ops:
@@ -144,10 +151,10 @@ def rank_detail(row: RankRow, ops: list[OpRow]) -> Text:
                 f"{op.ms / 1000:.1f} s")
         status = "in flight" if op.status == "in_flight" else op.status
         style = {"ok": "", "in_flight": "cyan"}.get(op.status, "bold red")
-        out.append(f"  #{op.index:<7} {op.op} #{op.seq} in {op.group}  {op.tensors}  ",
-                   style=style)
+        out.append(printable(f"  #{op.index:<7} {op.op} #{op.seq} in {op.group}  "
+                             f"{op.tensors}  "), style=style)
         out.append(f"{status} {took}", style=style or "dim")
-        out.append(f"  {op.callsite or ''}\n", style="dim")
+        out.append(f"  {printable(op.callsite or '')}\n", style="dim")
     return out
 
 
@@ -169,11 +176,11 @@ def header_line(s: JobSnapshot) -> Text:
     for sev in ("error", "warning", "info"):
         if counts.get(sev):
             out.append(f"{counts[sev]} {sev}  ", style=SEVERITY_STYLE[sev])
-    out.append(f"\n{s.run_dir}", style="dim")
+    out.append(f"\n{printable(s.run_dir)}", style="dim")
     if s.command:
-        out.append(f"  $ {s.command}", style="dim")
+        out.append(f"  $ {printable(s.command, 1000)}", style="dim")
     for note in s.notes:
-        out.append(f"\nnote: {note}", style="yellow")
+        out.append(f"\nnote: {printable(note)}", style="yellow")
     return out
 
 
@@ -194,7 +201,7 @@ def state_summary(snap: JobSnapshot) -> Text:
         kinds = sorted({f.kind.upper() for f in snap.findings if f.ranks})
         where = ""
         if len(culprits) <= 4:
-            where = " (" + ", ".join(f"{r} on {hosts.get(r) or '?'}"
+            where = " (" + ", ".join(f"{r} on {printable(hosts.get(r) or '?', 200)}"
                                      for r in sorted(culprits)) + ")"
         out.append(f"{'culprits':<14}", style="bold red")
         out.append(f"{len(culprits):>6}  ranks {rank_ranges(culprits)}{where}: "

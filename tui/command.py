@@ -159,7 +159,7 @@ def _collect(args) -> int:
                           hang_timeout_s=hang_timeout).start()
     where = f"{collector.address[0]}:{collector.address[1]}"
     err_console.print(f"distdoctor: collecting on {where} ({tls.server_words()}) into "
-                      f"{run_dir}", markup=False, highlight=False, soft_wrap=True)
+                      f"{printable(run_dir)}", markup=False, highlight=False, soft_wrap=True)
     low = raise_open_files_limit()  # (start() raised it already: what is left to say)
     if low:
         say(low)
@@ -183,7 +183,7 @@ def _collect(args) -> int:
         collector.stop()
         nodes = ", ".join(f"{h} ({n} connection(s))" for h, n in sorted(collector.nodes.items()))
         err_console.print(f"distdoctor: collected {printable(nodes) or 'no node'} into "
-                          f"{run_dir}", markup=False, highlight=False, soft_wrap=True)
+                          f"{printable(run_dir)}", markup=False, highlight=False, soft_wrap=True)
 
 
 def _printable_finding(f):

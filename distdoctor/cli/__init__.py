@@ -19,6 +19,7 @@ import importlib
 import sys
 
 from distdoctor.errors import UserError
+from distdoctor.safetext import printable
 
 # Order here is the order in `--help`.
 SUBCOMMANDS = ["run", "show", "diagnose", "export", "pack", "demo", "nccl-test", "check"]
@@ -156,7 +157,8 @@ def main(argv: list[str] | None = None) -> int:
         with _pack_read(args):
             return int(args.func(args) or 0)
     except UserError as exc:
-        print(f"distdoctor: error: {exc}", file=sys.stderr)
+        # it may quote the user's path or a file's words: printed as text
+        print(f"distdoctor: error: {printable(exc)}", file=sys.stderr)
         return exc.exit_code
     except KeyboardInterrupt:
         return 130

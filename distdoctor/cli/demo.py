@@ -23,6 +23,7 @@ import sys
 
 from distdoctor.cli import common
 from distdoctor.errors import UserError
+from distdoctor.safetext import for_rich, printable  # the user's paths and flags: text
 
 
 def register(sub) -> None:
@@ -76,7 +77,7 @@ def run(args) -> int:
     shown = ["distdoctor", "run", "--nproc", str(nproc), "--hang-timeout",
              f"{args.hang_timeout:g}", "--on-hang", args.on_hang, "--",
              "python", *trainer[1:]]
-    err_console.print(f"[bold]distdoctor demo[/]: {shlex.join(shown)}")
+    err_console.print(f"[bold]distdoctor demo[/]: {for_rich(shlex.join(shown), 4000)}")
     show = None
     if not args.no_dashboard and sys.stdin.isatty() and sys.stdout.isatty():
         from distdoctor import plugins
@@ -85,7 +86,7 @@ def run(args) -> int:
     if show is not None:
         return _behind_dashboard(show, nproc, trainer, args)
     err_console.print("[dim]the dashboard, from another terminal: distdoctor watch"
-                      f"{' ' + shlex.quote(args.run_dir) if args.run_dir else ''}[/]")
+                      f"{' ' + for_rich(shlex.quote(args.run_dir)) if args.run_dir else ''}[/]")
     # through run's own parser: every option of run has its default here too
     return run_cmd.run(run_cmd.parse_args([
         "--nproc", str(nproc), "--hang-timeout", f"{args.hang_timeout:g}",
@@ -130,6 +131,6 @@ def _behind_dashboard(show, nproc: int, trainer: list[str], args) -> int:
     if not shown:
         err_console.print("distdoctor demo: the job ended before the dashboard could show it")
     for line in said[-6:]:
-        err_console.print(line, markup=False, highlight=False)
-    err_console.print(f"[dim]the job's output: {log_path}[/]")
+        err_console.print(printable(line), markup=False, highlight=False)
+    err_console.print(f"[dim]the job's output: {for_rich(log_path)}[/]")
     return 0 if quit_early else code

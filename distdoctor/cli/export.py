@@ -26,6 +26,7 @@ import sys
 
 from distdoctor.cli import common
 from distdoctor.errors import UserError
+from distdoctor.safetext import printable  # paths and what the ranks wrote: text
 
 
 def register(sub) -> None:
@@ -56,15 +57,16 @@ def run(args) -> int:
     run_ = common.read_incarnation(args, "export")
     which = common.incarnation_line(run_, "export")
     if which:
-        print(f"distdoctor: {which}", file=sys.stderr)
+        print(f"distdoctor: {printable(which)}", file=sys.stderr)
     if args.flight_recorder is not None:
         _flight_recorder(run_, args)
     else:
         _perfetto(run_, args)
     for rank, why in sorted(run_.unreadable.items()):
-        print(f"distdoctor: rank {rank}: {why}; left out", file=sys.stderr)
+        print(f"distdoctor: rank {rank}: {printable(why)}; left out", file=sys.stderr)
     if not any(run_.events.values()):
-        print(f"distdoctor: no events in {run_.path} (did any rank create a process group?)",
+        print(f"distdoctor: no events in {printable(run_.path)} (did any rank create a process "
+              "group?)",
               file=sys.stderr)
     return 0
 

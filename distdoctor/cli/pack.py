@@ -22,6 +22,7 @@ import sys
 import time
 
 from distdoctor.cli import common
+from distdoctor.safetext import printable
 
 
 def register(sub) -> None:
@@ -55,8 +56,9 @@ def run(args) -> int:
     except OSError as exc:
         raise UserError(f"pack: cannot write {out}: {exc.strerror or exc}") from None
     for note in stats.notes:
-        print(f"distdoctor: pack: {note}", file=sys.stderr)
-    print(f"distdoctor: packed {run_dir} into {out}: {stats.size / 1e3:,.1f} KB "
+        print(f"distdoctor: pack: {printable(note)}", file=sys.stderr)  # quotes ranks' paths
+    print(f"distdoctor: packed {printable(run_dir)} into {printable(out)}: "
+          f"{stats.size / 1e3:,.1f} KB "
           f"({stats.logs} log(s), {stats.events:,} events, {stats.files} other file(s); "
           f"{time.monotonic() - t0:.1f} s)", file=sys.stderr)
     return 0

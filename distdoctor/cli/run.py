@@ -27,6 +27,7 @@ from distdoctor.cli import common
 from distdoctor.console import err_console
 from distdoctor.errors import UserError
 from distdoctor.launch.launcher_report import LauncherReport
+from distdoctor.safetext import printable  # the user's paths: text, never control
 
 
 def register(sub) -> None:
@@ -126,7 +127,7 @@ def run(args) -> int:
     else:
         commands = [(None, cmd, env)]
 
-    print(f"distdoctor: tracing into {run_dir}", file=sys.stderr)
+    print(f"distdoctor: tracing into {printable(run_dir)}", file=sys.stderr)
     holder: list = []
     report = LauncherReport()
     live = _start_diagnosis(run_dir, args, holder, report)
@@ -173,7 +174,7 @@ def run(args) -> int:
     try:
         _summary(run_dir, job, findings)
     except (OSError, UserError) as exc:  # the run dir went away under the job
-        print(f"distdoctor: no summary: {exc}", file=sys.stderr)
+        print(f"distdoctor: no summary: {printable(exc)}", file=sys.stderr)
     if terminated is not None and terminated != signal.SIGINT:
         return 128 + terminated
     code = job.exit_code()
@@ -333,7 +334,8 @@ def _write_exits(run_dir, job, live, report) -> list[dict]:
                                  {"stopped_by_distdoctor": job.stopped, "processes": exits,
                                   "stopped_processes": job.stopped_processes})
     except OSError as exc:  # a full disk, a deleted run dir: the exit code still tells
-        print(f"distdoctor: cannot write {run_dir}/exits.json ({exc.strerror or exc})",
+        print(f"distdoctor: cannot write {printable(run_dir)}/exits.json "
+              f"({exc.strerror or exc})",
               file=sys.stderr)
     return exits
 
@@ -347,16 +349,17 @@ def _summary(run_dir, job, findings) -> None:
         f"{p.signal_name or p.exit_code}" for p in job.failures)
     if job.stopped and not job.failures:
         status = "stopped by distdoctor"
-    print(f"distdoctor: {traced}; {status}; run dir {run_dir}", file=sys.stderr)
+    print(f"distdoctor: {printable(traced)}; {status}; run dir {printable(run_dir)}",
+          file=sys.stderr)
     if findings:
         kinds = Counter(f.kind for f in findings)
         print(f"distdoctor: {len(findings)} finding(s): "
               f"{', '.join(f'{n} {k}' for k, n in kinds.items())}; details: distdoctor "
-              f"diagnose {run_dir}", file=sys.stderr)
+              f"diagnose {printable(run_dir)}", file=sys.stderr)
     else:
         print("distdoctor: no findings", file=sys.stderr)
     import shlex
 
-    print(f"distdoctor: to share it: distdoctor pack {shlex.quote(str(run_dir))} -o "
-          f"{shlex.quote(Path(run_dir).name + '.ddpack')}",
+    print(f"distdoctor: to share it: distdoctor pack {printable(shlex.quote(str(run_dir)))} "
+          f"-o {printable(shlex.quote(Path(run_dir).name + '.ddpack'))}",
           file=sys.stderr)

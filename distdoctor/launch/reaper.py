@@ -23,6 +23,7 @@ interpreter (`python -I -S`) so that it starts in milliseconds.
 from __future__ import annotations
 
 import os
+import re
 import signal
 import sys
 import time
@@ -155,8 +156,14 @@ def command_of(pid: int, limit: int = 60) -> str:
     words = [a.decode("utf-8", "replace") for a in argv]
     words = [os.path.basename(w) if os.sep in w and not w.startswith("-") else w
              for w in words]
-    text = " ".join(words)
+    # the process's own argv, printed to the operator and kept in exits.json: its control
+    # characters shown as "?" (safetext's rule; the guardian loads this file alone, with
+    # no distdoctor to import)
+    text = _CONTROL.sub("?", " ".join(words))
     return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]")
 
 
 def find_job(cookie: str, since: int, roots: Iterable[int] = (), skip: Iterable[int] = (),
