@@ -55,7 +55,7 @@ def register(sub) -> None:
                    f"0: only new ones)")
     p.add_argument("--listen", metavar="HOST:PORT",
                    help="collect the logs `distdoctor run --forward` sends from each node")
-    p.add_argument("--refresh", type=float, default=0.5, metavar="S",
+    p.add_argument("--refresh", type=common.seconds_arg, default=0.5, metavar="S",
                    help="seconds between redraws (0.5)")
     p.add_argument("--metrics", metavar="HOST:PORT",
                    help="with --listen: serve every rank as Prometheus metrics at /metrics "
@@ -70,8 +70,6 @@ def run(args) -> int:
     common.check_hang_timeout(args.hang_timeout, "watch")
     if args.backlog is not None and args.backlog < 0:
         raise UserError("watch: --backlog must be 0 or more", 2)
-    if args.refresh <= 0:
-        raise UserError("watch: --refresh must be positive", 2)
     if args.listen:
         return _collect(args)
     if args.metrics:

@@ -17,7 +17,9 @@ from __future__ import annotations
 
 import argparse
 
+from distdoctor.cli import common
 from distdoctor.errors import UserError
+from distdoctor.launch.env import check_nproc
 
 TIMEOUT_S = 120.0
 RENDEZVOUS_WAIT_S = 60.0  # a worker node waits this long for the first node's store
@@ -31,7 +33,7 @@ def register(sub) -> None:
                    help="where the job writes checkpoints: free space and writable")
     p.add_argument("--json", action="store_true", help="print the rows as JSON")
     p.add_argument("--no-sweep", action="store_true", help="skip the pairwise bandwidth sweep")
-    p.add_argument("--timeout", type=float, default=TIMEOUT_S, metavar="S",
+    p.add_argument("--timeout", type=common.seconds_arg, default=TIMEOUT_S, metavar="S",
                    help=f"give up on ranks that have not finished after S seconds ({TIMEOUT_S:g})")
     p.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- LAUNCHER ...",
                    help="the job's torchrun line")
@@ -50,10 +52,8 @@ def run(args) -> int:
         cmd = cmd[1:]
     if (args.nproc is None) == (not cmd):
         raise UserError("check: give --nproc N or the job's torchrun line after --", 2)
-    if args.nproc is not None and args.nproc < 1:
-        raise UserError("check: --nproc must be at least 1", 2)
-    if args.timeout <= 0:
-        raise UserError("check: --timeout must be positive", 2)
+    if why := check_nproc(args.nproc, "check"):
+        raise UserError(why, 2)
     start = time.monotonic()
     launcher = preflight.check_command(cmd) if cmd else None
     host, port, hosts_store = preflight.rendezvous_of(cmd, os.environ)

@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
+import math
+import os
+import stat
+from pathlib import Path
+
 # what --hang-timeout's value means is the detectors' rule; the flag is worded here
 from distdoctor.diagnosis.hangs.progress import AUTO
 from distdoctor.diagnosis.hangs.progress import hang_timeout_s as hang_timeout_s
 from distdoctor.errors import UserError
+from distdoctor.safetext import printable
 
 
 def add_run_dir(parser) -> None:
@@ -42,12 +48,10 @@ def hang_timeout_arg(text: str) -> float | str:
     """`--hang-timeout auto|S`: "auto" (hangs decided by progress) or seconds."""
     if text.strip().lower() == AUTO:
         return AUTO
-    try:
-        return float(text)
-    except ValueError:
-        import argparse
-
-        raise argparse.ArgumentTypeError(f"expected 'auto' or seconds, got {text!r}") from None
+    value = _number(text)
+    if not 0 < value < math.inf:  # nan, inf, 0 and less: every command that takes it
+        raise _bad_value(f"expected 'auto' or a positive number of seconds, got {text!r}")
+    return value
 
 
 def add_run_hang_timeout(parser) -> None:
@@ -58,8 +62,65 @@ def add_run_hang_timeout(parser) -> None:
 
 
 def check_hang_timeout(value: float | str | None, command: str) -> None:
-    if value is not None and value != AUTO and value <= 0:
-        raise UserError(f"{command}: --hang-timeout must be 'auto' or positive", 2)
+    if value is not None and value != AUTO and not (0 < value < math.inf):
+        # (nan compares false with everything: `value <= 0` let it through, and a hang was
+        # then never found)
+        raise UserError(f"{command}: --hang-timeout must be 'auto' or a positive number "
+                        "of seconds", 2)
+
+
+def seconds_arg(text: str) -> float:
+    """A duration flag's type: a positive, finite number of seconds. float() takes "nan"
+    and "inf", and nan passes every `<= 0` test (`check --timeout nan` failed every rank
+    at once; a nan wait never ends)."""
+    value = _number(text)
+    if not 0 < value < math.inf:
+        raise _bad_value(f"expected a positive number of seconds, got {text!r}")
+    return value
+
+
+def grace_arg(text: str) -> float:
+    """--grace: seconds, 0 included (stop at once)."""
+    value = _number(text)
+    if not 0 <= value < math.inf:
+        raise _bad_value(f"expected seconds (0 or more), got {text!r}")
+    return value
+
+
+def _number(text: str) -> float:
+    """float(text), nan for what is not a number (refused with the rest)."""
+    try:
+        return float(text)
+    except ValueError:
+        return math.nan
+
+
+def _bad_value(message: str) -> Exception:
+    import argparse
+
+    return argparse.ArgumentTypeError(message)
+
+
+def output_file(dest: str, flag: str, command: str) -> Path:
+    """A file the user names for distdoctor to write: written under a temporary name and
+    renamed over it, so what is there must be a regular file or nothing. A device or a
+    FIFO would be replaced by a file (as root, `--perfetto /dev/null` replaced the
+    machine's /dev/null); an empty name or a directory has no file name to rename to."""
+    path = Path(dest)
+    if not dest.strip():
+        raise UserError(f"{command}: {flag} needs a file name", 2)
+    if not path.name or dest.endswith(os.sep) or path.is_dir():
+        raise UserError(f"{command}: {flag} {dest!r} is a directory; give the file to write",
+                        2)
+    try:
+        st = os.stat(path)
+    except OSError:
+        return path  # nothing there yet (a missing directory is said when writing)
+    if not stat.S_ISREG(st.st_mode):
+        raise UserError(f"{command}: {flag} {printable(dest)} is not a regular file (a device, FIFO or "
+                        "socket); distdoctor writes a new file and renames it into place, "
+                        "which would replace it", 2)
+    return path
 
 
 def add_tls(parser) -> None:

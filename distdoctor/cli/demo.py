@@ -23,6 +23,7 @@ import sys
 
 from distdoctor.cli import common
 from distdoctor.errors import UserError
+from distdoctor.launch.env import check_nproc
 from distdoctor.safetext import for_rich, printable  # the user's paths and flags: text
 
 
@@ -34,7 +35,7 @@ def register(sub) -> None:
     p.add_argument("--steps", type=int, default=50, help="training steps (50)")
     p.add_argument("--inject", action="append", default=[], metavar="KIND:key=val,...",
                    help="inject a failure (repeatable)")
-    p.add_argument("--hang-timeout", type=float, default=15.0, metavar="S",
+    p.add_argument("--hang-timeout", type=common.seconds_arg, default=15.0, metavar="S",
                    help="seconds in flight that make a hang (15 for the demo)")
     p.add_argument("--on-hang", choices=["report", "kill"], default="kill",
                    help="stop the job once a hang is diagnosed (kill)")
@@ -62,8 +63,8 @@ def run(args) -> int:
     from distdoctor.reference_trainer.config import demo_degrees
 
     nproc = args.nproc if args.nproc is not None else _default_nproc()
-    if nproc < 1:
-        raise UserError("demo: --nproc must be at least 1", 2)
+    if why := check_nproc(nproc, "demo"):
+        raise UserError(why, 2)
     if args.steps < 1:
         raise UserError("demo: --steps must be at least 1", 2)
     common.check_hang_timeout(args.hang_timeout, "demo")

@@ -75,6 +75,8 @@ def _perfetto(run_, args) -> None:
     from distdoctor.export.perfetto import write_perfetto
 
     findings = [] if args.no_findings else _findings(run_)
+    if args.perfetto != "-":  # (stdout is written as it is)
+        common.output_file(args.perfetto, "--perfetto", "export")
     stats = write_perfetto(run_, findings, args.perfetto)
     where = "stdout" if args.perfetto == "-" else args.perfetto
     print(f"wrote {stats.slices} slices, {stats.findings} findings for {stats.ranks} ranks "

@@ -47,9 +47,7 @@ def run(args) -> int:
     if args.run_dir is not None and is_pack(args.run_dir):
         raise UserError(f"pack: {args.run_dir} is a file (a pack already?); give a run dir")
     run_dir = Path(args.run_dir) if args.run_dir else rundir.newest_run_dir()
-    out = Path(args.output or f"{run_dir.resolve().name}.ddpack")
-    if out.is_dir():
-        raise UserError(f"pack: {out} is a directory; -o names the file to write")
+    out = common.output_file(args.output or f"{run_dir.resolve().name}.ddpack", "-o", "pack")
     t0 = time.monotonic()
     try:
         stats = write_pack(run_dir, out, sources=not args.no_source)

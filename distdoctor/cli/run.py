@@ -26,6 +26,7 @@ from pathlib import Path
 from distdoctor.cli import common
 from distdoctor.console import err_console
 from distdoctor.errors import UserError
+from distdoctor.launch.env import check_nproc
 from distdoctor.launch.launcher_report import LauncherReport
 from distdoctor.safetext import printable  # the user's paths: text, never control
 
@@ -47,7 +48,7 @@ def register(sub) -> None:
                    "done on a long wait")
     p.add_argument("--stacks", choices=["culprits", "all"], default="culprits",
                    help="whose Python stacks a hang finding carries (culprits)")
-    p.add_argument("--grace", type=float, default=5.0, metavar="S",
+    p.add_argument("--grace", type=common.grace_arg, default=5.0, metavar="S",
                    help="seconds the other ranks get after one fails, before they are "
                    "stopped; and between SIGTERM and SIGKILL when the job is stopped (5)")
     p.add_argument("--forward", metavar="HOST:PORT",
@@ -86,8 +87,8 @@ def run(args) -> int:
         cmd = cmd[1:]
     if not cmd:
         raise UserError("run: no command given (distdoctor run [--nproc N] -- CMD ...)", 2)
-    if args.nproc is not None and args.nproc < 1:
-        raise UserError("run: --nproc must be at least 1", 2)
+    if why := check_nproc(args.nproc, "run"):
+        raise UserError(why, 2)
     common.check_hang_timeout(args.hang_timeout, "run")
     forward_to, tls = None, None
     if args.forward:

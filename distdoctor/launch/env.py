@@ -10,6 +10,20 @@ import distdoctor.launch.bootstrap as bootstrap
 from distdoctor.runlog.rundir import ENV_RUN_DIR
 
 BOOTSTRAP_DIR = str(Path(bootstrap.__file__).resolve().parent)
+# `--nproc N` starts N processes on this machine, an environment each: past this it is a
+# typo (--nproc 10000000 took 10 GB building environments before starting any), and a job
+# larger than a node runs under a launcher per node
+MAX_LOCAL_RANKS = 4096
+
+
+def check_nproc(nproc: int | None, command: str) -> str | None:
+    """Why `--nproc` cannot be used (one line), or None."""
+    if nproc is None or 1 <= nproc <= MAX_LOCAL_RANKS:
+        return None
+    if nproc < 1:
+        return f"{command}: --nproc must be at least 1"
+    return (f"{command}: --nproc {nproc} is more processes than one machine runs (at most "
+            f"{MAX_LOCAL_RANKS}); a larger job runs a launcher per node")
 
 
 def traced_env(run_dir: str | os.PathLike, base: dict | None = None) -> dict:

@@ -17,6 +17,7 @@ import re
 from pathlib import Path
 
 from distdoctor.errors import UserError
+from distdoctor.safetext import printable
 
 
 def open_log(path: str):
@@ -37,6 +38,8 @@ def expand(specs: list[str]) -> list[str]:
     out: list[str] = []
     for spec in specs:
         pattern = os.path.expanduser(spec)
+        if not pattern.strip():
+            raise UserError("diagnose: --log needs a file name (a path or a glob)", 2)
         if any(c in pattern for c in "*?["):
             import glob
             matches = sorted((p for p in glob.glob(pattern) if os.path.isfile(p)), key=_natural)
@@ -45,10 +48,13 @@ def expand(specs: list[str]) -> list[str]:
         else:
             p = Path(pattern)
             if not p.exists():
-                raise UserError(f"diagnose: log {spec} not found", 2)
+                raise UserError(f"diagnose: log {printable(spec)} not found", 2)
             if p.is_dir():
-                raise UserError(f"diagnose: log {spec} is a directory: give its files, "
-                                f"e.g. --log '{spec.rstrip('/')}/*.log'", 2)
+                raise UserError(f"diagnose: log {printable(spec)!r} is a directory: give its "
+                                f"files, e.g. --log '{printable(spec.rstrip('/'))}/*.log'", 2)
+            if not p.is_file():  # a FIFO blocked the open with no writer; /dev/zero never ends
+                raise UserError(f"diagnose: log {printable(spec)} is not a regular file (a "
+                                "pipe or a device): save it to a file first", 2)
             matches = [pattern]
         for m in matches:
             try:

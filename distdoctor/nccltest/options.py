@@ -14,6 +14,7 @@ import re
 from dataclasses import dataclass, field
 
 from distdoctor.errors import UserError
+from distdoctor.launch.env import check_nproc
 
 # nccl-tests' type names, in its order, with torch's name and the element size in bytes.
 DTYPES: dict[str, tuple[str, int]] = {
@@ -167,8 +168,8 @@ def validate(opts: Options) -> Options:
         raise UserError("-z/--blocking takes 0 or 1", 2)
     if opts.root < -1:
         raise UserError("-r/--root takes a rank (0 or more) or all", 2)
-    if opts.nproc is not None and opts.nproc < 1:
-        raise UserError("--nproc must be at least 1", 2)
+    if why := check_nproc(opts.nproc, "nccl-test"):
+        raise UserError(why, 2)
     if opts.pairwise and opts.split:
         raise UserError("--pairwise and --split do not combine: pairwise already tests "
                         "every pair on its own", 2)

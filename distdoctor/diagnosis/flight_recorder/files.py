@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import pickle
 import re
 from collections import defaultdict
@@ -67,6 +68,9 @@ def read_dump(path: Path) -> dict:
     """A dump's top-level dict, from pickle or JSON (told apart by content)."""
     try:
         with open(path, "rb") as fh:
+            # a file's size first: one over the bound is refused without reading a GiB
+            if os.fstat(fh.fileno()).st_size > MAX_DUMP_BYTES:
+                raise Unreadable(f"{path} is over {MAX_DUMP_BYTES >> 20} MiB: not a dump")
             data = fh.read(MAX_DUMP_BYTES + 1)
     except OSError as exc:
         raise Unreadable(f"cannot read {path}: {exc.strerror}") from None
