@@ -225,6 +225,9 @@ class RankLog:
         while at + F.STRING_LEN.size <= end:
             (n,) = F.STRING_LEN.unpack_from(data, at)
             start = at + F.STRING_LEN.size
+            if n == 0:  # never written (JSON is one byte at least): the rest is no table;
+                at = end  # zeros decoded one by one took minutes (a crafted pack)
+                break
             if start + n > end:
                 break
             try:

@@ -62,6 +62,11 @@ def read_incarnations(path=None, ranks: list[int] | None = None) -> list[Run]:
             except UserError as exc:
                 lost.append((rank, n, str(exc)))
                 continue
+            if log.rank != rank:  # a copied or crafted file: its events would be misplaced
+                lost.append((rank, n, f"{ring_path(info.path, rank, n).name} says it is rank "
+                                      f"{log.rank}: not this rank's log; left out"))
+                log.close()
+                continue
             logs.append((log.created_wall_ns, n, rank, log))
     numbering = Incarnations()
     placed = [(numbering.assign(rank, log.launch), rank, n, log)

@@ -156,7 +156,8 @@ def _load_json(path: Path, what: str) -> dict:
     try:
         data = json.loads(path.read_text())
     except (OSError, UnicodeDecodeError) as exc:
-        raise UserError(f"cannot read {what} {path}: {exc.strerror or exc}") from None
+        raise UserError(f"cannot read {what} {path}: "
+                        f"{getattr(exc, 'strerror', None) or exc}") from None
     except json.JSONDecodeError as exc:
         raise UserError(f"{what} {path} is not valid JSON (truncated?): {exc.msg} "
                         f"at line {exc.lineno}") from None

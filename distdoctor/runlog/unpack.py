@@ -24,6 +24,7 @@ from pathlib import Path
 from distdoctor.errors import UserError
 from distdoctor.runlog import format as F
 from distdoctor.runlog import pack as P
+from distdoctor.runlog import rundir
 
 _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 # The run dirs unpacked now in this process: each spelling of the temp dir (as made, and
@@ -160,10 +161,29 @@ def unpack(pack: str | os.PathLike, dest: str | os.PathLike) -> int:
                 raise r.bad("an entry's name is not text") from None
             total += raw_len
             count += 1
+            _check_room(dest, raw_len, name)
             if kind == P.KIND_FILE:
                 _unpack_file(r, Path(dest), rel, stored_len, raw_len, crc)
             else:
                 _unpack_log(r, Path(dest), rel, stored_len, raw_len, crc)
+
+
+# What unpacking leaves free on the temp dir's disk: a pack inflates 1,000 times at most
+# (zlib), so a small one can ask for all of it (a 3 MB pack wrote 3 GiB)
+KEEP_FREE_SHARE = 0.1
+KEEP_FREE_MIN = 1 << 30
+
+
+def _check_room(dest, raw_len: int, name: str) -> None:
+    try:
+        st = os.statvfs(dest)
+    except OSError:
+        return
+    free, size = st.f_bavail * st.f_frsize, st.f_blocks * st.f_frsize
+    if raw_len > free - max(KEEP_FREE_MIN, int(KEEP_FREE_SHARE * size)):
+        raise UserError(f"cannot unpack {name}: an entry of {raw_len >> 20} MiB would fill "
+                        f"the temp dir's disk ({free >> 20} MiB free; set TMPDIR to a larger "
+                        "one)")
 
 
 def _create(dest: Path, rel: str) -> int:
@@ -191,23 +211,18 @@ def _unpack_file(r: _Reader, dest: Path, rel: str, stored_len, raw_len, crc) -> 
 
 
 def _unpack_log(r: _Reader, dest: Path, rel: str, stored_len, raw_len, crc) -> None:
-    buf = bytearray()
-    got = r.inflate(stored_len, raw_len, buf.extend)
+    parsed = rundir.parse_log_name(rel[len("ranks/"):]) if rel.startswith("ranks/") else None
+    if parsed is None or parsed[2] != "ring":  # (a log under run.json's name was read whole)
+        raise r.bad(f"a log named {rel}, not a rank's log")
+    check = _LogCheck(r, rel, raw_len, parsed[0])
+    got = r.inflate(stored_len, raw_len, check.take)
     if got != crc:
         raise r.bad(f"{rel} does not match its checksum")
-    if len(buf) < P.RING_META.size + F.HEADER_SIZE:
+    if check.meta is None:
         raise r.bad(f"{rel} is too short for a log")
-    full, first, n, used = P.RING_META.unpack_from(buf, 0)
-    head = bytes(buf[P.RING_META.size:P.RING_META.size + F.HEADER_SIZE])
-    layout = P.layout_of(head, full)
-    if layout is None or layout[-1] != full:
-        raise r.bad(f"{rel} holds no log this distdoctor reads")
-    capacity, s_off, s_size, r_off, _ = layout
-    at = P.RING_META.size + F.HEADER_SIZE
-    if (used > s_size or n > capacity
-            or len(buf) != at + used + n * F.SLOT_SIZE
-            or first + n != F.U64.unpack_from(head, F.OFF_HEAD)[0]):
-        raise r.bad(f"{rel}'s parts do not add up")
+    buf, (full, first, n, used, at, layout) = check.buf, check.meta
+    head = bytes(buf[P.RING_META.size:at])
+    capacity, s_off, _s_size, r_off, _ = layout
     fd = _create(dest, rel)
     try:
         os.ftruncate(fd, full)  # sparse, as the rank's own
@@ -224,6 +239,43 @@ def _unpack_log(r: _Reader, dest: Path, rel: str, stored_len, raw_len, crc) -> N
             done += k
     finally:
         os.close(fd)
+
+
+class _LogCheck:
+    """A log entry as it inflates: its header is judged from its first bytes, before the
+    rest is taken in (a 1 GiB entry of zeros was held whole before its header was read).
+    What the header says must be what the entry carries, as pack.py writes it: its string
+    bytes, the events since the oldest the ring still holds, the rank its name says (a
+    string table the entry did not carry was read from zeros for minutes; a window wider
+    than the entry, read whole, took 2 GB)."""
+
+    def __init__(self, r: _Reader, rel: str, raw_len: int, rank: int):
+        self.r, self.rel, self.raw_len, self.rank = r, rel, raw_len, rank
+        self.buf = bytearray()
+        self.meta: tuple | None = None
+
+    def take(self, piece: bytes) -> None:
+        self.buf += piece
+        if self.meta is None and len(self.buf) >= P.RING_META.size + F.HEADER_SIZE:
+            self.meta = self._judge()
+
+    def _judge(self) -> tuple:
+        buf, bad = self.buf, self.r.bad
+        full, first, n, used = P.RING_META.unpack_from(buf, 0)
+        at = P.RING_META.size + F.HEADER_SIZE
+        head = bytes(buf[P.RING_META.size:at])
+        layout = P.layout_of(head, full)
+        if layout is None or layout[-1] != full:
+            raise bad(f"{self.rel} holds no log this distdoctor reads")
+        capacity = layout[0]
+        n_head = F.U64.unpack_from(head, F.OFF_HEAD)[0]
+        if (used > layout[2] or used != F.U64.unpack_from(head, F.OFF_STRINGS_USED)[0]
+                or first != max(0, n_head - capacity) or n != n_head - first
+                or self.raw_len != at + used + n * F.SLOT_SIZE):
+            raise bad(f"{self.rel}'s parts do not add up")
+        if F.HEADER_STATIC.unpack_from(head, 0)[8] != self.rank:
+            raise bad(f"{self.rel} holds another rank's log")
+        return full, first, n, used, at, layout
 
 
 def shown(text: str | os.PathLike, quote=None) -> str:
@@ -250,6 +302,7 @@ def unpacked(pack: str | os.PathLike):
     spellings = {dest, os.path.realpath(dest)}
     for tmp in spellings:
         _SHOWN[tmp] = str(pack)
+    restore = _exit_on_termination()
     try:
         try:
             unpack(pack, dest)
@@ -260,3 +313,30 @@ def unpacked(pack: str | os.PathLike):
         shutil.rmtree(dest, ignore_errors=True)
         for tmp in spellings:
             _SHOWN.pop(tmp, None)
+        restore()
+
+
+def _exit_on_termination():
+    """SIGTERM and SIGHUP end the command through its `finally` blocks, as Ctrl-C does,
+    while a pack lies unpacked (by default they end the process where it stands, and the
+    unpacked run dir, GiBs from a large pack, stayed in the temp dir). Returns what puts
+    the handlers back; only the main thread can set them (elsewhere: nothing)."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        return lambda: None
+
+    def leave(signum, frame):
+        raise SystemExit(128 + signum)
+
+    before = {}
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        if signal.getsignal(sig) is signal.SIG_DFL:  # (one the command set stays its own)
+            before[sig] = signal.signal(sig, leave)
+
+    def restore():
+        for sig, handler in before.items():
+            signal.signal(sig, handler)
+
+    return restore
