@@ -5,9 +5,11 @@
    shares its gloo backend (exactly torch's untraced path). Both see the same process
    placement and the same neighbours, so the ratio of their medians is the tracer's cost
    on this op; separate launches differ from each other by more than that (+-15% here).
-2. Launched, 2 gloo ranks: untraced, distdoctor, TORCH_DISTRIBUTED_DEBUG=DETAIL and the
-   Flight Recorder, each in its own processes (the latter two cannot be switched on for
-   one group only), interleaved REPEATS times, median kept.
+2. Launched, 2 gloo ranks: untraced, distdoctor (traced, no `run`), under `distdoctor run`
+   (its live diagnosis following the ranks on the same cores), TORCH_DISTRIBUTED_DEBUG=
+   DETAIL and the Flight Recorder, each in its own processes (the latter two cannot be
+   switched on for one group only), interleaved REPEATS times, median kept; and
+   distdoctor's two rows against the Flight Recorder round by round.
 3. The tracer's own cost per call: torch's fake backend (no communication and no worker
    thread), traced minus untraced time per call; and paired, in ONE traced process:
    blocks of 1,000 calls alternate between the traced group and its plain twin, timed
@@ -156,6 +158,21 @@ def _spawn(nproc: int, worker_args: list[str], extra_env: dict, traced: bool,
     return outs[0]
 
 
+def _under_run(nproc: int, worker_args: list[str], extra_env: dict) -> str:
+    """The worker launched by `distdoctor run --nproc`; what the ranks printed (relayed)."""
+    base = {k: v for k, v in os.environ.items() if not k.startswith(("DISTDOCTOR", "TORCH_"))}
+    base.update(extra_env)
+    with tempfile.TemporaryDirectory(prefix="dd-bench-run-") as tmp:
+        done = subprocess.run(
+            [sys.executable, "-m", "distdoctor", "run", "--nproc", str(nproc), "--run-dir",
+             os.path.join(tmp, "run"), "--", sys.executable, WORKER, *worker_args],
+            env=base, capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=600)
+    if done.returncode:
+        raise RuntimeError(f"distdoctor run failed: {done.stderr[-2000:]}")
+    return "\n".join(line[line.index("US_PER_OP"):] for line in
+                     (done.stdout + done.stderr).splitlines() if "US_PER_OP" in line)
+
+
 def paired(rounds: int, tree: str | None = None) -> tuple[float, float]:
     for line in _spawn(2, ["--paired", str(rounds)], {}, True, tree).splitlines():
         if line.startswith("PAIRED"):
@@ -164,9 +181,13 @@ def paired(rounds: int, tree: str | None = None) -> tuple[float, float]:
     raise RuntimeError("paired worker printed nothing")
 
 
-def launch(nproc: int, iters: int, extra_env: dict, traced: bool, fake: bool = False) -> float:
-    out = _spawn(nproc, ["--worker", str(iters), *(["--fake"] if fake else [])], extra_env,
-                 traced)
+def launch(nproc: int, iters: int, extra_env: dict, traced: bool | str,
+           fake: bool = False) -> float:
+    """us per op of rank 0; `traced`: False, True (traced, no `run`), or "run" (launched by
+    `distdoctor run --nproc`, its live diagnosis following the ranks beside them)."""
+    worker_args = ["--worker", str(iters), *(["--fake"] if fake else [])]
+    out = (_under_run(nproc, worker_args, extra_env) if traced == "run"
+           else _spawn(nproc, worker_args, extra_env, traced))
     for line in out.splitlines():
         if line.startswith("US_PER_OP"):
             return float(line.split()[1])
@@ -179,6 +200,7 @@ _NO_FR = {"TORCH_FR_BUFFER_SIZE": "0"}
 CONFIGS = {
     "untraced": (_NO_FR, False),
     "distdoctor": (_NO_FR, True),
+    "distdoctor run (its live diagnosis beside)": (_NO_FR, "run"),
     "TORCH_DISTRIBUTED_DEBUG=DETAIL": ({"TORCH_DISTRIBUTED_DEBUG": "DETAIL", **_NO_FR}, False),
     "Flight Recorder (TORCH_FR_BUFFER_SIZE=20000)": ({"TORCH_FR_BUFFER_SIZE": "20000"}, False),
 }
@@ -243,13 +265,26 @@ def launched_report(args) -> None:
     print(f"launched: 2 gloo ranks, {args.iters} x all_reduce(1 element), median of "
           f"{args.repeats} launches each")
     times = {name: [] for name in CONFIGS}
-    for _ in range(args.repeats):
-        for name, (env, traced) in CONFIGS.items():
+    names = list(CONFIGS)
+    for rnd in range(args.repeats):
+        # the order turns by one each round: a launch's place in its round (after the
+        # slow DETAIL one, first after a pause) weighs on every configuration alike
+        for name in names[rnd % len(names):] + names[:rnd % len(names)]:
+            env, traced = CONFIGS[name]
             times[name].append(launch(2, args.iters, env, traced))
     base = statistics.median(times["untraced"])
     for name, ts in times.items():
         med = statistics.median(ts)
         print(f"  {name:46s} {med:8.1f} us/op   ratio {med / base:5.3f}")
+    # each round's configurations ran back to back: a ratio within a round leaves out the
+    # machine's drift between rounds (the launches' own spread is +-15% here)
+    fr = next(name for name in CONFIGS if name.startswith("Flight Recorder"))
+    for name in ("distdoctor", "distdoctor run (its live diagnosis beside)"):
+        rs = [a / b for a, b in zip(times[name], times[fr], strict=True)]
+        q1, _, q3 = statistics.quantiles(rs, n=4) if len(rs) > 1 else rs * 3
+        print(f"  {name} / Flight Recorder, round by round: median {statistics.median(rs):5.3f}"
+              f" (quartiles {q1:5.3f}-{q3:5.3f}; {sum(r <= 1 for r in rs)} of {len(rs)} "
+              f"rounds no slower)")
     print(f"  (load {os.getloadavg()[0]:.2f})")
 
 
