@@ -178,19 +178,24 @@ def test_the_table_of_4096_ranks_shows_the_notable_ones_and_finds_the_rest():
     assert len(cells.ranks_shown(small)[0]) == 8  # a small job: every rank, always
 
 
-def test_the_dashboard_of_4096_ranks_draws_the_summary_and_finds_on_demand():
-    import asyncio
-
+def big_job_dashboard(run_dir: str = "/runs/x"):
+    """The dashboard app over _big_job(), its run dir named `run_dir`."""
     from distdoctor.tui.app import WatchApp
 
     class Taker:  # the app asks a taker for snapshots, and the live view for its path
-        live = type("Live", (), {"run_dir": "/runs/x"})()
+        live = type("Live", (), {"run_dir": run_dir})()
         detail_rank = None
 
         def take(self):
             return _big_job()
 
-    app = WatchApp(Taker(), refresh_s=3600)
+    return WatchApp(Taker(), refresh_s=3600)
+
+
+def test_the_dashboard_of_4096_ranks_draws_the_summary_and_finds_on_demand():
+    import asyncio
+
+    app = big_job_dashboard()
 
     async def drive():
         async with app.run_test(size=(200, 60)) as pilot:

@@ -166,17 +166,9 @@ def test_the_find_box_quotes_what_the_user_typed_as_text():
     typed there stopped the dashboard with rich's MarkupError."""
     import asyncio
 
-    from distdoctor.tui.app import WatchApp
-    from test_watch_units import _big_job
+    from test_watch_units import big_job_dashboard
 
-    class Taker:
-        live = type("Live", (), {"run_dir": "/runs/x\x1b[2J"})()
-        detail_rank = None
-
-        def take(self):
-            return _big_job()
-
-    app = WatchApp(Taker(), refresh_s=3600)
+    app = big_job_dashboard("/runs/x\x1b[2J")
 
     async def drive():
         async with app.run_test(size=(200, 60)) as pilot:
