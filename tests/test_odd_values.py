@@ -98,3 +98,9 @@ def good_run(tmp_path_factory) -> Path:
     run_dir = tmp_path_factory.mktemp("good") / "run"
     assert run_job("many_ops.py", 2, run_dir, "5").returncode == 0
     return run_dir
+
+
+def test_a_bad_fault_for_the_demo_is_one_line_before_any_rank_starts(tmp_path):
+    line = _one_line_refusal(["demo", "--no-dashboard", "--inject", "garbage"], cwd=tmp_path)
+    assert "unknown kind 'garbage'" in line  # (13 lines from 8 started ranks before)
+    assert not (tmp_path / "distdoctor-runs").exists()

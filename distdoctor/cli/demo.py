@@ -68,6 +68,13 @@ def run(args) -> int:
     if args.steps < 1:
         raise UserError("demo: --steps must be at least 1", 2)
     common.check_hang_timeout(args.hang_timeout, "demo")
+    from distdoctor.reference_trainer.faults import FaultSpecError, parse_inject
+
+    for spec in args.inject:  # said here in one line, not by every rank after its start
+        try:
+            parse_inject(spec)
+        except FaultSpecError as exc:
+            raise UserError(f"demo: {exc}", 2) from None
     # gloo/NCCL's own timeout must be longer than distdoctor's, or the transport gives
     # up (with an error that names no culprit) before the hang is diagnosed
     transport_timeout = max(60.0, 3 * args.hang_timeout)
