@@ -104,3 +104,9 @@ def test_a_bad_fault_for_the_demo_is_one_line_before_any_rank_starts(tmp_path):
     line = _one_line_refusal(["demo", "--no-dashboard", "--inject", "garbage"], cwd=tmp_path)
     assert "unknown kind 'garbage'" in line  # (13 lines from 8 started ranks before)
     assert not (tmp_path / "distdoctor-runs").exists()
+
+
+def test_an_empty_output_name_for_nccl_test_is_refused(tmp_path):
+    for flag in ("--csv", "--json"):
+        line = _one_line_refusal(["nccl-test", "--nproc", "1", flag, ""], cwd=tmp_path)
+        assert f"{flag} needs a file name" in line

@@ -182,6 +182,8 @@ def validate(opts: Options) -> Options:
         raise UserError("-G/--cudagraph needs CUDA and the nccl backend; gloo has no graphs", 2)
     for flag, path in (("--json", opts.json_path), ("--csv", opts.csv_path),
                        ("--plot", opts.plot_path)):
+        if path is not None and not path.strip():  # (an empty name wrote nothing, said nothing)
+            raise UserError(f"{flag} needs a file name", 2)
         parent = os.path.dirname(os.path.abspath(path)) if path else None
         if parent and not os.path.isdir(parent):
             raise UserError(f"{flag} {path}: directory {parent} does not exist", 2)
