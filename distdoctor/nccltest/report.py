@@ -16,6 +16,7 @@ from distdoctor.errors import UserError
 from distdoctor.nccltest.ops import OPS
 from distdoctor.nccltest.options import AVERAGE_NAMES, Options
 from distdoctor.nccltest.results import OpReport, PlaceResult, RankInfo, Row
+from distdoctor.safetext import printable
 
 JSON_FORMAT = "distdoctor.nccl-test"
 JSON_VERSION = 1
@@ -239,6 +240,6 @@ def write_plot(reports: list[OpReport], path: str, title: str) -> None:
 
 def print_lines(lines: list[str], file: TextIO | None = None) -> None:
     out = file or sys.stdout
-    for line in lines:
-        print(line, file=out)
+    for line in lines:  # hosts and device names are what the other ranks said
+        print(printable(line), file=out)
     out.flush()

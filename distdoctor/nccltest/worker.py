@@ -17,6 +17,7 @@ import sys
 
 from distdoctor.errors import UserError
 from distdoctor.nccltest.options import Options
+from distdoctor.safetext import printable
 
 OPTIONS_ENV = "DISTDOCTOR_NCCLTEST_OPTIONS"
 HOSTS_ENV = "DISTDOCTOR_TEST_HOSTS"  # test-only: "rank:host,..." stands in for other nodes
@@ -124,11 +125,11 @@ def run_rank(opts: Options) -> int:
     try:
         return _run(opts)
     except RankError as exc:
-        print(f"distdoctor: error: rank {rank}: {exc}", file=sys.stderr)
+        print(f"distdoctor: error: rank {rank}: {printable(exc)}", file=sys.stderr)
         return exc.exit_code
     except UserError as exc:
         if rank == 0:
-            print(f"distdoctor: error: {exc}", file=sys.stderr)
+            print(f"distdoctor: error: {printable(exc)}", file=sys.stderr)
         return exc.exit_code
     except KeyboardInterrupt:
         return 130
@@ -137,7 +138,7 @@ def run_rank(opts: Options) -> int:
             raise
         lines = str(exc).strip().splitlines()
         print(f"distdoctor: error: rank {rank}: {type(exc).__name__}: "
-              f"{lines[0] if lines else ''} (set {DEBUG_ENV}=1 for the traceback)",
+              f"{printable(lines[0]) if lines else ''} (set {DEBUG_ENV}=1 for the traceback)",
               file=sys.stderr)
         return 1
 
