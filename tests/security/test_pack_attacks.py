@@ -181,9 +181,9 @@ def test_a_run_json_that_is_not_text_is_one_line(good, tmp_path):
 
 
 def test_a_log_entry_of_zeros_is_refused_before_it_is_held(good, tmp_path):
-    items = [(k, n, bytes(1 << 30) if k == RING and n.endswith("00000.ring") else r)
+    items = [(k, n, bytes(256 << 20) if k == RING and n.endswith("00000.ring") else r)
              for k, n, r in entries(good)]
-    pack = build(tmp_path / "x.ddpack", items)  # ~1 MB: 1 GiB of zeros inflated
+    pack = build(tmp_path / "x.ddpack", items)  # ~250 KB: 256 MiB of zeros inflated
     code = ("import resource, subprocess, sys\n"
             "r = subprocess.run([sys.executable, '-m', 'distdoctor', 'diagnose', sys.argv[1]],"
             " capture_output=True, text=True, timeout=120)\n"
@@ -192,7 +192,7 @@ def test_a_log_entry_of_zeros_is_refused_before_it_is_held(good, tmp_path):
     out = subprocess.run([sys.executable, "-c", code, str(pack)], capture_output=True,
                          text=True, timeout=150, stdin=subprocess.DEVNULL).stdout
     rss_kb = int(out.split("\n", 1)[0])
-    assert rss_kb < 300_000 and "no log this distdoctor reads" in out, out  # 1.07 GB before
+    assert rss_kb < 150_000 and "no log this distdoctor reads" in out, out  # 300 MB before
 
 
 def test_sigterm_while_a_pack_lies_unpacked_removes_it(good, tmp_path):
