@@ -4,8 +4,10 @@ temp dir, every file with O_EXCL | O_NOFOLLOW, each log sparse at its size.
 Bounded whatever the pack says: entries (MAX_ENTRIES), names (relative, plain parts, in
 a run dir's folders), what an entry inflates to (its stated size, checked as it
 inflates, MAX_ENTRY_RAW at most) and all of them (MAX_TOTAL_RAW), a log's sparse size
-(MAX_LOG_SIZE). Each entry's CRC-32 and the trailer's SHA-256 of the whole file are
-checked before the run dir is handed over. A pack that is truncated, corrupt, foreign or
+(MAX_LOG_SIZE), the temp dir's disk (a share of it left free); a log entry's header is
+judged before the rest of the entry is held, and must say what the entry carries. Each
+entry's CRC-32 and the trailer's SHA-256 of the whole file are checked before the run dir
+is handed over. A pack that is truncated, corrupt, foreign or
 of a newer version is one line (UserError, exit 2).
 """
 
