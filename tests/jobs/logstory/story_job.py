@@ -4,7 +4,8 @@
                           (rank 0 then loses its peer inside the next all_reduce)
   --fault store-never-fills  the ranks join a process group of one rank more than were
                           launched: the store never fills; a faulthandler dump after 1.5 s
-                          shows where they stood, then the test stops the launcher (SIGTERM)
+                          (rank r's at 1.5 + r s) shows where they stood, then the test
+                          stops the launcher (SIGTERM)
 Run under torchrun (its environment contract: RANK, WORLD_SIZE, MASTER_ADDR/PORT).
 """
 
@@ -26,7 +27,9 @@ def main() -> None:
     args = ap.parse_args()
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     if args.fault == "store-never-fills":
-        faulthandler.dump_traceback_later(1.5, exit=False)
+        # one rank's dump after the other's: two at once interleave their lines in the
+        # combined log, and the stuck frame read from them was then torch's wrapper
+        faulthandler.dump_traceback_later(1.5 + rank, exit=False)
         print(f"rank {rank}: init_process_group (world {world + 1})", flush=True)
         dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{args.port}",
                                 rank=rank, world_size=world + 1, timeout=timedelta(seconds=60))
