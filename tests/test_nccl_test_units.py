@@ -299,6 +299,7 @@ def test_header_and_footer_show_the_nvlink_peak_when_every_rank_shares_a_host():
 def test_what_other_ranks_said_is_printed_as_text():
     """A rank's host and device names reach the table as they said them: as text."""
     out = io.StringIO()
-    report.print_lines(["#  Rank  1 Group  0 Pid   4242 on vm\x1b[2J\x1b]0;owned\x07 device cpu"], out)
+    report.print_lines(["#  Rank  1 Group  0 Pid   4242 on vm\x1b[2J\x1b]0;owned\x07 device cpu"],
+                       out)
     assert "\x1b" not in out.getvalue() and "\x07" not in out.getvalue()
     assert "on vm" in out.getvalue()

@@ -238,7 +238,8 @@ class WatchApp(App):
 
     def action_pause(self) -> None:
         self.paused = not self.paused
-        self.sub_title = printable(shown(self.taker.live.run_dir)) + ("  [paused]" if self.paused else "")
+        self.sub_title = (printable(shown(self.taker.live.run_dir))
+                          + ("  [paused]" if self.paused else ""))
 
 
 def _fill(table: DataTable, shown: dict[str, tuple], rows: list[tuple[str, tuple]],

@@ -75,8 +75,9 @@ def rank_cells(row: RankRow, culprits: set[int]) -> tuple:
         _said(row.host or "?"),
         Text(row.state, style=STATE_STYLE.get(row.state, "")),
         _said(row.where),
-        _said(elide_head(printable(row.callsite), RANK_WIDTHS["line"]) if row.callsite
-              else "-", style="dim" if row.callsite is None else ""),
+        # (made printable before it is cut to its width: what the width counts is shown)
+        Text(elide_head(printable(row.callsite), RANK_WIDTHS["line"]) if row.callsite
+             else "-", style="dim" if row.callsite is None else ""),
         _said(row.last_done or "-"),
         _num(row.rate, ".0f"),
         _said(row.span or "-"),

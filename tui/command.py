@@ -67,7 +67,6 @@ def register(sub) -> None:
 def run(args) -> int:
     from distdoctor.runlog.rundir import open_run_dir
 
-    common.check_hang_timeout(args.hang_timeout, "watch")
     if args.backlog is not None and args.backlog < 0:
         raise UserError("watch: --backlog must be 0 or more", 2)
     if args.listen:

@@ -61,14 +61,6 @@ def add_run_hang_timeout(parser) -> None:
                         "number of seconds in flight (default: the run's own)")
 
 
-def check_hang_timeout(value: float | str | None, command: str) -> None:
-    if value is not None and value != AUTO and not (0 < value < math.inf):
-        # (nan compares false with everything: `value <= 0` let it through, and a hang was
-        # then never found)
-        raise UserError(f"{command}: --hang-timeout must be 'auto' or a positive number "
-                        "of seconds", 2)
-
-
 def seconds_arg(text: str) -> float:
     """A duration flag's type: a positive, finite number of seconds. float() takes "nan"
     and "inf", and nan passes every `<= 0` test (`check --timeout nan` failed every rank
@@ -117,9 +109,9 @@ def output_file(dest: str, flag: str, command: str) -> Path:
     except OSError:
         return path  # nothing there yet (a missing directory is said when writing)
     if not stat.S_ISREG(st.st_mode):
-        raise UserError(f"{command}: {flag} {printable(dest)} is not a regular file (a device, FIFO or "
-                        "socket); distdoctor writes a new file and renames it into place, "
-                        "which would replace it", 2)
+        raise UserError(f"{command}: {flag} {printable(dest)} is not a regular file (a "
+                        "device, FIFO or socket); distdoctor writes a new file and renames it "
+                        "into place, which would replace it", 2)
     return path
 
 

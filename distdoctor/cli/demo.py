@@ -67,7 +67,6 @@ def run(args) -> int:
         raise UserError(why, 2)
     if args.steps < 1:
         raise UserError("demo: --steps must be at least 1", 2)
-    common.check_hang_timeout(args.hang_timeout, "demo")
     from distdoctor.reference_trainer.faults import FaultSpecError, parse_inject
 
     for spec in args.inject:  # said here in one line, not by every rank after its start

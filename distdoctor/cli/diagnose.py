@@ -54,7 +54,6 @@ def run(args) -> int:
 def _diagnose(args) -> int:
     from distdoctor.findings import Finding
 
-    common.check_hang_timeout(args.hang_timeout, "diagnose")
     findings: list[Finding] = []
     notes: list[str] = []
     sources = []

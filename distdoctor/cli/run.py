@@ -89,7 +89,6 @@ def run(args) -> int:
         raise UserError("run: no command given (distdoctor run [--nproc N] -- CMD ...)", 2)
     if why := check_nproc(args.nproc, "run"):
         raise UserError(why, 2)
-    common.check_hang_timeout(args.hang_timeout, "run")
     forward_to, tls = None, None
     if args.forward:
         from distdoctor.collect.server import parse_address

@@ -56,8 +56,8 @@ def run(args) -> int:
     for rank, why in sorted(run_.unreadable.items()):
         console.print(f"[yellow]rank {rank}: {for_rich(why)}[/]")
     if not run_.events:
-        console.print(f"no event logs in {for_rich(shown(run_.path))} (did any rank create a process "
-                      f"group?)")
+        console.print(f"no event logs in {for_rich(shown(run_.path))} (did any rank create "
+                      "a process group?)")
         return 0
     for rank, header in sorted(run_.headers.items()):
         if header.dropped:
