@@ -140,3 +140,15 @@ def test_a_hung_torchrun_job_whose_heartbeat_repeats_is_said_as_the_stall(tmp_pa
     (top,) = warned_of(scan_logs([str(out)])[0])
     assert top.kind == "hang" and "still at step 4" in top.summary and "rank 0" in top.summary
     assert top.severity == "warning"  # seconds of it: the job may yet go on
+
+
+def test_two_ranks_stalled_on_one_line_read_the_same_whatever_the_hash_seed():
+    """Which rank's repeated line a stall quotes followed a set's order, so the same log
+    read in two processes could say "rank 0" once and "rank 1" the next time."""
+    log = Path(__file__).parent / "fixtures" / "logs" / "round4" / "user_heartbeat_stuck_step.log"
+    code = ("import sys; from distdoctor.logs import scan_logs; "
+            "print(scan_logs([sys.argv[1]])[0][0].summary)")
+    said = {subprocess.run([sys.executable, "-c", code, str(log)], capture_output=True,
+                           text=True, timeout=60, env=dict(os.environ, PYTHONHASHSEED=str(seed)),
+                           check=True).stdout for seed in range(1, 5)}
+    assert len(said) == 1, said

@@ -15,12 +15,14 @@ STACK_LINES = 25  # per rank in the full report; the JSON keeps them whole
 def site_text(cs: dict) -> str:
     """A call-site entry of a finding as people read it: "rank 3: /abs/train.py:88 in
     step", and the framework frame that issued the op for that line where one did:
-    "rank 1: /abs/train.py:82 in main (trainer.fit, in Lightning's DDPStrategy.barrier)"."""
+    "rank 1: /abs/train.py:82 in main (trainer.fit, in Lightning's DDPStrategy.barrier)";
+    no rank where none is known (a log's stack dump without rank prefixes)."""
     where = f"{cs.get('file')}:{cs.get('line')}" if cs.get("file") else "unknown line"
     fn = f" in {cs['function']}" if cs.get("function") else ""
     fw = framework_text(cs)
     via = f" ({cs['call'] + ', ' if cs.get('call') else ''}in {fw})" if fw else ""
-    return f"rank {cs.get('rank')}: {where}{fn}{via}"
+    rank = f"rank {cs['rank']}: " if cs.get("rank") is not None else ""
+    return f"{rank}{where}{fn}{via}"
 
 
 def rank_ranges(ranks, among=None, limit: int = 80) -> str:

@@ -10,10 +10,11 @@ from __future__ import annotations
 import re
 
 from distdoctor.findings import Finding
+from distdoctor.logs.dumps import TORN_WORDS, read_last_dump
 from distdoctor.logs.lines import LogLine
 from distdoctor.logs.problems import clip, short_path
 from distdoctor.logs.signals import UNKNOWN, Signal
-from distdoctor.logs.story import FINISHED, Story, last_dump
+from distdoctor.logs.story import FINISHED, Story
 
 LOOK_BACK = 60  # lines before an error read for its cause
 # the driver's and CUDA's own libraries: when one of them did not load, what fails next is a
@@ -161,8 +162,15 @@ def _stuck_when_stopped(f: Finding, story: Story, line: LogLine) -> bool:
     if f.details.get("family") != "launcher" or "SIG" not in f.summary:
         return False
     fs = story.files.get(line.file)
-    frames = last_dump(fs.lines_before(line.lineno, 400)) if fs is not None else []
+    if fs is None:
+        return False
+    dump = read_last_dump(fs.lines_before(line.lineno, 400))
+    frames = dump.frames
     if not frames:
+        if dump.torn:  # dumps were printed, and tore: say so, claim no frame
+            f.summary += f"; before it, {TORN_WORDS.format(n=dump.heads)}"
+            f.details["cause_before"] = {"rule": "stuck_then_stopped", "dump": "torn",
+                                         "stacks": dump.heads}
         return False
     inner = next((fr for fr in frames if "/threading.py" not in fr["file"]), frames[0])
     user = next((fr for fr in frames if "site-packages" not in fr["file"]

@@ -19,6 +19,7 @@ import re
 from collections import Counter
 
 from distdoctor.findings import Finding
+from distdoctor.logs.dumps import TORN_WORDS
 from distdoctor.logs.problems import clip, short_path
 from distdoctor.logs.repeats import template
 from distdoctor.logs.story import (
@@ -46,6 +47,11 @@ STUCK_REMEDY = ("The job stopped making progress without an error: the stack abo
                 "it stood. Dump every rank the same way (`py-spy dump --pid PID`, "
                 "faulthandler), and compare the ranks; a rank missing from a collective or a "
                 "store key never written is the usual cause.")
+TORN_REMEDY = ("Several processes dumped their stacks into one log at the same moment, and "
+               "their lines tore: dump one rank at a time (`py-spy dump --pid PID`), or give "
+               "each rank a file of its own (torchrun --tee 3 or --redirects 3 and --log-dir; "
+               "`faulthandler.dump_traceback_later(T, file=...)` per rank), then compare the "
+               "ranks' stacks.")
 INIT_REMEDY = ("Every process finished NCCL's init and printed nothing more: the first "
                "collective or the first step never completed. Dump the ranks' stacks "
                "(`py-spy dump --pid PID`), and rerun with NCCL_DEBUG=INFO "
@@ -59,6 +65,8 @@ _UNRESOLVED = re.compile(r"gai error|Name or service not known|cannot be resolve
                          r"resolve|getaddrinfo|Temporary failure in name resolution")
 # frames of the interpreter and the stdlib that say nothing of where the program stood
 _PLUMBING = re.compile(r"/threading\.py|/selectors\.py|/queue\.py|/socket\.py|<frozen ")
+# a C++ backtrace's lines under a warning (c10's "frame #3: ..."): the warning repeats, not them
+_TRACE_LINE = re.compile(r"\s*(?:frame #\d+: |<omitting python frames>|Exception raised from )")
 _CLOCK = re.compile(r"(\d?\d):(\d\d):(\d\d)")
 _NRANKS = re.compile(r"\bnranks (\d+)", re.I)
 
@@ -168,8 +176,9 @@ def _who_stopped(stops: list[Milestone]) -> tuple[str, str | None]:
 # --- stopped with no error -------------------------------------------------------------------
 def _stuck(story: Story) -> Finding | None:
     for fs in story.files.values():
-        if fs.dump and fs.tail and fs.tail[-1].lineno - _dump_line(fs) <= DUMP_NEAR_END:
-            return _stuck_in_dump(story, fs)
+        if (fs.dump.frames or fs.dump.torn) and fs.tail \
+                and fs.tail[-1].lineno - _dump_line(fs) <= DUMP_NEAR_END:
+            return _stuck_in_dump(story, fs) if fs.dump.frames else _stuck_torn(story, fs)
     ends = [fs for fs in story.files.values() if fs.tail]
     if ends and not story.all(STEP) and _ends_at_init(ends):
         return _stuck_at_init(story, ends)
@@ -215,7 +224,8 @@ def _dump_line(fs: FileStory) -> int:
 
 
 def _stuck_in_dump(story: Story, fs: FileStory) -> Finding:
-    frames = [fr for fr in fs.dump if not _PLUMBING.search(fr["file"])] or fs.dump
+    dump = fs.dump.frames
+    frames = [fr for fr in dump if not _PLUMBING.search(fr["file"])] or dump
     top = frames[0]
     at = f"{top['function']} ({short_path(top['file'])}:{top['line']})"
     start = _dump_line(fs)
@@ -238,8 +248,22 @@ def _stuck_in_dump(story: Story, fs: FileStory) -> Finding:
             summary += ": the store's address could not be resolved"
             remedy = RESOLVE_REMEDY
     f = _ending("hang", summary, remedy, "stopped_no_error", "stuck",
-                "stopped with no error", where, frames=fs.dump[:12])
+                "stopped with no error", where, frames=dump[:12])
     f.callsites = [dict(fr) for fr in (user or frames)[:1]]
+    _last_progress(f, story)
+    return f
+
+
+def _stuck_torn(story: Story, fs: FileStory) -> Finding:
+    """Stack dumps near the end, every one torn by another written at once: the job was
+    dumped (as a stuck job is), and where it stood is not claimed."""
+    start = _dump_line(fs)
+    first = next((ll for ll in fs.tail if ll.lineno >= start), fs.tail[-1])
+    where = story.where(first)
+    summary = (f"the job stopped with no error{f' {where}' if where else ''}: "
+               f"{TORN_WORDS.format(n=fs.dump.heads)}")
+    f = _ending("hang", summary, TORN_REMEDY, "stopped_no_error", "stuck",
+                "stopped with no error", where, dump="torn", stacks=fs.dump.heads)
     _last_progress(f, story)
     return f
 
@@ -293,7 +317,8 @@ def _ending(kind: str, summary: str, remedy: str, rule: str, signature: str, end
 
 def _repeated_before(fs: FileStory, before: int) -> str | None:
     """What the lines before `before` repeat: "'...' printed 12 times over 110 s"."""
-    lines = [ll for ll in fs.tail if ll.lineno < before][-200:]
+    lines = [ll for ll in fs.tail if ll.lineno < before and not _TRACE_LINE.match(ll.text)]
+    lines = lines[-200:]
     if not lines:
         return None
     counts = Counter(template(ll.text[:2000])[0] for ll in lines)

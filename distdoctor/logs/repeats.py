@@ -168,8 +168,8 @@ def repeating_tail(lines: list[tuple[LogLine, str]]) -> list[Repeat]:
     if tail[-1].key not in steady or sum(counts[k] for k in steady) < MIN_SHARE * len(tail):
         return []  # (the log's last line must be the wait: a job that finished says so)
     out = []
-    for k in steady:
-        run = [x for x in tail if x.key == k]
+    for k in dict.fromkeys(x.key for x in tail if x.key in steady):  # in the log's order:
+        run = [x for x in tail if x.key == k]  # the same report whatever the hash seed
         if len({x.values for x in run}) > 1:
             return []  # a value moved: something progresses, nothing stalls
         text = run[0].line.text

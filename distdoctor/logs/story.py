@@ -18,6 +18,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
+from distdoctor.logs.dumps import Dump, read_last_dump
 from distdoctor.logs.files import open_log
 from distdoctor.logs.lines import LogLine, parse_raw
 
@@ -62,12 +63,6 @@ _STEP_WORDS = re.compile(r"\bloss\b|\blr\b|learning.rate|tok/s|tokens?/s|grad.no
                          r"elapsed|samples|\|", re.I)
 # a tqdm bar: " 37%|███▋ | 370/1000 [12:01<20:28,  1.95s/it]"
 _BAR = re.compile(r"(\d{1,3})%\|[^|]{0,120}\|\s*(\d+)/(\d+)\s*\[")
-# a dump of every thread's stack (CPython faulthandler, py-spy): what a stuck process shows
-_DUMP_HEAD = re.compile(r"^(?:Timeout \(\d+:\d\d:\d\d\)!|Thread 0x[0-9a-f]+ \(most recent call "
-                        r"first\):|Current thread 0x[0-9a-f]+ \(most recent call first\):|"
-                        r"Thread \d+ \((?:idle|active)[^)]*\): \")")
-_DUMP_FRAME = re.compile(r'^\s*File "(?P<file>[^"]+)", line (?P<line>\d+) in (?P<func>\S+)|'
-                         r"^\s*(?P<func2>\w+) \((?P<file2>[^:()]+):(?P<line2>\d+)\)")
 
 
 @dataclass(slots=True)
@@ -89,7 +84,7 @@ class FileStory:
     head_end: int = 0  # the last line number the head window holds
     tail_start: int = 0  # the first line number the tail window holds
     whole: bool = False  # the windows hold every line of the file
-    dump: list[dict] = field(default_factory=list)  # a stack dump's frames, innermost first
+    dump: Dump = field(default_factory=Dump)  # its last stack dump (dumps.py)
 
     def before(self, lineno: int, line: LogLine | None = None) -> list[Milestone]:
         """The milestones before line `lineno`; with `line`, also the steps drawn earlier on
@@ -219,7 +214,7 @@ def _file_story(path: str, window: int, total: int | None, head) -> FileStory:
         _read_lines(fs, tail_lines, start, head, fs.tail, fs.tail_raw)
     else:
         fs.tail_start = 1
-    fs.dump = last_dump(fs.tail)
+    fs.dump = read_last_dump(fs.tail)
     return fs
 
 
@@ -256,24 +251,3 @@ def milestone(ll: LogLine) -> Milestone | None:
     if m is not None and m.lastgroup:
         return Milestone(m.lastgroup, ll, text=text.strip())
     return None
-
-
-def last_dump(tail: list[LogLine]) -> list[dict]:
-    """The frames of the last stack dump in the tail (innermost first), if the tail ends in
-    one: where a process that printed no error stood when it was dumped."""
-    start = None
-    for i, ll in enumerate(tail):
-        if _DUMP_HEAD.match(ll.text.strip()):
-            start = i
-    if start is None:
-        return []
-    frames = []
-    for ll in tail[start + 1:start + 200]:
-        m = _DUMP_FRAME.match(ll.text)
-        if m is None:
-            if frames and _DUMP_HEAD.match(ll.text.strip()):
-                break  # the next thread's stack
-            continue
-        frames.append({"file": m["file"] or m["file2"], "line": int(m["line"] or m["line2"]),
-                       "function": m["func"] or m["func2"]})
-    return frames

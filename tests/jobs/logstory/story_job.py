@@ -5,7 +5,8 @@
   --fault store-never-fills  the ranks join a process group of one rank more than were
                           launched: the store never fills; a faulthandler dump after 1.5 s
                           (rank r's at 1.5 + r s) shows where they stood, then the test
-                          stops the launcher (SIGTERM)
+                          stops the launcher (SIGTERM); with --dump-on usr1 a rank dumps
+                          when sent SIGUSR1 instead (torn_dumps.py: every rank at once)
 Run under torchrun (its environment contract: RANK, WORLD_SIZE, MASTER_ADDR/PORT).
 """
 
@@ -24,12 +25,16 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--fault", required=True, choices=("sibling-killed", "store-never-fills"))
     ap.add_argument("--port", type=int, default=0)
+    ap.add_argument("--dump-on", choices=("timer", "usr1"), default="timer")
     args = ap.parse_args()
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     if args.fault == "store-never-fills":
-        # one rank's dump after the other's: two at once interleave their lines in the
-        # combined log, and the stuck frame read from them was then torch's wrapper
-        faulthandler.dump_traceback_later(1.5 + rank, exit=False)
+        # the timer: one rank's dump after the other's, each whole; dumps written at once
+        # tear each other's lines in the combined log (what torn_dumps.py makes happen)
+        if args.dump_on == "usr1":
+            faulthandler.register(signal.SIGUSR1)
+        else:
+            faulthandler.dump_traceback_later(1.5 + rank, exit=False)
         print(f"rank {rank}: init_process_group (world {world + 1})", flush=True)
         dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{args.port}",
                                 rank=rank, world_size=world + 1, timeout=timedelta(seconds=60))

@@ -1,0 +1,124 @@
+"""Stack dumps in a log: where a process that printed no error stood when it was dumped.
+
+Two writers: CPython's faulthandler ("Thread 0x... (most recent call first):", then
+`  File "f.py", line 12 in fn` per frame, innermost first; a `Timeout (0:00:05)!` or
+`Fatal Python error: Aborted` line before it) and py-spy (`Thread 123 (idle): "MainThread"`,
+then `fn (f.py:12)`).
+
+Several processes dumping at once (a signal sent to every rank, every rank's watchdog
+expiring together) write into the same combined log. faulthandler writes each piece of
+a frame (`  File `, the quote, the file, `, line `, the number, ` in `, the name, the
+newline) with a write() of its own (Python/traceback.c, dump_frame; CPython >= 3.11 writes
+an ASCII string whole, older ones a character at a time), so dumps written at once tear
+each other's lines: `  File   File ""/a.py/b.py", line ...`. A torn line belongs to no one
+process, and the frames around it cannot be told apart: a dump whose stack holds one is
+not read (a whole dump near it, written by another process at the same moment, is),
+rather than name a frame the process was never in.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+from distdoctor.logs.lines import LogLine
+
+# a whole head line (what one writer writes alone)
+DUMP_HEAD = re.compile(r"^(?:Timeout \(\d+:\d\d:\d\d(?:\.\d+)?\)!|Thread 0x[0-9a-f]+ \(most "
+                       r"recent call first\):|Current thread 0x[0-9a-f]+ \(most recent call "
+                       r"first\):|Thread \d+ \((?:idle|active)[^)]*\): \")")
+# a thread's head, anywhere in a line: where a torn line holds one, a stack begins there
+_HEAD_PIECE = re.compile(r"(?:Current thread|Thread) 0x|^Thread \d+ \((?:idle|active)")
+_FRAME = re.compile(r'^\s*File "(?P<file>[^"]+)", line (?P<line>\d+) in (?P<func>[^\s"]+)\s*$|'
+                    r"^\s*(?P<func2>[\w.<>]+) \((?P<file2>[^:()]+):(?P<line2>\d+)\)\s*$")
+# faulthandler's own words: a line holding them that is neither a whole frame nor a whole
+# line of a Python traceback (`File "f.py", line 12, in fn`) is torn
+_PIECES = re.compile(r'File "|  File |", line |, line \d')
+_TRACEBACK_FRAME = re.compile(r'^\s*File "[^"]+", line \d+, in \S+\s*$')
+# faulthandler's lines around the stacks (a timeout's, a fatal error's): part of the dump
+_AROUND = re.compile(r"^(?:Timeout \(\d|Fatal Python error|Python runtime state|Extension modules)")
+# a main thread's outermost frame (a script's, or runpy's under `python -m`)
+_MAIN = ("<module>", "_run_module_as_main")
+_THREAD = ("_bootstrap", "_bootstrap_inner")  # a thread's (threading.py)
+_LAST = ("_run_module_as_main", "_bootstrap")  # frames no frame of the same stack follows
+# what a finding says of such a burst (n: the thread stacks begun in it)
+TORN_WORDS = ("{n} stack dumps were printed at the same moment and tore each other's lines, "
+              "so where the job stood is not read from them")
+MAX_FRAMES = 200  # read of one stack (faulthandler writes at most 100)
+
+
+@dataclass
+class Dump:
+    frames: list[dict] = field(default_factory=list)  # innermost first; [] if none read
+    torn: bool = False  # dumps written at once tore each other's lines (see the docstring)
+    heads: int = 0  # thread stacks begun in the last dump (or burst of dumps written at once)
+
+
+@dataclass
+class _Stack:
+    head: int  # index of its head line in the lines read
+    frames: list[dict] = field(default_factory=list)
+    torn: bool = False
+    after: bool = False  # a line of the job's own follows it before the next head
+
+
+def read_last_dump(tail: list[LogLine]) -> Dump:
+    """The last stack dump in `tail`: the frames of its last whole thread stack (a main
+    thread's before any other) within the last burst of dumps; none if that burst's
+    stacks are all torn."""
+    heads = [i for i, ll in enumerate(tail)
+             if DUMP_HEAD.match(ll.text.strip()) or _HEAD_PIECE.search(ll.text)]
+    heads = [i for i in heads if not _AROUND.match(tail[i].text.lstrip())]
+    burst: list[_Stack] = []
+    for n in range(len(heads) - 1, -1, -1):
+        end = heads[n + 1] if n + 1 < len(heads) else len(tail)
+        stack = _read_stack(tail, heads[n], end)
+        if stack.after and burst:
+            break  # an older dump: the job printed on after it
+        burst.append(stack)
+    whole = [s for s in burst if s.frames and not s.torn]
+    torn = any(s.torn for s in burst)
+    count = sum(max(1, len(_HEAD_PIECE.findall(tail[s.head].text))) for s in burst)
+    # a main thread's stack first; in a torn burst, a whole stack of a thread beside it
+    # says nothing of where the job stood
+    main = next((s for s in whole if _outermost(s) in _MAIN), None)
+    if main is None:
+        main = next((s for s in whole if not torn or _outermost(s) not in _THREAD), None)
+    if main is None:
+        return Dump(torn=torn, heads=count)
+    return Dump(main.frames, torn, count)
+
+
+def _outermost(stack: _Stack) -> str:
+    return stack.frames[-1]["function"].rsplit(".", 1)[-1]  # py-spy: Thread._bootstrap
+
+
+def last_dump(tail: list[LogLine]) -> list[dict]:
+    """The frames (innermost first) of the last readable stack dump in `tail`."""
+    return read_last_dump(tail).frames
+
+
+def _read_stack(tail: list[LogLine], head: int, end: int) -> _Stack:
+    """The stack whose head is `tail[head]`, read up to the next head (`end`): its frame
+    lines, the job's other lines skipped (another process' output between two frames).
+    A head line that is not whole, a torn line among its frames, or a frame after one
+    that nothing calls (whole lines of two stacks, interleaved) makes it torn."""
+    first = tail[head]
+    st = _Stack(head, torn=not (DUMP_HEAD.match(first.text.strip())
+                                and len(_HEAD_PIECE.findall(first.text)) == 1))
+    who = first.who
+    for ll in tail[head + 1:min(end, head + 1 + MAX_FRAMES)]:
+        if who is not None and ll.who is not None and ll.who != who:
+            continue  # another rank's line, its prefix says so: not of this stack
+        m = _FRAME.match(ll.text)
+        if m is not None:
+            if st.frames and _outermost(st) in _LAST:
+                st.torn = True  # nothing calls these: another stack's lines, interleaved
+            st.frames.append({"file": m["file"] or m["file2"],
+                              "line": int(m["line"] or m["line2"]),
+                              "function": m["func"] or m["func2"]})
+        elif _PIECES.search(ll.text) and not _TRACEBACK_FRAME.match(ll.text):
+            st.torn = True
+        elif st.frames and not _AROUND.match(ll.text.lstrip()):
+            st.after = True
+    return st
