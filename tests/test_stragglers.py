@@ -66,6 +66,24 @@ def test_straggler_without_spans_is_found_with_its_cause(job, tmp_path):
     assert not [x for x in findings if x["kind"] != "straggler"], findings
 
 
+def test_a_line_no_peer_runs_is_named_though_the_sampler_looked_seldom(tmp_path):
+    """A sampler starved of CPU on a loaded node looks seldom: rank 1's own function then
+    got under half a sample a step, the floor for a line every rank runs, and the finding
+    named no line (on a busy node it was then the node's, as the corpus' h13 was once).
+    Its peers never run that line: its samples over the window are the evidence."""
+    run_dir = tmp_path / "run"
+    res = run_job("stragglers/few_samples.py", 4, run_dir, timeout=180,
+                  env=dict(os.environ, DISTDOCTOR_SAMPLE_HZ="25"))
+    assert res.returncode == 0, res.stderr[-3000:]
+    findings = json.loads((run_dir / "findings.json").read_text())["findings"]
+    stragglers = [f for f in findings if f["kind"] == "straggler"]
+    assert [f["ranks"] for f in stragglers] == [[1]], findings
+    top = stragglers[0]["details"]["top_frames"][0]
+    assert (top["function"], top["line"]) == (
+        "own_extra_work", marker_lines("stragglers/few_samples.py")["slow_line"]), top
+    assert stragglers[0]["details"]["cause"] == "compute"
+
+
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs a core per rank")
 def test_a_rank_starved_of_cpu_is_its_hosts_finding_not_a_straggler(tmp_path):
     """Rank 1 does the same work as rank 0, on a core two other processes spin on: late

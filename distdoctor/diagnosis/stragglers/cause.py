@@ -73,7 +73,7 @@ def explain(rank: int, lateness_ms: float, keys, time: dict, other_keys: dict,
     data_extra = mine["data_ms"] - typical("data_ms")
     compute_extra = mine["compute_ms"] - typical("compute_ms")
     cpu_extra = mine["runq_ms"] - typical("runq_ms")
-    frames = _frames(time[rank], mine, others)
+    frames = _frames(time[rank], mine, others, lateness_ms)
     out["frames"] = frames
     out["callsites"] = [{"rank": rank, "file": f["file"], "line": f["line"],
                          "function": f["function"], "source": "sample"} for f in frames[:1]]
@@ -148,6 +148,7 @@ def _sampled_extra(frames: list[dict]) -> float:
 
 
 OWN_LINE_PEERS = 0.2  # a line of its own: its peers spend at most this share of its extra
+MIN_OWN_SAMPLES = 12  # more samples than its peers' at a line of its own, over the window
 
 
 def _own_lines_ms(frames: list[dict]) -> float:
@@ -167,8 +168,11 @@ def _by_group(out: dict, group_shares: dict, groups: set) -> dict:
     return out
 
 
-def _frames(steps, mine: dict, others: dict) -> list[dict]:
-    """The user lines where the rank spends more samples per step than the others."""
+def _frames(steps, mine: dict, others: dict, lateness_ms: float) -> list[dict]:
+    """The user lines where the rank spends more samples per step than the others: half
+    a sample a step more; or, at a line its peers barely run, MIN_OWN_SAMPLES more over
+    the window that make a quarter of its lateness (a sampler starved on a loaded node
+    takes fewer looks, and a line no peer runs is the program's, whatever the load)."""
     if not mine["samples"]:
         return []
     period = steps.sample_period_ms or 20.0
@@ -181,8 +185,10 @@ def _frames(steps, mine: dict, others: dict) -> list[dict]:
     total = sum(per_step.values())
     out = []
     for gain, site in extra[:TOP_FRAMES]:
-        if gain <= 0.5:  # under half a sample per step: noise
-            break
+        own = (typical[site] <= OWN_LINE_PEERS * gain and gain * mine["steps"] >= MIN_OWN_SAMPLES
+               and gain * period >= SHARE / 2 * lateness_ms)
+        if gain <= 0.5 and not own:  # under half a sample per step: noise
+            continue
         function, file, line = site
         out.append({"function": function, "file": file, "line": line,
                     "where": _where(site), "extra_ms_per_step": round(gain * period, 1),
