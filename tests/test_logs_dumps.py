@@ -97,3 +97,19 @@ def test_a_dump_with_no_rank_prefix_is_printed_without_a_rank():
                          capture_output=True, text=True, timeout=120).stdout
     assert "stuck in _create_c10d_store" in out and "rank None" not in out, out
     assert "frame #" not in _said(log)
+
+
+@pytest.mark.timeout(120)
+def test_two_ranks_dumping_at_once_through_torchrun_tee_are_read_by_their_prefixes(tmp_path):
+    """With `--tee 3` each rank writes its own file and torchrun copies it out line by
+    line as `[defaultN]:...`: whole lines, the two ranks' in turn. One rank's stack is
+    read from its own lines, to the user's frame."""
+    log = tmp_path / "tee.log"
+    record(log, tee=True)
+    text = log.read_text()
+    assert "[default0]:" in text and "[default1]:" in text, text[-3000:]
+    dump = read_last_dump(_lines(log))
+    assert not dump.torn, dump
+    assert [f["function"] for f in dump.frames][0] == "_create_c10d_store"
+    assert dump.frames[-1]["function"] == "<module>"
+    assert "called from main (logstory/story_job.py:" in _said(log)

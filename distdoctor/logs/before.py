@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 
 from distdoctor.findings import Finding
-from distdoctor.logs.dumps import TORN_WORDS, read_last_dump
+from distdoctor.logs.dumps import read_last_dump, torn_words
 from distdoctor.logs.lines import LogLine
 from distdoctor.logs.problems import clip, short_path
 from distdoctor.logs.signals import UNKNOWN, Signal
@@ -168,7 +168,7 @@ def _stuck_when_stopped(f: Finding, story: Story, line: LogLine) -> bool:
     frames = dump.frames
     if not frames:
         if dump.torn:  # dumps were printed, and tore: say so, claim no frame
-            f.summary += f"; before it, {TORN_WORDS.format(n=dump.heads)}"
+            f.summary += f"; before it, {torn_words(dump.heads)}"
             f.details["cause_before"] = {"rule": "stuck_then_stopped", "dump": "torn",
                                          "stacks": dump.heads}
         return False

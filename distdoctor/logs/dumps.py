@@ -41,10 +41,16 @@ _AROUND = re.compile(r"^(?:Timeout \(\d|Fatal Python error|Python runtime state|
 _MAIN = ("<module>", "_run_module_as_main")
 _THREAD = ("_bootstrap", "_bootstrap_inner")  # a thread's (threading.py)
 _LAST = ("_run_module_as_main", "_bootstrap")  # frames no frame of the same stack follows
-# what a finding says of such a burst (n: the thread stacks begun in it)
-TORN_WORDS = ("{n} stack dumps were printed at the same moment and tore each other's lines, "
-              "so where the job stood is not read from them")
 MAX_FRAMES = 200  # read of one stack (faulthandler writes at most 100)
+
+
+def torn_words(heads: int) -> str:
+    """What a finding says of a burst of dumps none of which could be read."""
+    if heads > 1:
+        return (f"{heads} stack dumps were printed at the same moment and tore each other's "
+                f"lines, so where the job stood is not read from them")
+    return ("a stack dump was printed, but other output tore its lines, so where the job "
+            "stood is not read from it")
 
 
 @dataclass
@@ -60,6 +66,7 @@ class _Stack:
     frames: list[dict] = field(default_factory=list)
     torn: bool = False
     after: bool = False  # a line of the job's own follows it before the next head
+    pieces: int = 0  # lines of frames in it, whole or torn (a head alone is no dump)
 
 
 def read_last_dump(tail: list[LogLine]) -> Dump:
@@ -77,7 +84,8 @@ def read_last_dump(tail: list[LogLine]) -> Dump:
             break  # an older dump: the job printed on after it
         burst.append(stack)
     whole = [s for s in burst if s.frames and not s.torn]
-    torn = any(s.torn for s in burst)
+    # torn: a stack that had frames' words (a line that merely says "Thread 0x" is none)
+    torn = any(s.torn and s.pieces for s in burst)
     count = sum(max(1, len(_HEAD_PIECE.findall(tail[s.head].text))) for s in burst)
     # a main thread's stack first; in a torn burst, a whole stack of a thread beside it
     # says nothing of where the job stood
@@ -105,13 +113,15 @@ def _read_stack(tail: list[LogLine], head: int, end: int) -> _Stack:
     that nothing calls (whole lines of two stacks, interleaved) makes it torn."""
     first = tail[head]
     st = _Stack(head, torn=not (DUMP_HEAD.match(first.text.strip())
-                                and len(_HEAD_PIECE.findall(first.text)) == 1))
+                                and len(_HEAD_PIECE.findall(first.text)) == 1),
+                pieces=int(bool(_PIECES.search(first.text))))
     who = first.who
     for ll in tail[head + 1:min(end, head + 1 + MAX_FRAMES)]:
         if who is not None and ll.who is not None and ll.who != who:
             continue  # another rank's line, its prefix says so: not of this stack
         m = _FRAME.match(ll.text)
         if m is not None:
+            st.pieces += 1
             if st.frames and _outermost(st) in _LAST:
                 st.torn = True  # nothing calls these: another stack's lines, interleaved
             st.frames.append({"file": m["file"] or m["file2"],
@@ -119,6 +129,7 @@ def _read_stack(tail: list[LogLine], head: int, end: int) -> _Stack:
                               "function": m["func"] or m["func2"]})
         elif _PIECES.search(ll.text) and not _TRACEBACK_FRAME.match(ll.text):
             st.torn = True
+            st.pieces += 1
         elif st.frames and not _AROUND.match(ll.text.lstrip()):
             st.after = True
     return st

@@ -19,7 +19,7 @@ import re
 from collections import Counter
 
 from distdoctor.findings import Finding
-from distdoctor.logs.dumps import TORN_WORDS
+from distdoctor.logs.dumps import torn_words
 from distdoctor.logs.problems import clip, short_path
 from distdoctor.logs.repeats import template
 from distdoctor.logs.story import (
@@ -261,7 +261,7 @@ def _stuck_torn(story: Story, fs: FileStory) -> Finding:
     first = next((ll for ll in fs.tail if ll.lineno >= start), fs.tail[-1])
     where = story.where(first)
     summary = (f"the job stopped with no error{f' {where}' if where else ''}: "
-               f"{TORN_WORDS.format(n=fs.dump.heads)}")
+               f"{torn_words(fs.dump.heads)}")
     f = _ending("hang", summary, TORN_REMEDY, "stopped_no_error", "stuck",
                 "stopped with no error", where, dump="torn", stacks=fs.dump.heads)
     _last_progress(f, story)

@@ -53,16 +53,20 @@ def _children(pid: int) -> list[int]:
         return []
 
 
-def record(log: Path, stop: bool = True, limit_s: float = 40.0) -> bool:
+def record(log: Path, stop: bool = True, tee: bool = False, limit_s: float = 40.0) -> bool:
     """One run into `log`; True if two dumps tore each other's lines in it. `stop`: the
     launcher is sent SIGTERM after the dumps (and says so); else the log ends with them
-    (a log copied while the job still hung), and the run is killed unseen."""
+    (a log copied while the job still hung), and the run is killed unseen. `tee`: each
+    rank writes a file of its own, which torchrun copies to its output line by line
+    with a `[defaultN]:` prefix (`--tee 3`): whole lines, of two ranks in turn."""
     deadline = time.monotonic() + limit_s
     workers: list[int] = []
     with open(log, "w") as out:
         proc = subprocess.Popen(
             [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(RANKS),
-             "--master-port", str(free_port()), str(JOB), "--fault", "store-never-fills",
+             "--master-port", str(free_port()),
+             *(["--tee", "3", "--log-dir", str(log.with_suffix(".ranks"))] if tee else []),
+             str(JOB), "--fault", "store-never-fills",
              "--port", str(free_port()), "--dump-on", "usr1"],
             stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
             start_new_session=True, env=dict(os.environ, PYTHONUNBUFFERED="1"))
@@ -99,7 +103,7 @@ def record(log: Path, stop: bool = True, limit_s: float = 40.0) -> bool:
 if __name__ == "__main__":
     out = Path(sys.argv[1])
     for attempt in range(1, 11):
-        if record(out, stop="--no-stop" not in sys.argv):
+        if record(out, stop="--no-stop" not in sys.argv, tee="--tee" in sys.argv):
             print(f"torn on attempt {attempt}: {out}")
             break
     else:
