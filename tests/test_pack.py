@@ -270,6 +270,49 @@ def test_a_wrapped_log_comes_back_as_its_reader_reads_it(tmp_path):
         theirs.close()
 
 
+@pytest.mark.timeout(180)
+def test_a_big_log_is_unpacked_as_it_inflates_never_held_whole(tmp_path):
+    """A valid pack whose log entry is 100 MiB (a million events in a ring that wrapped):
+    unpacked in a child process whose heap may grow by a quarter of that (it was held
+    whole, then turned into rows: twice its size), the log comes back byte for byte."""
+    import sys
+
+    from distdoctor.runlog import rundir
+    from distdoctor.runlog.ring import RingWriter
+
+    run_dir = tmp_path / "run"
+    rundir.write_run_meta(run_dir, launcher="test")
+    w = RingWriter(str(rundir.ring_path(run_dir, 0)), 0, 100 << 20, 1 << 20)
+    group = w.add_string({"name": "0", "desc": "default_pg", "ranks": [0, 1]})
+    for i in range(1_000_000):
+        if i % 4096 == 0:
+            w.reserve_ahead()  # the recorder's thread does this beside a job
+        e = w.append(F.KIND_COLLECTIVE, F.OP_CODE["all_reduce"], 0, 0, group, 0, i, -1, 0,
+                     4, 4, 1000 * i, 0, 0)
+        w.complete(e, F.STATUS_OK, 1000 * i + 500)
+    assert e >= 0
+    w.close()
+    pack = tmp_path / "p.ddpack"
+    P.write_pack(run_dir, pack)
+    entry = w.capacity * F.SLOT_SIZE  # every slot: the ring wrapped
+    # the child's data (heap and private memory; not the log's shared file map) may grow
+    # by a quarter of the entry: the entry held whole needs four times that
+    child = ("import re, resource, sys\n"
+             "from distdoctor.runlog.unpack import unpack\n"
+             "data = int(re.search(r'VmData:\\s+(\\d+)', open('/proc/self/status').read())[1])\n"
+             "limit = data * 1024 + int(sys.argv[3])\n"
+             "resource.setrlimit(resource.RLIMIT_DATA, (limit, limit))\n"
+             "unpack(sys.argv[1], sys.argv[2])\n")
+    dest = tmp_path / "back"
+    dest.mkdir(mode=0o700)
+    done = subprocess.run([sys.executable, "-c", child, str(pack), str(dest), str(entry // 4)],
+                          capture_output=True, text=True, timeout=150)
+    assert done.returncode == 0, done.stderr[-2000:]
+    digest = [hashlib.sha256(rundir.ring_path(d, 0).read_bytes()).hexdigest()
+              for d in (run_dir, dest)]
+    assert digest[0] == digest[1]
+
+
 @pytest.mark.timeout(60)
 def test_a_pack_is_named_as_itself_never_by_its_temp_dir(run, tmp_path, capsys, monkeypatch):
     """diagnose, show, export and watch on a pack name the pack where they name the run

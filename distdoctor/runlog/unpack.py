@@ -4,8 +4,9 @@ temp dir, every file with O_EXCL | O_NOFOLLOW, each log sparse at its size.
 Bounded whatever the pack says: entries (MAX_ENTRIES), names (relative, plain parts, in
 a run dir's folders), what an entry inflates to (its stated size, checked as it
 inflates, MAX_ENTRY_RAW at most) and all of them (MAX_TOTAL_RAW), a log's sparse size
-(MAX_LOG_SIZE), the temp dir's disk (a share of it left free); a log entry's header is
-judged before the rest of the entry is held, and must say what the entry carries. Each
+(MAX_LOG_SIZE), the temp dir's disk (a share of it left free), memory (an entry is
+written as it inflates, never held whole); a log entry's header is judged from its first
+bytes, and must say what the entry carries. Each
 entry's CRC-32 and the trailer's SHA-256 of the whole file are checked before the run dir
 is handed over. A pack that is truncated, corrupt, foreign or
 of a newer version is one line (UserError, exit 2).
@@ -16,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import mmap
 import os
 import shutil
 import stat
@@ -90,13 +92,6 @@ class _Reader:
         if out != raw_len or not z.eof:
             raise self.bad("an entry is shorter than its stated size")
         return crc
-
-
-def _rows(columns: bytes | memoryview, n: int) -> bytearray:
-    out = bytearray(n * F.SLOT_SIZE)
-    for j in range(F.SLOT_SIZE):
-        out[j::F.SLOT_SIZE] = columns[j * n:(j + 1) * n]
-    return out
 
 
 def _check_name(name: str) -> str:
@@ -188,7 +183,7 @@ def _check_room(dest, raw_len: int, name: str) -> None:
                         "one)")
 
 
-def _create(dest: Path, rel: str) -> int:
+def _create(dest: Path, rel: str, mode: int = os.O_WRONLY) -> int:
     parent = dest
     for part in rel.split("/")[:-1]:
         parent = parent / part
@@ -198,8 +193,8 @@ def _create(dest: Path, rel: str) -> int:
             if not stat.S_ISDIR(os.lstat(parent).st_mode):
                 raise UserError(f"refused: {rel} (its folder is a file)") from None
     try:
-        return os.open(dest / rel, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NOFOLLOW
-                       | os.O_CLOEXEC, 0o600)
+        return os.open(dest / rel, mode | os.O_CREAT | os.O_EXCL | _NOFOLLOW | os.O_CLOEXEC,
+                       0o600)
     except (FileExistsError, IsADirectoryError):
         raise UserError(f"refused: {rel} twice in the pack") from None
 
@@ -216,53 +211,88 @@ def _unpack_log(r: _Reader, dest: Path, rel: str, stored_len, raw_len, crc) -> N
     parsed = rundir.parse_log_name(rel[len("ranks/"):]) if rel.startswith("ranks/") else None
     if parsed is None or parsed[2] != "ring":  # (a log under run.json's name was read whole)
         raise r.bad(f"a log named {rel}, not a rank's log")
-    check = _LogCheck(r, rel, raw_len, parsed[0])
-    got = r.inflate(stored_len, raw_len, check.take)
+    log = _LogWriter(r, dest, rel, raw_len, parsed[0])
+    try:
+        got = r.inflate(stored_len, raw_len, log.take)
+    finally:
+        log.close()
     if got != crc:
         raise r.bad(f"{rel} does not match its checksum")
-    if check.meta is None:
+    if log.meta is None:
         raise r.bad(f"{rel} is too short for a log")
-    buf, (full, first, n, used, at, layout) = check.buf, check.meta
-    head = bytes(buf[P.RING_META.size:at])
-    capacity, s_off, _s_size, r_off, _ = layout
-    fd = _create(dest, rel)
-    try:
-        os.ftruncate(fd, full)  # sparse, as the rank's own
-        os.pwrite(fd, head, 0)
-        os.pwrite(fd, memoryview(buf)[at:at + used], s_off)
-        rows = _rows(memoryview(buf)[at + used:], n)
-        e, done = first, 0
-        while done < n:
-            slot = e % capacity
-            k = min(n - done, capacity - slot)
-            os.pwrite(fd, memoryview(rows)[done * F.SLOT_SIZE:(done + k) * F.SLOT_SIZE],
-                      r_off + slot * F.SLOT_SIZE)
-            e += k
-            done += k
-    finally:
-        os.close(fd)
 
 
-class _LogCheck:
-    """A log entry as it inflates: its header is judged from its first bytes, before the
-    rest is taken in (a 1 GiB entry of zeros was held whole before its header was read).
-    What the header says must be what the entry carries, as pack.py writes it: its string
-    bytes, the events since the oldest the ring still holds, the rank its name says (a
-    string table the entry did not carry was read from zeros for minutes; a window wider
-    than the entry, read whole, took 2 GB)."""
+class _LogWriter:
+    """A log entry as it inflates, written into its sparse file as it comes. Its header is
+    judged from its first bytes, before the rest is taken in (a 1 GiB entry of zeros was
+    held whole before its header was read): what it says must be what the entry carries,
+    as pack.py writes it (its string bytes, the events since the oldest the ring still
+    holds, the rank its name says; a string table the entry did not carry was read from
+    zeros for minutes). Then the string bytes and each byte column of the events go to
+    their places (the columns through a map of the ring: byte j of every slot), so an
+    entry is never held whole (a valid 1 GiB one took 2 GB: the entry, then its rows)."""
 
-    def __init__(self, r: _Reader, rel: str, raw_len: int, rank: int):
-        self.r, self.rel, self.raw_len, self.rank = r, rel, raw_len, rank
-        self.buf = bytearray()
+    def __init__(self, r: _Reader, dest: Path, rel: str, raw_len: int, rank: int):
+        self.r, self.dest, self.rel, self.raw_len, self.rank = r, dest, rel, raw_len, rank
+        self.head: bytearray | None = bytearray()
         self.meta: tuple | None = None
+        self.fd: int | None = None
+        self.ring: mmap.mmap | None = None
+        self.ring_at = 0  # where slot 0 starts in the map
+        self.pos = 0  # bytes put after the header
 
     def take(self, piece: bytes) -> None:
-        self.buf += piece
-        if self.meta is None and len(self.buf) >= P.RING_META.size + F.HEADER_SIZE:
+        if self.meta is None:
+            self.head += piece
+            need = P.RING_META.size + F.HEADER_SIZE
+            if len(self.head) < need:
+                return
             self.meta = self._judge()
+            self._open()
+            piece, self.head = bytes(self.head[need:]), None
+        self._put(memoryview(piece))
+
+    def close(self) -> None:
+        if self.ring is not None:
+            self.ring.close()
+        if self.fd is not None:
+            os.close(self.fd)
+        self.ring = self.fd = None
+
+    def _open(self) -> None:
+        full, _first, n, _used, at, layout = self.meta
+        capacity, _s_off, _s_size, r_off, _ = layout
+        self.fd = _create(self.dest, self.rel, os.O_RDWR)
+        os.ftruncate(self.fd, full)  # sparse, as the rank's own
+        os.pwrite(self.fd, bytes(self.head[P.RING_META.size:at]), 0)
+        if n:
+            start = r_off - r_off % mmap.ALLOCATIONGRANULARITY
+            self.ring = mmap.mmap(self.fd, r_off + capacity * F.SLOT_SIZE - start,
+                                  offset=start)
+            self.ring_at = r_off - start
+
+    def _put(self, data: memoryview) -> None:
+        _full, first, n, used, _at, layout = self.meta
+        capacity, s_off = layout[0], layout[1]
+        while data:
+            if self.pos < used:  # the string table's bytes
+                k = min(len(data), used - self.pos)
+                os.pwrite(self.fd, data[:k], s_off + self.pos)
+            else:  # byte `column` of the events from the i-th oldest on
+                column, i = divmod(self.pos - used, n)
+                k = min(len(data), n - i)
+                done = 0
+                while done < k:  # the ring may wrap: two runs of slots
+                    slot = (first + i + done) % capacity
+                    m = min(k - done, capacity - slot)
+                    at = self.ring_at + slot * F.SLOT_SIZE + column
+                    self.ring[at:at + m * F.SLOT_SIZE:F.SLOT_SIZE] = data[done:done + m]
+                    done += m
+            data = data[k:]
+            self.pos += k
 
     def _judge(self) -> tuple:
-        buf, bad = self.buf, self.r.bad
+        buf, bad = self.head, self.r.bad
         full, first, n, used = P.RING_META.unpack_from(buf, 0)
         at = P.RING_META.size + F.HEADER_SIZE
         head = bytes(buf[P.RING_META.size:at])

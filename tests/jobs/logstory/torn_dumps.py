@@ -103,7 +103,7 @@ def record(log: Path, stop: bool = True, tee: bool = False, limit_s: float = 40.
 if __name__ == "__main__":
     out = Path(sys.argv[1])
     for attempt in range(1, 11):
-        if record(out, stop="--no-stop" not in sys.argv, tee="--tee" in sys.argv):
+        if record(out, stop="--no-stop" not in sys.argv):
             print(f"torn on attempt {attempt}: {out}")
             break
     else:
