@@ -77,7 +77,7 @@ def test_two_real_ranks_dumping_at_once_never_name_a_frame_they_were_not_in(tmp_
     seen = 0
     for attempt in range(8):
         log = tmp_path / f"attempt{attempt}.log"
-        if not record(log, stop=attempt % 2 == 0):
+        if not record(log, stop=attempt % 3 == 0, abort=attempt % 3 == 2):
             continue
         seen += 1
         said = _said(log)
@@ -113,3 +113,12 @@ def test_two_ranks_dumping_at_once_through_torchrun_tee_are_read_by_their_prefix
     assert [f["function"] for f in dump.frames][0] == "_create_c10d_store"
     assert dump.frames[-1]["function"] == "<module>"
     assert "called from main (logstory/story_job.py:" in _said(log)
+
+
+def test_fatal_errors_torn_into_one_line_are_each_said_once():
+    """Two ranks aborting at once wrote "Fatal Python error: " twice and "Aborted" twice
+    into one line: the error is "Aborted" (the reader said "Fatal Python error: Fatal
+    Python error: AbortedAborted")."""
+    said = _said(DUMPS / "fatal_errors_torn_together.log")
+    assert "Fatal Python error: Aborted" in said and "AbortedAborted" not in said, said
+    assert said.count("Fatal Python error") == 1, said

@@ -40,6 +40,8 @@ _TERMINATE = re.compile(r"^terminate called (?:after throwing an instance of '(?
                         r"(?P<bare>without an active exception|recursively))")
 _WHAT = re.compile(r"^\s*what\(\):\s*(?P<message>.*)$")
 _FATAL = re.compile(r"^Fatal Python error: (?P<message>.+)$")
+_FATAL_HEAD = "Fatal Python error: "
+MAX_TORN = 64  # fatal errors counted in one torn line
 # faulthandler's frames: `File "x.py", line 12 in f` (no comma before "in")
 _FAULT_FRAME = re.compile(r'^\s*File "(?P<file>[^"]+)", line (?P<line>\d+) in (?P<function>\S+)')
 _SHELL_SIGNAL = re.compile(r"^(?:\S+: line \d+: +\d+ )?(?P<message>Segmentation fault|Aborted|"
@@ -56,6 +58,18 @@ _LIBRARY = re.compile(r"/(?:site|dist)-packages/|/lib/python3\.\d+/|^<frozen ")
 _NOT_ERRORS = re.compile(r"(?:^|\.)(?:ChildFailedError|SignalException|StopIteration|"
                          r"KeyboardInterrupt|SystemExit)$")
 MAX_OPEN = 1_000
+
+
+def _untorn(message: str) -> tuple[str, int]:
+    """A fatal error's message, and how many processes' errors its line holds."""
+    k = 1 + message.count(_FATAL_HEAD)
+    if k == 1 or k > MAX_TORN:
+        return message, 1
+    message = message.replace(_FATAL_HEAD, "")
+    unit = len(message) // k
+    if unit and message == message[:unit] * k:  # each wrote the same words
+        message = message[:unit]
+    return message, k
 
 
 class UnknownErrors:
@@ -101,9 +115,13 @@ class UnknownErrors:
                 self._terminate = s
             return [s]
         if c == "F" and (m := _FATAL.match(text)):
-            f = {"error": "fatal", "exception": "Fatal Python error",
-                 "message": m["message"][:300]}
-            return [self._hold(who, Signal("error_line", NAME, UNKNOWN, line, f))]
+            # processes that failed at one moment tear each other's line (faulthandler
+            # writes it in pieces): "Fatal Python error: Fatal Python error: AbortedAborted"
+            # is two errors, each "Aborted"
+            message, k = _untorn(m["message"])
+            return [self._hold(who, Signal("error_line", NAME, UNKNOWN, line, {
+                "error": "fatal", "exception": "Fatal Python error",
+                "message": message[:300]})) for _ in range(k)]
         if (c in "SABIF" or ": line " in text[:300]) and (m := _SHELL_SIGNAL.match(text)):
             return [Signal("error_line", NAME, UNKNOWN, line,
                            {"error": "signal", "exception": m["message"], "message": ""})]

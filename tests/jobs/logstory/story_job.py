@@ -6,7 +6,8 @@
                           launched: the store never fills; a faulthandler dump after 1.5 s
                           (rank r's at 1.5 + r s) shows where they stood, then the test
                           stops the launcher (SIGTERM); with --dump-on usr1 a rank dumps
-                          when sent SIGUSR1 instead (torn_dumps.py: every rank at once)
+                          when sent SIGUSR1 instead (torn_dumps.py: every rank at once),
+                          with --dump-on abort when it aborts (SIGABRT)
 Run under torchrun (its environment contract: RANK, WORLD_SIZE, MASTER_ADDR/PORT).
 """
 
@@ -25,7 +26,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--fault", required=True, choices=("sibling-killed", "store-never-fills"))
     ap.add_argument("--port", type=int, default=0)
-    ap.add_argument("--dump-on", choices=("timer", "usr1"), default="timer")
+    ap.add_argument("--dump-on", choices=("timer", "usr1", "abort"), default="timer")
     args = ap.parse_args()
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     if args.fault == "store-never-fills":
@@ -33,6 +34,8 @@ def main() -> None:
         # tear each other's lines in the combined log (what torn_dumps.py makes happen)
         if args.dump_on == "usr1":
             faulthandler.register(signal.SIGUSR1)
+        elif args.dump_on == "abort":  # a fatal signal: "Fatal Python error: Aborted"
+            faulthandler.enable()
         else:
             faulthandler.dump_traceback_later(1.5 + rank, exit=False)
         print(f"rank {rank}: init_process_group (world {world + 1})", flush=True)

@@ -53,12 +53,16 @@ def _children(pid: int) -> list[int]:
         return []
 
 
-def record(log: Path, stop: bool = True, tee: bool = False, limit_s: float = 40.0) -> bool:
+def record(log: Path, stop: bool = True, tee: bool = False, abort: bool = False,
+           limit_s: float = 40.0) -> bool:
     """One run into `log`; True if two dumps tore each other's lines in it. `stop`: the
     launcher is sent SIGTERM after the dumps (and says so); else the log ends with them
     (a log copied while the job still hung), and the run is killed unseen. `tee`: each
     rank writes a file of its own, which torchrun copies to its output line by line
-    with a `[defaultN]:` prefix (`--tee 3`): whole lines, of two ranks in turn."""
+    with a `[defaultN]:` prefix (`--tee 3`): whole lines, of two ranks in turn. `abort`:
+    the ranks are sent SIGABRT instead and die of it, each printing faulthandler's
+    "Fatal Python error: Aborted" and its stack (as ranks whose watchdogs expire together
+    do), and the launcher reports their exits."""
     deadline = time.monotonic() + limit_s
     workers: list[int] = []
     with open(log, "w") as out:
@@ -67,7 +71,7 @@ def record(log: Path, stop: bool = True, tee: bool = False, limit_s: float = 40.
              "--master-port", str(free_port()),
              *(["--tee", "3", "--log-dir", str(log.with_suffix(".ranks"))] if tee else []),
              str(JOB), "--fault", "store-never-fills",
-             "--port", str(free_port()), "--dump-on", "usr1"],
+             "--port", str(free_port()), "--dump-on", "abort" if abort else "usr1"],
             stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
             start_new_session=True, env=dict(os.environ, PYTHONUNBUFFERED="1"))
         try:
@@ -78,13 +82,15 @@ def record(log: Path, stop: bool = True, tee: bool = False, limit_s: float = 40.
             time.sleep(0.5)  # both inside the store's wait
             workers = _children(proc.pid)
             for pid in workers:
-                os.kill(pid, signal.SIGUSR1)
+                os.kill(pid, signal.SIGABRT if abort else signal.SIGUSR1)
             while time.monotonic() < deadline and proc.poll() is None:
                 if len(re.findall(r"thread 0x", log.read_text(), re.I)) >= RANKS:
                     break
                 time.sleep(0.1)
             time.sleep(0.3)
-            if stop:
+            if abort:
+                proc.wait(timeout=max(1.0, deadline - time.monotonic()))
+            elif stop:
                 proc.send_signal(signal.SIGTERM)
                 proc.wait(timeout=max(1.0, deadline - time.monotonic()))
         except subprocess.TimeoutExpired:
