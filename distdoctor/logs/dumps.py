@@ -8,8 +8,8 @@ then `fn (f.py:12)`).
 Several processes dumping at once (a signal sent to every rank, every rank's watchdog
 expiring together) write into the same combined log. faulthandler writes each piece of
 a frame (`  File `, the quote, the file, `, line `, the number, ` in `, the name, the
-newline) with a write() of its own (Python/traceback.c, dump_frame; CPython >= 3.11 writes
-an ASCII string whole, older ones a character at a time), so dumps written at once tear
+newline) with a write() of its own (Python/traceback.c, dump_frame; an ASCII string whole
+since bpo-45831, CPython 3.10.1, a character at a time before), so dumps written at once tear
 each other's lines: `  File   File ""/a.py/b.py", line ...`. A torn line belongs to no one
 process, and the frames around it cannot be told apart: a dump whose stack holds one is
 not read (a whole dump near it, written by another process at the same moment, is),
