@@ -4,6 +4,8 @@ The story job's two ranks wait in a store that never fills, each with faulthandl
 registered on SIGUSR1; both are sent SIGUSR1 back to back, so their dumps go to the
 launcher's stdout together and, more often than not, tear each other's lines (faulthandler
 writes a frame in pieces). Then the launcher is stopped with SIGTERM, as a user would.
+Variants (`record`'s flags): the log ends with the dumps; the ranks abort instead (fatal
+errors printed together); torchrun's `--tee 3` (whole prefixed lines, never torn).
 
     python tests/jobs/logstory/torn_dumps.py OUT.log [--no-stop]   # one torn log (retries)
 
