@@ -68,6 +68,17 @@ def test_py_spy_reads_the_main_thread_not_the_last_listed():
     assert "stuck in g (<string>:5)" in _said(DUMPS / "py_spy_main_and_thread.txt")
 
 
+def test_an_indented_py_spy_dump_is_read_not_said_torn(tmp_path):
+    """The same dump pasted indented (a quoted excerpt): its heads are still whole heads;
+    the reader took each for a torn one and said the dump tore."""
+    text = "".join(("  " + t if t.startswith("Thread ") else t) + "\n" for t in
+                   (DUMPS / "py_spy_main_and_thread.txt").read_text().splitlines())
+    log = tmp_path / "indented.txt"
+    log.write_text(text)
+    dump = read_last_dump(_lines(log))
+    assert [f["function"] for f in dump.frames] == ["g", "<module>"] and not dump.torn
+
+
 @pytest.mark.timeout(420)
 def test_two_real_ranks_dumping_at_once_never_name_a_frame_they_were_not_in(tmp_path):
     """Two torchrun ranks stuck in a store that never fills, sent SIGUSR1 together: their

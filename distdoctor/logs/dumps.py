@@ -24,9 +24,9 @@ from dataclasses import dataclass, field
 from distdoctor.logs.lines import LogLine
 
 # a whole head line (what one writer writes alone)
-DUMP_HEAD = re.compile(r"^(?:Timeout \(\d+:\d\d:\d\d(?:\.\d+)?\)!|Thread 0x[0-9a-f]+ \(most "
-                       r"recent call first\):|Current thread 0x[0-9a-f]+ \(most recent call "
-                       r"first\):|Thread \d+ \((?:idle|active)[^)]*\): \")")
+_WHOLE_HEAD = re.compile(r"^(?:Thread 0x[0-9a-f]+ \(most recent call first\):|Current thread "
+                         r"0x[0-9a-f]+ \(most recent call first\):|Thread \d+ \((?:idle|active)"
+                         r"[^)]*\): \")")
 # a thread's head, anywhere in a line: where a torn line holds one, a stack begins there
 _HEAD_PIECE = re.compile(r"(?:Current thread|Thread) 0x|^Thread \d+ \((?:idle|active)")
 _FRAME = re.compile(r'^\s*File "(?P<file>[^"]+)", line (?P<line>\d+) in (?P<func>[^\s"]+)\s*$|'
@@ -74,8 +74,7 @@ def read_last_dump(tail: list[LogLine]) -> Dump:
     thread's before any other) within the last burst of dumps; none if that burst's
     stacks are all torn."""
     heads = [i for i, ll in enumerate(tail)
-             if DUMP_HEAD.match(ll.text.strip()) or _HEAD_PIECE.search(ll.text)]
-    heads = [i for i in heads if not _AROUND.match(tail[i].text.lstrip())]
+             if _heads_in(ll.text) and not _AROUND.match(ll.text.lstrip())]
     burst: list[_Stack] = []
     for n in range(len(heads) - 1, -1, -1):
         end = heads[n + 1] if n + 1 < len(heads) else len(tail)
@@ -86,7 +85,7 @@ def read_last_dump(tail: list[LogLine]) -> Dump:
     whole = [s for s in burst if s.frames and not s.torn]
     # torn: a stack that had frames' words (a line that merely says "Thread 0x" is none)
     torn = any(s.torn and s.pieces for s in burst)
-    count = sum(max(1, len(_HEAD_PIECE.findall(tail[s.head].text))) for s in burst)
+    count = sum(_heads_in(tail[s.head].text) for s in burst)
     # a main thread's stack first; in a torn burst, a whole stack of a thread beside it
     # says nothing of where the job stood
     main = next((s for s in whole if _outermost(s) in _MAIN), None)
@@ -97,13 +96,13 @@ def read_last_dump(tail: list[LogLine]) -> Dump:
     return Dump(main.frames, torn, count)
 
 
+def _heads_in(text: str) -> int:
+    """How many thread stacks begin in a line (two or more: dumps written at once)."""
+    return len(_HEAD_PIECE.findall(text.strip()))
+
+
 def _outermost(stack: _Stack) -> str:
     return stack.frames[-1]["function"].rsplit(".", 1)[-1]  # py-spy: Thread._bootstrap
-
-
-def last_dump(tail: list[LogLine]) -> list[dict]:
-    """The frames (innermost first) of the last readable stack dump in `tail`."""
-    return read_last_dump(tail).frames
 
 
 def _read_stack(tail: list[LogLine], head: int, end: int) -> _Stack:
@@ -112,8 +111,8 @@ def _read_stack(tail: list[LogLine], head: int, end: int) -> _Stack:
     A head line that is not whole, a torn line among its frames, or a frame after one
     that nothing calls (whole lines of two stacks, interleaved) makes it torn."""
     first = tail[head]
-    st = _Stack(head, torn=not (DUMP_HEAD.match(first.text.strip())
-                                and len(_HEAD_PIECE.findall(first.text)) == 1),
+    st = _Stack(head, torn=not (_WHOLE_HEAD.match(first.text.strip())
+                                and _heads_in(first.text) == 1),
                 pieces=int(bool(_PIECES.search(first.text))))
     who = first.who
     for ll in tail[head + 1:min(end, head + 1 + MAX_FRAMES)]:

@@ -20,6 +20,7 @@ from collections import Counter
 
 from distdoctor.findings import Finding
 from distdoctor.logs.dumps import torn_words
+from distdoctor.logs.lines import LogLine
 from distdoctor.logs.problems import clip, short_path
 from distdoctor.logs.repeats import template
 from distdoctor.logs.story import (
@@ -223,14 +224,19 @@ def _dump_line(fs: FileStory) -> int:
     return fs.tail[-1].lineno
 
 
+def _dump_start(fs: FileStory) -> LogLine:
+    """The first line the tail holds of its last dump (where the story places it)."""
+    start = _dump_line(fs)
+    return next((ll for ll in fs.tail if ll.lineno >= start), fs.tail[-1])
+
+
 def _stuck_in_dump(story: Story, fs: FileStory) -> Finding:
     dump = fs.dump.frames
     frames = [fr for fr in dump if not _PLUMBING.search(fr["file"])] or dump
     top = frames[0]
     at = f"{top['function']} ({short_path(top['file'])}:{top['line']})"
     start = _dump_line(fs)
-    first = next((ll for ll in fs.tail if ll.lineno >= start), fs.tail[-1])
-    where = story.where(first) or ("at init, before the first step"
+    where = story.where(_dump_start(fs)) or ("at init, before the first step"
                                    if any(m.kind in (INIT, LAUNCH) for m in fs.milestones)
                                    and not story.all(STEP) else None)
     where_words = f" {where}" if where else ""
@@ -257,9 +263,7 @@ def _stuck_in_dump(story: Story, fs: FileStory) -> Finding:
 def _stuck_torn(story: Story, fs: FileStory) -> Finding:
     """Stack dumps near the end, every one torn by another written at once: the job was
     dumped (as a stuck job is), and where it stood is not claimed."""
-    start = _dump_line(fs)
-    first = next((ll for ll in fs.tail if ll.lineno >= start), fs.tail[-1])
-    where = story.where(first)
+    where = story.where(_dump_start(fs))
     summary = (f"the job stopped with no error{f' {where}' if where else ''}: "
                f"{torn_words(fs.dump.heads)}")
     f = _ending("hang", summary, TORN_REMEDY, "stopped_no_error", "stuck",
