@@ -61,14 +61,17 @@ def _printable(text: str) -> str:
     return printable(text, MAX_TEXT)
 
 
+MAX_EXITS_BYTES = 64 << 20  # ~150 bytes a process: a copy's 262,144 ranks and their kin
+
+
 def read_exit_entries(path) -> tuple[dict, list[dict], int]:
     """exits.json at `path`: (its top-level flags, its process entries that are sound,
     how many were skipped as unsound). OSError / ValueError when the file itself cannot
-    be read or is not a JSON object."""
-    import json
+    be read (a FIFO, a link, over MAX_EXITS_BYTES: runlog.rundir.read_json) or is not a
+    JSON object."""
+    from distdoctor.runlog.rundir import read_json
 
-    with open(path, "rb") as f:
-        data = json.loads(f.read())
+    data = read_json(path, MAX_EXITS_BYTES)
     if not isinstance(data, dict):
         raise ValueError("exits.json is not a JSON object")
     processes = data.get("processes")

@@ -52,10 +52,38 @@ class Finding:
 
     @classmethod
     def from_json(cls, d: dict) -> Finding:
+        """A finding as to_json wrote it. Read from a file (findings.json) or a peer, so
+        every field is checked: ValueError, in one line, for one of another type."""
+        if not isinstance(d, dict):
+            raise ValueError(f"a finding is a JSON object, not {type(d).__name__}")
+        for key, types in _FIELD_TYPES.items():
+            if key in d and d[key] is not None and not isinstance(d[key], types):
+                raise ValueError(f"a finding's {key} is of type {type(d[key]).__name__}")
+        for key in ("kind", "severity", "summary"):
+            if not isinstance(d.get(key), str):
+                raise ValueError(f"a finding has no {key}")
+        ranks = list(d.get("ranks") or [])
+        if not all(type(r) is int for r in ranks):
+            raise ValueError("a finding's ranks are not all integers")
+        callsites = list(d.get("callsites") or [])
+        if not all(isinstance(c, dict) for c in callsites):
+            raise ValueError("a finding's call sites are not all objects")
+        stacks = dict(d.get("stacks") or {})
+        if not all(isinstance(v, str) for v in stacks.values()):
+            raise ValueError("a finding's stacks are not all text")
+        seq = d.get("seq")
+        if isinstance(seq, bool):
+            raise ValueError("a finding's seq is a bool")
         return cls(kind=d["kind"], severity=d["severity"], summary=d["summary"],
-                   ranks=list(d.get("ranks") or []), group=d.get("group"), seq=d.get("seq"),
-                   callsites=list(d.get("callsites") or []), stacks=dict(d.get("stacks") or {}),
-                   details=dict(d.get("details") or {}), remedy=d.get("remedy"))
+                   ranks=ranks, group=d.get("group"), seq=seq, callsites=callsites,
+                   stacks=stacks, details=dict(d.get("details") or {}),
+                   remedy=d.get("remedy"))
+
+
+# what from_json accepts for each field (None too, where the field is optional)
+_FIELD_TYPES = {"kind": str, "severity": str, "summary": str, "ranks": list,
+                "group": (str, int), "seq": int, "callsites": list, "stacks": dict,
+                "details": dict, "remedy": str}
 
 
 def callsite_of(rank: int, callsite: dict | None) -> dict:
@@ -126,18 +154,23 @@ def write_findings(run_dir: str | os.PathLike, findings: list[Finding], **extra)
     return path
 
 
+MAX_FINDINGS_BYTES = 64 << 20  # findings.json (the stacks of thousands of ranks)
+
+
 def read_findings(run_dir: str | os.PathLike) -> list[Finding]:
     """RUN_DIR/findings.json as written by the live engine; [] when there is none yet.
-    Raises ValueError (or OSError) when it is unreadable."""
-    import json
+    Raises ValueError (or OSError) when it is unreadable: not a regular file within
+    MAX_FINDINGS_BYTES (runlog.rundir.read_json), or not a findings file."""
+    from distdoctor.runlog.rundir import read_json
 
     path = Path(run_dir) / FINDINGS_FILE
     if not path.exists():
         return []
-    try:
-        return [Finding.from_json(d) for d in json.loads(path.read_text())["findings"]]
-    except (KeyError, TypeError, AttributeError) as exc:
-        raise ValueError(f"{path} is not a findings file ({exc!r})") from None
+    data = read_json(path, MAX_FINDINGS_BYTES)
+    found = data.get("findings") if isinstance(data, dict) else None
+    if not isinstance(found, list):
+        raise ValueError(f"{path} is not a findings file (no list of findings)")
+    return [Finding.from_json(d) for d in found]
 
 
 # the order findings are listed in: the most severe first, then the kinds that usually

@@ -20,6 +20,7 @@ No import of distdoctor: every layer may use it (it runs in the ranks too).
 
 from __future__ import annotations
 
+import errno
 import os
 import secrets
 import stat
@@ -165,24 +166,77 @@ def write_atomically(path: str, data: bytes, mode: int = 0o644,
         raise
 
 
-def read_regular(path, limit: int) -> bytes | None:
-    """The bytes of the regular file at `path`, reached through no link (O_NOFOLLOW) and
-    never waited on (O_NONBLOCK: a FIFO put there answers at once, and is refused); None
-    when it is missing, not a regular file, unreadable, or over `limit` bytes."""
+class NotRegularFile(OSError):
+    """What a reader was given is no regular file it may read whole: a FIFO, a device, a
+    directory, a link (not followed), or a file over the reader's bound. `strerror` says
+    which, in words, as for any OSError."""
+
+
+def open_regular(path, follow: bool = False) -> tuple[int, os.stat_result]:
+    """(descriptor, fstat) of the regular file at `path`, opened read-only and never waited
+    on: O_NONBLOCK makes a FIFO put there answer at once (to be refused) where a plain
+    open() would wait for a writer for ever; a device or directory is refused by its fstat;
+    a link is not followed unless `follow` (a name in a run dir or a state dir is ours, a
+    link there is someone else's choice of file). OSError (NotRegularFile) otherwise."""
+    flags = os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK | (0 if follow else _NOFOLLOW)
     try:
-        fd = os.open(path, os.O_RDONLY | _NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
-    except OSError:
-        return None
+        fd = os.open(path, flags)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP and not follow:
+            raise NotRegularFile(errno.ELOOP, "a symbolic link, not followed") from None
+        raise
     try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            return None
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise NotRegularFile(errno.EINVAL, f"{_kind_of(st.st_mode)}, not a regular file")
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd, st
+
+
+def _kind_of(mode: int) -> str:
+    for test, name in ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"),
+                       (stat.S_ISBLK, "a block device"), (stat.S_ISDIR, "a directory"),
+                       (stat.S_ISSOCK, "a socket")):
+        if test(mode):
+            return name
+    return "not a file"
+
+
+def read_bounded(path, limit: int, follow: bool = False) -> bytes:
+    """The bytes of the regular file at `path` (open_regular), refused before any read
+    when its size is over `limit` (a sparse terabyte costs one fstat), and never more
+    than `limit` bytes read (a file growing while it is read). OSError otherwise."""
+    fd, st = open_regular(path, follow)
+    try:
+        if st.st_size > limit:
+            raise NotRegularFile(errno.EFBIG, f"{st.st_size:,} bytes, over the "
+                                              f"{_size_text(limit)} it may be")
         with os.fdopen(os.dup(fd), "rb") as fh:
             data = fh.read(limit + 1)
-    except OSError:
-        return None
     finally:
         os.close(fd)
-    return data if len(data) <= limit else None
+    if len(data) > limit:
+        raise NotRegularFile(errno.EFBIG, f"over the {_size_text(limit)} it may be "
+                                          f"(it grew while it was read)")
+    return data
+
+
+def _size_text(n: int) -> str:
+    for unit, shift in (("GiB", 30), ("MiB", 20), ("KiB", 10)):
+        if n >= 1 << shift and n % (1 << shift) == 0:
+            return f"{n >> shift} {unit}"
+    return f"{n:,} bytes"
+
+
+def read_regular(path, limit: int) -> bytes | None:
+    """read_bounded, with None for every refusal: missing, not a regular file, reached
+    through a link, unreadable, or over `limit` bytes."""
+    try:
+        return read_bounded(path, limit)
+    except OSError:
+        return None
 
 
 def _write_all(fd: int, data: bytes) -> None:

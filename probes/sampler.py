@@ -80,15 +80,15 @@ def samples_path(run_dir: str | os.PathLike, host: str | None = None) -> Path:
 
 
 def rank_meta_on_host(run_dir: str | os.PathLike, host: str) -> dict[int, dict]:
-    """rank -> the tracer's rank metadata (local rank, CUDA_VISIBLE_DEVICES, ...) on `host`."""
+    """rank -> the tracer's rank metadata (local rank, CUDA_VISIBLE_DEVICES, ...) on `host`
+    (each file read within bounds and checked: runlog.rundir.rank_meta_at)."""
+    from distdoctor.runlog.rundir import rank_meta_at
+
     out = {}
     for p in (Path(run_dir) / "ranks").glob("rank-*.json"):
-        try:
-            meta = json.loads(p.read_text())
-            if meta.get("host") == host:
-                out[int(meta["rank"])] = meta
-        except (OSError, ValueError, KeyError, TypeError):
-            continue
+        meta, _ = rank_meta_at(p)
+        if meta.get("host") == host and "rank" in meta:
+            out[meta["rank"]] = meta
     return out
 
 
@@ -254,7 +254,7 @@ def _parse_line(line, path: Path) -> NodeSample | None:
     written or cut by a crash). A foreign or newer header is a one-line UserError."""
     try:
         d = json.loads(line)
-    except ValueError:
+    except (ValueError, RecursionError):  # (a line nested 100,000 deep)
         return None
     if not isinstance(d, dict):
         return None
@@ -274,9 +274,25 @@ def _parse_line(line, path: Path) -> NodeSample | None:
         return None
 
 
+# A probe file is capped by its writer (DEFAULT_MAX_BYTES, rotated at the cap): one over
+# this bound is not a sampler's, and is not read.
+MAX_FILE_BYTES = 4 * DEFAULT_MAX_BYTES
+TAIL_READ_BYTES = 4 << 20  # what a live reader takes of a probe file per pass, at most
+
+
 def _read_file(path: Path) -> list[NodeSample]:
-    with open(path, errors="replace") as f:
-        return [s for s in (_parse_line(line, path) for line in f) if s is not None]
+    """A probe file's samples. A FIFO, a link or a device at its name, or a file over
+    MAX_FILE_BYTES, is a one-line UserError (never a wait, never read whole)."""
+    from distdoctor.privatefiles import read_bounded
+
+    try:
+        data = read_bounded(path, MAX_FILE_BYTES)
+    except FileNotFoundError:
+        return []  # rotated away between the listing and the read
+    except OSError as exc:
+        raise UserError(f"{path}: {exc.strerror or exc}") from None
+    lines = data.decode(errors="replace").splitlines()
+    return [s for s in (_parse_line(line, path) for line in lines) if s is not None]
 
 
 def read_samples(run_dir: str | os.PathLike, host: str | None = None) -> list[NodeSample]:
@@ -321,19 +337,23 @@ class SampleTail:
         return out
 
     def _read(self, path: Path) -> list[NodeSample]:
-        with open(path, "rb") as f:
-            st = os.fstat(f.fileno())
+        from distdoctor.privatefiles import open_regular
+
+        fd, st = open_regular(path)  # never a wait on a FIFO, never through a link
+        with os.fdopen(fd, "rb") as f:
             inode, offset = self._pos.get(path, (st.st_ino, -1))
             if offset < 0:  # first sight: start near the end, at a line start
                 offset = max(0, st.st_size - self.FIRST_READ_BYTES)
             elif inode != st.st_ino or st.st_size < offset:
                 offset = 0  # rotated: a new file under the same name
             f.seek(offset)
-            data = f.read()
+            data = f.read(TAIL_READ_BYTES)  # the rest, if more, on the next pass
         if offset and path not in self._pos:  # started mid-file: drop the partial line
             cut = data.find(b"\n") + 1
             data, offset = data[cut:], offset + cut
         end = data.rfind(b"\n") + 1  # the last line may be half written: next time
+        if end == 0 and len(data) >= TAIL_READ_BYTES:
+            end = len(data)  # no line in a whole read: no sampler's, passed over
         self._pos[path] = (st.st_ino, offset + end)
         lines = data[:end].decode(errors="replace").splitlines()
         return [s for s in (_parse_line(line, path) for line in lines) if s is not None]

@@ -248,7 +248,10 @@ def _print_once(live) -> int:
     except UserError:
         raise
     except Exception as exc:  # a run dir changing under us in a way no reader foresaw
-        raise UserError(f"watch: cannot read {live.run_dir}: {exc!r}") from None
+        from distdoctor.diagnosis.live import failure_line
+
+        raise UserError(f"watch: cannot read {live.run_dir}: {failure_line(exc)} (a bug "
+                        f"in distdoctor)") from None
     finally:
         live.close()
     # a pipe or a log gets whole lines: rich would fold a 12-column table into 80 columns

@@ -153,8 +153,8 @@ def copy_positions(run_dir, logs: dict[int, tuple[int, str]]) -> dict[int, Posit
                 if ev is not None and ev.kind in ("collective", "p2p"):
                     newest = ev
                     break
-        except (UserError, OSError):
-            continue
+        except Exception:  # a node's corrupt copy costs that rank's position, never the
+            continue  # diagnosis of the node gone quiet (the reader says the rest)
         finally:
             log.close()
         waited = 0.0

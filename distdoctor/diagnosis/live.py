@@ -19,6 +19,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
+from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
 
@@ -37,6 +38,7 @@ from distdoctor.findings import Finding, write_findings
 from distdoctor.priority import lower_this_thread
 from distdoctor.runlog.follow import RunFollower
 from distdoctor.runlog.reader import Event
+from distdoctor.safetext import printable
 
 POLL_S = 0.25  # the follower's look at the logs; the rest at the job's pace (runlog.pace)
 # The loop's CPU budget: after a pass that took `c` seconds of CPU it waits at least c /
@@ -54,6 +56,10 @@ MAX_PENDING_LINES = 10_000
 STALE_HEARTBEAT_S = 10.0  # a remote rank whose heartbeat stopped this long has died
 RECENT_OPS = 16  # per rank, kept by a viewer for its rank detail
 LOCAL_STALE_S = 3.0  # a viewer's confirmation that a local rank whose pid is gone died
+# How long the owner's stop waits for a pass in progress. A pass never waits on the run
+# dir (runlog.reader, runlog.follow: no FIFO is opened for good), so this only bounds the
+# unforeseen: stopping the job, and `run`'s answer to SIGTERM, never hang on a pass.
+LOCK_WAIT_S = 10.0
 
 
 def label_incarnation(f: Finding, incarnation: int) -> Finding:
@@ -66,6 +72,27 @@ def label_incarnation(f: Finding, incarnation: int) -> Finding:
 
 def relax_gc() -> None:
     gc.set_threshold(*GC_THRESHOLDS)
+
+
+def failure_line(exc: BaseException) -> str:
+    """An unforeseen failure in words for one line a person reads: its message (control
+    characters stripped), then its type and where it was raised, never a repr."""
+    from distdoctor.diagnosis.engine.boundary import MESSAGE_CHARS, where_raised
+
+    site = where_raised(exc)
+    where = f" at {os.path.basename(site)}" if site else ""
+    message = printable(str(exc), MESSAGE_CHARS)
+    return f"{message} ({type(exc).__name__}{where})" if message else (
+        f"{type(exc).__name__}{where}")
+
+
+@contextmanager
+def _released(lock: threading.Lock):
+    """Release `lock` (acquired already, with a timeout) at the end of the block."""
+    try:
+        yield
+    finally:
+        lock.release()
 
 
 class LiveDiagnosis:
@@ -155,7 +182,10 @@ class LiveDiagnosis:
                 self.sampler.stop()
             except Exception:
                 pass
-        with self._lock:
+        if not self._lock.acquire(timeout=LOCK_WAIT_S):
+            self._say_stuck("its last pass is skipped")
+            return self.findings()
+        with _released(self._lock):
             self._step(time.monotonic(), final=True)
             self.follower.close()
             return self.findings()
@@ -165,7 +195,10 @@ class LiveDiagnosis:
         crashed, whatever its launcher reports of it (a wrapped torchrun reports nothing
         per rank). Ranks already gone are found so first."""
         self._stopped_by_us = True
-        with self._lock:
+        if not self._lock.acquire(timeout=LOCK_WAIT_S):
+            self._say_stuck("ranks alive now are not marked stopped")
+            return
+        with _released(self._lock):
             self._check_ranks(time.monotonic())
             for i, engine in self.engines.items():
                 if i in self._done:
@@ -176,7 +209,9 @@ class LiveDiagnosis:
 
     def stopped_ranks(self) -> list[int]:
         """Ranks marked stopped by `stopping` (for exits.json)."""
-        with self._lock:
+        if not self._lock.acquire(timeout=LOCK_WAIT_S):
+            return []
+        with _released(self._lock):
             return sorted(r for r, st in self.engine.ranks.items()
                           if st.exit is not None and st.exit.how == "stopped"
                           and st.exit.code is None)
@@ -186,8 +221,13 @@ class LiveDiagnosis:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=5)
-        with self._lock:
-            self.follower.close()
+        if self._lock.acquire(timeout=LOCK_WAIT_S):
+            with _released(self._lock):
+                self.follower.close()
+
+    def _say_stuck(self, then: str) -> None:
+        print(f"distdoctor: the live diagnosis is still in a pass after {LOCK_WAIT_S:.0f} s; "
+              f"{then}", file=sys.stderr)
 
     def pass_once(self) -> None:
         """One pass without the background thread (a one-off view: `watch --once`)."""
@@ -214,7 +254,7 @@ class LiveDiagnosis:
         job's output): said once, as an internal finding, and the next pass goes on; the
         detectors, hang handling and `--on-hang kill` keep what they had."""
         first = self.error is None
-        self.error = f"a pass of the live diagnosis failed: {exc!r}"
+        self.error = f"a pass of the live diagnosis failed: {failure_line(exc)}"
         if os.environ.get("DISTDOCTOR_DEBUG"):
             import traceback
 
@@ -243,8 +283,8 @@ class LiveDiagnosis:
         batches = self.follower.poll_incarnations(final)
         for i in sorted(batches):
             self._engine_of(i).ingest(batches[i], now_s)
-        for why in self.follower.said:
-            print(f"distdoctor: {why}", file=sys.stderr)
+        for why in self.follower.said:  # names what ranks put in the run dir: text
+            print(f"distdoctor: {printable(why)}", file=sys.stderr)
         self.follower.said.clear()
         engine = self.engine  # the newest incarnation's
         if self.on_batch is not None:

@@ -10,6 +10,7 @@ from distdoctor.diagnosis.engine.boundary import exception_text, internal_findin
 from distdoctor.diagnosis.engine.core import Engine
 from distdoctor.diagnosis.hangs.progress import hang_timeout_s as timeout_of
 from distdoctor.diagnosis.mismatches.after_mismatch import alloc_in_mismatch
+from distdoctor.diagnosis.report import rank_ranges
 from distdoctor.findings import (
     FINDINGS_FILE,
     Finding,
@@ -18,6 +19,7 @@ from distdoctor.findings import (
     read_findings,
 )
 from distdoctor.runlog.run import Run
+from distdoctor.runlog.rundir import why_unreadable
 
 HEARTBEAT_SLACK_S = 1.5
 
@@ -26,9 +28,9 @@ def _live_findings(run_dir: Path, notes: list[str]) -> list[Finding]:
     """What the live engine wrote: it alone has the stacks of ranks that were alive."""
     try:
         return read_findings(run_dir)
-    except (OSError, ValueError):
-        notes.append(f"{run_dir / FINDINGS_FILE} is unreadable; live findings (and their "
-                     f"stacks) are lost")
+    except (OSError, ValueError) as exc:
+        notes.append(f"{run_dir / FINDINGS_FILE} is unreadable{_refused(exc)}; live findings "
+                     f"(and their stacks) are lost")
         return []
 
 
@@ -42,8 +44,8 @@ def read_exits(run_dir: Path) -> tuple[dict[int, ExitInfo], list[str]]:
         return {}, []
     try:
         flags, entries, skipped = read_exit_entries(path)
-    except (OSError, ValueError):
-        return {}, [f"{path} is unreadable: process exit codes unknown"]
+    except (OSError, ValueError) as exc:
+        return {}, [f"{path} is unreadable{_refused(exc)}: process exit codes unknown"]
     notes = ([f"`distdoctor run` died before the job ended (killed?); its guardian "
               f"stopped the job's processes ({path})"] if flags["run_died"] else [])
     if skipped:
@@ -54,6 +56,12 @@ def read_exits(run_dir: Path) -> tuple[dict[int, ExitInfo], list[str]]:
                                  "stopped" if p["stopped_by_distdoctor"] else "exit")
              for p in entries if p["rank"] is not None
              and (p["exit_code"] is not None or p["stopped_by_distdoctor"])}, notes)
+
+
+def _refused(exc: Exception) -> str:
+    """Why a file of the run dir was not read, where it was refused for what it is (a
+    FIFO, a link, its size: rundir.read_json); "" for one that is no sound JSON."""
+    return f" ({why_unreadable(exc)})" if isinstance(exc, OSError) else ""
 
 
 def _samples(run_dir: Path, notes: list[str]) -> list:
@@ -133,7 +141,8 @@ def diagnose_runs(runs: list[Run], hang_timeout_s: float | None = None
     ranks = {r for run in runs for r in run.events}
     findings = most_severe_first(merge_crashes(agree_with_live(
         findings, _live_findings(runs[0].path, notes), completed), ranks))
-    return findings, notes + _source_notes(runs[0].path, notes, findings)
+    return findings, notes + _file_notes(runs[0], notes) + _source_notes(runs[0].path, notes,
+                                                                         findings)
 
 
 def diagnose_run(run: Run, hang_timeout_s: float | None = None) -> tuple[list[Finding], list[str]]:
@@ -150,7 +159,12 @@ def diagnose_run(run: Run, hang_timeout_s: float | None = None) -> tuple[list[Fi
         written = [f for f in written if f.details.get("incarnation") == run.incarnation]
     findings = most_severe_first(merge_crashes(agree_with_live(found, written, completed),
                                                set(run.events)))
-    return findings, notes + _source_notes(run.path, notes, findings)
+    return findings, notes + _file_notes(run, notes) + _source_notes(run.path, notes, findings)
+
+
+def _file_notes(run: Run, notes: list[str]) -> list[str]:
+    """What the run dir's metadata files lost (rundir.rank_meta_at), said once each."""
+    return [n for n in run.info.notes if n not in notes]
 
 
 def _source_notes(run_dir: Path, notes: list[str], findings: list[Finding]) -> list[str]:
@@ -253,11 +267,11 @@ def _diagnose_one(run: Run, hang_timeout_s: float | str | None, newest: dict[int
         notes += _unfinished(engine.open.values())
     for rank, why in sorted(run.unreadable.items()):
         notes.append(f"rank {rank}: {why}; its part is unknown")
-    ws = run.world_size
+    ws = run.world_size  # (rundir.MAX_WORLD_SIZE at most)
     if ws:
         absent = [r for r in range(ws) if r not in run.events and r not in run.unreadable]
         if absent:
-            notes.append(f"rank(s) {', '.join(map(str, absent))} left no event log (never "
+            notes.append(f"rank(s) {rank_ranges(absent)} left no event log (never "
                          f"started, or died before initialising torch.distributed)")
     for rank, h in sorted(run.headers.items()):
         if h.unrecorded:

@@ -9,6 +9,11 @@ a job that re-launches its ranks a thousand times holds a few files open, not th
 Past `open_logs_budget()` logs followed at once (a quarter of the open-files limit: a
 collector's copy of hundreds of ranks under `ulimit -n 1024`), the logs beyond it are
 closed after each read and opened again for the next (RankLog.park).
+
+What ranks put in the run dir is untrusted, and a poll reads every rank's files: one file
+that cannot be read (a FIFO or a link at its name, a log whose strings are corrupt,
+metadata nested 100,000 deep) costs that file, said once, never the poll nor the other
+ranks' events (runlog.reader, rundir.rank_meta_at).
 """
 
 from __future__ import annotations
@@ -22,8 +27,8 @@ from pathlib import Path
 from distdoctor.errors import UserError
 from distdoctor.runlog.incarnations import Incarnations
 from distdoctor.runlog.pace import Pace
-from distdoctor.runlog.reader import Event, RankLog, RingHeader
-from distdoctor.runlog.rundir import parse_log_name, rank_meta_path, ring_path
+from distdoctor.runlog.reader import READ_SLOTS, Event, NotALog, RankLog, RingHeader
+from distdoctor.runlog.rundir import parse_log_name, rank_meta_at, rank_meta_path, ring_path
 
 # In-flight ops re-read per rank per poll, at most: async work that never reports its
 # completion must not make every poll slower.
@@ -31,6 +36,7 @@ MAX_PENDING = 4096
 RESCAN_S = 2.0  # the ranks folder is listed at least this often (see _discover)
 META_RETRY_S = 0.25  # first retry of a rank's missing metadata; doubles up to RESCAN_S
 RETIRE_S = 5.0  # a log left behind by a newer one of its rank, quiet this long, is let go
+FIRST_PIECE = 64  # slots of a poll's first read; each next piece 8 times more, to READ_SLOTS
 
 
 @dataclass
@@ -52,15 +58,21 @@ class RankFeed:
         head = self.header.head
         index = max(self.next_index, head - self.log.capacity, 0)
         out = []
-        for ev in self.log.read_range(index, head):
-            if ev is None:
-                self.stalls += 1
-                if self.stalls < 3:
-                    break
-            else:
-                out.append(ev)
-            self.stalls = 0
-            index += 1
+        piece, stalled = FIRST_PIECE, False
+        # in pieces, stopping at the first slot still being written: what a poll reads
+        # follows what was written since the last, whatever the header claims
+        while index < head and not stalled:
+            for ev in self.log.read_range(index, min(head, index + piece)):
+                if ev is None:
+                    self.stalls += 1
+                    if self.stalls < 3:
+                        stalled = True
+                        break
+                else:
+                    out.append(ev)
+                self.stalls = 0
+                index += 1
+            piece = min(READ_SLOTS, piece * 8)
         self.next_index = index
         return out
 
@@ -92,6 +104,11 @@ class RunFollower:
         self.feeds: dict[tuple[int, int], RankFeed] = {}  # (rank, log number) -> feed
         self.retired: dict[tuple[int, int], RankFeed] = {}  # finished, file closed
         self.unreadable: dict[tuple[int, int], str] = {}
+        # logs refused for what is at their name (a FIFO, a link): looked at again only
+        # with the next full listing (RESCAN_S), not on every poll as one being made
+        self._refused: set[tuple[int, int]] = set()
+        self._given_up: set[tuple[int, int]] = set()  # let go for an error: never again
+        self._noted: set[tuple[int, int]] = set()  # metadata said unreadable, once
         self.meta: dict[tuple[int, int], dict] = {}  # (rank, log number) -> metadata
         self.incarnations = Incarnations()
         self.newest: int = 0  # the newest incarnation seen
@@ -120,8 +137,8 @@ class RunFollower:
             return
         now = time.monotonic()
         settled = time.time_ns() - mtime > RESCAN_S * 1e9
-        if (mtime == self._ranks_mtime and settled and not self.unreadable
-                and now - self._scanned_s < RESCAN_S):
+        if (mtime == self._ranks_mtime and settled and now - self._scanned_s < RESCAN_S
+                and self._refused.issuperset(self.unreadable)):
             return
         self._ranks_mtime, self._scanned_s = mtime, now
         try:
@@ -134,14 +151,26 @@ class RunFollower:
             if parsed is None or parsed[2] != "ring":
                 continue
             key = parsed[:2]
-            if key in self.feeds or key in self.retired:
+            if key in self.feeds or key in self.retired or key in self._given_up:
                 continue
+            path = ring_path(self.run_dir, *key)
             try:
-                log = RankLog(ring_path(self.run_dir, *key))
+                log = RankLog(path)
+                if log.rank != key[0]:  # a copied or crafted file: its events misplaced
+                    log.close()
+                    raise NotALog(f"{path.name} says it is rank {log.rank}: not this "
+                                  f"rank's log; left out")
+            except NotALog as exc:
+                if key not in self._refused:
+                    self._refused.add(key)
+                    self.said.append(str(exc))
+                self.unreadable[key] = str(exc)
+                continue
             except UserError as exc:
                 self.unreadable[key] = str(exc)  # maybe still being created: retry later
                 continue
             self.unreadable.pop(key, None)
+            self._refused.discard(key)
             if len(self.feeds) + len(found) >= self.budget:
                 log.park()
             found.append((log.created_wall_ns, key[1], key[0], log))
@@ -149,9 +178,13 @@ class RunFollower:
         # in the order they were made: that numbers the incarnations (runlog.incarnations)
         for _, number, rank, log in sorted(found, key=lambda t: t[:3]):
             feed = RankFeed(log, self.incarnations.assign(rank, log.launch))
-            if self.backlog is not None:
-                feed.next_index = max(0, log.header().head - self.backlog)
             self.feeds[(rank, number)] = feed
+            if self.backlog is not None:
+                try:
+                    feed.next_index = max(0, log.header().head - self.backlog)
+                except Exception as exc:  # (see poll_incarnations)
+                    self._let_go((rank, number), feed, _why(log, exc))
+                    continue
             if len(self.feeds) > self.budget:
                 log.park()
             self.newest = max(self.newest, feed.incarnation)
@@ -161,18 +194,19 @@ class RunFollower:
         """A log's metadata. A rank creates its log a moment before its metadata, so one
         not there yet (or half written) is tried again soon, then less and less often, up
         to every RESCAN_S (a rank that never writes it costs little). `now_too`: try even
-        if the last try was a moment ago (the last pass: who is local decides who died)."""
-        import json
-
+        if the last try was a moment ago (the last pass: who is local decides who died).
+        Metadata that is not readable is said once, and counts as missing."""
         now = time.monotonic()
         last, tries = self._meta_tried.get(key, (-math.inf, 0))
         if not now_too and now - last < min(RESCAN_S, META_RETRY_S * 2 ** (tries - 1)):
             return
         self._meta_tried[key] = (now, tries + 1)
-        try:
-            self.meta[key] = json.loads(rank_meta_path(self.run_dir, *key).read_text())
-        except (OSError, ValueError):
-            self.meta.setdefault(key, {})
+        meta, note = rank_meta_at(rank_meta_path(self.run_dir, *key))
+        self.meta[key] = {} if meta.get("unreadable") else meta
+        if note and key not in self._noted:  # said once; tried again as a missing one
+            self._noted.add(key)
+            self.said.append(f"{note}: its host and pid unknown"
+                             if meta.get("unreadable") else note)
 
     def poll(self, final: bool = False) -> list[Event]:
         """New events and completions, of every incarnation."""
@@ -201,9 +235,9 @@ class RunFollower:
                         del feed.pending[index]
                         events.append(ev)
                 new = feed.read_new()
-            except UserError as exc:  # rewritten by someone else: say so, read on
-                self._let_go(key, feed, str(exc))
-                continue
+            except Exception as exc:  # rewritten by someone else, or corrupt in a way no
+                self._let_go(key, feed, _why(feed.log, exc))  # check foresaw: said once,
+                continue  # that log no longer read, the others' events read on
             for ev in new:
                 if ev.t_end_ns is None:  # spans too: a step's end gives its wall time
                     feed.pending[ev.index] = None
@@ -258,6 +292,7 @@ class RunFollower:
             self.retired[key] = feed
         else:
             self.unreadable[key] = why
+            self._given_up.add(key)
             self.said.append(why)
 
     def ranks_of(self, incarnation: int) -> dict[int, RankFeed]:
@@ -285,6 +320,14 @@ class RunFollower:
                 feed.log.close()
             except OSError:
                 pass
+
+
+def _why(log: RankLog, exc: Exception) -> str:
+    """The line said for a log let go for `exc`."""
+    if isinstance(exc, UserError):
+        return str(exc)
+    return (f"event log {log.path} could not be read ({type(exc).__name__}: "
+            f"{str(exc)[:200]}); no longer read")
 
 
 def wait_for_run_dir(path: Path, timeout_s: float) -> bool:

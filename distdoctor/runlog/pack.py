@@ -202,12 +202,15 @@ def _read_file(path: Path, stats: PackStats, rel: str) -> bytes | None:
 def _small_log(path: Path, stats: PackStats):
     """(a RING entry's raw bytes, events, the call sites' files named in its strings), or
     (None, 0, []) for a file that is not a whole log (packed as a plain file then)."""
+    from distdoctor.privatefiles import open_regular
+    from distdoctor.runlog.reader import READ_BYTES, READ_SLOTS, is_zeros
+
     try:
-        fd = os.open(path, os.O_RDONLY | _NOFOLLOW | os.O_CLOEXEC)
+        fd, st = open_regular(path)  # (a FIFO put there since the listing: refused)
     except OSError:
         return None, 0, []
     try:
-        size = os.fstat(fd).st_size
+        size = st.st_size
         head = os.pread(fd, F.HEADER_SIZE, 0)
         layout = layout_of(head, size)
         if layout is None:
@@ -215,18 +218,34 @@ def _small_log(path: Path, stats: PackStats):
             return None, 0, []
         capacity, s_off, s_size, r_off, full = layout
         used = min(F.U64.unpack_from(head, F.OFF_STRINGS_USED)[0], s_size)
-        strings = os.pread(fd, used, s_off)
+        strings = bytearray()
+        while len(strings) < used:  # a piece at a time, as the slots below
+            piece = os.pread(fd, min(READ_BYTES, used - len(strings)), s_off + len(strings))
+            if not piece or is_zeros(piece):  # no table holds a piece of zeros: a
+                stats.notes.append(f"{path.name}: its header counts strings its table "
+                                   f"does not hold; packed as it is")  # crafted `used`
+                return None, 0, []
+            strings += piece
         n_head = F.U64.unpack_from(head, F.OFF_HEAD)[0]
         first = max(0, n_head - capacity)
         n = n_head - first
         slots = bytearray()
         e = first
-        while e < n_head:  # at most two stretches: the ring may have wrapped
+        while e < n_head:  # the ring may wrap: two stretches, each read a piece at a time
             slot = e % capacity
-            k = min(n_head - e, capacity - slot)
-            slots += os.pread(fd, k * F.SLOT_SIZE, r_off + slot * F.SLOT_SIZE)
+            k = min(n_head - e, capacity - slot, READ_SLOTS)
+            piece = os.pread(fd, k * F.SLOT_SIZE, r_off + slot * F.SLOT_SIZE)
+            if len(piece) != k * F.SLOT_SIZE:
+                stats.notes.append(f"{path.name}: shorter than its header says; packed as "
+                                   f"it is")
+                return None, 0, []
+            if is_zeros(piece):  # slots never written where its head says events are (a
+                stats.notes.append(f"{path.name}: its header counts events its ring does "
+                                   f"not hold; packed as it is")  # crafted head over a
+                return None, 0, []  # sparse 2 GiB): never held whole
+            slots += piece
             e += k
-        if len(strings) != used or len(slots) != n * F.SLOT_SIZE:
+        if len(strings) != used:
             stats.notes.append(f"{path.name}: shorter than its header says; packed as it is")
             return None, 0, []
     finally:

@@ -8,10 +8,18 @@ The file is read with `pread`, not mapped: whatever a rank's process does to the
 (our writers never shrink one, but a job's code may truncate or rewrite it), a read past
 its end is a short read and a one-line `ShrunkLog`, where a mapped page past the end
 would kill the reader with SIGBUS.
+
+Whatever is at a log's name is untrusted (a rank of another user, a crashed job, a copy):
+it is opened without following a link and without waiting (a FIFO there would hold the
+reader, and the live engine with it, for ever) and read only if it is a regular file; the
+layout its header claims must fit in the file; and it is read in pieces of at most
+READ_BYTES, so a header that claims a 2 GiB ring over a sparse file costs a piece at a
+time, never 2 GB at once.
 """
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import struct
@@ -19,7 +27,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from distdoctor.errors import UserError
+from distdoctor.privatefiles import NotRegularFile, open_regular
 from distdoctor.runlog import format as F
+
+READ_SLOTS = 8192  # slots a pread takes at most (1 MiB)
+READ_BYTES = READ_SLOTS * F.SLOT_SIZE
+# a read of this many slots or more is first asked whether it lies in a hole of a sparse
+# file (one lseek): a live poll's few new slots are read without asking
+HOLE_CHECK_SLOTS = 512
+MAX_STRING_BYTES = 16 << 20  # a string of the table (the tracer's whole table: 4 MiB)
 
 
 @dataclass(slots=True)
@@ -85,6 +101,11 @@ class RingHeader:
         return max(0, self.head - self.capacity)
 
 
+class NotALog(UserError):
+    """What is at a log's name is no regular file (a FIFO, a device, a link): refused
+    without reading it."""
+
+
 class ShrunkLog(UserError):
     """The file got shorter under its reader: something other than distdoctor rewrote it."""
 
@@ -100,13 +121,10 @@ class RankLog:
 
     def __init__(self, path: str | os.PathLike):
         self.path = Path(path)
-        try:
-            self._fd = os.open(self.path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
-        except OSError as exc:
-            raise UserError(f"cannot read event log {self.path}: {exc.strerror}") from None
+        self._fd, st = self._open()
         self._parked = False
         try:
-            self._check_layout()
+            self._check_layout(st)
         except BaseException:
             os.close(self._fd)
             raise
@@ -116,8 +134,16 @@ class RankLog:
         self._groups: dict[int, tuple] = {}
         self._tensors: dict[int, tuple] = {}
 
-    def _check_layout(self) -> None:
-        st = os.fstat(self._fd)
+    def _open(self) -> tuple[int, os.stat_result]:
+        try:
+            return open_regular(self.path)
+        except NotRegularFile as exc:
+            raise NotALog(f"cannot read event log {self.path}: {exc.strerror}") from None
+        except OSError as exc:
+            raise UserError(f"cannot read event log {self.path}: "
+                            f"{exc.strerror or exc}") from None
+
+    def _check_layout(self, st: os.stat_result) -> None:
         self._identity, size = (st.st_dev, st.st_ino), st.st_size
         if size < F.HEADER_SIZE:
             raise UserError(f"event log {self.path} is truncated ({size} bytes)")
@@ -129,7 +155,8 @@ class RankLog:
         if version > F.VERSION:
             raise UserError(f"event log {self.path} has format version {version}; this "
                             f"distdoctor reads up to {F.VERSION}: upgrade distdoctor")
-        if slot_size != F.SLOT_SIZE or header_size != F.HEADER_SIZE:
+        if (slot_size != F.SLOT_SIZE or header_size != F.HEADER_SIZE or capacity < 1
+                or s_off != F.HEADER_SIZE or r_off != s_off + s_size):
             raise UserError(f"event log {self.path} has an unexpected layout")
         if size < r_off + capacity * slot_size:
             raise UserError(f"event log {self.path} is truncated ({size} of "
@@ -148,11 +175,7 @@ class RankLog:
             self._fd, self._parked = -1, True
 
     def _unpark(self) -> None:
-        try:
-            fd = os.open(self.path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
-        except OSError as exc:
-            raise UserError(f"cannot read event log {self.path}: {exc.strerror}") from None
-        st = os.fstat(fd)
+        fd, st = self._open()
         if (st.st_dev, st.st_ino) != self._identity:
             os.close(fd)
             raise ShrunkLog(f"event log {self.path} was replaced under its reader (something "
@@ -216,26 +239,35 @@ class RankLog:
 
     # --- strings ---------------------------------------------------------------------
     def _load_strings(self) -> None:
+        """The strings added since the last call. The writer publishes `used` after the
+        bytes, so every string within it is whole: one that is not (a zero length, which
+        is never written, a length past `used` or over MAX_STRING_BYTES) ends the table
+        for good. Read a piece at a time: `used` may claim a crafted 2 GiB of zeros."""
         st = self._strings
         used = min(self.word(F.OFF_STRINGS_USED), self._strings_size)
-        if used <= st.used:
-            return
-        data = self._read(self._strings_offset + st.used, used - st.used)
-        at, end = 0, len(data)
-        while at + F.STRING_LEN.size <= end:
-            (n,) = F.STRING_LEN.unpack_from(data, at)
-            start = at + F.STRING_LEN.size
-            if n == 0:  # never written (JSON is one byte at least): the rest is no table;
-                at = end  # zeros decoded one by one took minutes (a crafted pack)
-                break
-            if start + n > end:
-                break
-            try:
-                st.values.append(json.loads(data[start:start + n]))
-            except (ValueError, UnicodeDecodeError):
-                st.values.append(None)  # a corrupt string: the event says "unknown"
-            at = start + n
-        st.used += at
+        while st.used < used:
+            data = self._read(self._strings_offset + st.used, min(READ_BYTES, used - st.used))
+            at, end = 0, len(data)
+            while at + F.STRING_LEN.size <= end:
+                (n,) = F.STRING_LEN.unpack_from(data, at)
+                start = at + F.STRING_LEN.size
+                if n == 0 or n > MAX_STRING_BYTES or st.used + start + n > used:
+                    st.used = used  # no table from here on (zeros decoded one by one
+                    return  # took minutes: a crafted pack)
+                if start + n > end:
+                    if at:
+                        break  # the next piece starts with it
+                    data += self._read(self._strings_offset + st.used + end, start + n - end)
+                    end = len(data)
+                try:
+                    st.values.append(json.loads(data[start:start + n]))
+                except (ValueError, UnicodeDecodeError, RecursionError):
+                    st.values.append(None)  # a corrupt string: the event says "unknown"
+                at = start + n
+            if at == 0:  # under a length's 4 bytes left before `used`: no string
+                st.used = used
+                return
+            st.used += at
 
     def string(self, sid: int):
         if sid >= len(self._strings.values):
@@ -248,24 +280,50 @@ class RankLog:
         """Events numbered >= `since` still present in the ring, oldest first."""
         head = self.word(F.OFF_HEAD)
         start = max(since, head - self.capacity, 0)
-        return [ev for ev in self.read_range(start, head) if ev is not None]
+        out: list[Event] = []
+        for at in range(start, head, READ_SLOTS):  # a piece at a time: a crafted head
+            out += [ev for ev in self.read_range(at, min(head, at + READ_SLOTS))  # over a
+                    if ev is not None]  # sparse ring holds a piece, never the ring
+        return out
 
     def read_range(self, start: int, stop: int) -> list[Event | None]:
         """Events `start` .. `stop - 1`, None for each slot not holding its event (not
         written yet, being rewritten, overwritten). The slots are copied out and decoded
-        in one pass per contiguous stretch of the ring."""
+        a piece (READ_SLOTS) at a time per contiguous stretch of the ring; a piece of
+        zeros (never written: a slot's first word is its event number + 1) is not."""
         out: list[Event | None] = []
         cap, decode = self.capacity, self._decode
         while start < stop:
             slot = start % cap
-            n = min(stop - start, cap - slot)
+            n = min(stop - start, cap - slot, READ_SLOTS)
             at = self._ring_offset + slot * F.SLOT_SIZE
-            e = start
-            for rec in _iter_slots(self._read(at, n * F.SLOT_SIZE)):
-                out.append(decode(e, rec) if rec[0] == e + 1 else None)
-                e += 1
+            if n >= HOLE_CHECK_SLOTS and self._hole(at, n * F.SLOT_SIZE):
+                out += [None] * n  # never written: not read (a read fills the page cache)
+                start += n
+                continue
+            data = self._read(at, n * F.SLOT_SIZE)
+            if is_zeros(data):
+                out += [None] * n
+            else:
+                e = start
+                for rec in _iter_slots(data):
+                    out.append(decode(e, rec) if rec[0] == e + 1 else None)
+                    e += 1
             start += n
         return out
+
+    def _hole(self, offset: int, n: int) -> bool:
+        """Whether the file holds no data at `offset` .. `offset + n` (SEEK_DATA: the file
+        system's word, which counts what is written but not yet on the disk as data;
+        False where it cannot tell)."""
+        if self._parked:
+            self._unpark()
+        try:
+            return os.lseek(self._fd, offset, os.SEEK_DATA) >= offset + n
+        except OSError as exc:
+            return exc.errno == errno.ENXIO  # no data from `offset` to the end
+        except AttributeError:  # (no SEEK_DATA on this system)
+            return False
 
     def read_one(self, e: int) -> Event | None:
         rec = _unpack_slot(self.raw_slot(e))
@@ -300,29 +358,64 @@ class RankLog:
         )
 
     def _group(self, sid: int) -> tuple:
-        """(name, desc, ranks) of a group string; cached once the string is readable."""
+        """(name, desc, ranks) of a group string; cached once the string is readable. A
+        string of another shape (a corrupt or crafted log: ranks that are no list of
+        ranks) is an unknown group, as a string that is no JSON is."""
         value = self.string(sid)
         group = value if isinstance(value, dict) else {}
-        out = (str(group.get("name", "?")), str(group.get("desc", "")),
-               tuple(group.get("ranks", ())))
+        ranks = group.get("ranks", ())
+        out = (_text(group.get("name", "?"), 256), _text(group.get("desc", ""), 256),
+               tuple(ranks) if _rank_list(ranks) else ())
         if value is not None or sid == 0:  # id 0 is "unknown" for good
             self._groups[sid] = out
         return out
 
     def _tensor_desc(self, sid: int) -> tuple:
-        """(shapes, dtypes, device) of a tensors string; cached once readable."""
+        """(shapes, dtypes, device) of a tensors string; cached once readable. Fields of
+        another shape are unknown (empty), as in _group."""
         value = self.string(sid)
         desc = value if isinstance(value, dict) else {}
-        out = (tuple(tuple(s) for s in desc.get("shapes", ())),
-               tuple(desc.get("dtypes", ())), str(desc.get("device", "")))
+        shapes, dtypes = desc.get("shapes", ()), desc.get("dtypes", ())
+        shapes_ok = (isinstance(shapes, list) and len(shapes) <= MAX_LIST
+                     and all(_shape(s) for s in shapes))
+        dtypes_ok = (isinstance(dtypes, list) and len(dtypes) <= MAX_LIST
+                     and all(isinstance(d, str) for d in dtypes))
+        out = (tuple(tuple(s) for s in shapes) if shapes_ok else (),
+               tuple(dtypes) if dtypes_ok else (), _text(desc.get("device", ""), 256))
         if value is not None or sid == 0:
             self._tensors[sid] = out
         return out
 
 
-def _text(value) -> str | None:
+MAX_LIST = 1 << 18  # ranks of a group (a job of 262,144 GPUs), tensors of an op
+MAX_RANK = 1 << 24
+
+
+def _rank_list(value) -> bool:
+    return (isinstance(value, list) and len(value) <= MAX_LIST
+            and all(type(r) is int and 0 <= r < MAX_RANK for r in value))
+
+
+def _shape(value) -> bool:
+    """A tensor's dims: sizes, or the names of symbolic ones (written with str())."""
+    return (isinstance(value, list) and len(value) <= 64
+            and all((type(d) is int and 0 <= d < 1 << 63) or (isinstance(d, str)
+                                                             and len(d) <= 64)
+                    for d in value))
+
+
+_ZEROS = bytes(READ_BYTES)
+
+
+def is_zeros(data: bytes) -> bool:
+    """Whether `data` (READ_BYTES at most) is all zeros: a memcmp, no copy."""
+    return _ZEROS.startswith(data)
+
+
+def _text(value, limit: int | None = None) -> str | None:
     """A name or error string (a corrupt log's id may point at another kind of value)."""
-    return value if isinstance(value, str) or value is None else str(value)
+    text = value if isinstance(value, str) or value is None else str(value)
+    return text if limit is None or text is None or len(text) <= limit else text[:limit]
 
 
 def _launch_of(head: bytes) -> dict:

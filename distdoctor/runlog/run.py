@@ -8,7 +8,13 @@ from pathlib import Path
 from distdoctor.errors import UserError
 from distdoctor.runlog.incarnations import Incarnations
 from distdoctor.runlog.reader import Event, RankLog, RingHeader
-from distdoctor.runlog.rundir import RunInfo, open_run_dir, read_rank_meta, ring_path
+from distdoctor.runlog.rundir import (
+    RunInfo,
+    open_run_dir,
+    rank_meta_at,
+    rank_meta_path,
+    ring_path,
+)
 
 
 @dataclass
@@ -37,11 +43,11 @@ class Run:
 
     @property
     def world_size(self) -> int | None:
+        """The ranks' word (their metadata, checked: rundir.MAX_WORLD_SIZE at most), else
+        run.json's."""
         sizes = [m.get("world_size") for m in self.meta.values()]
         ws = max((s for s in sizes if isinstance(s, int)), default=None)
-        if ws is None and isinstance(self.info.meta.get("world_size"), int):
-            ws = self.info.meta["world_size"]
-        return ws
+        return self.info.world_size if ws is None else ws
 
     def span_names(self, rank: int) -> dict[int, str]:
         """span_index (event number + 1) -> span name, for this rank."""
@@ -82,7 +88,9 @@ def read_incarnations(path=None, ranks: list[int] | None = None) -> list[Run]:
             events = log.read()
             run.events[rank] = [e for e in events if e.kind != "sample"]
             run.stack_samples[rank] = [e for e in events if e.kind == "sample"]
-            run.meta[rank] = read_rank_meta(info.path, rank, n)
+            run.meta[rank], note = rank_meta_at(rank_meta_path(info.path, rank, n))
+            if note and note not in info.notes:  # (a rank's first log's: said already)
+                info.notes.append(note)
             run.log_numbers[rank] = n
         except UserError as exc:
             run.unreadable[rank] = str(exc)

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from distdoctor.errors import UserError
-from distdoctor.privatefiles import write_atomically
+from distdoctor.privatefiles import read_bounded, write_atomically
 
 RUN_FORMAT = "distdoctor-run"
 RUN_VERSION = 1
@@ -152,15 +152,49 @@ def newest_run_dir(root: str | os.PathLike = DEFAULT_ROOT) -> Path:
     return max(runs, key=lambda p: p.stat().st_mtime)
 
 
-def _load_json(path: Path, what: str) -> dict:
+# Everything in a run dir is written by ranks (other users' processes on shared nodes,
+# crashed jobs, copies from elsewhere): read within bounds, never through a link, never
+# waited on (a FIFO), and a value of the wrong type is no value.
+MAX_RUN_META_BYTES = 4 << 20  # run.json: ~300 bytes written (a collector's: a few KB)
+MAX_RANK_META_BYTES = 1 << 20  # ranks/rank-N.json: ~1.5 KB written
+MAX_WORLD_SIZE = 1 << 18  # the collector's bound on ranks in one copy (collect/limits.py)
+MAX_RANK = 1 << 24
+
+
+def read_json(path: str | os.PathLike, limit: int) -> object:
+    """The JSON value in the regular file at `path` (read_bounded: no link followed, no
+    wait on a FIFO, at most `limit` bytes). OSError when it cannot be read, ValueError
+    when it is not JSON (nested too deep for the parser included)."""
+    return parse_json(read_bounded(path, limit))
+
+
+def parse_json(data: bytes | str) -> object:
+    """json.loads, with ValueError for what it raises on hostile text: a value nested
+    100,000 deep is a RecursionError there."""
     try:
-        data = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError) as exc:
-        raise UserError(f"cannot read {what} {path}: "
-                        f"{getattr(exc, 'strerror', None) or exc}") from None
-    except json.JSONDecodeError as exc:
-        raise UserError(f"{what} {path} is not valid JSON (truncated?): {exc.msg} "
-                        f"at line {exc.lineno}") from None
+        return json.loads(data)
+    except RecursionError:
+        raise ValueError("nested too deep") from None
+
+
+def why_unreadable(exc: BaseException) -> str:
+    """An OSError or ValueError of read_json, in words for one line."""
+    if isinstance(exc, json.JSONDecodeError):
+        return f"not valid JSON (truncated?): {exc.msg} at line {exc.lineno}"
+    if isinstance(exc, UnicodeDecodeError):
+        return "not text"
+    if isinstance(exc, OSError):
+        return exc.strerror or str(exc)
+    return str(exc) or type(exc).__name__
+
+
+def _load_json(path: Path, what: str, limit: int = MAX_RUN_META_BYTES) -> dict:
+    try:
+        data = read_json(path, limit)
+    except OSError as exc:
+        raise UserError(f"cannot read {what} {path}: {why_unreadable(exc)}") from None
+    except ValueError as exc:
+        raise UserError(f"{what} {path} is {why_unreadable(exc)}") from None
     if not isinstance(data, dict):
         raise UserError(f"{what} {path} is not a JSON object")
     return data
@@ -173,13 +207,21 @@ class RunInfo:
     ranks: dict[int, dict]  # rank -> rank-NNNNN.json (may be empty for a rank that died early)
     ring_ranks: list[int]  # ranks that have an event log
     logs: dict[int, list[int]] = field(default_factory=dict)  # rank -> its log numbers
+    notes: list[str] = field(default_factory=list)  # files of the run dir read in part or not
 
     @property
     def hang_timeout_s(self) -> float | None:
         """The fixed hang timeout the run was started with (`--hang-timeout S`), or None:
         hangs decided by progress (`auto`, the default)."""
         t = self.meta.get("hang_timeout_s")
-        return float(t) if isinstance(t, (int, float)) and t > 0 else None
+        ok = isinstance(t, (int, float)) and not isinstance(t, bool) and 0 < t < 1e9
+        return float(t) if ok else None  # (not nan, inf, nor 10**400: float() overflows)
+
+    @property
+    def world_size(self) -> int | None:
+        """run.json's world size, where it is one (1 to MAX_WORLD_SIZE)."""
+        ws = self.meta.get("world_size")
+        return ws if _RANK_META_FIELDS["world_size"](ws) else None
 
 
 def open_run_dir(path: str | os.PathLike | None) -> RunInfo:
@@ -202,24 +244,84 @@ def open_run_dir(path: str | os.PathLike | None) -> RunInfo:
                         f"{version}; this one reads up to {RUN_VERSION}): upgrade distdoctor")
     ranks_dir = run / "ranks"
     ranks: dict[int, dict] = {}
+    notes: list[str] = []
     if ranks_dir.is_dir():
         for p in sorted(ranks_dir.glob("rank-*.json")):
             parsed = parse_log_name(p.name)
             if parsed is not None and parsed[1] == 0:
-                ranks[parsed[0]] = read_rank_meta(run, parsed[0])
+                ranks[parsed[0]], note = rank_meta_at(p)
+                if note:
+                    notes.append(note)
     logs = rank_logs(run)
     from distdoctor.runlog import kept
 
     kept.attach(run)  # the diagnosis reads the sources this run kept
-    return RunInfo(run, meta, ranks, sorted(logs), logs)
+    return RunInfo(run, meta, ranks, sorted(logs), logs, notes)
 
 
 def read_rank_meta(run_dir: str | os.PathLike, rank: int, number: int = 0) -> dict:
-    """A rank log's metadata; {} when missing, {"unreadable": True} when corrupt."""
-    path = rank_meta_path(run_dir, rank, number)
-    if not path.exists():
-        return {}
+    """A rank log's metadata, checked (rank_meta_at); {} when missing, {"unreadable": True}
+    when it is not a JSON object of ours."""
+    meta, _ = rank_meta_at(rank_meta_path(run_dir, rank, number))
+    return meta
+
+
+def rank_meta_at(path: Path) -> tuple[dict, str | None]:
+    """(the rank metadata at `path`, checked: each field distdoctor reads is of its type
+    and within bounds, or left out; a line saying what was wrong with the file, or None).
+    ({}, None) when there is none (yet); ({"unreadable": True}, why) when the file is no
+    JSON object within MAX_RANK_META_BYTES: a FIFO, a link, /dev/zero, 100,000 brackets."""
     try:
-        return _load_json(path, "rank metadata")
-    except UserError:
-        return {"unreadable": True}
+        data = read_json(path, MAX_RANK_META_BYTES)
+    except FileNotFoundError:
+        return {}, None
+    except (OSError, ValueError) as exc:
+        return {"unreadable": True}, f"{path}: rank metadata unreadable ({why_unreadable(exc)})"
+    if not isinstance(data, dict):
+        return {"unreadable": True}, f"{path}: rank metadata is not a JSON object"
+    wrong = [k for k, ok in _RANK_META_FIELDS.items() if k in data and not ok(data[k])]
+    if not wrong:
+        return data, None
+    for k in wrong:
+        del data[k]
+    return data, (f"{path}: rank metadata's {', '.join(wrong)} not of "
+                  f"{'its' if len(wrong) == 1 else 'their'} type or out of bounds: left out")
+
+
+def _int_in(low: int, high: int, none_ok: bool = False):
+    return lambda v: ((v is None and none_ok)
+                      or (type(v) is int and low <= v < high))  # (a bool is no int here)
+
+
+def _text_within(limit: int, none_ok: bool = False):
+    return lambda v: (v is None and none_ok) or (isinstance(v, str) and len(v) <= limit)
+
+
+def _clock_pair(v) -> bool:
+    return isinstance(v, dict) and all(
+        type(v.get(k)) is int and 0 < v[k] < 1 << 63 for k in ("wall_ns", "monotonic_ns"))
+
+
+_INT64 = 1 << 63
+# the fields of rank metadata that readers use (the tracer writes them: tracer/install.py)
+_RANK_META_FIELDS = {
+    "rank": _int_in(0, MAX_RANK),
+    "log_number": _int_in(0, _INT64),
+    "world_size": _int_in(1, MAX_WORLD_SIZE + 1),
+    "local_rank": _int_in(0, MAX_RANK, none_ok=True),
+    "local_world_size": _int_in(1, MAX_RANK, none_ok=True),
+    "restart_count": _int_in(0, _INT64, none_ok=True),
+    "pid": _int_in(1, 1 << 31),  # (os.kill takes a C int)
+    "host": _text_within(1024),
+    "backend": _text_within(256, none_ok=True),
+    "torch": _text_within(256),
+    "python": _text_within(256),
+    "cuda_visible_devices": _text_within(4096, none_ok=True),
+    "clock": _clock_pair,
+    "launch": lambda v: isinstance(v, dict),
+    "ring": lambda v: isinstance(v, dict),
+    "backend_names": lambda v: isinstance(v, dict),
+    "traced_ops": lambda v: isinstance(v, dict),
+    "untraceable_ops": lambda v: isinstance(v, list),
+    "argv": lambda v: isinstance(v, list),
+}

@@ -14,11 +14,16 @@ import ast
 from dataclasses import dataclass
 from functools import lru_cache
 
+from distdoctor.privatefiles import read_bounded
+
 # statements that leave the current path early: the arm of an `if` that holds one is a
 # way out that the other ranks' path did not take
 EXITS = (ast.Return, ast.Raise, ast.Continue, ast.Break)
 LOOPS = (ast.For, ast.AsyncFor, ast.While)
 FUNCS = (ast.FunctionDef, ast.AsyncFunctionDef)
+# A source read from the disk (a run that kept none): larger is no program to parse here
+# (the kept copies' bound is 1 MiB: runlog/sources.py)
+MAX_SOURCE_BYTES = 16 << 20
 
 
 @dataclass(frozen=True)
@@ -54,8 +59,9 @@ def _read(path: str, kept) -> Source | None:
     try:
         decided, text = kept.text(path) if kept is not None else (False, None)
         if not decided:
-            with open(path, encoding="utf-8") as fh:
-                text = fh.read()
+            # a path the log names, read only as a regular file within bounds: a FIFO or
+            # /dev/zero there is refused, never waited on nor read for ever
+            text = read_bounded(path, MAX_SOURCE_BYTES, follow=True).decode()
         return None if text is None else Source(path, text, ast.parse(text))
     except (OSError, SyntaxError, ValueError, TypeError, MemoryError, RecursionError):
         return None
