@@ -232,14 +232,20 @@ def _size(path: str) -> int:
 
 
 def _read_from(path: str, start: int) -> str:
-    """What the rank appended to its dump file after `start` (no link followed)."""
+    """What the rank appended to its dump file after `start` (no link followed, never a
+    wait on a FIFO put there: this runs in the live engine's pass; DUMP_READ_BYTES)."""
+    from distdoctor.privatefiles import open_regular
+
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        fd, _ = open_regular(path)
     except OSError as exc:
         return f"(the dump file could not be read: {exc.strerror or exc})"
     with os.fdopen(fd, errors="replace") as f:
         f.seek(start)
-        return f.read()
+        return f.read(DUMP_READ_BYTES)
+
+
+DUMP_READ_BYTES = 4 << 20  # a dump's text (a few KB a thread)
 
 
 def _signal_dumps(pids: dict[int, int], why: dict[int, str],

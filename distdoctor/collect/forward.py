@@ -26,7 +26,8 @@ from distdoctor.collect import auth, wire
 from distdoctor.collect.log_source import LogSource
 from distdoctor.collect.source_copies import SourceSender
 from distdoctor.errors import UserError
-from distdoctor.runlog.rundir import rank_logs, rank_meta_path, ring_path
+from distdoctor.privatefiles import read_bounded
+from distdoctor.runlog.rundir import MAX_RANK_META_BYTES, rank_logs, rank_meta_path, ring_path
 from distdoctor.safetext import printable
 
 INTERVAL_S = 0.25
@@ -315,7 +316,7 @@ class Forwarder:
             mtime = os.stat(path).st_mtime_ns
             if mtime == src.meta_mtime:
                 return
-            data = path.read_bytes()
+            data = read_bounded(path, MAX_RANK_META_BYTES)  # (a FIFO there: refused)
             wire.json_payload(wire.META, data)  # half written: next pass
         except (OSError, wire.WireError):
             return

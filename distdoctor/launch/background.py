@@ -8,7 +8,6 @@ whose pids its run dir records (each rank runs in a process group of its own).
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -40,11 +39,10 @@ class BackgroundRun:
 
     def _kill(self) -> None:
         pids = [self.proc.pid]
+        from distdoctor.runlog.rundir import rank_meta_at
+
         for meta in (self.run_dir / "ranks").glob("rank-*.json"):
-            try:
-                pid = json.loads(meta.read_text())["pid"]
-            except (OSError, ValueError, KeyError, TypeError):
-                continue
+            pid = rank_meta_at(meta)[0].get("pid")  # (checked; never a wait on a FIFO)
             if isinstance(pid, int) and pid > 0:
                 pids.append(pid)
         for pid in pids:

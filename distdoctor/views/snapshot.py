@@ -266,10 +266,10 @@ def _with_stuck_lines(rows: list[RankRow], findings: list[Finding]) -> list[Rank
 
 
 def _run_meta(run_dir) -> dict:
-    import json
+    from distdoctor.runlog.rundir import MAX_RUN_META_BYTES, read_json
 
-    try:
-        data = json.loads((run_dir / "run.json").read_text())
+    try:  # (within bounds, never a wait on a FIFO: runlog.rundir)
+        data = read_json(run_dir / "run.json", MAX_RUN_META_BYTES)
         return data if isinstance(data, dict) else {}
     except (OSError, ValueError):
         return {}

@@ -317,3 +317,41 @@ def test_hostile_rank_files_cost_their_rank_only_in_the_live_engine(job, tmp_pat
     assert "rank-00004.json: rank metadata unreadable (nested too deep)" in err, err
     assert "rank-00005.json: rank metadata is not a JSON object" in err, err
     assert "rank-00006.json: rank metadata unreadable (a symbolic link" in err, err
+
+
+def test_a_fifo_at_a_rank_metadata_name_never_holds_a_nodes_forwarder(job, tmp_path):
+    """A node forwards its run dir to the collector (collect/forward.py): it read each
+    rank's metadata with read_bytes, so a FIFO there held its thread for ever and the
+    collector heard nothing more of that node. A real forwarder and collector, on
+    loopback."""
+    import threading
+
+    from distdoctor.collect.forward import Forwarder
+    from distdoctor.collect.server import Collector, listen
+    from distdoctor.runlog.follow import RunFollower
+
+    run = _copy(job, tmp_path / "node")
+    _fifo(run / "ranks" / "rank-00001.json")
+    collector = Collector(tmp_path / "copy", listen(("127.0.0.1", 0)), None,
+                          lambda line: None).start()
+    try:
+        fwd = Forwarder(run, collector.address)
+        ticked = threading.Thread(target=fwd.tick, daemon=True)
+        ticked.start()
+        ticked.join(20)
+        if ticked.is_alive():  # let the waiting open() go, so the thread ends
+            with open(run / "ranks" / "rank-00001.json", "wb"):
+                pass
+            ticked.join(10)
+            pytest.fail("the forwarder's pass waited on the FIFO")
+        fwd.stop()
+        deadline = time.monotonic() + 20
+        follower = RunFollower(tmp_path / "copy")
+        copied = []
+        while len(copied) < 2 * 20 and time.monotonic() < deadline:
+            copied += [e for e in follower.poll() if e.kind == "collective"]
+            time.sleep(0.1)
+        assert sorted({e.rank for e in copied}) == [0, 1], copied  # both ranks' events
+        assert (tmp_path / "copy" / "ranks" / "rank-00000.json").is_file()
+    finally:
+        collector.stop()
