@@ -164,16 +164,18 @@ def test_a_malformed_digest_is_refused_whole(payload):
     assert not fleet.positions and not fleet.open
 
 
-def test_an_op_that_cannot_be_decoded_is_unknown_and_diagnosis_goes_on():
-    """A position's ops are decoded only when an op is stuck: a malformed field there
-    (shapes) makes that op unknown, never an error in the collector's diagnosis thread."""
+def test_an_op_with_a_malformed_field_is_refused_with_its_digest():
+    """A position's ops are decoded only when an op is stuck, on the diagnosis thread: a
+    malformed field there (shapes) is refused with the whole digest as it comes
+    (digest_fields.py), so no op kept can fail to decode later."""
     fleet = FleetEngine(hang_timeout_s=1)
     row = event_row(op(0, 5, 5, done=False, t=0))
     row[7] = [["not a number"]]
-    fleet.apply({"host": "a", "groups": {}, "sigs": {}, "arrivals": [],
-                 "ranks": [[0, row, None, {"0": 6}, 5_000_000_000, None, False]]}, now_s=1.0)
-    assert fleet.tick(now_s=1.5) == []
-    assert fleet.positions[0].ops() == (None, None)
+    with pytest.raises(WireError, match="shape"):
+        fleet.apply({"host": "a", "groups": {}, "sigs": {}, "arrivals": [],
+                     "ranks": [[0, row, None, {"0": 6}, 5_000_000_000, None, False]]},
+                    now_s=1.0)
+    assert not fleet.positions and fleet.tick(now_s=1.5) == []
 
 
 # --- stragglers across nodes and the collector's rows ---------------------------------------

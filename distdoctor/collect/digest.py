@@ -31,14 +31,13 @@ node keeps its full logs: post-mortem `diagnose` on a node's run dir stays exact
 
 from __future__ import annotations
 
-from distdoctor.collect.limits import MAX_ARRIVED, MAX_DIGEST_GROUPS, MAX_RANKS
+from distdoctor.collect.digest_fields import MAX_NAME, check_row
 from distdoctor.collect.wire import WireError
 from distdoctor.runlog.reader import Event
 
 MAX_ARRIVALS = 200_000  # (group, seq, signature) entries held between two digests
 MAX_SIGS = 1 << 16  # signatures numbered per connection; past this the table starts over
 MAX_WAITS = 100_000  # (group, seq) still awaiting local members' completions
-MAX_NAME = 256  # a group's name or description, a function's name, as the collector keeps it
 MAX_TENSORS, MAX_DIMS = 8, 16  # an op's tensors and their dimensions, as the collector keeps
 
 
@@ -53,27 +52,23 @@ def event_row(ev: Event) -> list:
 
 
 def row_event(rank: int, row, groups: dict) -> Event:
-    """An Event back from `event_row`'s list (WireError when it is not one)."""
-    try:
-        (index, kind, op, status, group, seq, peer, shapes, dtypes, numel_in, numel_out,
-         reduce_op, cs, t_enter, t_end, error) = row
-        desc, members = groups.get(group, ("", ()))
-        return Event(
-            rank=rank, index=int(index), kind=str(kind)[:32], op=str(op)[:64],
-            status=str(status)[:32], group=str(group)[:MAX_NAME], group_desc=desc,
-            group_ranks=members, seq=int(seq), peer=None if peer is None else int(peer),
-            shapes=tuple(tuple(int(d) for d in s[:MAX_DIMS]) for s in shapes[:MAX_TENSORS]),
-            dtypes=tuple(str(d)[:32] for d in dtypes[:MAX_TENSORS]), device="",
-            numel_in=int(numel_in), numel_out=int(numel_out),
-            reduce_op=None if reduce_op is None else str(reduce_op)[:32],
-            callsite=(None if cs is None else
-                      {"file": str(cs[0])[:4096], "line": cs[1] if isinstance(cs[1], int)
-                       else None, "function": str(cs[2])[:MAX_NAME]}),
-            t_enter_ns=int(t_enter), t_end_ns=None if t_end is None else int(t_end),
-            span_index=0, name=None, error=None if error is None else str(error)[:2000],
-            is_async=None, other_thread=False)
-    except (TypeError, ValueError, IndexError) as exc:
-        raise WireError(f"DIGEST frame has a malformed op ({exc})") from None
+    """An Event back from `event_row`'s list (WireError when it is not one: every field
+    typed and bounded, digest_fields.check_row)."""
+    check_row(row)
+    (index, kind, op, status, group, seq, peer, shapes, dtypes, numel_in, numel_out,
+     reduce_op, cs, t_enter, t_end, error) = row
+    desc, members = groups.get(group, ("", ()))
+    return Event(
+        rank=rank, index=index, kind=kind[:32], op=op[:64], status=status[:32],
+        group=group[:MAX_NAME], group_desc=desc, group_ranks=members, seq=seq, peer=peer,
+        shapes=tuple(tuple(s[:MAX_DIMS]) for s in shapes[:MAX_TENSORS]),
+        dtypes=tuple(d[:32] for d in dtypes[:MAX_TENSORS]), device="",
+        numel_in=numel_in, numel_out=numel_out,
+        reduce_op=None if reduce_op is None else reduce_op[:32],
+        callsite=(None if cs is None else
+                  {"file": str(cs[0])[:4096], "line": cs[1], "function": str(cs[2])[:MAX_NAME]}),
+        t_enter_ns=t_enter, t_end_ns=t_end, span_index=0, name=None,
+        error=None if error is None else error[:2000], is_async=None, other_thread=False)
 
 
 def _raw_signature(ev: Event) -> tuple:
@@ -231,71 +226,6 @@ class DigestBuilder:
                 "arrivals": arrivals, "waits": self._take_waits(), "dropped": self.dropped}
 
 
-def waits_of(items) -> list:
-    """A digest's waits (`DigestBuilder._take_waits`) as the collector takes them in,
-    checked whole: WireError when malformed."""
-    if not isinstance(items, list):
-        raise WireError("DIGEST frame has malformed waits")
-    out = []
-    for item in items:
-        try:
-            # (a node of the previous version sends no 7th item: what the collective was)
-            group, seq, n, low, rank, second = item[:6]
-            what = item[6] if len(item) == 7 else None
-            if not (isinstance(n, int) and isinstance(low, int) and isinstance(rank, int)
-                    and (second is None or isinstance(second, int)) and 0 < n <= 1 << 24
-                    and (what is None or (isinstance(what, list) and len(what) == 2
-                                          and isinstance(what[0], str)
-                                          and isinstance(what[1], int)))
-                    and len(item) <= 7):
-                raise ValueError
-            out.append((str(group), int(seq), n, low, rank, second,
-                        None if what is None else (what[0][:64], what[1])))
-        except (TypeError, ValueError):
-            raise WireError("DIGEST frame has a malformed wait") from None
-    return out
-
-
-def groups_of(groups: dict) -> dict[str, tuple[str, tuple[int, ...]]]:
-    """A digest's groups, checked: at most MAX_DIGEST_GROUPS, names bounded, members a
-    list of ranks no longer than a copy holds."""
-    if len(groups) > MAX_DIGEST_GROUPS:
-        raise WireError(f"DIGEST frame names {len(groups):,} groups (at most "
-                        f"{MAX_DIGEST_GROUPS:,})")
-    out = {}
-    for name, value in groups.items():
-        try:
-            desc, members = value
-            if len(members) > MAX_RANKS or len(name) > MAX_NAME:
-                raise ValueError
-            out[name] = (str(desc)[:MAX_NAME], tuple(int(r) for r in members))
-        except (TypeError, ValueError):
-            raise WireError("DIGEST frame has a malformed group") from None
-    return out
-
-
-def check_arrivals(arrivals: list, host: str, members_of: dict | None) -> None:
-    """A digest's arrivals: of the node's own ranks (where owners are known), and at
-    most MAX_ARRIVED rank-arrivals (a run's count times its ranks) in all. A run costs
-    the fleet engine its count times its ranks, or its count alone when it names none:
-    counted so (a run of no ranks counted as 0, or a negative count that hides others
-    under the bound, made a 400-byte frame hold the collector's loop for minutes)."""
-    total = 0
-    for item in arrivals:
-        try:
-            _, _, _, rs, count = item
-            count = int(count)
-            if count < 1 or not rs:  # no node sends these (digest.runs)
-                raise WireError("DIGEST frame has an arrival of no ranks or no collective")
-            total += count * len(rs)
-            if members_of is not None and any(members_of.get(r) != host for r in rs):
-                raise WireError(f"DIGEST frame reports arrivals of ranks not of node {host}")
-        except (TypeError, ValueError):
-            raise WireError("DIGEST frame has a malformed arrival") from None
-        if total > MAX_ARRIVED:
-            raise WireError(f"DIGEST frame reports more than {MAX_ARRIVED:,} arrivals")
-
-
 class HeldDigests:
     """The bytes of a node's digest frames its ranks' positions still come from: each
     rank's position is kept from the newest frame that had it, and a frame counts while
@@ -339,23 +269,3 @@ class HeldDigests:
                     del self.frames[old]
             self.frame_of[r] = frame
             self.frames[frame][1] += 1
-
-
-def digest_ranks(digest: dict) -> list[int]:
-    """The ranks a DIGEST frame positions (checked: at most a node's worth, each a rank
-    number), which its node then owns (mirror.Mirror.claim)."""
-    from distdoctor.collect.limits import MAX_RANK, MAX_RANKS_PER_NODE
-
-    items = digest.get("ranks")
-    if not isinstance(items, list):
-        raise WireError("DIGEST frame lacks host, groups, sigs, ranks or arrivals")
-    if len(items) > MAX_RANKS_PER_NODE:
-        raise WireError(f"DIGEST frame of {len(items):,} ranks (a node has at most "
-                        f"{MAX_RANKS_PER_NODE:,})")
-    ranks = []
-    for item in items:
-        if not (isinstance(item, list) and item and type(item[0]) is int
-                and 0 <= item[0] < MAX_RANK):
-            raise WireError("DIGEST frame has a malformed rank position")
-        ranks.append(item[0])
-    return ranks

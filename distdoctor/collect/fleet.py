@@ -28,11 +28,11 @@ import time
 from collections import deque
 from dataclasses import replace
 
-from distdoctor.collect import digest
-from distdoctor.collect.digest import MAX_NAME, MAX_WAITS, row_event, waits_of
+from distdoctor.collect import digest_fields as fields
+from distdoctor.collect.digest import MAX_WAITS, row_event
 from distdoctor.collect.lateness import WINDOW_S, FleetLateness
-from distdoctor.collect.limits import MAX_ISSUED_GROUPS, MAX_RANKS
-from distdoctor.collect.position import RankPosition, finished_callsites, is_row
+from distdoctor.collect.limits import MAX_RANKS
+from distdoctor.collect.position import RankPosition, finished_callsites
 from distdoctor.collect.reports import NodeReports, sent_progress
 from distdoctor.collect.wire import WireError
 from distdoctor.diagnosis.hangs.hang import RankView, hang_findings
@@ -109,47 +109,32 @@ class FleetEngine:
         host = payload.get("host")
         groups, sigs = payload.get("groups"), payload.get("sigs")
         ranks, arrivals = payload.get("ranks"), payload.get("arrivals")
-        waits = waits_of(payload.get("waits", []))
         if not (isinstance(host, str) and isinstance(groups, dict) and isinstance(sigs, dict)
                 and isinstance(ranks, list) and isinstance(arrivals, list)):
             raise WireError("DIGEST frame lacks host, groups, sigs, ranks or arrivals")
+        waits = fields.waits_of(payload.get("waits", []))
         if len(sigs) > MAX_SIGS_PER_NODE or len(waits) > MAX_WAITS:  # (than a node makes)
             raise WireError("DIGEST frame of too many signatures or waits")
-        new_groups = digest.groups_of(groups)
-        digest.check_arrivals(arrivals, host, members_of)
+        # every part checked whole before any of it is kept (digest_fields.py)
+        new_groups = fields.groups_of(groups)
+        runs = fields.arrivals_of(arrivals, host, members_of)
+        items = [fields.position_of(item) for item in ranks]
+        sig_rows = fields.sig_numbers(sigs)
+        for row in sig_rows.values():
+            fields.check_row(row)
         with self.lock:
             self._take_groups(new_groups)
-            new_sigs = {(host, int(n)): row_event(-1, row, self.groups)
-                        for n, row in sigs.items() if str(n).isdigit()}
+            new_sigs = {(host, n): row_event(-1, row, self.groups)
+                        for n, row in sig_rows.items()}
             positions = {}
-            for item in ranks:
-                try:
-                    rank, latest, last_done, issued, now_ns, exit_, stopped = item[:7]
-                    state = item[7] if len(item) > 7 else {}
-                    if not (isinstance(rank, int) and is_row(latest) and is_row(last_done)
-                            and isinstance(state, dict) and len(item) <= 8):
-                        raise ValueError
-                    if len(issued) > MAX_ISSUED_GROUPS:
-                        raise ValueError
-                    positions[rank] = RankPosition(
-                        host, rank, latest, last_done,
-                        {str(g)[:MAX_NAME]: int(n) for g, n in issued.items()},
-                        None if now_ns is None else int(now_ns), now_s,
-                        None if exit_ is None else str(exit_)[:500], bool(stopped),
-                        self.groups, state)
-                except (TypeError, ValueError, AttributeError):
-                    raise WireError("DIGEST frame has a malformed rank position") from None
+            for rank, latest, last_done, issued, now_ns, exit_, stopped, state in items:
+                positions[rank] = RankPosition(host, rank, latest, last_done, issued, now_ns,
+                                               now_s, exit_, stopped, self.groups, state)
             self._add_sigs(host, new_sigs)
             self.positions.update(positions)
-            for item in arrivals:  # runs: digest.runs
-                try:
-                    group, seq, sig, rs, count = item
-                    group, seq, count = str(group), int(seq), int(count)
-                    rs = [int(r) for r in rs]
-                    number = self.node_sigs.get((host, int(sig)))
-                except (TypeError, ValueError):
-                    raise WireError("DIGEST frame has a malformed arrival") from None
-                if number is None or not 0 < count <= MAX_RUN:
+            for group, seq, sig, rs, count in runs:  # runs: digest.runs
+                number = self.node_sigs.get((host, sig))
+                if number is None or count > MAX_RUN:
                     continue  # a signature this collector no longer holds
                 self._arrive_run(group, seq, count, number, rs, now_s)
             self.lateness.add(host, waits, self.sizes, now_s, self.groups,

@@ -4,6 +4,9 @@ Everything a node sends is bounded here; past a bound that node is refused (Wire
 the server drops it with one line) and the other nodes go on.
 
 Per node:
+- numbers: every number a node sends is an int within 64 bits or a finite float, each
+  field within its range, checked as its frame is read (peer_numbers.py; a digest's
+  fields: digest_fields.py): a frame with one that is not is refused whole.
 - ranks: MAX_RANKS_PER_NODE (its logs' copies, metadata, exits, digest positions); a
   rank belongs to the node (host) that sent it first, for the life of the copy: another
   host's META, OPEN, EXITS or DIGEST for it is refused (mirror.Owners).

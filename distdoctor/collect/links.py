@@ -69,8 +69,8 @@ class _Kind:
     def slow(self) -> tuple[float, float] | None:
         """(its time now, the best) when the newest block says the link slowed."""
         best = self.best_ms
-        if best is None or self.count < 2 * BLOCK or len(self.recent) < BLOCK:
-            return None
+        if not best or self.count < 2 * BLOCK or len(self.recent) < BLOCK:
+            return None  # (a best of 0 ms, waits a node said were 0 ns: no ratio to it)
         now = statistics.median(self.recent)
         if now < RATIO * best or now - best < MIN_LATENESS_MS:
             return None

@@ -10,7 +10,8 @@ import time
 
 from distdoctor.collect import wire
 from distdoctor.collect.copies import Copy, append_samples
-from distdoctor.collect.digest import HeldDigests, digest_ranks
+from distdoctor.collect.digest import HeldDigests
+from distdoctor.collect.digest_fields import digest_ranks
 from distdoctor.collect.limits import (
     MAX_COMPLETED,
     MAX_EXITS_FRAMES,

@@ -13,12 +13,14 @@ from distdoctor.collect.limits import (
     MAX_CALLSITES,
     MAX_DETAILS_BYTES,
     MAX_FINDINGS_PER_FRAME,
+    MAX_RANK,
     MAX_RANKS_PER_NODE,
     MAX_SHORT_TEXT,
     MAX_STACK_TEXT,
     MAX_STACKS,
     MAX_TEXT,
 )
+from distdoctor.collect.peer_numbers import is_int, kept_number
 from distdoctor.exits import exit_entry
 from distdoctor.safetext import printable
 
@@ -47,7 +49,7 @@ def finding_of(d):
     ranks, seq = d.get("ranks") or [], d.get("seq")
     if not (isinstance(kind, str) and severity in SEVERITIES and isinstance(summary, str)
             and isinstance(ranks, list) and len(ranks) <= MAX_RANKS_PER_NODE * 64
-            and all(_is_int(r) for r in ranks) and (seq is None or _is_int(seq))):
+            and all(is_int(r, 0, MAX_RANK) for r in ranks) and (seq is None or is_int(seq))):
         raise wire.WireError("FINDINGS frame holds something that is not a finding")
     details = d.get("details") or {}
     if not isinstance(details, dict) or _json_size(details) > MAX_DETAILS_BYTES:
@@ -69,8 +71,10 @@ def finding_of(d):
 
 
 def clean(value, depth: int = 0):
-    """A JSON value with every string in it made printable (newlines kept) and bounded;
-    nesting past _MAX_DEPTH is cut (a node's details are a few levels deep)."""
+    """A JSON value with every string in it made printable (newlines kept) and bounded,
+    every number one any reader takes (peer_numbers.kept_number: no bare Infinity or NaN
+    in findings.json, no 400-digit int); nesting past _MAX_DEPTH is cut (a node's details
+    are a few levels deep)."""
     if isinstance(value, str):
         return printable(value, MAX_TEXT, keep_newlines=True)
     if isinstance(value, dict):
@@ -79,9 +83,7 @@ def clean(value, depth: int = 0):
         return {printable(k, MAX_SHORT_TEXT): clean(v, depth + 1) for k, v in value.items()}
     if isinstance(value, list):
         return [] if depth >= _MAX_DEPTH else [clean(v, depth + 1) for v in value]
-    if isinstance(value, float) and value != value:
-        return None
-    return value
+    return kept_number(value)
 
 
 def node_exits(payload: bytes) -> list[dict]:
@@ -101,10 +103,6 @@ def node_exits(payload: bytes) -> list[dict]:
         if entry["rank"] is not None:  # (a wrapped launcher's own process names none)
             out.append(entry)
     return out
-
-
-def _is_int(x) -> bool:
-    return isinstance(x, int) and not isinstance(x, bool)
 
 
 def _json_size(value) -> int:

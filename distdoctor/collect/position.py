@@ -1,20 +1,12 @@
 """A rank's position as its node's newest digest gave it (collect/digest.py), as the fleet
 engine (fleet.py) keeps it: its newest op and newest finished op as the digest's rows,
 decoded only when a detector needs them, what it issued per group, its clock, its exit
-and state; and the checks and reads of those rows the engine makes before decoding."""
+and state; and the reads of those rows the engine makes before decoding. Every field was
+checked as the digest came in (digest_fields.position_of): decoding cannot fail."""
 
 from __future__ import annotations
 
 from distdoctor.collect.digest import row_event
-from distdoctor.collect.wire import WireError
-
-
-def is_row(x) -> bool:
-    """An op row (digest.event_row) whose fields read before decoding are sound: its
-    status, enter time and end time (stuck_s); the rest is checked when it is decoded."""
-    return x is None or (isinstance(x, list) and len(x) == 16 and isinstance(x[3], str)
-                         and isinstance(x[13], int)
-                         and (x[14] is None or isinstance(x[14], int)))
 
 
 class RankPosition:
@@ -32,19 +24,13 @@ class RankPosition:
         self.state = state  # digest.rank_state: exit failed, span, steps, ops completed
 
     def ops(self) -> tuple:
-        """(newest op, newest finished op) as Events; an op the node sent malformed is
-        unknown (decoded here, after the digest was taken in, it cannot refuse it)."""
+        """(newest op, newest finished op) as Events."""
         if self.events is None:
             self.events = tuple(self._decode(row) for row in self.rows)
         return self.events
 
     def _decode(self, row):
-        if row is None:
-            return None
-        try:
-            return row_event(self.rank, row, self.groups)
-        except WireError:
-            return None
+        return None if row is None else row_event(self.rank, row, self.groups)
 
     def stuck_s(self, now_ns: int | None) -> float:
         """How long its newest op has been in flight (0 when it is not); any failed op

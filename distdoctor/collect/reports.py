@@ -57,5 +57,5 @@ def sent_progress(sent, since_s: float) -> tuple[Progress, float | None, bool]:
                             float("inf") if io_s is None else float(io_s) + since_s,
                             str(evidence)[:200])
         return progress, None if fixed is None else float(fixed) + since_s, bool(in_data)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):  # (checked as it came: digest_fields)
         return UNKNOWN, None, False

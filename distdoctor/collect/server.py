@@ -29,6 +29,8 @@ from distdoctor.errors import UserError
 FLEET_TICK_S = 0.5
 LOST_CHECK_S = 1.0  # while a node is silent: how often the others' positions are read
 BACKLOG = 1024  # connections the kernel holds for accept(): a burst waits, not refused
+_PARTS = {"_digests_pass": "the digests' findings", "_find_lost_nodes": "lost nodes",
+          "_collector_pass": "slow links and lost nodes"}
 __all__ = ["AUTH_S", "IDLE_S", "MAX_NODES", "MAX_PENDING", "Collector", "is_loopback",
            "listen", "parse_address"]
 
@@ -89,6 +91,8 @@ class Collector:
         self.hang_timeout_s = hang_timeout_s
         self._lost: dict[str, object] = {}  # host -> its lost-node finding (kept)
         self._lost_checked_s = 0.0
+        self._written = 0  # the fleet engine's findings version in findings.json
+        self._said: list = []  # the collector's own findings as last written
         self._lock = threading.Lock()
         self._conns: set[socket.socket] = set()  # every open connection's socket
         self._stopping = False
@@ -114,30 +118,42 @@ class Collector:
     def _diagnose(self) -> None:
         """What only the collector sees, into the copy's findings.json (and printed, by a
         service) as it appears: the findings over the digests' ranks, slow links between
-        nodes (links.py), nodes lost while the others wait for them (lost.py)."""
+        nodes (links.py), nodes lost while the others wait for them (lost.py). Each part
+        of a pass is on its own: one that raises (a bug of ours, a full disk) is said
+        once and tried again next pass, and the other parts go on."""
         from distdoctor.priority import lower_this_thread
 
         lower_this_thread()
-        fleet, links = self.mirror.fleet, self.mirror.links
-        written, said = 0, []
+        failed: set[tuple[str, str]] = set()  # (part, exception type) said already
         while not self._stopping:
             time.sleep(FLEET_TICK_S)
-            try:
-                if fleet.digests:
-                    fleet.tick()
-                if fleet.version != written:
-                    written = fleet.version
-                    self.mirror.set_findings("(digests)", fleet.findings())
-                self._find_lost_nodes()
-                ours = (links.findings({**self.mirror.host_of(), **fleet.host_of()})
-                        + list(self._lost.values()))
-                now = [f.to_json() for f in ours]
-                if now != said:  # new, or a slow link's newest numbers
-                    said = now
-                    self.mirror.set_findings("(collector)", ours)
-            except Exception as exc:  # a bug of ours must not end the collection
-                self.say(f"the collector's diagnosis stopped: {exc!r}")
-                return
+            for part in (self._digests_pass, self._find_lost_nodes, self._collector_pass):
+                try:
+                    part()
+                except Exception as exc:  # a bug of ours must not end the collection
+                    key = (part.__name__, type(exc).__name__)
+                    if key not in failed and len(failed) < 64:
+                        failed.add(key)
+                        self.say(f"the collector's diagnosis failed ({_PARTS[key[0]]}): "
+                                 f"{exc!r}; it goes on (said once)")
+
+    def _digests_pass(self) -> None:
+        fleet = self.mirror.fleet
+        if fleet.digests:
+            fleet.tick()
+        version = fleet.version
+        if version != self._written:
+            self.mirror.set_findings("(digests)", fleet.findings())
+            self._written = version  # (only once written: a failed write is tried again)
+
+    def _collector_pass(self) -> None:
+        ours = (self.mirror.links.findings({**self.mirror.host_of(),
+                                            **self.mirror.fleet.host_of()})
+                + list(self._lost.values()))
+        now = [f.to_json() for f in ours]
+        if now != self._said:  # new, or a slow link's newest numbers
+            self.mirror.set_findings("(collector)", ours)
+            self._said = now
 
     def _silent(self) -> dict[str, tuple[float, bool]]:
         """Nodes that sent nothing for LOST_S and whose job has not ended: host ->

@@ -10,6 +10,7 @@ from __future__ import annotations
 from distdoctor.views.rank import (
     RankMetrics,
     RankRow,
+    is_value,
     judged_states,
     rank_metrics,
     rank_state,
@@ -20,7 +21,7 @@ from distdoctor.views.rank import (
 
 def _heartbeat_age(p, now_s: float) -> float | None:
     age = p.state.get("hb_age_s")
-    if not isinstance(age, (int, float)):
+    if not is_value(age):
         return None
     return age + max(0.0, now_s - p.got_s)
 
@@ -60,7 +61,7 @@ def rank_rows(fleet, now_s: float, skip, rates: dict) -> list[RankRow]:
             last_done=f"{done.op} #{done.seq} ({done.group})" if done is not None else None,
             collectives=sum(p.issued.values()), rate=rates.get(r),
             span=span if isinstance(span, str) else None,
-            lateness_ms=late if isinstance(late, (int, float)) else None,
+            lateness_ms=late if is_value(late) else None,
             step_split=split_text(summary_split(p.state)), straggler=late_why.get(r)))
     return rows
 

@@ -11,6 +11,15 @@ from distdoctor.diagnosis.engine.core import SPLIT
 from distdoctor.findings import site_text
 
 HEARTBEAT_LATE_S = 3.0  # heartbeats come every second; this long without one is news
+_BOUND = float(1 << 63)  # a value past this is no reading (the collector refuses them)
+
+
+def is_value(x) -> bool:
+    """A number a view may print or export: an int or float (not a bool), finite and
+    within 64 bits. What a node sends is checked as it comes (collect/digest_fields.py);
+    the views, which never import collect, render defensively too (a 400-digit int made
+    every /metrics scrape a 500 for good)."""
+    return type(x) in (int, float) and -_BOUND < x < _BOUND
 
 
 @dataclass(frozen=True)
@@ -117,19 +126,19 @@ def rank_metrics(rank: int, host: str, state: str, view, summary: dict,
                          if latest is not None and latest.t_end_ns is None else 0.0),
         heartbeat_age_s=hb_age,
         done=[d for d in done if _is_done(d)] if isinstance(done, list) else [],
-        steps=steps if isinstance(steps, int) else 0,
+        steps=steps if type(steps) is int and is_value(steps) else 0,
         step_s=split["wall_ms"] / 1e3 if split else None,
-        late_s=max(0.0, late) / 1e3 if isinstance(late, (int, float)) else None)
+        late_s=max(0.0, late) / 1e3 if is_value(late) else None)
 
 
 def summary_split(summary: dict) -> dict | None:
     """A rank summary's step breakdown, when it is whole."""
     split = summary.get("split")
-    if isinstance(split, dict) and all(isinstance(split.get(k), (int, float)) for k in SPLIT):
+    if isinstance(split, dict) and all(is_value(split.get(k)) for k in SPLIT):
         return split
     return None
 
 
 def _is_done(d) -> bool:
     return (isinstance(d, list) and len(d) == 5 and all(isinstance(x, str) for x in d[:3])
-            and all(isinstance(x, (int, float)) for x in d[3:]))
+            and all(is_value(x) for x in d[3:]))

@@ -92,15 +92,16 @@ def exits(entries: list[dict]) -> bytes:
 
 class CollectorProcess:
     """`distdoctor watch --listen 127.0.0.1:PORT RUN_DIR`, stdin /dev/null (service mode);
-    `ulimit_n`: its open-files limit (soft and hard), set in a shell before it starts."""
+    `ulimit_n`: its open-files limit (soft and hard), set in a shell before it starts;
+    `args`: more of watch's options (`--metrics HOST:PORT`)."""
 
     def __init__(self, run_dir: Path, out: Path, ulimit_n: int | None = None,
-                 port: int | None = None):
+                 port: int | None = None, args: tuple = ()):
         self.port = port or free_port()
         self.address = ("127.0.0.1", self.port)
         self.out_path = out
         argv = [sys.executable, "-m", "distdoctor", "watch", "--listen",
-                f"127.0.0.1:{self.port}", str(run_dir)]
+                f"127.0.0.1:{self.port}", *args, str(run_dir)]
         if ulimit_n is not None:
             argv = ["bash", "-c", f"ulimit -n {ulimit_n} && exec \"$@\"", "collector", *argv]
         self._out = open(out, "wb")  # noqa: SIM115 - closed in stop()
