@@ -30,6 +30,13 @@ LOCKOUT_BASE_S = 0.5
 LOCKOUT_MAX_S = 60.0
 FORGET_S = 600.0
 MAX_ADDRESSES = 4096  # remembered; past that the oldest is forgotten (memory bound)
+# Over all addresses (a guesser with thousands of them gets FREE_WRONG from each, and the
+# table above forgets past MAX_ADDRESSES): at most GLOBAL_BURST wrong answers judged at
+# once and GLOBAL_WRONG_PER_S after that. Past it an answer is refused unjudged, but for
+# one from an address a node got in from before (the nodes that reconnect), judged as
+# ever: a guesser cannot keep them out, and a new node gets in once the guessing stops.
+GLOBAL_WRONG_PER_S = 0.5
+GLOBAL_BURST = 16
 
 
 def new_nonce() -> bytes:
@@ -57,6 +64,28 @@ class WrongAnswers:
         self._clock = clock
         # address -> (wrong answers, last wrong at, may answer again at)
         self._by_address: OrderedDict[str, tuple[int, float, float]] = OrderedDict()
+        self._known: OrderedDict[str, None] = OrderedDict()  # a node got in from these
+        self._budget = float(GLOBAL_BURST)  # wrong answers that may be judged now
+        self._budget_at = clock()
+
+    def may_judge(self, address: str) -> bool:
+        """Whether an answer from `address` is judged now (its own wait aside, wait_s):
+        always from an address a node got in from before, else while the wrong answers
+        over all addresses are within GLOBAL_BURST and GLOBAL_WRONG_PER_S."""
+        if address in self._known:
+            return True
+        now = self._clock()
+        self._budget = min(GLOBAL_BURST, self._budget + (now - self._budget_at)
+                           * GLOBAL_WRONG_PER_S)
+        self._budget_at = now
+        return self._budget >= 1.0
+
+    def right(self, address: str) -> None:
+        """A node got in from `address`: its answers are judged whatever the others do."""
+        self._known[address] = None
+        self._known.move_to_end(address)
+        while len(self._known) > MAX_ADDRESSES:
+            self._known.popitem(last=False)
 
     def wait_s(self, address: str) -> float:
         """Seconds before an answer from `address` is judged again (0: now)."""
@@ -83,6 +112,8 @@ class WrongAnswers:
         self._by_address[address] = (count, now, now + wait)
         while len(self._by_address) > MAX_ADDRESSES:
             self._by_address.popitem(last=False)
+        self.may_judge("")  # (the budget brought up to now, then one less)
+        self._budget = max(0.0, self._budget - 1.0)
 
 
 # --- a client certificate's names (mTLS) --------------------------------------------------

@@ -102,8 +102,8 @@ class AcceptTrouble:
         where = ("the whole system is out of them (ENFILE: fs.file-max)"
                  if exc.errno == errno.ENFILE else
                  f"this collector may open {soft} (ulimit -n {soft}; hard limit {hard})")
-        then = (f"the oldest unauthenticated connection (of {self._pending_cap} at most) "
-                f"was dropped to make room" if freed else
+        then = (f"an idle or silent unauthenticated connection (of {self._pending_cap} at "
+                f"most) was dropped to make room" if freed else
                 "the listener pauses and accepts again as soon as one is free (the next "
                 "nodes wait)")
         return (f"{what}: out of file descriptors, {where}; raise the limit before starting "

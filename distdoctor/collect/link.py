@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import socket
+import time
 
 from distdoctor.collect import wire
 from distdoctor.collect.mirror import NodeMirror
@@ -22,6 +23,7 @@ class Link(asyncio.Protocol):
         self.transport: asyncio.BaseTransport | None = None
         self.state = "hello"  # -> "auth" -> "node"; "closed" once refused or dropped
         self.spoke = False  # sent a byte (or finished its TLS handshake)
+        self.asked_s = time.monotonic()  # when it was last asked to speak (HELLO, AUTH)
         self.opening = False  # its transport is being made (TLS: the handshake)
         self.buf = bytearray()
         self.hello: dict = {}
@@ -41,6 +43,7 @@ class Link(asyncio.Protocol):
         self.transport = transport
         if transport.get_extra_info("sslcontext") is not None:
             self.spoke = True  # a TLS handshake is more than an idle socket does
+            self.asked_s = time.monotonic()  # and HELLO is due now
         if self.state == "closed":
             transport.abort()
 

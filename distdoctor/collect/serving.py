@@ -3,10 +3,18 @@ number of nodes): accepting, the budget of connections that have not authenticat
 HELLO and the token's challenge (auth.py), then each node's frames into the copy.
 
 Bounded like OpenSSH's MaxStartups and LoginGraceTime: at most MAX_PENDING connections
-wait to authenticate, and each for AUTH_S at most; when one more comes, the oldest that
-has said nothing goes (a flood of idle sockets cannot keep a node out). Authenticated
-nodes have their own cap, MAX_NODES. An accept that fails (out of file descriptors, or
-anything else) is said once, with the limit and the remedy, and the listener goes on.
+wait to authenticate, and each for AUTH_S at most. When one more comes and none is free,
+one goes: the oldest that has not sent a byte (a flood of idle sockets cannot keep a node
+out: a node's HELLO comes with its connection), else one chosen at random among those
+silent past ANSWER_S since they were last asked (HELLO sent, the challenge unanswered:
+random early drop, which a flood cannot aim), and while a connection is within its
+ANSWER_S it keeps its place, so a real node answering its challenge a network away is
+never the one dropped. When none may go, the newcomer waits in the kernel's backlog
+(first come, first served) until one may: a flood from any number of addresses delays a
+node by the time the flood ahead of it takes to go through, never keeps it out.
+Authenticated nodes have their own cap, MAX_NODES. An accept that fails (out of file
+descriptors, or anything else) is said once, with the limit and the remedy, and the
+listener goes on.
 Refusals are summed per peer address (refusals.py). Frames are applied to the copy on
 the loop itself: they are written into mmapped files, a few microseconds each.
 """
@@ -16,10 +24,11 @@ from __future__ import annotations
 import asyncio
 import errno
 import os
+import random
 import socket
 import ssl
 import time
-from collections import Counter, OrderedDict
+from collections import OrderedDict
 
 from distdoctor.collect import auth, tls, wire
 from distdoctor.collect.descriptors import AcceptTrouble, open_files_limit
@@ -28,6 +37,7 @@ from distdoctor.collect.mirror import HOST_NAME, NodeMirror
 from distdoctor.collect.refusals import Refusals
 
 AUTH_S = 5.0  # from accept to WELCOME: the TLS handshake, HELLO and the answer
+ANSWER_S = 0.5  # a pending connection's own time to say HELLO, or to answer its challenge
 IDLE_S = 60.0  # a node sends its logs' state 4 times a second: this much silence is loss
 MAX_PENDING = 64
 MAX_NODES = 1024
@@ -35,7 +45,11 @@ ACCEPT_BATCH = 16  # accepts per turn of the loop: the nodes' frames are read be
 SWEEP_S = 1.0
 CLOSE_GRACE_S = 1.0  # a refused peer has this long to read why, then it is cut
 THROTTLED = "too many wrong answers from this address: it waits before it may try again"
+GUESSING = ("too many wrong answers from many addresses of late: an answer from an address "
+            "no node got in from is judged once they stop (try again later)")
 FREED = "dropped to free a file descriptor for a new connection"
+FULL = (f"{MAX_PENDING} connections were waiting to authenticate: an idle one went, or "
+        f"one silent past its {ANSWER_S:g} s to answer, at random")
 # Descriptors never given to connections: the copy's files, the viewer's reads, /metrics
 # (the rest of the open-files limit is the connections' room, pending and nodes)
 RESERVE_FILES = 32
@@ -108,11 +122,13 @@ class Serving:
     def _accept(self) -> None:
         for _ in range(ACCEPT_BATCH):
             if len(self.pending) + len(self.nodes) >= self.room:
-                freed = self._drop_oldest_pending(FREED, idle_only=True)
+                freed = self._make_room(FREED)
                 self.trouble.failed(OSError(errno.EMFILE, os.strerror(errno.EMFILE)),
                                     freed, self.room)
                 if not freed:  # the room is the nodes' and the handshakes': the next
                     return self._pause_accepting()  # waits in the kernel's backlog
+            if len(self.pending) >= MAX_PENDING and not self._make_room(FULL):
+                return self._pause_accepting(self._next_turn_s())
             try:
                 sock, peer = self.listener.accept()
             except (BlockingIOError, InterruptedError):
@@ -124,15 +140,16 @@ class Serving:
 
     def _cannot_accept(self, exc: OSError) -> None:
         out_of_files = exc.errno in (errno.EMFILE, errno.ENFILE)
-        freed = out_of_files and self._drop_oldest_pending(FREED, idle_only=True)
+        freed = out_of_files and self._make_room(FREED)
         self.trouble.failed(exc, freed)
         if not freed:  # (a freed descriptor is closed before the loop's next turn)
             self._pause_accepting()
 
-    def _pause_accepting(self) -> None:
+    def _pause_accepting(self, wait_s: float | None = None) -> None:
         fd = self.listener.fileno()
         self.loop.remove_reader(fd)
-        self.loop.call_later(self.trouble.retry_s(), self._resume_accepting, fd)
+        self.loop.call_later(self.trouble.retry_s() if wait_s is None else wait_s,
+                             self._resume_accepting, fd)
 
     def _resume_accepting(self, fd: int) -> None:
         if self.listener.fileno() == fd:  # (not stopped meanwhile)
@@ -145,10 +162,6 @@ class Serving:
             link.spoke = bool(sock.recv(1, socket.MSG_PEEK))
         except OSError:
             pass
-        while len(self.pending) >= MAX_PENDING:
-            self._drop_oldest_pending(f"{MAX_PENDING} connections were waiting to "
-                                      f"authenticate: the oldest idle one went, or the "
-                                      f"oldest of the address that held the most")
         self.pending[link] = None
         with self.collector._lock:
             self.collector._conns.add(sock)
@@ -168,26 +181,31 @@ class Serving:
                 self.refusals.refused(link.address, link.port, tls.failure(exc))
             self.gone(link, exc)
 
-    def _drop_oldest_pending(self, why: str, idle_only: bool = False) -> bool:
-        """The oldest pending connection that is refused already or said nothing yet,
-        else (unless `idle_only`) the oldest of the address that holds the most: a node
-        in its handshake goes last, and never for a flood from one address (one that
-        says HELLO, or a byte, on each connection kept a node 50 ms away out 10 of 10)."""
+    def _make_room(self, why: str) -> bool:
+        """One pending connection less (said, summed, as refused for `why`): one refused
+        already, else the oldest that has not sent a byte (the newest idle one may be a
+        node whose HELLO is on its way), else one chosen at random among those silent
+        past their ANSWER_S. False when none may go."""
         link = next((p for p in self.pending if p.state == "closed"), None)
         if link is None:
             link = next((p for p in self.pending if not p.spoke), None)
-            if link is None and self.pending and not idle_only:
-                held = Counter(p.address for p in self.pending)
-                most = max(held, key=held.__getitem__)
-                link = next(p for p in self.pending if p.address == most)
             if link is None:
-                return False
+                now = time.monotonic()
+                silent = [p for p in self.pending if now - p.asked_s >= ANSWER_S]
+                if not silent:
+                    return False
+                link = random.choice(silent)
             self.refusals.refused(link.address, None, why)
             link.state = "closed"
         link.quiet = True
         self._cut(link)
         self.pending.pop(link, None)  # its descriptor is free by the loop's next turn
         return True
+
+    def _next_turn_s(self) -> float:
+        """How long until the first pending connection's ANSWER_S ends (a moment at least)."""
+        first = min((p.asked_s for p in self.pending), default=time.monotonic())
+        return max(0.01, first + ANSWER_S - time.monotonic())
 
     def _expire(self, link: Link) -> None:
         if link.state in ("closed", "node"):
@@ -226,9 +244,12 @@ class Serving:
         given = wire.json_payload(wire.AUTH, payload).get("answer")
         if self.wrong.wait_s(link.address) > 0:  # asked again here: challenges taken at
             return self.refuse(link, THROTTLED)  # once must not each buy a guess
+        if not self.wrong.may_judge(link.address):  # guesses from many addresses
+            return self.refuse(link, GUESSING)
         if not auth.is_right(self.token, link.nonce, link.hello["host"], given):
             self.wrong.wrong(link.address)
             return self.refuse(link, WRONG)
+        self.wrong.right(link.address)
         self._welcome(link)
 
     def _hello(self, link: Link, header: wire.Header, payload: bytes) -> None:
@@ -256,6 +277,7 @@ class Serving:
             return self.refuse(link, THROTTLED)
         link.nonce = auth.new_nonce()
         link.state = "auth"
+        link.asked_s = time.monotonic()  # its ANSWER_S to answer starts now
         link.send(wire.frame(wire.CHALLENGE, link.nonce))
 
     def _welcome(self, link: Link) -> None:
