@@ -154,7 +154,8 @@ def _collect(args) -> int:
     collector = Collector(run_dir, listener, token, say=say,
                           on_finding=None if dashboard else print_finding,
                           hang_timeout_s=hang_timeout).start()
-    where = f"{collector.address[0]}:{collector.address[1]}"
+    host, port = collector.address
+    where = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"  # (IPv6, as typed)
     err_console.print(f"distdoctor: collecting on {where} ({tls.server_words()}) into "
                       f"{printable(run_dir)}", markup=False, highlight=False, soft_wrap=True)
     low = raise_open_files_limit()  # (start() raised it already: what is left to say)

@@ -129,13 +129,20 @@ def certificate_names(peercert: dict | None) -> list[str]:
     return [n for n in names if isinstance(n, str) and n]
 
 
+def canonical_host(host: str) -> str:
+    """The one spelling of a host name a certificate vouches for: DNS names are the same
+    whatever their case and a final dot, so `NODE7` and `node7.` are node7 (else one
+    certificate's holder was as many nodes as it had spellings, each its own host)."""
+    return host.lower().rstrip(".") or host
+
+
 def host_matches(host: str, names: list[str]) -> bool:
     """Whether a node that says it is `host` may be the holder of a certificate naming
     `names`: the same name (case aside), a wildcard's one label (`*.nodes.example`), or
     the short form of a full name (`node7` for `node7.nodes.example`: gethostname() is
     often the short one)."""
-    host = host.lower().rstrip(".")
-    for name in (n.lower().rstrip(".") for n in names):
+    host = canonical_host(host)
+    for name in (canonical_host(n) for n in names):
         if name == host or name.split(".", 1)[0] == host and "*" not in name:
             return True
         if name.startswith("*.") and "." in host:

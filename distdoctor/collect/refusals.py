@@ -1,4 +1,5 @@
-"""What the collector says about the peers it refuses: summed, never a line each.
+"""What the collector says about the peers it refuses, and about its nodes' comings and
+goings: summed, never a line each.
 
 A refused forwarder asks again every 30 s, and a hostile peer thousands of times a second:
 the first refusal of a peer address for a reason is one line at once; after that the same
@@ -76,6 +77,69 @@ class Refusals:
         self._counts.clear()
         self._unsaid.clear()
         self._lines = 0
+        self._window_start = now
+
+
+NEWS_PER_WINDOW = 200  # lines of nodes' comings and goings a minute, over all nodes
+NEWS_EACH = 3  # lines a minute of one kind of news of one node (a reconnection is news)
+
+
+class NodeNews:
+    """What the collector says of its nodes' comings and goings (connected, finished,
+    lost, dropped, replaced): the first NEWS_EACH of each kind and reason per host in a
+    minute at once, the rest of that minute summed in one line with the newest of them.
+    A node that reconnects in a loop (with the token, or on loopback where none is
+    needed) printed two lines a connection; a flood of host names gets NEWS_PER_WINDOW
+    lines a minute, the rest counted in one. Bounded: REASONS_PER_ADDRESS reasons a
+    host (the rest are "other reasons")."""
+
+    def __init__(self, say: Callable[[str], None], clock: Callable[[], float] = time.monotonic):
+        self._say, self._clock = say, clock
+        self._window_start = clock()
+        self._said: dict[tuple[str, str, str], int] = {}  # (host, kind, reason) -> lines
+        self._reasons: dict[str, int] = {}  # host -> its keys in _said
+        self._repeats: dict[tuple[str, str, str], list] = {}  # -> [count, newest line]
+        self._lines = 0
+        self._unsaid = 0  # past NEWS_PER_WINDOW
+
+    def news(self, host: str, kind: str, line: str, reason: str = "") -> None:
+        """`line` about node `host`: `kind` (connected, lost, ...) and `reason` (why it
+        was lost or dropped, without the port) tell which lines sum together."""
+        self.flush_if_due()
+        key = (host, kind, reason)
+        if key not in self._said and self._reasons.get(host, 0) >= REASONS_PER_ADDRESS:
+            key = (host, kind, OTHER)
+        said = self._said.get(key, 0)
+        if said >= NEWS_EACH:
+            entry = self._repeats.setdefault(key, [0, line])
+            entry[0] += 1
+            entry[1] = line
+        elif self._lines >= NEWS_PER_WINDOW:
+            self._unsaid += 1
+        else:
+            if not said:
+                self._reasons[host] = self._reasons.get(host, 0) + 1
+            self._said[key] = said + 1
+            self._lines += 1
+            self._say(line)
+
+    def flush_if_due(self) -> None:
+        """The minute's sums, one line per host and kind of news that came again."""
+        now = self._clock()
+        if now - self._window_start < WINDOW_S:
+            return
+        minutes = (now - self._window_start) / 60
+        span = "the last minute" if minutes < 1.5 else f"the last {minutes:.0f} minutes"
+        for (host, kind, _), (n, line) in self._repeats.items():
+            self._say(f"node {host} {kind} {n} more time{'s' * (n != 1)} in {span} (the "
+                      f"newest: {line})")
+        if self._unsaid:
+            self._say(f"{self._unsaid} more comings and goings of nodes in {span} (too many "
+                      f"to say each)")
+        self._said.clear()
+        self._reasons.clear()
+        self._repeats.clear()
+        self._lines = self._unsaid = 0
         self._window_start = now
 
 

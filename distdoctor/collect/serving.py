@@ -34,7 +34,7 @@ from distdoctor.collect import auth, tls, wire
 from distdoctor.collect.descriptors import AcceptTrouble, open_files_limit
 from distdoctor.collect.link import Link
 from distdoctor.collect.mirror import HOST_NAME, NodeMirror
-from distdoctor.collect.refusals import Refusals
+from distdoctor.collect.refusals import NodeNews, Refusals
 
 AUTH_S = 5.0  # from accept to WELCOME: the TLS handshake, HELLO and the answer
 ANSWER_S = 0.5  # a pending connection's own time to say HELLO, or to answer its challenge
@@ -73,6 +73,7 @@ class Serving:
         self.hosts: dict[str, list[Link]] = {}  # host -> its live connections
         self.wrong = auth.WrongAnswers()
         self.refusals = Refusals(self.say)
+        self.news = NodeNews(self.say)
         self.trouble = AcceptTrouble(self.say, MAX_PENDING)
         self.room = MAX_NODES + MAX_PENDING  # (set from the open-files limit in run())
         self.loop = asyncio.new_event_loop()
@@ -281,6 +282,8 @@ class Serving:
         link.send(wire.frame(wire.CHALLENGE, link.nonce))
 
     def _welcome(self, link: Link) -> None:
+        if self.client_certs:  # its certificate's name, as DNS compares it (NODE7, node7.)
+            link.hello = {**link.hello, "host": auth.canonical_host(link.hello["host"])}
         host = link.hello["host"]
         live = [other for other in self.hosts.get(host, ()) if other.state == "node"]
         elsewhere = [o for o in live if o.address != link.address]
@@ -292,7 +295,7 @@ class Serving:
         instance = link.hello.get("instance")
         for old in live:  # the same forwarder again: its old connection is dead
             if instance is not None and old.hello.get("instance") == instance:
-                self.drop(old, f"{old.who}: replaced by its new connection")
+                self.drop(old, f"{old.who}: replaced by its new connection", "replaced")
         link.node = NodeMirror(self.mirror, link.hello)
         link.state = "node"
         link.send(wire.json_frame(wire.WELCOME, {"sources": 1}))  # SOURCE frames welcome
@@ -304,7 +307,7 @@ class Serving:
         with self.collector._lock:
             self.collector.nodes[host] = self.collector.nodes.get(host, 0) + 1
             self.collector.streams[host] = link.node
-        self.say(f"{link.who} connected")
+        self.news.news(host, "connected", f"{link.who} connected")
 
     def refuse(self, link: Link, why: str, version: int = wire.VERSION) -> None:
         """Told why (it backs off and says so on its side), summed here, then cut."""
@@ -316,15 +319,19 @@ class Serving:
             self.loop.call_later(CLOSE_GRACE_S, link.transport.abort)
 
     def bad_frame(self, link: Link, why: str) -> None:
-        if link.state == "node":  # every malformed frame of a node: its own line
-            self.drop(link, f"dropped {link.who}: {why}")
+        if link.state == "node":  # a node's malformed frame: its line (summed: NodeNews)
+            self.drop(link, f"dropped {link.who}: {why}", "dropped", why)
         elif link.state != "closed":  # before WELCOME: the node is told why
             self.refuse(link, why)
 
-    def drop(self, link: Link, line: str) -> None:
+    def drop(self, link: Link, line: str, kind: str = "lost", reason: str = "") -> None:
+        """`line` said (summed per node: NodeNews, by `kind` and `reason`), then cut."""
         if link.state == "closed" and link.quiet:
             return
-        self.say(line)
+        if link.node is not None:
+            self.news.news(link.node.host, kind, line, reason or line.split(": ", 1)[-1])
+        else:
+            self.say(line)
         link.quiet = True
         link.state = "closed"
         self._cut(link)
@@ -351,13 +358,16 @@ class Serving:
         link.node.close()
 
     def _say_end(self, link: Link, exc) -> None:
+        host = link.node.host
         if exc is not None:
-            self.say(f"lost {link.who}: {getattr(exc, 'strerror', None) or exc}")
+            why = str(getattr(exc, "strerror", None) or exc)
+            self.news.news(host, "lost", f"lost {link.who}: {why}", why)
         elif link.node.ended:
-            self.say(f"{link.who} finished")
+            self.news.news(host, "finished", f"{link.who} finished")
         else:  # closed between frames, without its exit codes: its `run` died
-            self.say(f"lost {link.who}: its stream ended before the job's exit codes (its "
-                     f"`distdoctor run` was killed?); its ranks are taken for gone")
+            self.news.news(host, "lost", f"lost {link.who}: its stream ended before the "
+                           f"job's exit codes (its `distdoctor run` was killed?); its ranks "
+                           f"are taken for gone", "ended")
             self.mirror.lost_node(link.node)
 
     def _sweep(self) -> None:
@@ -367,6 +377,7 @@ class Serving:
             if now - link.node.last_frame_s > IDLE_S:
                 self.drop(link, f"lost {link.who}: nothing from it for {IDLE_S:g} s")
         self.refusals.flush_if_due()
+        self.news.flush_if_due()
         self.trouble.flush_if_due()
         self.loop.call_later(SWEEP_S, self._sweep)
 
