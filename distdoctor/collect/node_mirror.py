@@ -22,6 +22,7 @@ from distdoctor.collect.limits import (
     MAX_STRINGS_BYTES,
 )
 from distdoctor.collect.peer_data import node_exits, node_findings
+from distdoctor.collect.peer_numbers import lines_within, numbers_within
 from distdoctor.errors import UserError
 from distdoctor.runlog import format as F
 from distdoctor.runlog.ring import RingWriter
@@ -108,6 +109,9 @@ class NodeMirror:
             raise wire.WireError(f"META frame of rank {rank} of {len(payload):,} bytes (at "
                                  f"most {MAX_META_BYTES:,})")
         meta = wire.json_payload(wire.META, payload)
+        if not numbers_within(meta):
+            raise wire.WireError(f"META frame of rank {rank} has a number that is not "
+                                 f"finite or not within 64 bits")
         if meta.get("rank") != rank:
             raise wire.WireError(f"META frame of rank {rank} describes rank "
                                  f"{meta.get('rank')!r}")
@@ -150,6 +154,9 @@ class NodeMirror:
         capacity, strings_size, pid = wire.OPEN_BODY.unpack_from(payload)
         launch = (wire.json_payload(wire.OPEN, payload[wire.OPEN_BODY.size:])
                   if len(payload) > wire.OPEN_BODY.size else None)
+        if launch is not None and not numbers_within(launch):
+            raise wire.WireError(f"OPEN frame of rank {rank} has a number that is not "
+                                 f"finite or not within 64 bits")
         if not 16 <= capacity < 1 << 40 or not 4096 <= strings_size <= MAX_STRINGS_BYTES:
             raise wire.WireError(f"OPEN frame of rank {rank} with an impossible layout")
         if (rank, log) not in self.rings and len(self.rings) >= MAX_LOGS_PER_NODE:
@@ -227,6 +234,9 @@ class NodeMirror:
             raise wire.WireError("SAMPLES frame is not UTF-8") from None
         if not text.endswith("\n"):
             raise wire.WireError("SAMPLES frame does not end a line")
+        if not lines_within(text):  # (a GPU at 10^400 C made every /metrics scrape a 500)
+            raise wire.WireError("SAMPLES frame has a number that is not finite or not "
+                                 "within 64 bits")
         try:
             append_samples(samples_path(self.mirror.run_dir, self.host), self.host, text,
                            DEFAULT_MAX_BYTES)

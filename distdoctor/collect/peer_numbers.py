@@ -15,12 +15,18 @@ Floats must be finite (the comparisons below are false for NaN and the infinitie
 
 from __future__ import annotations
 
+import json
 import math
+import re
 
 INT64 = 1 << 63  # integers are in [-INT64, INT64)
 # seconds and milliseconds a node reports (ages, step times, lateness): 30,000 years
 MAX_SECONDS = 1e12
 _INT = {int}
+# Text where a JSON number may be out of bounds: an int of 19 digits or more (2^63 has
+# 19), a float whose exponent has 3 digits (past 1e308: infinity), Infinity, NaN. Text
+# without one (nearly every frame) needs no parse to know its numbers are within bounds.
+_SUSPECT = re.compile(r"Infinity|NaN|\d{19}|[eE][+-]?\d{3}")
 
 
 def is_int(x, lo: int = -INT64, hi: int = INT64) -> bool:
@@ -60,3 +66,42 @@ def kept_number(value):
     if type(value) is int and not -INT64 <= value < INT64:
         return None
     return value
+
+
+def numbers_within(value) -> bool:
+    """Every number in a JSON value (a node's metadata, its launch identity, a probe
+    sample) finite and an int within 64 bits; False too for one nested past Python's
+    recursion limit."""
+    try:
+        return _within(value)
+    except RecursionError:
+        return False
+
+
+def _within(value) -> bool:
+    kind = type(value)
+    if kind is float:
+        return math.isfinite(value)
+    if kind is int:
+        return -INT64 <= value < INT64
+    if kind is list:
+        return all(_within(v) for v in value)
+    if kind is dict:
+        return all(_within(v) for v in value.values())
+    return True
+
+
+def lines_within(text: str) -> bool:
+    """numbers_within for each JSON line of `text` (a SAMPLES frame: a line that is no
+    JSON is no sample, and every reader passes it over); parsed only when the text holds
+    a number that may be out of bounds (_SUSPECT), else a regex's scan."""
+    if not _SUSPECT.search(text):
+        return True
+    for line in text.splitlines():
+        try:
+            value = json.loads(line)
+        except (ValueError, RecursionError):
+            continue
+        if not numbers_within(value):
+            return False
+    return True

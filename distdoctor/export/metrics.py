@@ -19,7 +19,7 @@ import time
 from dataclasses import dataclass
 
 from distdoctor.views.probe_columns import gpu_key
-from distdoctor.views.rank import RankMetrics
+from distdoctor.views.rank import RankMetrics, is_value
 from distdoctor.views.rank_metrics import job_metrics
 
 RANK_STATES = ("starting", "running", "in_collective", "long_wait", "hung", "no_heartbeat",
@@ -152,7 +152,7 @@ def _gpu_families(samples: list, job: str) -> list[_Family]:
                 rl = {**labels, "rank": _text(r)}
                 for fam, (_, attr, scale, _) in zip(fams, DCGM_FIELDS, strict=True):
                     value = getattr(g, attr, None)
-                    if isinstance(value, (int, float)) and not isinstance(value, bool):
+                    if is_value(value):  # (a probe file's number no float holds: left out)
                         fam.samples.append((rl, value * scale))
     return fams
 

@@ -67,6 +67,14 @@ def _metrics_status(port: int) -> int:
         return exc.code
 
 
+def _metrics_text(port: int) -> str:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
+            return r.read().decode()
+    except urllib.error.HTTPError as exc:
+        return f"HTTP {exc.code}"
+
+
 def _kinds(copy: Path) -> list[str]:
     try:
         return [f["kind"] for f in json.loads((copy / "findings.json").read_text())["findings"]]
@@ -250,5 +258,31 @@ def test_a_findings_unbounded_numbers_are_kept_as_null(tmp_path):
             {"source": "log", "t": None, "n": None, "big": None, "ms": 12.5,
              "deep": [None, 1]}], found
         node.close()
+    finally:
+        c.stop()
+
+
+@pytest.mark.timeout(60)
+def test_a_probe_sample_of_a_gpu_at_10_400_degrees_is_refused(tmp_path):
+    """A node's probe sample (SAMPLES: kept as the node wrote it, read back by the
+    collector's viewer) with a GPU temperature of 10^400: /metrics exported it as
+    dcgm-exporter does, and float() of it made every scrape a 500 while it was the
+    node's newest. The frame is refused; /metrics answers; the node is dropped once."""
+    c, metrics_port = _collector(tmp_path)
+    try:
+        node = connect_node(c.address, "gpuhost")
+        sample = ('{"t": TIME, "host": "gpuhost", "nvml": "live", "gpus": [{"t": 1.0, '
+                  '"source": "live", "index": 0, "temperature_c": DEGREES}], '
+                  '"gpu_of_rank": {}}\n').replace("TIME", str(time.time()))
+        assert send(node, wire.frame(wire.SAMPLES, sample.replace("DEGREES", HUGE).encode()))
+        healthy = connect_node(c.address, "healthy")  # and a sound sample is exported
+        assert send(healthy, wire.frame(wire.SAMPLES, sample.replace("DEGREES", "71").replace(
+            "gpuhost", "healthy").encode()))
+        until(lambda: 'Hostname="healthy"' in _metrics_text(metrics_port), 20,
+              f"the healthy node's GPU in /metrics: {c.text()[-1500:]}")
+        assert dropped(node, 10)
+        lines = [x for x in c.text().splitlines() if "dropped node gpuhost" in x]
+        assert len(lines) == 1 and "SAMPLES frame has a number" in lines[0], c.text()
+        healthy.close()
     finally:
         c.stop()
