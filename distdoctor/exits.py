@@ -67,9 +67,9 @@ MAX_EXITS_BYTES = 64 << 20  # ~150 bytes a process: a copy's 262,144 ranks and t
 def read_exit_entries(path) -> tuple[dict, list[dict], int]:
     """exits.json at `path`: (its top-level flags, its process entries that are sound,
     how many were skipped as unsound). OSError / ValueError when the file itself cannot
-    be read (a FIFO, a link, over MAX_EXITS_BYTES: runlog.rundir.read_json) or is not a
+    be read (a FIFO, a link, over MAX_EXITS_BYTES: privatefiles.read_json) or is not a
     JSON object."""
-    from distdoctor.runlog.rundir import read_json
+    from distdoctor.privatefiles import read_json
 
     data = read_json(path, MAX_EXITS_BYTES)
     if not isinstance(data, dict):

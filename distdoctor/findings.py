@@ -160,8 +160,8 @@ MAX_FINDINGS_BYTES = 64 << 20  # findings.json (the stacks of thousands of ranks
 def read_findings(run_dir: str | os.PathLike) -> list[Finding]:
     """RUN_DIR/findings.json as written by the live engine; [] when there is none yet.
     Raises ValueError (or OSError) when it is unreadable: not a regular file within
-    MAX_FINDINGS_BYTES (runlog.rundir.read_json), or not a findings file."""
-    from distdoctor.runlog.rundir import read_json
+    MAX_FINDINGS_BYTES (privatefiles.read_json), or not a findings file."""
+    from distdoctor.privatefiles import read_json
 
     path = Path(run_dir) / FINDINGS_FILE
     if not path.exists():

@@ -21,6 +21,7 @@ No import of distdoctor: every layer may use it (it runs in the ranks too).
 from __future__ import annotations
 
 import errno
+import json
 import os
 import secrets
 import stat
@@ -243,3 +244,19 @@ def _write_all(fd: int, data: bytes) -> None:
     view = memoryview(data)
     while view:
         view = view[os.write(fd, view):]
+
+
+def read_json(path: str | os.PathLike, limit: int) -> object:
+    """The JSON value in the regular file at `path` (read_bounded: no link followed, no
+    wait on a FIFO, at most `limit` bytes). OSError when it cannot be read, ValueError
+    when it is not JSON (nested too deep for the parser included)."""
+    return parse_json(read_bounded(path, limit))
+
+
+def parse_json(data: bytes | str) -> object:
+    """json.loads, with ValueError for what it raises on hostile text: a value nested
+    100,000 deep is a RecursionError there."""
+    try:
+        return json.loads(data)
+    except RecursionError:
+        raise ValueError("nested too deep") from None

@@ -135,7 +135,8 @@ def test_a_rank_dead_before_its_metadata_was_read_is_found_dead_by_the_last_pass
 def test_a_remote_rank_taken_for_dead_comes_back_when_its_heartbeat_does(tmp_path):
     """A node's link to the collector (or a shared file system) stalls for longer than
     the stale-heartbeat limit: its ranks look dead, and are alive again once it is back."""
-    from distdoctor.diagnosis.live import STALE_HEARTBEAT_S, LiveDiagnosis
+    from distdoctor.diagnosis.live import LiveDiagnosis
+    from distdoctor.diagnosis.live_ranks import STALE_HEARTBEAT_S
 
     w = _writer(tmp_path, 0)
     rank_meta_path(tmp_path, 0).write_text(json.dumps(

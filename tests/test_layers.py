@@ -243,8 +243,9 @@ DIAGNOSIS_PARTS = (
      "distdoctor.diagnosis.flight_recorder"),
     ("distdoctor.diagnosis.crashes",),
     ("distdoctor.diagnosis.engine",),
-    ("distdoctor.diagnosis.live", "distdoctor.diagnosis.postmortem",
-     "distdoctor.diagnosis.optional", "distdoctor.diagnosis.pids"),
+    ("distdoctor.diagnosis.live", "distdoctor.diagnosis.live_ranks",
+     "distdoctor.diagnosis.postmortem", "distdoctor.diagnosis.optional",
+     "distdoctor.diagnosis.pids"),
 )
 
 

@@ -25,6 +25,7 @@ from pathlib import Path
 
 from distdoctor.diagnosis.crashes.crash import ExitInfo
 from distdoctor.diagnosis.engine.core import Engine
+from distdoctor.diagnosis.live_ranks import RankWatch
 from distdoctor.diagnosis.optional import (
     gpu_findings_fn,
     log_scanner,
@@ -32,7 +33,6 @@ from distdoctor.diagnosis.optional import (
     sample_tail,
     start_sampler,
 )
-from distdoctor.diagnosis.pids import pid_alive
 from distdoctor.diagnosis.report import SaidOnce
 from distdoctor.findings import Finding, write_findings
 from distdoctor.priority import lower_this_thread
@@ -53,9 +53,7 @@ MAX_WAIT_S = 2.0
 # This process is distdoctor's own (the launcher), never a rank.
 GC_THRESHOLDS = (100_000, 20, 100)
 MAX_PENDING_LINES = 10_000
-STALE_HEARTBEAT_S = 10.0  # a remote rank whose heartbeat stopped this long has died
 RECENT_OPS = 16  # per rank, kept by a viewer for its rank detail
-LOCAL_STALE_S = 3.0  # a viewer's confirmation that a local rank whose pid is gone died
 # How long the owner's stop waits for a pass in progress. A pass never waits on the run
 # dir (runlog.reader, runlog.follow: no FIFO is opened for good), so this only bounds the
 # unforeseen: stopping the job, and `run`'s answer to SIGTERM, never hang on a pass.
@@ -95,7 +93,7 @@ def _released(lock: threading.Lock):
         lock.release()
 
 
-class LiveDiagnosis:
+class LiveDiagnosis(RankWatch):
     def __init__(self, run_dir: str | Path, hang_timeout_s: float | None = None,
                  on_finding: Callable[[Finding], None] | None = None,
                  stacks: str = "culprits",
@@ -357,83 +355,3 @@ class LiveDiagnosis:
             if len(ops) > 2 * RECENT_OPS:
                 for index in sorted(ops)[:-RECENT_OPS]:
                     del ops[index]
-
-    def _check_ranks(self, now_s: float) -> None:
-        """Each rank's heartbeat (as of the last poll), and whether it is still alive."""
-        for i in list(self.engines):
-            if i in self._done:
-                continue
-            engine, meta = self.engines[i], self.follower.meta_of(i)
-            for rank, header in self.follower.headers(i).items():
-                engine.heartbeat(rank, header.heartbeat_mono_ns, now_s)
-                self._check_alive(engine, meta.get(rank) or {}, rank, header, now_s)
-
-    def _check_alive(self, engine: Engine, meta: dict, rank: int, header,
-                     now_s: float) -> None:
-        """Without a launcher that reports exits: a closed log means the rank shut down; a
-        pid gone from this host without a closed log means it died; a rank on another
-        host whose heartbeat is stale for a while is unheard (dead, or its node or link
-        down)."""
-        st = engine.ranks.get(rank)
-        if st is None:
-            return
-        if st.exit is not None:
-            # a remote rank taken for dead whose heartbeat came back: the link to its node
-            # (a collector's) or the shared file system had stalled, the rank had not died
-            if (st.exit.how in ("vanished", "unheard") and rank not in engine.same_clock
-                    and (engine.heartbeat_age_s(rank, now_s) or 0.0) < POLL_S * 2):
-                engine.revive(rank)
-            return
-        if header.closed:
-            engine.exited(rank, ExitInfo.of_closed_log(header))
-            return
-        local = meta.get("host") == self.host
-        if local:
-            engine.same_clock.add(rank)  # one clock: the heartbeat's age is exact
-        hb_age_s = engine.heartbeat_age_s(rank, now_s) or 0.0
-        if local:
-            # A viewer may sit in another pid namespace on the same host (a sidecar
-            # container): there every pid looks gone, so it also wants the heartbeat stopped.
-            if not pid_alive(meta.get("pid")) and (self.owner or hb_age_s > LOCAL_STALE_S):
-                engine.exited(rank, ExitInfo(None, "vanished"))
-        elif hb_age_s > STALE_HEARTBEAT_S:
-            # another host's rank: its pid cannot be looked at from here
-            engine.exited(rank, ExitInfo(None, "unheard"))
-
-    def _read_progress(self, engine: Engine) -> None:
-        """Evidence of progress of the local ranks that others may be waiting for."""
-        if self._progress is None:
-            return
-        engine.watch_all_progress = self.on_batch is not None  # a node sending digests
-        wanted = engine.wanted_progress()
-        if not wanted:
-            return
-        pids = {r: p for r, p in self._local_pids().items() if r in wanted}
-        for rank, reading in self._progress.read(pids).items():
-            engine.progress.add(rank, reading)
-
-    def _local_pids(self) -> dict[int, int]:
-        """This node's rank pids in the newest incarnation (for the per-node sampler)."""
-        out = {}
-        for rank, meta in self.follower.meta_of(self.follower.newest).items():
-            if meta.get("host") == self.host and isinstance(meta.get("pid"), int):
-                out[rank] = meta["pid"]
-        return out
-
-    def _dump_stacks(self, incarnation: int, ranks: list[int]) -> dict[int, str]:
-        if self.stacks_mode == "none":
-            return {}
-        meta = self.follower.meta_of(incarnation)
-        wanted = sorted(meta) if self.stacks_mode == "all" else ranks
-        pids = {r: (meta.get(r) or {}).get("pid") for r in wanted}
-        pids = {r: p for r, p in pids.items() if isinstance(p, int)
-                and (meta.get(r) or {}).get("host") == self.host}
-        if not pids:
-            return {}
-        try:
-            from distdoctor.probes.stacks import dump_stacks
-        except ImportError:
-            return {}
-        dumps = dump_stacks(pids)
-        return {r: f"[{d.method}]\n{d.text or d.error or ''}" for r, d in dumps.items()}
-

@@ -60,7 +60,7 @@ def read_exits(run_dir: Path) -> tuple[dict[int, ExitInfo], list[str]]:
 
 def _refused(exc: Exception) -> str:
     """Why a file of the run dir was not read, where it was refused for what it is (a
-    FIFO, a link, its size: rundir.read_json); "" for one that is no sound JSON."""
+    FIFO, a link, its size: privatefiles.read_json); "" for one that is no sound JSON."""
     return f" ({why_unreadable(exc)})" if isinstance(exc, OSError) else ""
 
 

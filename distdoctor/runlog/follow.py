@@ -27,8 +27,9 @@ from pathlib import Path
 from distdoctor.errors import UserError
 from distdoctor.runlog.incarnations import Incarnations
 from distdoctor.runlog.pace import Pace
-from distdoctor.runlog.reader import READ_SLOTS, Event, NotALog, RankLog, RingHeader
+from distdoctor.runlog.reader import Event, NotALog, RankLog, RingHeader
 from distdoctor.runlog.rundir import parse_log_name, rank_meta_at, rank_meta_path, ring_path
+from distdoctor.runlog.values import READ_SLOTS
 
 # In-flight ops re-read per rank per poll, at most: async work that never reports its
 # completion must not make every poll slower.

@@ -203,7 +203,7 @@ def _small_log(path: Path, stats: PackStats):
     """(a RING entry's raw bytes, events, the call sites' files named in its strings), or
     (None, 0, []) for a file that is not a whole log (packed as a plain file then)."""
     from distdoctor.privatefiles import open_regular
-    from distdoctor.runlog.reader import READ_BYTES, READ_SLOTS, is_zeros
+    from distdoctor.runlog.values import READ_BYTES, READ_SLOTS, is_zeros
 
     try:
         fd, st = open_regular(path)  # (a FIFO put there since the listing: refused)

@@ -29,9 +29,9 @@ from pathlib import Path
 from distdoctor.errors import UserError
 from distdoctor.privatefiles import NotRegularFile, open_regular
 from distdoctor.runlog import format as F
+from distdoctor.runlog import values as V
+from distdoctor.runlog.values import READ_BYTES, READ_SLOTS
 
-READ_SLOTS = 8192  # slots a pread takes at most (1 MiB)
-READ_BYTES = READ_SLOTS * F.SLOT_SIZE
 # a read of this many slots or more is first asked whether it lies in a hole of a sparse
 # file (one lseek): a live poll's few new slots are read without asking
 HOLE_CHECK_SLOTS = 512
@@ -165,7 +165,7 @@ class RankLog:
         self._strings_offset, self._strings_size, self._ring_offset = s_off, s_size, r_off
         self.log_number = F.U64.unpack_from(head, F.OFF_LOG_NUMBER)[0]
         self.created_wall_ns = F.I64.unpack_from(head, F.OFF_CREATED_WALL)[0]
-        self.launch = _launch_of(head)
+        self.launch = V.launch_of(head)
 
     def park(self) -> None:
         """Close the file until the next read, which opens it again (the same file, or a
@@ -302,7 +302,7 @@ class RankLog:
                 start += n
                 continue
             data = self._read(at, n * F.SLOT_SIZE)
-            if is_zeros(data):
+            if V.is_zeros(data):
                 out += [None] * n
             else:
                 e = start
@@ -352,8 +352,8 @@ class RankLog:
             self.rank, e, codes[0], codes[1], codes[2], *group, seq,
             None if peer < 0 else peer, *tensors, numel_in, numel_out, codes[3],
             callsite, t_enter, t_end or None, span_index,
-            _text(string(name_id)) if name_id else None,
-            _text(string(error_id)) if error_id else None,
+            V.text(string(name_id)) if name_id else None,
+            V.text(string(error_id)) if error_id else None,
             codes[4], codes[5], codes[6],
         )
 
@@ -364,8 +364,8 @@ class RankLog:
         value = self.string(sid)
         group = value if isinstance(value, dict) else {}
         ranks = group.get("ranks", ())
-        out = (_text(group.get("name", "?"), 256), _text(group.get("desc", ""), 256),
-               tuple(ranks) if _rank_list(ranks) else ())
+        out = (V.text(group.get("name", "?"), 256), V.text(group.get("desc", ""), 256),
+               tuple(ranks) if V.rank_list(ranks) else ())
         if value is not None or sid == 0:  # id 0 is "unknown" for good
             self._groups[sid] = out
         return out
@@ -376,75 +376,19 @@ class RankLog:
         value = self.string(sid)
         desc = value if isinstance(value, dict) else {}
         shapes, dtypes = desc.get("shapes", ()), desc.get("dtypes", ())
-        shapes_ok = (isinstance(shapes, list) and len(shapes) <= MAX_LIST
-                     and all(_shape(s) for s in shapes))
-        dtypes_ok = (isinstance(dtypes, list) and len(dtypes) <= MAX_LIST
+        shapes_ok = (isinstance(shapes, list) and len(shapes) <= V.MAX_LIST
+                     and all(V.shape(s) for s in shapes))
+        dtypes_ok = (isinstance(dtypes, list) and len(dtypes) <= V.MAX_LIST
                      and all(isinstance(d, str) for d in dtypes))
         out = (tuple(tuple(s) for s in shapes) if shapes_ok else (),
-               tuple(dtypes) if dtypes_ok else (), _text(desc.get("device", ""), 256))
+               tuple(dtypes) if dtypes_ok else (), V.text(desc.get("device", ""), 256))
         if value is not None or sid == 0:
             self._tensors[sid] = out
         return out
 
 
-MAX_LIST = 1 << 18  # ranks of a group (a job of 262,144 GPUs), tensors of an op
-MAX_RANK = 1 << 24
-
-
-def _rank_list(value) -> bool:
-    return (isinstance(value, list) and len(value) <= MAX_LIST
-            and all(type(r) is int and 0 <= r < MAX_RANK for r in value))
-
-
-def _shape(value) -> bool:
-    """A tensor's dims: sizes, or the names of symbolic ones (written with str())."""
-    return (isinstance(value, list) and len(value) <= 64
-            and all((type(d) is int and 0 <= d < 1 << 63) or (isinstance(d, str)
-                                                             and len(d) <= 64)
-                    for d in value))
-
-
-_ZEROS = bytes(READ_BYTES)
-
-
-def is_zeros(data: bytes) -> bool:
-    """Whether `data` (READ_BYTES at most) is all zeros: a memcmp, no copy."""
-    return _ZEROS.startswith(data)
-
-
-def _text(value, limit: int | None = None) -> str | None:
-    """A name or error string (a corrupt log's id may point at another kind of value)."""
-    text = value if isinstance(value, str) or value is None else str(value)
-    return text if limit is None or text is None or len(text) <= limit else text[:limit]
-
-
-def _launch_of(head: bytes) -> dict:
-    """The header's launch identity ({} in an older writer's log, or one not readable)."""
-    (n,) = F.U32.unpack_from(head, F.OFF_LAUNCH)
-    if not 0 < n <= F.MAX_LAUNCH_BYTES:
-        return {}
-    try:
-        value = json.loads(head[F.OFF_LAUNCH + 4:F.OFF_LAUNCH + 4 + n])
-    except (ValueError, UnicodeDecodeError):
-        return {}
-    return value if isinstance(value, dict) else {}
-
-
 # bound once: read_one runs for every event the live engine sees
 _unpack_slot = F.SLOT.unpack_from
 _iter_slots = struct.Struct(F.SLOT.format + f"{F.SLOT_SIZE - F.SLOT.size}x").iter_unpack
-_decoded_codes: dict[tuple, tuple] = {}
 _IN_FLIGHT = F.STATUS_IN_FLIGHT
-
-
-def _decode_codes(kind, op, status, redop, flags) -> tuple:
-    """(kind, op, status, reduce op, is_async, other_thread, implicit) of a slot's codes;
-    few distinct combinations occur, so each is decoded once."""
-    out = (F.KINDS.get(kind, "unknown"), F.OPS[op] if op < len(F.OPS) else "unknown",
-           F.STATUSES.get(status, "unknown"),
-           F.REDUCE_OPS[redop] if redop < len(F.REDUCE_OPS) else None,
-           None if flags & F.FLAG_ASYNC_UNKNOWN else bool(flags & F.FLAG_ASYNC),
-           bool(flags & F.FLAG_OTHER_THREAD), bool(flags & F.FLAG_IMPLICIT))
-    if len(_decoded_codes) < 4096:  # bounded even for a corrupt log's random codes
-        _decoded_codes[(kind, op, status, redop, flags)] = out
-    return out
+_decoded_codes, _decode_codes = V.decoded_codes, V.decode_codes

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from distdoctor.errors import UserError
-from distdoctor.privatefiles import read_bounded, write_atomically
+from distdoctor.privatefiles import read_json, write_atomically
 
 RUN_FORMAT = "distdoctor-run"
 RUN_VERSION = 1
@@ -159,22 +159,6 @@ MAX_RUN_META_BYTES = 4 << 20  # run.json: ~300 bytes written (a collector's: a f
 MAX_RANK_META_BYTES = 1 << 20  # ranks/rank-N.json: ~1.5 KB written
 MAX_WORLD_SIZE = 1 << 18  # the collector's bound on ranks in one copy (collect/limits.py)
 MAX_RANK = 1 << 24
-
-
-def read_json(path: str | os.PathLike, limit: int) -> object:
-    """The JSON value in the regular file at `path` (read_bounded: no link followed, no
-    wait on a FIFO, at most `limit` bytes). OSError when it cannot be read, ValueError
-    when it is not JSON (nested too deep for the parser included)."""
-    return parse_json(read_bounded(path, limit))
-
-
-def parse_json(data: bytes | str) -> object:
-    """json.loads, with ValueError for what it raises on hostile text: a value nested
-    100,000 deep is a RecursionError there."""
-    try:
-        return json.loads(data)
-    except RecursionError:
-        raise ValueError("nested too deep") from None
 
 
 def why_unreadable(exc: BaseException) -> str:

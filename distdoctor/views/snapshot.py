@@ -266,7 +266,8 @@ def _with_stuck_lines(rows: list[RankRow], findings: list[Finding]) -> list[Rank
 
 
 def _run_meta(run_dir) -> dict:
-    from distdoctor.runlog.rundir import MAX_RUN_META_BYTES, read_json
+    from distdoctor.privatefiles import read_json
+    from distdoctor.runlog.rundir import MAX_RUN_META_BYTES
 
     try:  # (within bounds, never a wait on a FIFO: runlog.rundir)
         data = read_json(run_dir / "run.json", MAX_RUN_META_BYTES)
