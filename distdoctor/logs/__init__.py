@@ -4,6 +4,9 @@ live scan of the output find.
   lines.py     one line of output: prefixes (rank, launcher, glog, Ray, mpirun, srun), ANSI
   colours.py   colour codes, with their ESC or without it (lost in a copy)
   files.py     which files a spec names (paths, globs, .gz) and what their names say
+  decoded.py   a file's bytes as UTF-8 text: gzip inflated (kept when cut short or corrupt),
+               UTF-16 decoded
+  bounds.py    what a log can make the reader search, parse, hold and print, bounded
   wraps.py     hard-wrapped lines found and rejoined
   reader.py    only lines holding an anchor parsed (fast); every line counted per process
   families/    one module per family of messages: what a line means (`Signal`s), and what
@@ -31,7 +34,9 @@ output), a view or a front end.
 
 from __future__ import annotations
 
+from distdoctor.errors import UserError
 from distdoctor.findings import Finding
+from distdoctor.safetext import printable
 
 
 def scan_logs(specs: list[str], anchors: tuple[bytes, ...] | None = None
@@ -40,6 +45,7 @@ def scan_logs(specs: list[str], anchors: tuple[bytes, ...] | None = None
     line saying what was read. `anchors`: what the reader hands over (the default: the
     families' short cover)."""
     from distdoctor.logs.before import causes_first
+    from distdoctor.logs.bounds import MAX_TEXT, MAX_TRACKED, shown
     from distdoctor.logs.ending import annotate, verdict
     from distdoctor.logs.families import ANCHORS
     from distdoctor.logs.reader import LogReader
@@ -52,6 +58,9 @@ def scan_logs(specs: list[str], anchors: tuple[bytes, ...] | None = None
     scanner = LogScanner()
     for line in reader.lines(anchors or ANCHORS):
         scanner.feed_line(line)
+    if reader.damaged and not reader.total_lines:  # nothing read at all: the user's to fix
+        path, why = next(iter(reader.damaged.items()))
+        raise UserError(f"diagnose: cannot read log {printable(path, 300)}: {why}", 2)
     scanner.activity = reader.activity
     scanner.file_lines = reader.file_lines
     scanner.mid_run = starts_mid_run(reader.first_text)
@@ -77,7 +86,13 @@ def scan_logs(specs: list[str], anchors: tuple[bytes, ...] | None = None
         read += window_note(reader.first_text)
     if reader.wrapped_width:
         read += f" (lines wrapped at {reader.wrapped_width} columns rejoined)"
-    if reader.truncated:
+    if reader.untracked_lines:
+        read += (f" (past {MAX_TRACKED:,} processes, {reader.untracked_lines:,} lines of the "
+                 f"others counted, not told apart)")
+    for path, why in reader.damaged.items():
+        read += f" ({printable(path, 300)}: {why}; read up to there)"
+    if reader.truncated and reader.files[-1] not in reader.damaged:
         read += " (the log ends mid-line: it was cut off)"
     read += f"; how it ends: {ending}"
-    return found, read
+    # what the log wrote reaches every output as text, bounded (bounds.shown)
+    return [shown(f) for f in found], printable(read, 4 * MAX_TEXT)

@@ -21,6 +21,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
+from distdoctor.logs.bounds import small_int
 from distdoctor.logs.lines import LogLine
 
 # a whole head line (what one writer writes alone)
@@ -119,12 +120,12 @@ def _read_stack(tail: list[LogLine], head: int, end: int) -> _Stack:
         if who is not None and ll.who is not None and ll.who != who:
             continue  # another rank's line, its prefix says so: not of this stack
         m = _FRAME.match(ll.text)
-        if m is not None:
+        if m is not None and (lineno := small_int(m["line"] or m["line2"])) is not None:
             st.pieces += 1
             if st.frames and _outermost(st) in _LAST:
                 st.torn = True  # nothing calls these: another stack's lines, interleaved
             st.frames.append({"file": m["file"] or m["file2"],
-                              "line": int(m["line"] or m["line2"]),
+                              "line": lineno,
                               "function": m["func"] or m["func2"]})
         elif _PIECES.search(ll.text) and not _TRACEBACK_FRAME.match(ll.text):
             st.torn = True

@@ -19,6 +19,7 @@ import re
 from collections import Counter
 
 from distdoctor.findings import Finding
+from distdoctor.logs.bounds import small_int
 from distdoctor.logs.dumps import torn_words
 from distdoctor.logs.lines import LogLine
 from distdoctor.logs.problems import clip, short_path
@@ -291,7 +292,7 @@ def _ends_at_init(ends: list[FileStory]) -> bool:
     # two processes at least, of one communicator (an excerpt showing one rank's init
     # proves nothing of the others)
     # (a node's share of a bigger world counts: its processes all stopped there too)
-    worlds = {int(m[1]) for ll in done if (m := _NRANKS.search(ll.text))}
+    worlds = {small_int(m[1]) for ll in done if (m := _NRANKS.search(ll.text))}
     return len(worlds) == 1 and len(done) >= 2
 
 

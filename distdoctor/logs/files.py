@@ -11,20 +11,12 @@ lines carry no rank and no local rank, the node ("node N") if they carry local r
 
 from __future__ import annotations
 
-import gzip
 import os
 import re
 from pathlib import Path
 
 from distdoctor.errors import UserError
 from distdoctor.safetext import printable
-
-
-def open_log(path: str):
-    """A log file for binary reading, through gzip when it is one (by its magic bytes)."""
-    with open(path, "rb") as fh:
-        magic = fh.read(2)
-    return gzip.open(path, "rb") if magic == b"\x1f\x8b" else open(path, "rb")
 
 
 def _natural(path: str) -> list:

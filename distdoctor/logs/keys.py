@@ -10,7 +10,8 @@ from collections import Counter
 from dataclasses import dataclass
 from operator import itemgetter
 
-from distdoctor.logs.files import open_log
+from distdoctor.logs.bounds import small_int
+from distdoctor.logs.decoded import open_log
 from distdoctor.logs.heads import Head, learn
 from distdoctor.logs.lines import LogLine, parse_line, parse_raw, strip_ansi
 from distdoctor.logs.wraps import detect_width
@@ -107,7 +108,9 @@ class Keys:
 
     def who(self, key) -> tuple[tuple | None, LogLine | None]:
         if self.empty is None:  # "[rankN]:" alone: the key is N's digits, nothing to parse
-            rank = int(key)  # (and nothing cached: a million ranks are a million keys)
+            rank = small_int(key)  # (and nothing cached: a million ranks are a million keys)
+            if rank is None:  # too long to be a rank: nobody's
+                return None, None
             return ("rank", rank), LogLine("x", rank, None, self.host)
         hit = self._who.get(key)
         if hit is None:

@@ -43,7 +43,7 @@ _MPI = re.compile(r"\[(?:\d+,)?(\d+)\]<std(?:out|err)>: ?")
 # glog inside brackets, as torch's C++ logs it: "[E1123 10:37:34.617383930 File.cpp:1234] ",
 # older "[E ProcessGroupNCCL.cpp:458] ", sometimes with a thread/pid number before the file.
 _GLOG_BRACKET = re.compile(
-    r"\[([EWIF])(\d{3,4} \d\d:\d\d:\d\d(?:\.\d+)?)?(?: +(\d+))? ?[^\s\]]+:\d+\] ?")
+    r"\[([EWIF])(\d{3,4} \d\d:\d\d:\d\d(?:\.\d{1,9})?)?(?: +(\d{1,18}))? ?[^\s\]]+:\d+\] ?")
 # bare glog: "E0330 21:37:34.807000 140012 torch/distributed/elastic/.../api.py:869] "
 _GLOG = re.compile(r"([EWIF])(\d{3,4} \d\d:\d\d:\d\d(?:\.\d+)?) +(\d+) [^\s\]]+:\d+\] ?")
 # a runner relaying a child's streams: "stderr: ", "stdout: "
@@ -127,9 +127,9 @@ class RankActivity:
 
 # "...155.57 examples/s][E ProcessGroupNCCL.cpp:475] [Rank 2] ...": two writes, no newline
 # (or a logger's time stamp: "...1.95s/it][2025-02-11 08:12:03,377] [INFO] [launch.py:319:...")
-# (the time's fraction is "(?:\.\d+)?", not "[.\d]*": that, next to "[\w./-]+", which also
-# takes dots and digits, made a line of dots quadratic)
-_GLUED_HEAD = re.compile(r"(?<=\])(?=\[[EWIF](?:\d{3,4} \d\d:\d\d:\d\d(?:\.\d+)?)? *"
+# (the time's fraction, here and in _GLOG_BRACKET, is "(?:\.\d{1,9})?": "[.\d]*" or "\.\d+" next
+# to "[\w./-]+", which takes dots and digits too, read a line of dots or digits in its square)
+_GLUED_HEAD = re.compile(r"(?<=\])(?=\[[EWIF](?:\d{3,4} \d\d:\d\d:\d\d(?:\.\d{1,9})?)? *"
                          r"(?:\d+ )?[\w./-]+:\d+\] |\[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d[,.]\d+\] )")
 
 

@@ -18,7 +18,8 @@ from the file: heads.py) take the slow path: physical lines rejoined, every line
 parsed. `exact=True` forces that path; it is the
 reference the fast path is tested against.
 
-Files, globs and names: files.py; hard wraps: wraps.py; prefix keys and sniffing: keys.py.
+Files, globs and names: files.py; gzip and UTF-16: decoded.py; hard wraps: wraps.py; prefix
+keys and sniffing: keys.py. Past bounds.MAX_TRACKED processes, lines are counted, not tracked.
 """
 
 from __future__ import annotations
@@ -27,7 +28,9 @@ from collections import Counter
 from collections.abc import Iterator
 
 from distdoctor.errors import UserError
-from distdoctor.logs.files import expand, numbers_in_names, open_log
+from distdoctor.logs.bounds import MAX_TRACKED
+from distdoctor.logs.decoded import open_log
+from distdoctor.logs.files import expand, numbers_in_names
 from distdoctor.logs.keys import Keys, Sniff, lines_at, sniff_file, unkeyed_ends
 from distdoctor.logs.lines import LogLine, RankActivity, parse_raw
 from distdoctor.logs.wraps import MAX_CARRY, logical_lines
@@ -63,6 +66,10 @@ class LogReader:
         self.total_bytes = 0
         self.truncated = False  # the last file ended mid-line
         self.truncated_files: list[str] = []
+        self.damaged: dict[str, str] = {}  # file -> what stopped its reading (decoded.py)
+        # lines of processes past the first MAX_TRACKED (counted, not tracked one by one: a
+        # log naming millions of ranks must not hold a record per rank)
+        self.untracked_lines = 0
         self.wrapped_width: int | None = None
         self._names = numbers_in_names(self.files)
         self._last_raw: dict[tuple, bytes] = {}
@@ -90,8 +97,6 @@ class LogReader:
             except OSError as exc:
                 raise UserError(f"diagnose: cannot read log {path}: "
                                 f"{exc.strerror or exc}", 2) from None
-            except EOFError:  # a .gz cut short: what was read stands
-                self._mark_truncated(path)
         while self._last_raw:  # each raw line let go as its text is made: a million ranks'
             who, raw = self._last_raw.popitem()  # lines are never held twice over
             self.activity[who].last_text = _last_text(raw)
@@ -112,6 +117,9 @@ class LogReader:
                label: str, last_raw: bytes | None) -> None:
         act = self.activity.get(who)
         if act is None:
+            if len(self.activity) >= MAX_TRACKED:
+                self.untracked_lines += n
+                return
             r = line
             act = self.activity[who] = RankActivity(
                 r.rank if r else None, r.local_rank if r else None, r.host if r else None,
@@ -121,6 +129,14 @@ class LogReader:
             act.last_lineno, act.file = last, label
             if last_raw is not None:
                 self._last_raw[who] = last_raw
+
+    def _note_damage(self, path: str, fh) -> None:
+        """A file whose reading stopped early (a .gz cut short or corrupt): what was read
+        stands, its end is where the reading stopped."""
+        why = getattr(fh, "damage", None)
+        if why:
+            self.damaged[path] = why
+            self._mark_truncated(path)
 
     def _mark_truncated(self, path: str) -> None:
         if path not in self.truncated_files:
@@ -152,6 +168,7 @@ class LogReader:
                         if n > next_too and t in ll.text:
                             next_too = n
                 after_frame = max(next_too, after_frame - 1)
+            self._note_damage(path, fh)
         self.file_lines[path] = lineno
         if self._ended_mid_line:
             self._mark_truncated(path)
@@ -182,6 +199,7 @@ class LogReader:
                     body, carry = buf[:cut + 1], b"\n" + buf[cut + 1:]
                 base += yield from self._chunk(body, base, path, plan, texts, keys, file_who,
                                                file_line)
+            self._note_damage(path, fh)
         if len(carry) > 1:
             self._mark_truncated(path)
             base += yield from self._chunk(carry + b"\n", base, path, plan, texts, keys,
@@ -255,9 +273,15 @@ class LogReader:
         """Per-file bookkeeping at C speed: counts add up in one Counter; a key's first line
         is looked for only in the chunk where it is new, its last line only in the chunk
         after which it goes quiet (the previous chunk is kept for that)."""
+        new_keys = [k for k in counts if k not in keys.known]  # (in order of appearance)
+        room = MAX_TRACKED - len(keys.known)
+        if len(new_keys) > room:  # the first MAX_TRACKED keys are tracked, the rest counted
+            for k in new_keys[max(0, room):]:
+                self.untracked_lines += counts.pop(k)
+            new_keys = new_keys[:max(0, room)]
         keys.counts.update(counts)
         present = counts.keys()
-        new = present - keys.known
+        new = set(new_keys)
         once: dict = {}  # new keys on one line of this chunk: where (their last line too)
         if new:
             keys.known |= new

@@ -23,12 +23,11 @@ Said only where no other failure is (scanner.py): a crash the waiting follows is
 
 from __future__ import annotations
 
-import gzip
 import re
 from collections import Counter
 from dataclasses import dataclass
 
-from distdoctor.logs.files import open_log
+from distdoctor.logs.decoded import open_log
 from distdoctor.logs.keys import sniff_file
 from distdoctor.logs.lines import LogLine, parse_raw
 from distdoctor.logs.signals import CAUSE, Signal
@@ -119,14 +118,11 @@ def tail_lines(path: str, total: int | None = None, nbytes: int = TAIL_BYTES,
     if head is _SNIFF:
         head = sniff_file(path).head
     with open_log(path) as fh:
-        if isinstance(fh, gzip.GzipFile):  # no seeking back without reading it twice
+        if not fh.seekable():  # a .gz (decoded.py): no seeking back without reading it twice
             data, cut = b"", False
-            try:
-                while chunk := fh.read(8 << 20):
-                    cut = cut or len(data) + len(chunk) > nbytes
-                    data = (data + chunk)[-nbytes:]
-            except EOFError:  # a .gz still being written: what was read stands
-                pass
+            while chunk := fh.read(8 << 20):
+                cut = cut or len(data) + len(chunk) > nbytes
+                data = (data + chunk)[-nbytes:]
         else:
             size = fh.seek(0, 2)
             fh.seek(max(0, size - nbytes))

@@ -11,6 +11,7 @@ from __future__ import annotations
 import re
 
 from distdoctor.findings import Finding
+from distdoctor.logs.bounds import MAX_SEARCHED, MAX_TRACKED, searched, shown
 from distdoctor.logs.families import FAMILIES, ROUTES
 from distdoctor.logs.families.context import assign_nccl_ranks
 from distdoctor.logs.families.exceptions import Tracebacks
@@ -107,7 +108,7 @@ class LogScanner:
             return []
         self._dirty = False
         out = []
-        for f in self.findings():
+        for f in map(shown, self.findings()):  # a log's words, as every output shows them
             sig = f.details.get("signature", f.summary)
             j = f.to_json()
             if self._emitted.get(sig) != j:
@@ -121,7 +122,7 @@ class LogScanner:
             return
         a = self.activity.get(who)
         if a is None:
-            if len(self.activity) >= 100_000:
+            if len(self.activity) >= MAX_TRACKED:
                 return
             a = self.activity[who] = RankActivity(first_lineno=line.lineno, first_file=line.file,
                                                    file=line.file)
@@ -134,6 +135,8 @@ class LogScanner:
         """A line that holds an anchor: every family reads it, the first that knows it wins."""
         if line.text.startswith("#") and line.who is None and line.lineno <= 40:
             return  # a fixture's or a user's comment block heading the file, not output
+        if len(line.text) > MAX_SEARCHED:  # the families read its head and tail (bounds.py)
+            line.text = searched(line.text)
         claimed: list[Signal] = []
         text = line.text
         for fam, anchors in self._readers(text):

@@ -18,6 +18,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
+from distdoctor.logs.bounds import small_int
 from distdoctor.logs.lines import LogLine
 
 CAUSE, TIMEOUT, VICTIM, EXIT, TEARDOWN, BENIGN, CONTEXT, UNKNOWN = (
@@ -50,17 +51,27 @@ def rule(name: str, family: str, role: str, regex: str, ints: tuple[str, ...] = 
     return Rule(name, family, role, re.compile(regex, flags), ints)
 
 
+def after_first(words: str) -> str:
+    """A regex's start that finds `words` (a regex) where they first occur in the line:
+    `after_first(X) + ".*?Y"` matches where `X.*?Y` does, in one pass. Searched as `X.*?Y`,
+    every occurrence of X starts a scan to the line's end (a line of X repeated costs its
+    square); anchored at the line's start, the run up to the first X (which never passes an
+    X) is the only start. (Unlike `X.*?Y`, an X inside a longer X is not a start of its own.)"""
+    return rf"^(?:(?!{words}).)*(?:{words})"
+
+
 def fields_of(r: Rule, m: re.Match) -> dict:
     """The match's groups that matched, those named in `r.ints` as ints (one that is not a
-    number is left out)."""
+    number, or too long to be one, is left out)."""
     out = {k: v for k, v in m.groupdict().items() if v is not None}
     for k in r.ints:
         v = out.get(k)
         if v is not None:
-            try:
-                out[k] = int(v)
-            except ValueError:
+            n = small_int(v)
+            if n is None:
                 del out[k]
+            else:
+                out[k] = n
     return out
 
 

@@ -18,8 +18,9 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
+from distdoctor.logs.bounds import small_int
+from distdoctor.logs.decoded import open_log
 from distdoctor.logs.dumps import Dump, read_last_dump
-from distdoctor.logs.files import open_log
 from distdoctor.logs.lines import LogLine, parse_raw
 
 WINDOW = 256 << 10  # bytes read at the end of a file (repeats.py reads this tail too)
@@ -57,8 +58,10 @@ _MILESTONES = re.compile(
     r"torch\.distributed\.run|entrypoint|[Ll]aunching (?:training|job|\d+ processes))")
 # a step's report, with its number: "step 30 | loss", "Step 0 |", "step:  3  loss",
 # "iteration      184/  250000", "global_step=1200", "[Epoch 2][Iter 300/500]"
-_STEP = re.compile(r"\b(?:[Ss]tep|STEP|[Ii]ter(?:ation)?|global_step)\b\s*[:=#]?\s*(\d[\d,]*)"
-                   r"(?:\s*/\s*(\d[\d,]*))?")
+# (the blanks around the ":" in one run or two, never two runs that both take blanks: a
+# "step" followed by a run of blanks is read once, not once per way to split it)
+_STEP = re.compile(r"\b(?:[Ss]tep|STEP|[Ii]ter(?:ation)?|global_step)\b\s*(?:[:=#]\s*)?"
+                   r"(\d[\d,]{0,24})(?:\s*/\s*(\d[\d,]{0,24}))?")
 _STEP_WORDS = re.compile(r"\bloss\b|\blr\b|learning.rate|tok/s|tokens?/s|grad.norm|\bmfu\b|"
                          r"elapsed|samples|\|", re.I)
 # a tqdm bar: " 37%|███▋ | 370/1000 [12:01<20:28,  1.95s/it]"
@@ -239,8 +242,8 @@ def milestone(ll: LogLine) -> Milestone | None:
     """The milestone a line marks, if any."""
     text = ll.text[:MAX_TEXT]
     bar = _BAR.search(text) if "%|" in text else None
-    if bar:
-        return Milestone(STEP, ll, int(bar[2]), int(bar[3]), text.strip())
+    if bar and None not in (n := (small_int(bar[2]), small_int(bar[3]))):
+        return Milestone(STEP, ll, n[0], n[1], text.strip())
     m = _MILESTONES.search(text)
     if m is not None and m.lastgroup not in (None, "eval", "save", "init", "launch"):
         return Milestone(m.lastgroup, ll, text=text.strip())

@@ -6,6 +6,7 @@ from __future__ import annotations
 import re
 from collections import Counter
 
+from distdoctor.logs.bounds import small_int
 from distdoctor.logs.lines import LogLine
 from distdoctor.logs.signals import CONTEXT, Family, Signal
 
@@ -13,7 +14,7 @@ NAME = "context"
 
 _WORLD = (
     re.compile(r"\bWORLD_SIZE[=: ]+(?P<world>\d+)"),
-    re.compile(r"\bworld[_ ]size\b\s*[=:]?\s*(?P<world>\d+)", re.I),
+    re.compile(r"\bworld[_ ]size\b\s*(?:[=:]\s*)?(?P<world>\d+)", re.I),
     re.compile(r"MEMBER: \d+/(?P<world>\d+)"),                        # Lightning
     re.compile(r"initialization options: size: (?P<world>\d+)"),      # ProcessGroupNCCL
     re.compile(r"Num processes: (?P<world>\d+)"),                      # Accelerate
@@ -48,17 +49,19 @@ class ContextFamily(Family):
         text, out = line.text, []
         for rx in _WORLD:
             if m := rx.search(text):
-                n = int(m["world"])
-                if 0 < n <= 1_000_000:
+                n = small_int(m["world"])
+                if n is not None and 0 < n <= 1_000_000:
                     out.append(Signal("world", NAME, CONTEXT, line, {"world": n}))
                     break
         for rx in _RANK:
             if m := rx.search(text):
-                out.append(Signal("rank_seen", NAME, CONTEXT, line, {"seen": int(m["rank"])}))
+                if (seen := small_int(m["rank"])) is not None:
+                    out.append(Signal("rank_seen", NAME, CONTEXT, line, {"seen": seen}))
                 break
         if line.rank is None and line.pid is not None and (m := _CHANNEL.search(text)):
-            out.append(Signal("nccl_rank", NAME, CONTEXT, line,
-                              {"rank": int(m["b"] if m["recv"] else m["a"])}))
+            rank = small_int(m["b"] if m["recv"] else m["a"])
+            if rank is not None:
+                out.append(Signal("nccl_rank", NAME, CONTEXT, line, {"rank": rank}))
         return out
 
 

@@ -19,7 +19,7 @@ import re
 from distdoctor.findings import Finding
 from distdoctor.logs.lines import LogLine
 from distdoctor.logs.problems import Problem, clip, plural, ranks_text, short_path
-from distdoctor.logs.signals import CAUSE, Family, Signal
+from distdoctor.logs.signals import CAUSE, Family, Signal, after_first
 
 NAME = "exception"
 RULE = "cuda_error"
@@ -34,15 +34,18 @@ _ERROR = re.compile(rf"CUDA error: (?P<kind>{_KNOWN})|(?P<blas>CUBLAS_STATUS_[A-
 # another CUDA error text only where an error is raised or thrown, not in a sentence
 _OTHER = re.compile(r"(?:^|Error: |[Ee]xception: |what\(\):\s+|\] )CUDA error: "
                     r"(?P<kind>[a-z][^.`\n]{2,80}?)(?=\s*(?:\.|$|when |\(|CUDA kernel))")
+# (the file starts where a path starts, and the expression stops at its closing quote: a
+# line of dots, or of the head repeated, is read once)
 _DEVICE_ASSERT = re.compile(
-    r"(?P<file>[\w./-]+\.cuh?):(?P<line>\d+): (?P<kernel>[^:\n]+?): block: \[[\d,]+\], "
-    r"thread: \[[\d,]+\] Assertion `(?P<expr>.+?)` failed")
+    r"(?<![\w./-])(?P<file>[\w./-]+\.cuh?):(?P<line>\d+): (?P<kernel>[^:\n]+?): block: "
+    r"\[[\d,]+\], thread: \[[\d,]+\] Assertion `(?P<expr>[^`\n]+)` failed")
 _C_ASSERT = re.compile(r"^(?P<prog>[\w./-]+): (?P<file>[\w./-]+):(?P<line>\d+): "
                        r"(?P<func>[^:\n]+): Assertion `(?P<expr>.+)' failed\.?\s*$")
 
 # what a failed device assert usually means, by the expression ATen checks
 _ASSERT_MEANS = (
-    (re.compile(r"t >= 0 && t < n_classes|target.*?(?:n_classes|num_classes)|cur_target"),
+    (re.compile(r"t >= 0 && t < n_classes|" + after_first("target") + r".*?(?:n_classes|"
+                r"num_classes)|cur_target"),
      "a class label outside [0, num_classes) in the loss's targets"),
     (re.compile(r"srcIndex < srcSelectDimSize|index out of bounds|idx_dim|-sizes\[i\] <= "
                 r"index && index < sizes\[i\]"),

@@ -7,6 +7,7 @@ import re
 
 from distdoctor.findings import Finding
 from distdoctor.logs import remedies as R
+from distdoctor.logs.bounds import small_int
 from distdoctor.logs.lines import LogLine
 from distdoctor.logs.problems import Problem, clip, on, plural, ranks_text
 from distdoctor.logs.signals import CAUSE, CONTEXT, Family, Signal
@@ -43,20 +44,22 @@ class DdpFamily(Family):
         for rx in (_INDICES, _NAMES):
             if m := rx.search(text):
                 return [Signal("unused_detail", NAME, CONTEXT, line, _clean(dict(m.groupdict())))]
-        if m := _MODEL.search(text):
+        if (m := _MODEL.search(text)) and None not in (f := {
+                k: small_int(v) for k, v in m.groupdict().items()}).values():
+            return [Signal("model_mismatch", NAME, CAUSE, line, f)]
+        if (m := _SIZES.search(text)) and (index := small_int(m["index"])) is not None:
             return [Signal("model_mismatch", NAME, CAUSE, line,
-                           {k: int(v) for k, v in m.groupdict().items()})]
-        if m := _SIZES.search(text):
-            return [Signal("model_mismatch", NAME, CAUSE, line,
-                           {"index": int(m["index"]), "sizes": m["sizes"]})]
+                           {"index": index, "sizes": m["sizes"][:200]})]
         return []
 
 
 def _clean(f: dict) -> dict:
     if "rank" in f:
-        f["rank"] = int(f["rank"])
+        f["rank"] = small_int(f["rank"])
+        if f["rank"] is None:
+            del f["rank"]
     if "indices" in f:
-        f["indices"] = [int(i) for i in f["indices"].split()][:50]
+        f["indices"] = [i for i in map(small_int, f["indices"].split()[:50]) if i is not None]
     if "names" in f:
         f["names"] = f["names"].strip()[:500]
     return f

@@ -11,6 +11,7 @@ import re
 
 from distdoctor.findings import Finding
 from distdoctor.logs import remedies as R
+from distdoctor.logs.bounds import small_int
 from distdoctor.logs.families.launcher import how_it_ended
 from distdoctor.logs.families.progress import trained_before
 from distdoctor.logs.lines import LogLine
@@ -93,8 +94,8 @@ class Tracebacks:
                                     "indent": max(0, len(text) - len(text.lstrip()) - 2),
                                     "ignored": False}
         text = text[min(tb["indent"], len(text) - len(text.lstrip())):]
-        if m := _FRAME.match(text):
-            tb["frames"].append((m["file"], int(m["line"]), m["function"].strip()))
+        if (m := _FRAME.match(text)) and (lineno := small_int(m["line"])) is not None:
+            tb["frames"].append((m["file"], lineno, m["function"].strip()[:200]))
             del tb["frames"][:-40]
             tb["sources"][len(tb["frames"]) - 1] = None
             return []

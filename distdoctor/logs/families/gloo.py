@@ -17,7 +17,7 @@ from distdoctor.logs.problems import (
     secs,
     short_path,
 )
-from distdoctor.logs.signals import CAUSE, TIMEOUT, VICTIM, Family, rule
+from distdoctor.logs.signals import CAUSE, TIMEOUT, VICTIM, Family, after_first, rule
 
 NAME = "gloo"
 
@@ -27,17 +27,18 @@ RULES = (
          r"Timed out waiting (?P<timeout_ms>\d+)ms for (?P<op>\w+) operation",
          ints=("timeout_ms",)),
     rule("gloo_peer_gone", NAME, VICTIM,
-         r"(?:gloo|pair\.cc|Read error|Write error).*?(?:Connection closed by peer|"
-         r"Connection reset by peer|Broken pipe)(?: \[?(?P<peer>[\w.:\[\]-]+)\]?)?"),
+         after_first(r"gloo|pair\.cc|Read error|Write error") + r".*?(?:Connection closed by "
+         r"peer|Connection reset by peer|Broken pipe)(?: \[?(?P<peer>[\w.:\[\]-]+)\]?)?"),
     rule("gloo_connect", NAME, CAUSE,
-         r"(?:[Gg]loo|connectFullMesh).*?(?:Connection refused|Connect timeout|getaddrinfo|"
-         r"No route to host|connectFullMesh failed)"),
+         after_first(r"[Gg]loo|connectFullMesh") + r".*?(?:Connection refused|Connect timeout|"
+         r"getaddrinfo|No route to host|connectFullMesh failed)"),
     rule("gloo_connect", NAME, CAUSE,
          r"Unable to resolve hostname to a \(local\) address"),
     # gloo/transport/tcp/pair.cc: a message longer than the buffer the receiver posted (the
     # ranks disagree on an op's size); an enforce failure that aborts the receiving rank
     rule("gloo_size_mismatch", NAME, CAUSE,
-         r"(?:(?P<got>\d+) vs (?P<want>\d+)\. )?Received data size doesn't match expected size",
+         r"(?:(?<!\d)(?P<got>\d{1,18}) vs (?P<want>\d{1,18})\. )?Received data size doesn't "
+         r"match expected size",
          ints=("got", "want")),
     # (older gloo: "[enforce fail at .../pair.cc:446] op.preamble.length <= op.nbytes. A vs B")
     rule("gloo_size_mismatch", NAME, CAUSE,
@@ -48,8 +49,11 @@ RULES = (
 )
 # the peer a point-to-point call in the user's own line talks to: "dist.recv(tensor, 0)",
 # "dist.send(t, dst=3)", "recv(buf, src=1)", "broadcast(t, src=0)"
-_PEER_CALL = re.compile(r"\b(?:i?recv|i?send|broadcast|scatter|gather)\(\s*[^,()]+(?:\([^()]*\))?"
-                        r"\s*,\s*(?:src=|dst=)?(?P<peer>\d+)\s*[,)]|\b(?:src|dst)=(?P<kw>\d+)")
+# (the first argument runs to its comma through one call's parentheses: "recv(t(x), 0)"; no
+# two runs there take the same characters, so a line of blanks is read once)
+_PEER_CALL = re.compile(r"\b(?:i?recv|i?send|broadcast|scatter|gather)\(\s*[^,()\s][^,()]*"
+                        r"(?:\([^()]*\)[^,()]*)?,\s*(?:src=|dst=)?(?P<peer>\d{1,18})\s*[,)]|"
+                        r"\b(?:src|dst)=(?P<kw>\d{1,18})")
 
 
 class GlooFamily(Family):

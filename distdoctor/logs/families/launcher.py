@@ -10,9 +10,19 @@ import signal
 from distdoctor.exits import signal_name
 from distdoctor.findings import Finding
 from distdoctor.logs import remedies as R
+from distdoctor.logs.bounds import small_int
 from distdoctor.logs.lines import LogLine
 from distdoctor.logs.problems import Problem
-from distdoctor.logs.signals import CAUSE, CONTEXT, EXIT, TEARDOWN, Family, Signal, rule
+from distdoctor.logs.signals import (
+    CAUSE,
+    CONTEXT,
+    EXIT,
+    TEARDOWN,
+    Family,
+    Signal,
+    after_first,
+    rule,
+)
 
 NAME = "launcher"
 
@@ -36,8 +46,8 @@ RULES = (
     # spawn loop left behind, the LAST spawned local rank's, not the failing one's; only the
     # return code is the failing process's. local_rank=0 there means one process was spawned.
     rule("rank_failed", NAME, EXIT,
-         r"(?P<last_spawned>)--local_rank=(?P<local_rank>\d+).*?exits with return code = "
-         r"(?P<exit_code>-?\d+)",
+         after_first(r"--local_rank=(?=\d)") + r"(?P<last_spawned>)(?P<local_rank>\d+)(?!\d).*?exits "
+         r"with return code = (?P<exit_code>-?\d+)",
          ints=("local_rank", "exit_code")),
     # DeepSpeed's launch.py when it does not list the command (newer versions, or a cut
     # line): which rank is not said
@@ -79,8 +89,10 @@ _TABLE = re.compile(r"^\s*(?P<key>time|host|rank|exitcode|error_file|traceback)\
                     r"(?P<v>.*)$")
 _TABLE_TIME = re.compile(r"(?P<d>\d{4}-\d\d-\d\d)_(?P<h>\d\d):(?P<m>\d\d):(?P<s>\d\d)")
 ESCALATION_S = 25  # torchrun sends SIGKILL 30 s after the SIGTERM its survivors ignored
-_TABLE_RANK = re.compile(r"(?P<rank>\d+) \(local_rank: (?P<local>\d+)\)")
-_TABLE_EXIT = re.compile(r"(?P<code>-?\d+) \(pid: (?P<pid>\d+)\)")
+# (a number starts where digits start: from inside a run of digits each start would read
+# the rest of the run again)
+_TABLE_RANK = re.compile(r"(?<!\d)(?P<rank>\d+) \(local_rank: (?P<local>\d+)\)")
+_TABLE_EXIT = re.compile(r"(?<!\d)(?P<code>-?\d+) \(pid: (?P<pid>\d+)\)")
 _TABLE_SIGNAL = re.compile(r"Signal (?P<signum>\d+) \((?P<name>SIG\w+)\)")
 
 
@@ -146,12 +158,12 @@ class LauncherFamily(Family):
         elif key == "host":
             e["host"] = v
         elif key == "rank" and (m := _TABLE_RANK.search(v)):
-            e["rank"], e["local_rank"] = int(m["rank"]), int(m["local"])
+            _put_ints(e, rank=m["rank"], local_rank=m["local"])
         elif key == "exitcode" and (m := _TABLE_EXIT.search(v)):
-            e["exit_code"], e["pid"] = int(m["code"]), int(m["pid"])
+            _put_ints(e, exit_code=m["code"], pid=m["pid"])
         elif key == "traceback":
             if m := _TABLE_SIGNAL.search(v):
-                e["signum"] = int(m["signum"])
+                _put_ints(e, signum=m["signum"])
             e["traceback"] = v[:200]
             out += self._close()
         elif key in ("host", "error_file"):
@@ -173,6 +185,14 @@ class LauncherFamily(Family):
                                                          "table": self._table})]
 
 
+def _put_ints(entry: dict, **digits: str) -> None:
+    """The numbers a table's line gives, into its entry: all of them, or none where one is
+    too long to be a number."""
+    values = {k: small_int(v) for k, v in digits.items()}
+    if None not in values.values():
+        entry.update(values)
+
+
 def _seconds(m: re.Match) -> int:
     """A table's "2024-12-01_08:00:09" as seconds (of the day and the date: only
     differences matter)."""
@@ -191,7 +211,7 @@ def workers_stopped(signals: list[Signal]) -> list[Signal]:
     stopped = [s for s in signals if s.rule == "teardown"]
     if not stopped:
         return []
-    pids = sorted({s.fields["pid"] for s in stopped})
+    pids = sorted({s.fields["pid"] for s in stopped if "pid" in s.fields})
     return [Signal("workers_stopped", NAME, CAUSE, stopped[0].line,
                    {"pids": pids[:64], "stopped": len(pids),
                     "sig": stopped[0].fields.get("sig", "SIGTERM")})]
@@ -210,7 +230,7 @@ def describe(p: Problem, ctx) -> Finding:
                            f"error is not in this log", [], R.WORKERS_STOPPED)
     sig = f.get("signame") or (signal_name(f["signum"]) if "signum" in f else "a signal")
     if sig.isdigit():  # torch 2.13's agent: "Received 15 death signal"
-        sig = signal_name(int(sig))
+        sig = signal_name(n) if (n := small_int(sig)) is not None else "a signal"
     return ctx.finding(p, "crash", "error", f"the launcher itself received {sig} and stopped "
                        f"the ranks", [], R.LAUNCHER_SIGNALED)
 
@@ -242,9 +262,9 @@ def collect_exits(signals: list[Signal], teardown_pids: set[int],
             if per_node:
                 continue
             rank = f.get("task")
-        if rank is None and "last_spawned" in f and f["local_rank"] != 0:
+        if rank is None and "last_spawned" in f and f.get("local_rank") != 0:
             rank = -1 - i  # DeepSpeed printed the last spawned rank's command: which failed?
-            f.pop("local_rank")
+            f.pop("local_rank", None)
         if rank is None and "local_rank" in f:
             rank = table_ranks.get(((s.line.host, s.line.rank), f["local_rank"]))
             # a node label whose lines show other global ranks: the local rank is not one

@@ -8,6 +8,7 @@ import re
 
 from distdoctor.findings import Finding
 from distdoctor.logs import remedies as R
+from distdoctor.logs.bounds import small_int
 from distdoctor.logs.lines import LogLine
 from distdoctor.logs.problems import Problem, plural, ranks_text
 from distdoctor.logs.signals import CAUSE, VICTIM, Family, Signal
@@ -17,17 +18,22 @@ NAME = "mismatch"
 # "Detected mismatch between collectives on ranks. Rank 1 is running collective:
 # CollectiveFingerPrint(SequenceNumber=3, OpType=BROADCAST, TensorShape=[4], ...), but Rank 0
 # is running collective: CollectiveFingerPrint(...)."
+# (read in steps, each a scan forward from where the last stopped: as one regex, a lazy
+# fingerprint tried at each ")" with another lazy one inside it read a line of ")" repeated
+# in its square)
+_FINGERPRINT = "CollectiveFingerPrint("
 _DETAIL = re.compile(r"Detected mismatch between collectives on ranks\. Rank (?P<rank>\d+) is "
-                     r"running (?:collective|inconsistent collective): "
-                     r"(?P<mine>CollectiveFingerPrint\(.*?\))(?:, but Rank (?P<other>\d+) is "
-                     r"running collective: (?P<theirs>CollectiveFingerPrint\(.*?\)))?"
-                     r"(?=\.|,|\s|$)")
+                     r"running (?:collective|inconsistent collective): " + re.escape(_FINGERPRINT))
+_OTHER = re.compile(r", but Rank (?P<other>\d+) is running collective: " + re.escape(_FINGERPRINT))
+# a fingerprint ends at the first ")" that ends a word (its own parentheses nest: "(default)")
+_FINGERPRINT_END = re.compile(r"\)(?=[.,\s]|$)")
 _OP = re.compile(r"OpType=(?P<op>\w+)")
 _SEQ = re.compile(r"SequenceNumber=(?P<seq>\d+)")
-_SHAPE = re.compile(r"TensorShape=(?P<shape>\[[^\]]*\](?:, \[[^\]]*\])*)")
+_SHAPE = re.compile(r"TensorShape=(?P<shape>\[[^\][]*\](?:, \[[^\][]*\])*)")
 _FROM_RANK = re.compile(r"waiting for send/recv from rank (\d+)")
 _MONITORED = re.compile(r"Ranks? (?P<ranks>\d+(?:\s*,\s*\d+)*) failed to pass monitoredBarrier"
                         r"(?: in (?P<ms>\d+) ms)?")
+MAX_NAMED = 4096  # ranks kept of one report's list
 
 
 def fingerprint(text: str) -> dict:
@@ -35,9 +41,28 @@ def fingerprint(text: str) -> dict:
     for rx in (_OP, _SEQ, _SHAPE):
         if m := rx.search(text):
             out.update(m.groupdict())
-    if "seq" in out:
-        out["seq"] = int(out["seq"])
+    if "seq" in out and (seq := small_int(out["seq"])) is not None:
+        out["seq"] = seq
+    else:
+        out.pop("seq", None)
     return out
+
+
+def detail_mismatch(text: str) -> dict | None:
+    """The fields of DETAIL's mismatch report in `text`: the reporting rank and its
+    fingerprint, and the other rank's where the report names it."""
+    m = _DETAIL.search(text)
+    end = _FINGERPRINT_END.search(text, m.end()) if m else None
+    rank = small_int(m["rank"]) if m else None
+    if end is None or rank is None:
+        return None
+    f = {"rank": rank, "mine": fingerprint(text[m.end() - len(_FINGERPRINT):end.end()])}
+    o = _OTHER.match(text, end.end())
+    theirs = _FINGERPRINT_END.search(text, o.end()) if o else None
+    if theirs is not None and (other := small_int(o["other"])) is not None:
+        f["other"] = other
+        f["theirs"] = fingerprint(text[o.end() - len(_FINGERPRINT):theirs.end()])
+    return f
 
 
 class MismatchFamily(Family):
@@ -46,21 +71,19 @@ class MismatchFamily(Family):
 
     def feed(self, line: LogLine) -> list[Signal]:
         text = line.text
-        if m := _DETAIL.search(text):
-            f = {"rank": int(m["rank"]), "mine": fingerprint(m["mine"])}
-            if m["other"] is not None:
-                f["other"] = int(m["other"])
-                f["theirs"] = fingerprint(m["theirs"])
+        if f := detail_mismatch(text):
             return [Signal("detail_mismatch", NAME, CAUSE, line, f)]
         if "successfully reached monitoredBarrier" in text:  # waited for the reporter
             m = _FROM_RANK.search(text)  # the rank torch says to look at (it may be a victim too)
+            peer = small_int(m[1]) if m else None
             return [Signal("monitored_barrier_peer", NAME, VICTIM, line,
-                           {"from_rank": int(m[1])} if m else {})]
+                           {"from_rank": peer} if peer is not None else {})]
         if m := _MONITORED.search(text):
-            ranks = [int(r) for r in re.split(r"\s*,\s*", m["ranks"])]
+            ranks = [r for r in map(small_int, re.split(r"\s*,\s*", m["ranks"])[:MAX_NAMED])
+                     if r is not None]
             f = {"missing": ranks}
-            if m["ms"]:
-                f["ms"] = int(m["ms"])
+            if m["ms"] and (ms := small_int(m["ms"])) is not None:
+                f["ms"] = ms
             return [Signal("monitored_barrier", NAME, CAUSE, line, f)]
         return []
 

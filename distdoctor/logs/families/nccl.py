@@ -15,6 +15,7 @@ from collections import deque
 from distdoctor.findings import Finding
 from distdoctor.logs import remedies as R
 from distdoctor.logs.families.nccl_peers import victim_culprit  # noqa: F401 (its meaning)
+from distdoctor.logs.families.nccl_warns import ALWAYS_BENIGN, BENIGN_WARN, TOPOLOGY
 from distdoctor.logs.lines import LogLine
 from distdoctor.logs.problems import Problem, clip, on, secs
 from distdoctor.logs.signals import (
@@ -25,6 +26,7 @@ from distdoctor.logs.signals import (
     VICTIM,
     Family,
     Signal,
+    after_first,
     rule,
 )
 
@@ -60,7 +62,8 @@ RULES = (
          ints=("seq", "enqueued", "completed")),
     rule("heartbeat_timeout", NAME, TIMEOUT,
          r"Heartbeat monitor timed out|watchdog (?:thread )?(?:got stuck|hang) for "
-         r"(?P<secs>\d+) seconds|[Ww]atchdog thread .*?(?:stuck|hang)", ints=("secs",)),
+         r"(?P<secs>\d+) seconds|" + after_first(r"[Ww]atchdog thread ") + r".*?(?:stuck|hang)",
+         ints=("secs",)),
     rule("progress", NAME, CONTEXT,
          r"[Ll]ast enqueued (?:NCCL )?work: (?P<enqueued>-?\d+), last completed (?:NCCL )?"
          r"work: (?P<completed>-?\d+)", ints=("enqueued", "completed")),
@@ -69,25 +72,25 @@ RULES = (
          r"device (?P<device>\w+)", ints=("a", "b")),
     rule("p2p", NAME, CAUSE,
          r"(?:Cuda failure (?P<code>217)|peer access is not supported|cudaErrorPeerAccess"
-         r"Unsupported|peer mapping resources exhausted|cudaIpc\w+ failed)", ints=("code",)),
+         r"Unsupported|peer mapping resources exhausted|cudaIpc\w{1,64} failed)", ints=("code",)),
     rule("shm", NAME, CAUSE,
          r"(?:Error while (?:creating|attaching to) shared memory segment (?P<path>\S+)"
          r"(?: \(size (?P<size>\d+)\))?|failed to extend (?P<path2>/dev/shm/\S+) to "
          r"(?P<size2>\d+) bytes|shm_open|unable to allocate shared memory|"
          r"posix_fallocate failed)"),
     rule("ib", NAME, CAUSE,
-         r"NET/IB ?:.*?(?:Got completion from peer (?P<peer>\S+) with (?:error|status=?) ?"
-         r"(?P<status>\d+)|ibv_\w+ failed|failed)|Call to ibv_\w+ failed|"
-         r"[Ii]b(?:v)?_reg_mr failed|IBV_WC_\w+ERR"),
+         after_first(r"NET/IB ?:") + r".*?(?:Got completion from peer (?P<peer>\S+) with "
+         r"(?:error|status=?) ?(?P<status>\d+)|ibv_\w{1,64} failed|failed)|"
+         r"Call to ibv_\w{1,64} failed|[Ii]b(?:v)?_reg_mr failed|IBV_WC_\w{1,64}ERR"),
     rule("socket", NAME, CAUSE,
-         r"(?:NET/Socket|Bootstrap|bootstrap|socket)\s*:?.*?(?:no socket interface found|"
-         r"No usable listening interface|[Cc]onnect(?:ion)? to \S+ failed|"
+         after_first(r"NET/Socket|Bootstrap|bootstrap|socket") + r".*?(?:no socket interface "
+         r"found|No usable listening interface|[Cc]onnect(?:ion)? to \S+ failed|"
          r"Connection refused|Connection timed out|socketStartConnect|unexpected EOF|"
          r"[Tt]imeout|failed to connect)"),
     rule("socket", NAME, CAUSE, r"Call to connect returned (?P<error>[^,]+)"),
     # a network plugin's failed request (aws-ofi-nccl: "NET/OFI Request 0x.. completed with
     # error. RC: 113. Error: 2 (UNDELIVERABLE)"): the fabric, seen from the rank that asked
-    rule("net_request", NAME, CAUSE, r"NET/(?P<net>\w+) Request \S+ completed with error"
+    rule("net_request", NAME, CAUSE, r"NET/(?P<net>\w{1,64}) Request \S+ completed with error"
          r"(?:.*?RC: (?P<rc>\d+))?(?:.*?\((?P<status>[A-Z_]+)\))?"),
     # NCCL 2.29+: a failed NVLink SHARP multicast bind ends communicator init (2.28 warned and
     # fell back: a WARN, which ALWAYS_BENIGN keeps quiet); as the error's "Last error:" line
@@ -100,7 +103,7 @@ RULES = (
          r"(?:Broken pipe|Connection reset by peer)"),
     rule("remote_error", NAME, VICTIM,
          r"ncclRemoteError|remote process exited|[Rr]emote error|"
-         r"NCCL error.*?remote process"),
+         + after_first("NCCL error") + ".*?remote process"),
     rule("system_error", NAME, CAUSE, r"unhandled system error|ncclSystemError"),
     # graph/topo.cc, misc/utils.cc: the PCI tree under /sys could not be read (a container's
     # /sys, a VM): fatal only when NCCL's error climbs back from it (the "-> N" lines)
@@ -111,32 +114,19 @@ RULES = (
     rule("internal_error", NAME, CAUSE, r"internal (?:check failed|error)|ncclInternalError"),
 )
 
-# WARN lines that do not mean anything is wrong: a plugin that is not installed, a PCI path
-# NCCL could not resolve in a VM or container, its choice of interface or transport.
-BENIGN_WARN = re.compile(
-    r"NET/Plugin|[Nn]o plugin found|libnccl-net|Could not find real path|"
-    r"NCCL_\w+ set by environment|Using network|NVLS|[Mm]ulticast|"
-    r"NET/IB : No device found|Failed to open libibverbs|No IB devices|"
-    r"Missing \"iommu=pt\"|CUDA Driver Version|pci.*?path|topo.*?(?:speed|width)|"
-    r"Could not (?:get|find) .*?(?:sysfs|numa|cpu)|setting .*?affinity|NCCL_P2P_LEVEL|"
-    r"\[Service thread\] Accept failed|GID table change|Ignoring unknown")
 _SPECIFIC = ("p2p", "shm", "ib", "socket", "duplicate_gpu", "topology", "nccl_warn", "nvls")
-# WARNs harmless even when a return code follows them (NCCL tries another way)
-ALWAYS_BENIGN = re.compile(r"NET/Plugin|[Nn]o plugin found|libnccl-net|NCCL_\w+ set by environment|"
-                           r"NVLS|[Mm]ulticast|\[Service thread\]|GID table change|"
-                           r"Ignoring unknown|Failed to open libibverbs|No IB devices")
-_TOPOLOGY = re.compile(r"real path|/sys/|[Tt]opo|pci|PCI|numa|xml")
 # "host:pid:tid [dev] NCCL INFO file.cc:123 -> 2": an error code climbing back through NCCL
 # init going on after a failed return: NCCL dropped an optional path (an IB plugin on a machine
 # with none) and chose another ("Using network Socket", channels, a comm's init)
 _ONWARD = re.compile(r"Init (?:COMPLETE|START)|Using network |Channel \d+/\d+|Connected all ")
-_CHAIN = re.compile(r"NCCL INFO (?:[\w./-]+:\d+ )?-> (?P<code>\d+)")
+_CHAIN = re.compile(r"NCCL INFO (?:[\w./-]+:\d+ )?-> (?P<code>\d{1,18})(?!\d)")
 _CODES = {1: "ncclUnhandledCudaError", 2: "ncclSystemError", 3: "ncclInternalError",
           4: "ncclInvalidArgument", 5: "ncclInvalidUsage", 6: "ncclRemoteError"}
-_COMM = re.compile(r"\bcomm 0x\w+ rank (?P<rank>\d+) nRanks (?P<world>\d+)(?: nNodes (?P<nodes>\d+))?")
+_COMM = re.compile(r"\bcomm 0x\w+ rank (?P<rank>\d{1,18}) nRanks (?P<world>\d{1,18})(?: nNodes "
+                   r"(?P<nodes>\d+))?")
 _BOOTSTRAP = re.compile(r"Bootstrap ?: Using (?:\[\d+\])?\w+:(?P<ip>[\d.]+|[\w:]+)<")
 _WARN = re.compile(r"NCCL WARN\s*(?P<message>.*)")
-_WORLD = re.compile(r"\bn[Rr]anks (?P<world>\d+)\b")
+_WORLD = re.compile(r"\bn[Rr]anks (?P<world>\d{1,18})\b")
 _VERSION = re.compile(r"NCCL version (?P<version>\d+\.\d+\.\d+)")
 
 
@@ -228,7 +218,7 @@ class NcclFamily(Family):
         if warn is None or code == 0:
             return []
         message = warn.fields.get("message", "")
-        rule_name = "topology" if _TOPOLOGY.search(message) else "nccl_warn"
+        rule_name = "topology" if TOPOLOGY.search(message) else "nccl_warn"
         for r in self.rules:
             if r.name in ("socket", "shm", "ib", "p2p") and r.pattern.search(message):
                 rule_name = r.name

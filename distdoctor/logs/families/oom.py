@@ -7,9 +7,10 @@ import re
 
 from distdoctor.findings import Finding
 from distdoctor.logs import remedies as R
+from distdoctor.logs.bounds import small_int
 from distdoctor.logs.lines import LogLine
 from distdoctor.logs.problems import Problem, on
-from distdoctor.logs.signals import CAUSE, Family, Signal, rule
+from distdoctor.logs.signals import CAUSE, Family, Signal, after_first, rule
 
 NAME = "oom"
 
@@ -36,9 +37,10 @@ RULES = (
          ints=("pid",)),
     # a DataLoader worker's SIGBUS: /dev/shm (Docker's default 64 MB) is full
     rule("shm_bus_error", NAME, CAUSE,
-         r"[Bb]us error.*?insufficient shared memory|insufficient shared memory \(shm\)"),
+         after_first(r"[Bb]us error") + r".*?insufficient shared memory|"
+         r"insufficient shared memory \(shm\)"),
     rule("host_alloc_failed", NAME, CAUSE,
-         r"DefaultCPUAllocator: (?:can't|not enough memory).*?(?:allocate|alloc) "
+         after_first(r"DefaultCPUAllocator: (?:can't|not enough memory)") + r".*?(?:allocate|alloc) "
          r"(?P<requested>\d+) bytes", ints=("requested",)),
 )
 
@@ -57,7 +59,9 @@ class OomFamily(Family):
                 if m := rx.search(text):
                     f.update({k: v for k, v in m.groupdict().items() if v})
             if "gpu" in f:
-                f["gpu"] = int(f["gpu"])
+                f["gpu"] = small_int(f["gpu"])
+                if f["gpu"] is None:
+                    del f["gpu"]
             return [Signal("cuda_oom", NAME, CAUSE, line, f)]
         out = super().feed(line)
         if out and "StepId=" in text:  # slurmstepd's: srun's label on it is a task, not a rank

@@ -7,11 +7,15 @@ from __future__ import annotations
 import re
 from collections import deque
 
+from distdoctor.logs.bounds import searched
+from distdoctor.logs.decoded import open_log
 from distdoctor.logs.lines import LogLine
 from distdoctor.logs.signals import Family, Signal
 
 NAME = "progress"
-_PROGRESS = re.compile(r"\d+%\|.*?\|\s*\d+/\d+|\b(?:Running tokenizer|Tokeniz|Map(?: \(num_proc="
+# (a bar's percentage starts where digits start, and its bar runs to the next "|": tqdm
+# draws none inside it)
+_PROGRESS = re.compile(r"(?<!\d)\d{1,3}%\|[^|]*\|\s*\d+/\d+|\b(?:Running tokenizer|Tokeniz|Map(?: \(num_proc="
                        r"\d+\))?:|Filter|Generating \w+ split|Loading checkpoint shards|"
                        r"Preprocessing)", re.I)
 MAX_PROCESSES = 100_000
@@ -40,9 +44,10 @@ class ProgressFamily(Family):
 
 # a training step's report: "step 30 | loss 2.41", "iter 200: loss 3.1", "Epoch 1 ... loss=",
 # HF's "{'loss': 2.3, ...}"
-_STEP = re.compile(r"\b(?:step|iter(?:ation)?|epoch|global_step|it)\b\W{0,3}\d+.{0,200}?\bloss\b"
+_STEP = re.compile(r"\b(?:step|iter(?:ation)?|epoch|global_step|it)\b\W{0,3}\d{1,18}(?!\d)"
+                   r".{0,200}?\bloss\b"
                    r"|['\"]loss['\"]\s*:\s*-?[\d.]", re.I)
-_STEP_ANCHOR = "loss"
+_STEP_ANCHOR = b"loss"
 
 
 def trained_before(line: LogLine, limit: int = 2_000_000) -> bool:
@@ -51,11 +56,12 @@ def trained_before(line: LogLine, limit: int = 2_000_000) -> bool:
     failure is about to be said (a rare question), stopping at the first report found
     or at `limit` lines; False where the file cannot be read."""
     try:
-        with open(line.file, encoding="utf-8", errors="replace") as fh:
-            for n, text in enumerate(fh, 1):
+        with open_log(line.file) as fh:  # (a .gz, UTF-16: as the reader read it)
+            for n, raw in enumerate(fh, 1):
                 if n >= min(line.lineno, limit):
                     return False
-                if _STEP_ANCHOR in text.lower() and _STEP.search(text):
+                if _STEP_ANCHOR in raw.lower() and _STEP.search(
+                        searched(raw.decode("utf-8", "replace"))):
                     return True
     except (OSError, ValueError):
         return False

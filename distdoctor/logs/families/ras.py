@@ -14,6 +14,7 @@ import re
 
 from distdoctor.findings import Finding
 from distdoctor.logs import remedies as R
+from distdoctor.logs.bounds import MAX_TRACKED
 from distdoctor.logs.lines import LogLine
 from distdoctor.logs.problems import Problem, plural, ranks_text
 from distdoctor.logs.signals import CAUSE, TIMEOUT, Family, Signal
@@ -21,12 +22,13 @@ from distdoctor.logs.signals import CAUSE, TIMEOUT, Family, Signal
 NAME = "ras"
 
 _DIFFERENT = re.compile(r"Communicator ranks have different (?P<op>\w+) operation counts")
-_GROUP = re.compile(r"^\s*(?P<n>\d+) ranks have (?:launched up to operation (?P<count>\d+)|"
-                    r"(?P<none>not launched any operations))")
-_RANK = re.compile(r"^\s*Rank (?P<rank>\d+) (?:has (?:launched up to operation (?P<count>\d+)|"
-                   r"(?P<none>not launched any operations)) )?-- (?:GPU (?P<gpu>\S+) managed by "
+# (numbers that are read as ints have at most 18 digits: bounds.MAX_DIGITS)
+_GROUP = re.compile(r"^\s*(?P<n>\d{1,18}) ranks have (?:launched up to operation "
+                    r"(?P<count>\d{1,18})|(?P<none>not launched any operations))")
+_RANK = re.compile(r"^\s*Rank (?P<rank>\d{1,18}) (?:has (?:launched up to operation "
+                   r"(?P<count>\d{1,18})|(?P<none>not launched any operations)) )?-- (?:GPU (?P<gpu>\S+) managed by "
                    r"process (?P<pid>\d+) on node (?P<host>\S+)|\[process information)")
-_DEAD = re.compile(r"(?P<n>\d+) job process(?:es are| is) considered dead")
+_DEAD = re.compile(r"(?<!\d)(?P<n>\d{1,18}) job process(?:es are| is) considered dead")
 _DEAD_PROC = re.compile(r"^\s*Process (?P<pid>\d+) on node (?P<host>\S+) managing GPUs? "
                         r"(?P<gpu>\S+)")
 _ENTRY = re.compile(r"^#\d+-\d+ \([0-9a-f]+\) (?P<what>MISMATCH|ERROR|INCOMPLETE)")
@@ -67,6 +69,8 @@ class RasFamily(Family):
             if m := _RANK.match(text):
                 count = (0 if m["none"] else int(m["count"])) if (m["count"] or m["none"]) \
                     else self._group_count
+                if len(self._op["counts"]) >= MAX_TRACKED:
+                    return []  # a report naming more ranks than any job has: the first ones
                 if count is not None:
                     self._op["counts"][int(m["rank"])] = count
                 if m["host"]:

@@ -19,15 +19,16 @@ from __future__ import annotations
 import re
 
 from distdoctor.findings import Finding
+from distdoctor.logs.bounds import small_int
 from distdoctor.logs.lines import LogLine
 from distdoctor.logs.problems import Problem, clip, plural, ranks_text
-from distdoctor.logs.signals import CAUSE, CONTEXT, Family, Signal
+from distdoctor.logs.signals import CAUSE, CONTEXT, Family, Signal, after_first
 
 NAME = "ray"
 
 _WORKER_DIED = re.compile(
-    r"A worker died or was killed while executing a task by an unexpected system error"
-    r"(?:.*?Worker IP address: (?P<ip>\S+))?(?:.*?Worker PID: (?P<pid>\d+))?"
+    after_first(r"A worker died or was killed while executing a task by an unexpected system "
+                r"error") + r"(?:.*?Worker IP address: (?P<ip>\S+))?(?:.*?Worker PID: (?P<pid>\d+))?"
     r"(?:.*?Worker exit type: (?P<exit_type>\w+))?(?:.*?Worker exit detail: (?P<detail>.*?)"
     r"(?= Some common causes| There are some potential root causes|$))?")
 _ACTOR_DIED = re.compile(r"(?P<exception>(?:ray\.exceptions\.)?(?:ActorDiedError|RayActorError|"
@@ -37,11 +38,13 @@ _EXIT_DETAIL = re.compile(r"Worker exit type: (?P<exit_type>\w+)(?: Worker exit 
                           r"(?P<detail>.*?))?(?= There are some potential root causes| Some "
                           r"common causes|$)")
 _ACTOR_FIELD = re.compile(r"^\s*(?P<key>class_name|pid|ip|actor_id|name): (?P<v>\S+)")
-_MEMORY = re.compile(r"Memory on the node \(IP: (?P<ip>[\w.:-]+)[^)]*\) where the (?:task|actor)"
-                     r" \([^)]*?pid=(?P<pid>\d+)[^)]*\) was running was (?P<used>[\d.]+\w*) / "
-                     r"(?P<total>[\d.]+\w*)")
-_TASK_PID = re.compile(r"RayTaskError(?:\((?P<inner>\w+)\))?: .*?\(pid=(?P<pid>\d+), "
-                       r"ip=(?P<ip>[\w.:-]+)")
+# (no two runs next to each other take the same characters: linear)
+_MEMORY = re.compile(after_first(r"Memory on the node \(IP: ") + r"(?P<ip>[\w.:-]+)"
+                     r"(?:[^)\w.:-][^)]*)?\) where the (?:task|actor) \([^)]{0,400}?"
+                     r"pid=(?P<pid>\d+)[^)]{0,400}\) was running was (?P<used>[\d.]+[A-Za-z]*) / "
+                     r"(?P<total>[\d.]+[A-Za-z]*)")
+_TASK_PID = re.compile(after_first("RayTaskError") + r"(?:\((?P<inner>\w+)\))?: .*?\(pid="
+                       r"(?P<pid>\d+), ip=(?P<ip>[\w.:-]+)")
 # which rank a Ray worker is
 _TABLE = re.compile(r"pid=(?P<pid>\d+)\) world_rank=(?P<rank>\d+)")
 _SAYS_RANK = re.compile(r"\[rank=(?P<rank>\d+), world_size=\d+\]|\brank (?P<r2>\d+) of \d+\b|"
@@ -85,25 +88,32 @@ class RayFamily(Family):
                            {k: v for k, v in d.groupdict().items() if v})]
         if m := _MEMORY.search(text):
             return [Signal("memory_monitor", NAME, CAUSE, line, _ints(m.groupdict()))]
-        if m := _TASK_PID.search(text):
-            return [Signal("ray_task", NAME, CONTEXT, line, _ints(m.groupdict()))]
-        if m := _TABLE.search(text):
-            return [Signal("ray_rank", NAME, CONTEXT, line, _ints(m.groupdict()))]
+        if (m := _TASK_PID.search(text)) and "pid" in (f := _ints(m.groupdict())):
+            return [Signal("ray_task", NAME, CONTEXT, line, f)]
+        if (m := _TABLE.search(text)) and {"pid", "rank"} <= (f := _ints(m.groupdict())).keys():
+            return [Signal("ray_rank", NAME, CONTEXT, line, f)]
         if line.pid is not None and (m := _SAYS_RANK.search(text)):
-            rank = int(m["rank"] or m["r2"] or m["r3"])
-            return [Signal("ray_rank", NAME, CONTEXT, line, {"pid": line.pid, "rank": rank})]
+            rank = small_int(m["rank"] or m["r2"] or m["r3"])
+            if rank is not None:
+                return [Signal("ray_rank", NAME, CONTEXT, line, {"pid": line.pid, "rank": rank})]
         return []
 
 
 def _int(v) -> int | None:
-    try:
-        return int(v)
-    except (TypeError, ValueError):
-        return None
+    return v if isinstance(v, int) else small_int(v) if isinstance(v, str) else None
 
 
 def _ints(d: dict) -> dict:
-    return {k: int(v) if k == "pid" or k == "rank" else v for k, v in d.items() if v}
+    """The groups that matched, a pid and a rank as ints (left out when not one)."""
+    out = {}
+    for k, v in d.items():
+        if v and k in ("pid", "rank"):
+            v = small_int(v)
+            if v is not None:
+                out[k] = v
+        elif v:
+            out[k] = v
+    return out
 
 
 def assign_ranks(signals: list[Signal]) -> None:

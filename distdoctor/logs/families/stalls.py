@@ -23,22 +23,23 @@ import re
 
 from distdoctor.findings import Finding
 from distdoctor.logs import remedies as R
+from distdoctor.logs.bounds import small_int
 from distdoctor.logs.lines import LogLine
 from distdoctor.logs.problems import Problem, clip, plural, ranks_text
-from distdoctor.logs.signals import CAUSE, Family, Signal
+from distdoctor.logs.signals import CAUSE, Family, Signal, after_first
 
 NAME = "stall"
 
 _BARRIER_WAIT = re.compile(
     r"Waiting in store based barrier to initialize process group for "
-    r"(?:(?P<secs>\d+(?:\.\d+)?) seconds ?)?rank:? (?P<rank>\d+), key: ?(?P<key>[^\s,(]+)"
+    r"(?:(?P<secs>\d{1,12}(?:\.\d+)?) seconds ?)?rank:? (?P<rank>\d+), key: ?(?P<key>[^\s,(]+)"
     r"(?: \(world_size=(?P<world>\d+), (?:worker_count|num_workers_joined)=(?P<joined>\d+)"
     r"(?:, timeout=(?P<timeout>\d+ days?, [\d:.]+|[\d:.]+))?)?")
 # the barrier done, or given up (its timeout error is the store family's: the wait is over)
 _BARRIER_DONE = re.compile(r"(?:Completed store-based barrier|Timed out initializing process "
                            r"group in store based barrier on rank:? \d+,) for key: ?(?P<key>[^\s,]+)")
 _WAIT_INPUT = re.compile(
-    r"waitForInput: socket .*?remote=\[?(?P<host>[^\]\s,)]+)\]?:(?P<port>\d+)\)? timed out "
+    after_first("waitForInput: socket ") + r".*?remote=\[?(?P<host>[^\]\s,)]+)\]?:(?P<port>\d+)\)? timed out "
     r"after (?P<ms>\d+)ms")
 # the error a timed-out store read raises next, when the log shows it (store.py reads it)
 _STORE_ERROR = re.compile(r"DistStoreError|DistNetworkError|[Ww]ait timeout|Socket Timeout|"
@@ -63,8 +64,8 @@ class StallFamily(Family):
     def feed(self, line: LogLine) -> list[Signal]:
         text = line.text
         if m := _WAIT_INPUT.search(text):
-            f = {"host": m["host"], "port": int(m["port"]), "ms": int(m["ms"])}
-            if len(self._inputs) < MAX_OPEN:
+            f = {"host": m["host"], "port": small_int(m["port"]), "ms": small_int(m["ms"])}
+            if None not in f.values() and len(self._inputs) < MAX_OPEN:
                 self._inputs.setdefault(line.who, Signal("store_input_timeout", NAME, CAUSE,
                                                          line, f))
             return []
@@ -75,7 +76,9 @@ class StallFamily(Family):
             f = {k: v for k, v in m.groupdict().items() if v is not None}
             for k in ("rank", "world", "joined"):
                 if k in f:
-                    f[k] = int(f[k])
+                    f[k] = small_int(f[k])
+                    if f[k] is None:
+                        del f[k]
             if f.get("world") and f.get("joined", 0) >= f["world"]:
                 self._barriers.pop(f["key"], None)  # everyone arrived
                 return []
@@ -89,8 +92,8 @@ class StallFamily(Family):
         if _STORE_ERROR.search(text):
             self._inputs.pop(line.who, None)  # the store's own error says more: its key
             return []
-        if m := _SHM_WAIT.search(text):
-            s = Signal("shm_wait", NAME, CAUSE, line, {"secs": int(m["secs"])})
+        if (m := _SHM_WAIT.search(text)) and (secs := small_int(m["secs"])) is not None:
+            s = Signal("shm_wait", NAME, CAUSE, line, {"secs": secs})
             self._shm = self._shm[:1] + [s]
             self._waits += 1
             return []

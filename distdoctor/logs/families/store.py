@@ -7,6 +7,7 @@ import re
 
 from distdoctor.findings import Finding
 from distdoctor.logs import remedies as R
+from distdoctor.logs.bounds import small_int
 from distdoctor.logs.lines import LogLine
 from distdoctor.logs.problems import (
     Problem,
@@ -16,24 +17,36 @@ from distdoctor.logs.problems import (
     plural,
     ranks_text,
 )
-from distdoctor.logs.signals import BENIGN, CAUSE, TIMEOUT, VICTIM, Family, Signal, rule
+from distdoctor.logs.signals import (
+    BENIGN,
+    CAUSE,
+    TIMEOUT,
+    VICTIM,
+    Family,
+    Signal,
+    after_first,
+    rule,
+)
 
 NAME = "store"
 
 RULES = (
     # torch/csrc/distributed/c10d/socket.cpp, 2.2+: "... port: 29500, useIpv6: false, code:
     # -98, name: EADDRINUSE"; older: "failed to bind to [::]:29500 (errno: 98 - Address ...)"
+    # (the port and its EADDRINUSE a few words apart: a port followed by no EADDRINUSE would
+    # otherwise send a scan to the line's end from each "port:")
     rule("port_in_use", NAME, CAUSE,
-         r"(?:server socket has failed to (?:listen|bind)|failed to bind).*?"
-         r"(?:port: (?P<port>\d+).*?EADDRINUSE|:(?P<port2>\d+) \(errno: 98|"
+         after_first(r"server socket has failed to (?:listen|bind)|failed to bind") + r".*?"
+         r"(?:port: (?P<port>\d+).{0,400}?EADDRINUSE|:(?P<port2>\d+) \(errno: 98|"
          r"(?:EADDRINUSE|[Aa]ddress already in use))", ints=("port", "port2")),
     rule("port_in_use", NAME, CAUSE,
-         r"EADDRINUSE.*?port[: ]+(?P<port>\d+)|[Aa]ddress already in use.*?port[: ]+(?P<port2>\d+)",
+         after_first("EADDRINUSE") + r".*?port[: ]+(?P<port>\d+)|"
+         + after_first("[Aa]ddress already in use") + r".*?port[: ]+(?P<port2>\d+)",
          ints=("port", "port2")),
     # the bind failed on an address this host does not have (MASTER_ADDR of another host)
     rule("listen_addr", NAME, CAUSE,
-         r"server socket has failed to (?:listen|bind).*?(?:EADDRNOTAVAIL|errno: 99|"
-         r"[Cc]annot assign requested address)"),
+         after_first(r"server socket has failed to (?:listen|bind)") + r".*?(?:EADDRNOTAVAIL|"
+         r"errno: 99|[Cc]annot assign requested address)"),
     # the store gave up listening (its errno may be on other lines, or cut off)
     rule("port_in_use", NAME, CAUSE,
          r"server socket has failed to listen on any local network address"
@@ -62,19 +75,22 @@ RULES = (
     # ProcessGroupNCCL: "[1] is setting up NCCL communicator and retrieving ncclUniqueId from
     # [0] via c10d key-value store by key '0', but store->get('0') got error: Socket Timeout"
     rule("unique_id_timeout", NAME, TIMEOUT,
-         r"retrieving ncclUniqueId from \[(?P<owner>\d+)\].*?got error(?:: (?P<error>.*))?",
+         after_first(r"retrieving ncclUniqueId from \[(?=\d+\])") + r"(?P<owner>\d+)\].*?"
+         r"got error(?:: (?P<error>.*))?",
          ints=("owner",)),
     rule("key_timeout", NAME, TIMEOUT,
          r"wait timeout after (?P<ms>\d+)ms(?:, keys: (?P<keys>.*))?", ints=("ms",)),
     # store.wait()'s bare error: the barrier's loop catches it to log and raises its own
     # (above), chained to it; said once, by that one
     rule("inner_wait", NAME, BENIGN, r"DistStoreError: [Ww]ait timeout\s*$"),
+    # (no "(DistStoreError|store).*?" before the words: optional, it changed no match, and
+    # sent a scan to the line's end from each "store")
     rule("key_timeout", NAME, TIMEOUT,
-         r"(?:(?:DistStoreError|TCPStore|store).*?)?(?:Socket Timeout|[Tt]imeout waiting for key|"
-         r"timed out waiting for key)(?:.*?key[s]?[: ]+(?P<keys>\S+))?"),
+         r"(?:Socket Timeout|[Tt]imeout waiting for key|timed out waiting for key)"
+         r"(?:.*?key[s]?[: ]+(?P<keys>\S+))?"),
     rule("store_gone", NAME, VICTIM,
-         r"(?:TCPStore|DistStoreError|DistNetworkError|c10d).*?(?:failed to recv, got 0 bytes|"
-         r"Connection reset by peer|Broken pipe|Connection closed by peer)"),
+         after_first(r"TCPStore|DistStoreError|DistNetworkError|c10d") + r".*?(?:failed to "
+         r"recv, got 0 bytes|Connection reset by peer|Broken pipe|Connection closed by peer)"),
 )
 
 class StoreFamily(Family):
@@ -135,7 +151,7 @@ def describe(p: Problem, ctx) -> Finding:
         return ctx.finding(p, "comm_error", "error", f"c10d store port {p.field('port', '?')} is "
                            f"already in use (EADDRINUSE){where_on}", [] if retried else ranks,
                            R.PORT_IN_USE)
-    at = f" at {f['host']}:{f['port']}" if "host" in f else ""
+    at = f" at {f['host']}:{f.get('port', '?')}" if "host" in f else ""
     after = f" (timed out after {f['after']})" if "after" in f else ""
     # under env:// rank 0 hosts the store: when every client is another rank, it was down
     host = [0] if ranks and 0 not in ranks and p.rule != "rdzv_connection" \
@@ -174,7 +190,9 @@ def _owners(p: Problem, ctx) -> list[int]:
     m = re.search(r"rank[_-]?(\d+)", key, re.I) or re.search(r"/(\d+)$", key)
     if not m:
         return []
-    rank = int(m.group(1))
+    rank = small_int(m.group(1))
+    if rank is None:
+        return []
     limit = ctx.ev.world or (max(ctx.ev.ranks) + 2 if ctx.ev.ranks else 2)
     return [rank] if rank < limit and rank not in p.ranks else []
 

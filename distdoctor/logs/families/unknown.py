@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import re
 
+from distdoctor.logs.bounds import small_int
 from distdoctor.logs.lines import LogLine
 from distdoctor.logs.signals import UNKNOWN, Signal
 
@@ -150,9 +151,9 @@ class UnknownErrors:
         fatal error. Anything else closes it (the process printed on)."""
         f = held.fields
         if f["error"] == "fatal" and (m := _FAULT_FRAME.match(text)):
-            if "where" not in f and not _LIBRARY.search(m["file"]):
-                f["where"] = {"file": m["file"], "line": int(m["line"]),
-                              "function": m["function"]}
+            lineno = small_int(m["line"])
+            if "where" not in f and lineno is not None and not _LIBRARY.search(m["file"]):
+                f["where"] = {"file": m["file"], "line": lineno, "function": m["function"]}
             return True
         if f["error"] == "fatal" and text.startswith(("Current thread", "Thread 0x",
                                                       "Extension modules")):

@@ -14,6 +14,7 @@ from __future__ import annotations
 import re
 
 from distdoctor.findings import Finding
+from distdoctor.logs.bounds import small_int
 from distdoctor.logs.lines import LogLine
 from distdoctor.logs.problems import Problem, on, plural, ranks_text
 from distdoctor.logs.signals import CAUSE, CONTEXT, Family, Signal
@@ -30,11 +31,15 @@ class XidFamily(Family):
     anchors = (b"Xid",)
 
     def feed(self, line: LogLine) -> list[Signal]:
-        if m := KERNEL_XID.search(line.text):
-            xid = int(m["xid"])  # 45: the driver cleaning up after a process was killed
+        text = line.text
+        # from the driver's first head only: searched, each head would start a scan for
+        # its ")" to the line's end (a line of heads repeated costs its square)
+        at = text.find("NVRM: Xid (")
+        if at >= 0 and (m := KERNEL_XID.match(text, at)) and (xid := small_int(m["xid"])) \
+                is not None:  # 45: the driver cleaning up after a process was killed
             return [Signal("xid", NAME, CONTEXT if xid in AFTER_A_KILL else CAUSE, line,
                            {"pci": m["pci"].lower(), "xid": xid})]
-        if m := _CRITICAL.search(line.text):
+        if m := _CRITICAL.search(text):
             return [Signal("xid", NAME, CAUSE, line, {"pci": (m["pci"] or "").lower()})]
         return []
 
