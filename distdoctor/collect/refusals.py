@@ -62,10 +62,9 @@ class Refusals:
     def flush_if_due(self) -> None:
         """The minute's sums, one line per address and reason that came again."""
         now = self._clock()
-        if now - self._window_start < WINDOW_S:
+        span = _window_due(self._window_start, now)
+        if span is None:
             return
-        minutes = (now - self._window_start) / 60
-        span = "the last minute" if minutes < 1.5 else f"the last {minutes:.0f} minutes"
         for (address, why), n in self._counts.items():
             self._say(f"refused {_host(address)} {n} more time{'s' * (n != 1)} in {span}: "
                       f"{why}")
@@ -126,10 +125,9 @@ class NodeNews:
     def flush_if_due(self) -> None:
         """The minute's sums, one line per host and kind of news that came again."""
         now = self._clock()
-        if now - self._window_start < WINDOW_S:
+        span = _window_due(self._window_start, now)
+        if span is None:
             return
-        minutes = (now - self._window_start) / 60
-        span = "the last minute" if minutes < 1.5 else f"the last {minutes:.0f} minutes"
         for (host, kind, _), (n, line) in self._repeats.items():
             self._say(f"node {host} {kind} {n} more time{'s' * (n != 1)} in {span} (the "
                       f"newest: {line})")
@@ -141,6 +139,15 @@ class NodeNews:
         self._repeats.clear()
         self._lines = self._unsaid = 0
         self._window_start = now
+
+
+def _window_due(start: float, now: float) -> str | None:
+    """The window begun at `start` in words ("the last minute") once it has run its
+    WINDOW_S, else None."""
+    if now - start < WINDOW_S:
+        return None
+    minutes = (now - start) / 60
+    return "the last minute" if minutes < 1.5 else f"the last {minutes:.0f} minutes"
 
 
 def _host(address: str) -> str:
