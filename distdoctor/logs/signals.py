@@ -51,13 +51,19 @@ def rule(name: str, family: str, role: str, regex: str, ints: tuple[str, ...] = 
     return Rule(name, family, role, re.compile(regex, flags), ints)
 
 
-def after_first(words: str) -> str:
-    """A regex's start that finds `words` (a regex) where they first occur in the line:
-    `after_first(X) + ".*?Y"` matches where `X.*?Y` does, in one pass. Searched as `X.*?Y`,
-    every occurrence of X starts a scan to the line's end (a line of X repeated costs its
-    square); anchored at the line's start, the run up to the first X (which never passes an
-    X) is the only start. (Unlike `X.*?Y`, an X inside a longer X is not a start of its own.)"""
-    return rf"^(?:(?!{words}).)*(?:{words})"
+def short_of(words: str) -> str:
+    """A lazy run of characters that stops short of the next `words` (a regex)."""
+    return rf"(?:(?!{words}).)*?"
+
+
+def then(words: str) -> str:
+    """`then(X) + "Y"`: X, then Y with no other X between them. It matches where `X.*?Y`
+    matches (the last X before a Y is followed by that Y with no X between), with the same
+    Y, in one pass: searched as `X.*?Y`, every X starts a scan to the line's end (a line of
+    X repeated costs its square); here each scan stops at the next X, so each character is
+    scanned once. (Of two overlapping X, as "socket" in "NET/Socket" is not, the inner one
+    may end the outer one's scan.)"""
+    return rf"(?:{words}){short_of(words)}"
 
 
 def fields_of(r: Rule, m: re.Match) -> dict:

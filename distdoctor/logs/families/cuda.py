@@ -19,7 +19,7 @@ import re
 from distdoctor.findings import Finding
 from distdoctor.logs.lines import LogLine
 from distdoctor.logs.problems import Problem, clip, plural, ranks_text, short_path
-from distdoctor.logs.signals import CAUSE, Family, Signal, after_first
+from distdoctor.logs.signals import CAUSE, Family, Signal, then
 
 NAME = "exception"
 RULE = "cuda_error"
@@ -44,7 +44,7 @@ _C_ASSERT = re.compile(r"^(?P<prog>[\w./-]+): (?P<file>[\w./-]+):(?P<line>\d+): 
 
 # what a failed device assert usually means, by the expression ATen checks
 _ASSERT_MEANS = (
-    (re.compile(r"t >= 0 && t < n_classes|" + after_first("target") + r".*?(?:n_classes|"
+    (re.compile(r"t >= 0 && t < n_classes|" + then("target") + r"(?:n_classes|"
                 r"num_classes)|cur_target"),
      "a class label outside [0, num_classes) in the loss's targets"),
     (re.compile(r"srcIndex < srcSelectDimSize|index out of bounds|idx_dim|-sizes\[i\] <= "

@@ -17,7 +17,7 @@ from distdoctor.logs.problems import (
     secs,
     short_path,
 )
-from distdoctor.logs.signals import CAUSE, TIMEOUT, VICTIM, Family, after_first, rule
+from distdoctor.logs.signals import CAUSE, TIMEOUT, VICTIM, Family, rule, then
 
 NAME = "gloo"
 
@@ -27,10 +27,10 @@ RULES = (
          r"Timed out waiting (?P<timeout_ms>\d+)ms for (?P<op>\w+) operation",
          ints=("timeout_ms",)),
     rule("gloo_peer_gone", NAME, VICTIM,
-         after_first(r"gloo|pair\.cc|Read error|Write error") + r".*?(?:Connection closed by "
+         then(r"gloo|pair\.cc|Read error|Write error") + r"(?:Connection closed by "
          r"peer|Connection reset by peer|Broken pipe)(?: \[?(?P<peer>[\w.:\[\]-]+)\]?)?"),
     rule("gloo_connect", NAME, CAUSE,
-         after_first(r"[Gg]loo|connectFullMesh") + r".*?(?:Connection refused|Connect timeout|"
+         then(r"[Gg]loo|connectFullMesh") + r"(?:Connection refused|Connect timeout|"
          r"getaddrinfo|No route to host|connectFullMesh failed)"),
     rule("gloo_connect", NAME, CAUSE,
          r"Unable to resolve hostname to a \(local\) address"),

@@ -20,8 +20,8 @@ from distdoctor.logs.signals import (
     TEARDOWN,
     Family,
     Signal,
-    after_first,
     rule,
+    short_of,
 )
 
 NAME = "launcher"
@@ -46,8 +46,8 @@ RULES = (
     # spawn loop left behind, the LAST spawned local rank's, not the failing one's; only the
     # return code is the failing process's. local_rank=0 there means one process was spawned.
     rule("rank_failed", NAME, EXIT,
-         after_first(r"--local_rank=(?=\d)") + r"(?P<last_spawned>)(?P<local_rank>\d+)(?!\d).*?exits "
-         r"with return code = (?P<exit_code>-?\d+)",
+         r"(?P<last_spawned>)--local_rank=(?P<local_rank>\d+)(?!\d)" + short_of("--local_rank=")
+         + r"exits with return code = (?P<exit_code>-?\d+)",
          ints=("local_rank", "exit_code")),
     # DeepSpeed's launch.py when it does not list the command (newer versions, or a cut
     # line): which rank is not said

@@ -26,8 +26,8 @@ from distdoctor.logs.signals import (
     VICTIM,
     Family,
     Signal,
-    after_first,
     rule,
+    then,
 )
 
 NAME = "nccl"
@@ -62,7 +62,7 @@ RULES = (
          ints=("seq", "enqueued", "completed")),
     rule("heartbeat_timeout", NAME, TIMEOUT,
          r"Heartbeat monitor timed out|watchdog (?:thread )?(?:got stuck|hang) for "
-         r"(?P<secs>\d+) seconds|" + after_first(r"[Ww]atchdog thread ") + r".*?(?:stuck|hang)",
+         r"(?P<secs>\d+) seconds|" + then(r"[Ww]atchdog thread ") + r"(?:stuck|hang)",
          ints=("secs",)),
     rule("progress", NAME, CONTEXT,
          r"[Ll]ast enqueued (?:NCCL )?work: (?P<enqueued>-?\d+), last completed (?:NCCL )?"
@@ -79,11 +79,11 @@ RULES = (
          r"(?P<size2>\d+) bytes|shm_open|unable to allocate shared memory|"
          r"posix_fallocate failed)"),
     rule("ib", NAME, CAUSE,
-         after_first(r"NET/IB ?:") + r".*?(?:Got completion from peer (?P<peer>\S+) with "
+         then(r"NET/IB ?:") + r"(?:Got completion from peer (?P<peer>\S+) with "
          r"(?:error|status=?) ?(?P<status>\d+)|ibv_\w{1,64} failed|failed)|"
          r"Call to ibv_\w{1,64} failed|[Ii]b(?:v)?_reg_mr failed|IBV_WC_\w{1,64}ERR"),
     rule("socket", NAME, CAUSE,
-         after_first(r"NET/Socket|Bootstrap|bootstrap|socket") + r".*?(?:no socket interface "
+         then(r"NET/Socket|Bootstrap|bootstrap|socket") + r"(?:no socket interface "
          r"found|No usable listening interface|[Cc]onnect(?:ion)? to \S+ failed|"
          r"Connection refused|Connection timed out|socketStartConnect|unexpected EOF|"
          r"[Tt]imeout|failed to connect)"),
@@ -103,7 +103,7 @@ RULES = (
          r"(?:Broken pipe|Connection reset by peer)"),
     rule("remote_error", NAME, VICTIM,
          r"ncclRemoteError|remote process exited|[Rr]emote error|"
-         + after_first("NCCL error") + ".*?remote process"),
+         + then("NCCL error") + "remote process"),
     rule("system_error", NAME, CAUSE, r"unhandled system error|ncclSystemError"),
     # graph/topo.cc, misc/utils.cc: the PCI tree under /sys could not be read (a container's
     # /sys, a VM): fatal only when NCCL's error climbs back from it (the "-> N" lines)

@@ -10,7 +10,7 @@ from distdoctor.logs import remedies as R
 from distdoctor.logs.bounds import small_int
 from distdoctor.logs.lines import LogLine
 from distdoctor.logs.problems import Problem, on
-from distdoctor.logs.signals import CAUSE, Family, Signal, after_first, rule
+from distdoctor.logs.signals import CAUSE, Family, Signal, rule, then
 
 NAME = "oom"
 
@@ -37,10 +37,10 @@ RULES = (
          ints=("pid",)),
     # a DataLoader worker's SIGBUS: /dev/shm (Docker's default 64 MB) is full
     rule("shm_bus_error", NAME, CAUSE,
-         after_first(r"[Bb]us error") + r".*?insufficient shared memory|"
+         then(r"[Bb]us error") + r"insufficient shared memory|"
          r"insufficient shared memory \(shm\)"),
     rule("host_alloc_failed", NAME, CAUSE,
-         after_first(r"DefaultCPUAllocator: (?:can't|not enough memory)") + r".*?(?:allocate|alloc) "
+         then(r"DefaultCPUAllocator: (?:can't|not enough memory)") + r"(?:allocate|alloc) "
          r"(?P<requested>\d+) bytes", ints=("requested",)),
 )
 

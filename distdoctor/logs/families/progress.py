@@ -15,8 +15,8 @@ from distdoctor.logs.signals import Family, Signal
 NAME = "progress"
 # (a bar's percentage starts where digits start, and its bar runs to the next "|": tqdm
 # draws none inside it)
-_PROGRESS = re.compile(r"(?<!\d)\d{1,3}%\|[^|]*\|\s*\d+/\d+|\b(?:Running tokenizer|Tokeniz|Map(?: \(num_proc="
-                       r"\d+\))?:|Filter|Generating \w+ split|Loading checkpoint shards|"
+_PROGRESS = re.compile(r"(?<!\d)\d{1,3}%\|[^|]*\|\s*\d+/\d+|"
+                       r"\b(?:Running tokenizer|Tokeniz|Map(?: \(num_proc=\d+\))?:|Filter|Generating \w+ split|Loading checkpoint shards|"
                        r"Preprocessing)", re.I)
 MAX_PROCESSES = 100_000
 KEEP = 32  # recent progress lines per process: enough to tell a bar that moved from a redraw

@@ -26,8 +26,8 @@ _DIFFERENT = re.compile(r"Communicator ranks have different (?P<op>\w+) operatio
 _GROUP = re.compile(r"^\s*(?P<n>\d{1,18}) ranks have (?:launched up to operation "
                     r"(?P<count>\d{1,18})|(?P<none>not launched any operations))")
 _RANK = re.compile(r"^\s*Rank (?P<rank>\d{1,18}) (?:has (?:launched up to operation "
-                   r"(?P<count>\d{1,18})|(?P<none>not launched any operations)) )?-- (?:GPU (?P<gpu>\S+) managed by "
-                   r"process (?P<pid>\d+) on node (?P<host>\S+)|\[process information)")
+                   r"(?P<count>\d{1,18})|(?P<none>not launched any operations)) )?-- "
+                   r"(?:GPU (?P<gpu>\S+) managed by process (?P<pid>\d+) on node (?P<host>\S+)|\[process information)")
 _DEAD = re.compile(r"(?<!\d)(?P<n>\d{1,18}) job process(?:es are| is) considered dead")
 _DEAD_PROC = re.compile(r"^\s*Process (?P<pid>\d+) on node (?P<host>\S+) managing GPUs? "
                         r"(?P<gpu>\S+)")

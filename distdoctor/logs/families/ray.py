@@ -22,15 +22,18 @@ from distdoctor.findings import Finding
 from distdoctor.logs.bounds import small_int
 from distdoctor.logs.lines import LogLine
 from distdoctor.logs.problems import Problem, clip, plural, ranks_text
-from distdoctor.logs.signals import CAUSE, CONTEXT, Family, Signal, after_first
+from distdoctor.logs.signals import CAUSE, CONTEXT, Family, Signal, short_of
 
 NAME = "ray"
 
+# (each field looked for up to the next report's head only: searched to the line's end from
+# every head, a line of heads repeated cost its square)
+_DIED = r"A worker died or was killed while executing a task by an unexpected system error"
 _WORKER_DIED = re.compile(
-    after_first(r"A worker died or was killed while executing a task by an unexpected system "
-                r"error") + r"(?:.*?Worker IP address: (?P<ip>\S+))?(?:.*?Worker PID: (?P<pid>\d+))?"
-    r"(?:.*?Worker exit type: (?P<exit_type>\w+))?(?:.*?Worker exit detail: (?P<detail>.*?)"
-    r"(?= Some common causes| There are some potential root causes|$))?")
+    _DIED + rf"(?:{short_of(_DIED)}Worker IP address: (?P<ip>\S+))?(?:{short_of(_DIED)}Worker "
+    rf"PID: (?P<pid>\d+))?(?:{short_of(_DIED)}Worker exit type: (?P<exit_type>\w+))?"
+    rf"(?:{short_of(_DIED)}Worker exit detail: (?P<detail>{short_of(_DIED)})"
+    r"(?= Some common causes| There are some potential root causes|$|" + _DIED + "))?")
 _ACTOR_DIED = re.compile(r"(?P<exception>(?:ray\.exceptions\.)?(?:ActorDiedError|RayActorError|"
                          r"ActorUnavailableError))(?:\(\w*\))?: (?P<message>The actor died.*|"
                          r"The actor is (?:dead|temporarily unavailable).*)$")
@@ -39,12 +42,12 @@ _EXIT_DETAIL = re.compile(r"Worker exit type: (?P<exit_type>\w+)(?: Worker exit 
                           r"common causes|$)")
 _ACTOR_FIELD = re.compile(r"^\s*(?P<key>class_name|pid|ip|actor_id|name): (?P<v>\S+)")
 # (no two runs next to each other take the same characters: linear)
-_MEMORY = re.compile(after_first(r"Memory on the node \(IP: ") + r"(?P<ip>[\w.:-]+)"
-                     r"(?:[^)\w.:-][^)]*)?\) where the (?:task|actor) \([^)]{0,400}?"
+_MEMORY = re.compile(r"Memory on the node \(IP: (?P<ip>[\w.:-]{1,200})"
+                     r"(?:[^)\w.:-][^)]{0,400})?\) where the (?:task|actor) \([^)]{0,400}?"
                      r"pid=(?P<pid>\d+)[^)]{0,400}\) was running was (?P<used>[\d.]+[A-Za-z]*) / "
                      r"(?P<total>[\d.]+[A-Za-z]*)")
-_TASK_PID = re.compile(after_first("RayTaskError") + r"(?:\((?P<inner>\w+)\))?: .*?\(pid="
-                       r"(?P<pid>\d+), ip=(?P<ip>[\w.:-]+)")
+_TASK_PID = re.compile(r"RayTaskError(?:\((?P<inner>\w+)\))?: " + short_of("RayTaskError")
+                       + r"\(pid=(?P<pid>\d+), ip=(?P<ip>[\w.:-]+)")
 # which rank a Ray worker is
 _TABLE = re.compile(r"pid=(?P<pid>\d+)\) world_rank=(?P<rank>\d+)")
 _SAYS_RANK = re.compile(r"\[rank=(?P<rank>\d+), world_size=\d+\]|\brank (?P<r2>\d+) of \d+\b|"

@@ -26,7 +26,7 @@ from distdoctor.logs import remedies as R
 from distdoctor.logs.bounds import small_int
 from distdoctor.logs.lines import LogLine
 from distdoctor.logs.problems import Problem, clip, plural, ranks_text
-from distdoctor.logs.signals import CAUSE, Family, Signal, after_first
+from distdoctor.logs.signals import CAUSE, Family, Signal, then
 
 NAME = "stall"
 
@@ -39,7 +39,7 @@ _BARRIER_WAIT = re.compile(
 _BARRIER_DONE = re.compile(r"(?:Completed store-based barrier|Timed out initializing process "
                            r"group in store based barrier on rank:? \d+,) for key: ?(?P<key>[^\s,]+)")
 _WAIT_INPUT = re.compile(
-    after_first("waitForInput: socket ") + r".*?remote=\[?(?P<host>[^\]\s,)]+)\]?:(?P<port>\d+)\)? timed out "
+    then("waitForInput: socket ") + r"remote=\[?(?P<host>[^\]\s,)]+)\]?:(?P<port>\d+)\)? timed out "
     r"after (?P<ms>\d+)ms")
 # the error a timed-out store read raises next, when the log shows it (store.py reads it)
 _STORE_ERROR = re.compile(r"DistStoreError|DistNetworkError|[Ww]ait timeout|Socket Timeout|"

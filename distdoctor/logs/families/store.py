@@ -24,8 +24,9 @@ from distdoctor.logs.signals import (
     VICTIM,
     Family,
     Signal,
-    after_first,
     rule,
+    short_of,
+    then,
 )
 
 NAME = "store"
@@ -36,16 +37,16 @@ RULES = (
     # (the port and its EADDRINUSE a few words apart: a port followed by no EADDRINUSE would
     # otherwise send a scan to the line's end from each "port:")
     rule("port_in_use", NAME, CAUSE,
-         after_first(r"server socket has failed to (?:listen|bind)|failed to bind") + r".*?"
+         then(r"server socket has failed to (?:listen|bind)|failed to bind") + r""
          r"(?:port: (?P<port>\d+).{0,400}?EADDRINUSE|:(?P<port2>\d+) \(errno: 98|"
          r"(?:EADDRINUSE|[Aa]ddress already in use))", ints=("port", "port2")),
     rule("port_in_use", NAME, CAUSE,
-         after_first("EADDRINUSE") + r".*?port[: ]+(?P<port>\d+)|"
-         + after_first("[Aa]ddress already in use") + r".*?port[: ]+(?P<port2>\d+)",
+         then("EADDRINUSE") + r"port[: ]+(?P<port>\d+)|"
+         + then("[Aa]ddress already in use") + r"port[: ]+(?P<port2>\d+)",
          ints=("port", "port2")),
     # the bind failed on an address this host does not have (MASTER_ADDR of another host)
     rule("listen_addr", NAME, CAUSE,
-         after_first(r"server socket has failed to (?:listen|bind)") + r".*?(?:EADDRNOTAVAIL|"
+         then(r"server socket has failed to (?:listen|bind)") + r"(?:EADDRNOTAVAIL|"
          r"errno: 99|[Cc]annot assign requested address)"),
     # the store gave up listening (its errno may be on other lines, or cut off)
     rule("port_in_use", NAME, CAUSE,
@@ -75,8 +76,8 @@ RULES = (
     # ProcessGroupNCCL: "[1] is setting up NCCL communicator and retrieving ncclUniqueId from
     # [0] via c10d key-value store by key '0', but store->get('0') got error: Socket Timeout"
     rule("unique_id_timeout", NAME, TIMEOUT,
-         after_first(r"retrieving ncclUniqueId from \[(?=\d+\])") + r"(?P<owner>\d+)\].*?"
-         r"got error(?:: (?P<error>.*))?",
+         r"retrieving ncclUniqueId from \[(?P<owner>\d+)\]" + short_of("retrieving ncclUniqueId")
+         + r"got error(?:: (?P<error>.*))?",
          ints=("owner",)),
     rule("key_timeout", NAME, TIMEOUT,
          r"wait timeout after (?P<ms>\d+)ms(?:, keys: (?P<keys>.*))?", ints=("ms",)),
@@ -89,7 +90,7 @@ RULES = (
          r"(?:Socket Timeout|[Tt]imeout waiting for key|timed out waiting for key)"
          r"(?:.*?key[s]?[: ]+(?P<keys>\S+))?"),
     rule("store_gone", NAME, VICTIM,
-         after_first(r"TCPStore|DistStoreError|DistNetworkError|c10d") + r".*?(?:failed to "
+         then(r"TCPStore|DistStoreError|DistNetworkError|c10d") + r"(?:failed to "
          r"recv, got 0 bytes|Connection reset by peer|Broken pipe|Connection closed by peer)"),
 )
 
