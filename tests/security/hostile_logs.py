@@ -16,12 +16,17 @@ from __future__ import annotations
 import importlib
 import pkgutil
 import re
-import re._constants as C  # noqa: N812 (the stdlib's own name for it)
-import re._parser as P  # noqa: N812
 import sys
 import time
 from itertools import islice, product
 from pathlib import Path
+
+try:  # the stdlib's own regex parser (re._parser since 3.11, sre_parse before)
+    import re._constants as C  # noqa: N812
+    import re._parser as P  # noqa: N812
+except ImportError:  # Python 3.10
+    import sre_constants as C  # noqa: N812
+    import sre_parse as P  # noqa: N812
 
 # characters a long run is made of: each class a pattern repeats has one of them
 RUNS = "7 a:.-/()[]=,'\"A_x\t#|<>"
