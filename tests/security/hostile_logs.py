@@ -28,6 +28,10 @@ except ImportError:  # Python 3.10
     import sre_constants as C  # noqa: N812
     import sre_parse as P  # noqa: N812
 
+# (possessive repeats and atomic groups are 3.11's; None never is an op)
+_REPEATS = (C.MAX_REPEAT, C.MIN_REPEAT, getattr(C, "POSSESSIVE_REPEAT", None))
+_ATOMIC = getattr(C, "ATOMIC_GROUP", None)
+
 # characters a long run is made of: each class a pattern repeats has one of them
 RUNS = "7 a:.-/()[]=,'\"A_x\t#|<>"
 # what follows a piece when it is repeated
@@ -119,7 +123,7 @@ def _one_char(op, av) -> str:
 def _run_chars(seq, out: set) -> set:
     """Characters an unbounded repeat of the parsed sequence takes (a few per class)."""
     for op, av in seq:
-        if op in (C.MAX_REPEAT, C.MIN_REPEAT, C.POSSESSIVE_REPEAT):
+        if op in _REPEATS:
             lo, hi, item = av
             if hi is C.MAXREPEAT or hi > 64:
                 for iop, iav in item:
@@ -130,7 +134,7 @@ def _run_chars(seq, out: set) -> set:
             _run_chars(item, out)
         elif op is C.SUBPATTERN:
             _run_chars(av[3], out)
-        elif op is C.ATOMIC_GROUP:
+        elif op is _ATOMIC:
             _run_chars(av, out)
         elif op is C.BRANCH:
             for b in av[1]:
@@ -148,7 +152,7 @@ def _render(seq, once: bool) -> list[str]:
     for op, av in seq:
         if op in (C.LITERAL, C.NOT_LITERAL, C.ANY, C.IN, C.CATEGORY):
             parts = [_one_char(op, av)]
-        elif op in (C.MAX_REPEAT, C.MIN_REPEAT, C.POSSESSIVE_REPEAT):
+        elif op in _REPEATS:
             lo, hi, item = av
             body = _render(item, once)
             unbounded = hi is C.MAXREPEAT or hi > 64
@@ -158,7 +162,7 @@ def _render(seq, once: bool) -> list[str]:
                 parts.append("")
         elif op is C.SUBPATTERN:
             parts = _render(av[3], once)
-        elif op is C.ATOMIC_GROUP:
+        elif op is _ATOMIC:
             parts = _render(av, once)
         elif op is C.BRANCH:
             parts = [r for b in av[1] for r in _render(b, once)]
