@@ -9,7 +9,7 @@ import json
 import os
 import socket
 
-from distdoctor.diagnosis import live as live_mod
+from distdoctor.diagnosis import live_ranks
 from distdoctor.diagnosis.live import LiveDiagnosis
 from distdoctor.runlog import format as F
 from distdoctor.runlog.pace import SLOW_S
@@ -36,7 +36,7 @@ class _Counted:
     def __init__(self, live: LiveDiagnosis, monkeypatch):
         self.ticks = self.pid_reads = 0
         engine = live.engine
-        tick, pid_alive = engine.tick, live_mod.pid_alive
+        tick, pid_alive = engine.tick, live_ranks.pid_alive
 
         def counted_tick(*a, **k):
             self.ticks += 1
@@ -47,7 +47,7 @@ class _Counted:
             return pid_alive(pid)
 
         monkeypatch.setattr(engine, "tick", counted_tick)
-        monkeypatch.setattr(live_mod, "pid_alive", counted_pid_alive)
+        monkeypatch.setattr(live_ranks, "pid_alive", counted_pid_alive)
 
 
 def test_an_idle_job_costs_a_header_read_per_pass_and_checks_liveness_on_its_own_clock(
