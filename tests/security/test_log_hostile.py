@@ -23,6 +23,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import run_cli
+from tests.peak_memory import run_measured
 
 ROOT = Path(__file__).resolve().parents[2]
 FIXTURES = ROOT / "tests" / "fixtures" / "logs"
@@ -200,38 +201,12 @@ def test_a_log_naming_400000_ranks_tracks_the_first_131072(tmp_path):
     with open(log, "w") as fh:
         for r in range(400_000):
             fh.write(f"[rank{r}]: step 1 loss 2.0\n")
-    out, err, peak = tmp_path / "out.json", tmp_path / "err.txt", tmp_path / "peak"
-    # the peak is read by the child itself (VmHWM, its own address space): wait4's
-    # ru_maxrss also counts the pages of the forking parent, pytest, before the exec
-    cmd = [sys.executable, "-c", _PEAK_OF_DIAGNOSE, str(peak), "diagnose", "--json",
-           "--log", str(log)]
-    with open(out, "w") as fo, open(err, "w") as fe:
-        proc = subprocess.Popen(cmd, stdout=fo, stderr=fe, stdin=subprocess.DEVNULL, cwd=ROOT)
-    try:
-        code = proc.wait(timeout=240)
-    finally:
-        proc.kill()
-    assert code in (0, 1), err.read_text()[-2000:]
-    notes = " ".join(json.loads(out.read_text())["notes"])
+    run = run_measured(["diagnose", "--json", "--log", str(log)], tmp_path, timeout_s=240)
+    assert run.code in (0, 1), run.err[-2000:]
+    notes = " ".join(json.loads(run.out)["notes"])
     assert "131,072 ranks" in notes.replace("131072", "131,072"), notes
     assert "past 131,072 processes, 268,928 lines of the others counted" in notes, notes
-    peak_mb = int(peak.read_text()) / 1024
-    assert peak_mb < 400, f"{peak_mb:.0f} MB"
-
-
-# `distdoctor ARGS...` run in this process, its peak resident memory (kB) written to argv[1]
-_PEAK_OF_DIAGNOSE = """
-import atexit, re, runpy, sys
-peak_path = sys.argv.pop(1)
-def _peak():
-    with open("/proc/self/status") as fh:
-        kb = re.search(r"VmHWM:\\s*(\\d+)", fh.read()).group(1)
-    with open(peak_path, "w") as fh:
-        fh.write(kb)
-atexit.register(_peak)
-sys.argv[0] = "distdoctor"
-runpy.run_module("distdoctor", run_name="__main__", alter_sys=True)
-"""
+    assert run.peak_mb < 400, f"{run.peak_mb:.0f} MB"
 
 
 # --- .gz cut short or corrupt, UTF-16 -------------------------------------------------------

@@ -13,14 +13,13 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import os
 import subprocess
 import sys
-import threading
-import time
 from pathlib import Path
 
 import pytest
+
+from tests.peak_memory import run_measured
 
 ROOT = Path(__file__).resolve().parents[2]
 BENCH = ROOT / "benchmarks" / "log_scale.py"
@@ -85,30 +84,11 @@ def test_a_log_naming_sixty_thousand_ranks_names_the_one_that_never_arrived(tmp_
     (and the init lines, evidence only, must not crowd the timeouts out)."""
     log = tmp_path / "job.log"
     log_scale.write_log(str(log), RANKS, nccl_info=True)
-    out, took, rss_mb = _diagnose_json(log, timeout_s=150)
-    hangs = [f for f in out["findings"] if f["kind"] == "hang"]
-    assert hangs and hangs[0]["ranks"] == [7], out["findings"]
-    assert took < 60, f"{took:.0f} s for {RANKS:,} ranks"
+    run = run_measured(["diagnose", "--json", "--log", str(log)], tmp_path, timeout_s=150)
+    assert run.code in (0, 1) and "Traceback" not in run.err, run.err[-2000:]
+    hangs = [f for f in json.loads(run.out)["findings"] if f["kind"] == "hang"]
+    assert hangs and hangs[0]["ranks"] == [7], run.out[-3000:]
+    assert run.took_s < 60, f"{run.took_s:.0f} s for {RANKS:,} ranks"
     # ~390-420 MB measured (the old code: 1.41 GB at 10^6); the bound leaves room for the
     # allocator's and the collector's timing, not for a growth per rank
-    assert rss_mb < 512, f"{rss_mb:.0f} MB for {RANKS:,} ranks"
-
-
-def _diagnose_json(log: Path, timeout_s: float) -> tuple[dict, float, float]:
-    """`diagnose --json --log LOG`: its answer, wall seconds and its own peak RSS (MB)."""
-    cmd = [sys.executable, "-m", "distdoctor", "diagnose", "--json", "--log", str(log)]
-    out, err = log.with_suffix(".out"), log.with_suffix(".err")
-    start = time.monotonic()
-    with open(out, "w") as fo, open(err, "w") as fe:
-        proc = subprocess.Popen(cmd, stdout=fo, stderr=fe, stdin=subprocess.DEVNULL)
-    killer = threading.Timer(timeout_s, proc.kill)
-    killer.start()
-    try:
-        _, status, usage = os.wait4(proc.pid, 0)  # this child's own rusage, not the max of all
-    finally:
-        killer.cancel()
-    proc.returncode = os.waitstatus_to_exitcode(status)
-    took = time.monotonic() - start
-    assert took < timeout_s, f"diagnose --log: stopped after {timeout_s} s"
-    assert "Traceback" not in err.read_text(), err.read_text()[-2000:]
-    return json.loads(out.read_text()), took, usage.ru_maxrss / 1000
+    assert run.peak_mb < 512, f"{run.peak_mb:.0f} MB for {RANKS:,} ranks"
