@@ -3,8 +3,16 @@
 `dump_stacks` runs `py-spy dump --pid` for every rank at once, within a deadline. Where py-spy
 cannot attach (not installed, no ptrace permission, a container without CAP_SYS_PTRACE), it
 falls back to an in-process dump: a rank that called `install_stack_dump_handler(path)` at
-start-up has faulthandler write all its threads' stacks to `path` on SIGUSR2; `dump_stacks`
-sends the signal and reads what was appended. `StackDump.method` says which way was used.
+start-up has faulthandler write its main thread's stack to `path` on SIGUSR2; `dump_stacks`
+sends the signal to that thread and reads what was appended. `StackDump.method` says which
+way was used.
+
+The main thread only: faulthandler dumps from inside the signal handler, without the GIL,
+and walking the frames of a thread that runs meanwhile (the tracer's sampler, a job's data
+thread, while the main thread waits in a collective with the GIL released) reads frames as
+they are freed: a job under distdoctor died of SIGSEGV in a dump, and a process with two
+threads making deep calls died after 4 and 7 signals (the current thread alone: alive
+after 1,700). The handler runs on the thread it dumps, which is stopped while it does.
 
 The registry of dump files lives in a per-user dir under the shared temp dir, made and read
 through distdoctor/privatefiles.py: a dir another user made (or a link, or one others can
@@ -20,6 +28,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import ctypes
 import faulthandler
 import fcntl
 import json
@@ -157,8 +166,9 @@ def _register(path: str, signum: int) -> int:
         high = fd
     else:
         os.close(fd)
-    # chain=False: chaining to the default action would terminate the rank.
-    faulthandler.register(signum, file=high, all_threads=True, chain=False)
+    # chain=False: chaining to the default action would terminate the rank; all_threads
+    # would walk threads that run meanwhile (the module's docstring)
+    faulthandler.register(signum, file=high, all_threads=False, chain=False)
     st = os.fstat(high)
     _handler["identity"] = (st.st_dev, st.st_ino)
     return high
@@ -248,6 +258,26 @@ def _read_from(path: str, start: int) -> str:
 DUMP_READ_BYTES = 4 << 20  # a dump's text (a few KB a thread)
 
 
+def _tgkill():
+    """glibc's tgkill (2.30 on), or None."""
+    try:
+        return ctypes.CDLL(None, use_errno=True).tgkill
+    except (OSError, AttributeError):
+        return None
+
+
+def _signal_main_thread(pid: int, signum: int) -> None:
+    """`signum` to the process's main thread (whose thread id is the pid), not to whichever
+    thread the kernel picks: the dump is of the thread the handler runs on."""
+    tgkill = _tgkill()
+    if tgkill is None:
+        os.kill(pid, signum)  # the kernel mostly picks the main thread too
+        return
+    if tgkill(pid, pid, signum) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, os.strerror(err))
+
+
 def _signal_dumps(pids: dict[int, int], why: dict[int, str],
                   deadline: float) -> dict[int, StackDump]:
     out: dict[int, StackDump] = {}
@@ -261,7 +291,7 @@ def _signal_dumps(pids: dict[int, int], why: dict[int, str],
             continue
         start = _size(entry["path"])
         try:
-            os.kill(pid, signum)
+            _signal_main_thread(pid, signum)
         except OSError as e:
             out[rank] = StackDump("", UNAVAILABLE, f"{why[rank]}; signal failed: {e}")
             continue
@@ -278,7 +308,7 @@ def _signal_dumps(pids: dict[int, int], why: dict[int, str],
                 entry = _registered(pids[rank])
                 if _size(path) == start and entry:
                     with contextlib.suppress(OSError):
-                        os.kill(pids[rank], int(entry["signal"]))
+                        _signal_main_thread(pids[rank], int(entry["signal"]))
         for rank, (path, start) in list(waiting.items()):
             size, now = _size(path), time.monotonic()
             prev = last_sizes.get(rank)

@@ -17,12 +17,23 @@ from distdoctor.probes.host import HostProbe, process_alive
 from distdoctor.probes.stacks import dump_stacks, find_py_spy, install_stack_dump_handler
 
 STUCK = """
-import signal, sys, time
+import signal, sys, threading, time
 from distdoctor.probes.stacks import install_stack_dump_handler
 mode = sys.argv[1]
 if mode == "own-handler":
     signal.signal(signal.SIGUSR2, lambda *a: print("user handler ran", flush=True))
 ok = install_stack_dump_handler(sys.argv[2]) if mode != "no-handler" else False
+
+def churn(n):  # deep calls: frames made and freed all the time
+    return 0 if n == 0 else churn(n - 1) + 1
+
+def churning():
+    while True:
+        churn(800)
+
+if mode == "churning":  # threads that run while the main thread waits with the GIL released
+    for _ in range(2):
+        threading.Thread(target=churning, daemon=True).start()
 
 def stuck_in_compute():
     print("ready", ok, flush=True)  # inside: a dump from now on shows this function
@@ -102,6 +113,21 @@ def test_signal_fallback_when_py_spy_cannot_be_used(tmp_path):
             assert "stuck_in_compute" in d.text and 'stuck.py"' in d.text
             assert d.text.count("stuck_in_compute") == 1  # only the new dump, not the old
         assert proc.poll() is None  # the rank runs on
+
+
+@pytest.mark.timeout(120)
+def test_dumps_while_other_threads_run_never_crash_the_rank(tmp_path):
+    """faulthandler dumped every thread from inside the signal handler, walking the frames
+    of threads that ran meanwhile: with two threads making deep calls the rank died of
+    SIGSEGV within a few dumps (as a job under distdoctor did once, its sampler thread
+    running). The main thread's stack alone, dumped on that thread."""
+    with child(tmp_path, "churning") as proc:
+        assert proc.ready_line == "ready True"
+        for i in range(20):
+            d = dump_stacks({0: proc.pid}, timeout_s=20, use_py_spy=False)[0]
+            assert proc.poll() is None, f"the rank died ({proc.returncode}) at dump {i}"
+            assert d.method == "signal", (i, d.error)
+            assert "stuck_in_compute" in d.text and "churn" not in d.text, d.text
 
 
 def test_no_handler_no_py_spy_is_unavailable_and_never_signals(tmp_path):

@@ -11,7 +11,7 @@ from dataclasses import replace
 from itertools import islice
 
 from distdoctor.diagnosis.hangs.progress import LONG_WAIT_MIN_S, Progress, Verdict
-from distdoctor.diagnosis.hangs.stackframes import user_frame
+from distdoctor.diagnosis.hangs.stackframes import is_main_head, user_frame
 from distdoctor.diagnosis.hangs.waits import completed_wait
 from distdoctor.diagnosis.rendezvous import Rendezvous
 from distdoctor.findings import Finding
@@ -197,8 +197,7 @@ class WaitJudge:
 def _main_frames(text: str, depth: int = 6) -> list[str]:
     """The main thread's innermost frames in a stack dump (py-spy's or faulthandler's)."""
     lines = text.splitlines()
-    start = next((i for i, line in enumerate(lines)
-                  if "MainThread" in line or line.startswith("Current thread")), None)
+    start = next((i for i, line in enumerate(lines) if is_main_head(line)), None)
     if start is None:
         return lines[:depth + 2]
     out = []

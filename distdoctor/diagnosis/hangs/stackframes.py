@@ -9,7 +9,9 @@ import re
 _PYSPY = re.compile(r"^\s+(?P<function>\S.*?) \((?P<file>.+):(?P<line>\d+)\)\s*$")
 # faulthandler:  '  File "/abs/faults.py", line 220 in hang_in_compute'
 _FAULT = re.compile(r'^\s+File "(?P<file>.+)", line (?P<line>\d+) in (?P<function>.+?)\s*$')
-_THREAD = re.compile(r"^(Thread|Current thread) ")
+# a thread's head; "Stack (most recent call first):" heads a dump of the current thread
+# alone (distdoctor's own signal-triggered dump: the main thread's)
+_THREAD = re.compile(r"^(Thread|Current thread|Stack) ")
 # Not the user's code: installed packages, the standard library, torch and distdoctor.
 # Paths come absolute (faulthandler, Flight Recorder) or package-relative (py-spy:
 # "torch/distributed/distributed_c10d.py"), so packages match either way.
@@ -46,10 +48,16 @@ def threads(text: str) -> list[tuple[str, list[dict]]]:
     return out
 
 
+def is_main_head(line: str) -> bool:
+    """Whether a thread's head line is the main thread's (py-spy names it; faulthandler
+    says which thread it ran on, which for distdoctor's dump is the main thread)."""
+    return "MainThread" in line or line.startswith(("Current thread", "Stack (most recent"))
+
+
 def user_frame(text: str) -> dict | None:
     """The innermost user-code frame of the main thread (else of any thread)."""
     ts = threads(text)
-    ts.sort(key=lambda t: 0 if ("MainThread" in t[0] or t[0].startswith("Current")) else 1)
+    ts.sort(key=lambda t: 0 if is_main_head(t[0]) else 1)
     for _, frames in ts:
         for frame in frames:
             if not is_library(frame["file"]):
