@@ -26,6 +26,7 @@ from __future__ import annotations
 import os
 import threading
 import time
+import weakref
 
 from distdoctor.runlog import format as F
 
@@ -89,8 +90,11 @@ class PendingCompletions:
         self._parked = False  # the sweeper waits for an add
         self._thread: threading.Thread | None = None
         # a forked child (a data-loader worker) has no sweeper, and the lock may have been
-        # held by it at the fork: the child starts empty
-        os.register_at_fork(after_in_child=self._forget)
+        # held by it at the fork: the child starts empty. Through a weak reference: a
+        # hook is never unregistered, and it must not keep an old incarnation's recorder
+        # (its log, its sites) alive for the process's life.
+        me = weakref.ref(self)
+        os.register_at_fork(after_in_child=lambda: (p := me()) is not None and p._forget())
 
     def _forget(self) -> None:
         self._pending, self._cv, self._thread = [], threading.Condition(), None

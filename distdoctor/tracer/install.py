@@ -11,6 +11,7 @@ whose `sitecustomize` calls `install_import_hook()` in every Python process it s
 
 from __future__ import annotations
 
+import atexit
 import importlib.abc
 import importlib.util
 import os
@@ -143,13 +144,30 @@ def _traced(c10d, backend: str) -> bool:
 def _start_session(pg, backend: str, store) -> None:
     try:
         if state.recorder is not None:
-            state.recorder.retire()
-            state.recorder = None
+            old, state.recorder = state.recorder, None
+            old.retire()
+            _let_go(old)
         rank, world = pg.rank(), pg.size()
         run_dir = _config["run_dir"] = _agree_run_dir(rank, store)  # kept for a re-init
         _open_recorder(run_dir, rank, world, backend, launch_identity(store, world), pg)
     except Exception as exc:
         print(f"distdoctor: tracing disabled on this rank: {exc!r}", file=sys.stderr)
+
+
+def _let_go(rec) -> None:
+    """A retired log's incarnation is over: what it holds is given back, or a script that
+    makes its default group again and again (a test suite, a sweep, a notebook) runs out
+    of descriptors and threads (7 descriptors and a thread kept per group made). The C
+    path's last waited work holds its group's gloo context (a socket, an epoll, a pipe
+    pair, a thread); the log, its map and two descriptors; the exit hook, the recorder.
+    While an op's done-callback may still write to the log, the log stays, until exit."""
+    for name in ("begin", "end", "_core"):
+        rec.__dict__.pop(name, None)
+    rec._pending.close()
+    if rec._callbacks_alive:
+        return
+    atexit.unregister(rec.close)
+    rec.ring.close()
 
 
 def launch_identity(store, world: int) -> dict:

@@ -178,21 +178,25 @@ class Sampler:
         # the C path of a traced method has no frame to find: it says so itself
         self._in_op = getattr(native_module(), "main_in_op", None) or (lambda: False)
         self._main = threading.main_thread().ident
-        self._schedstat = _open_schedstat(threading.main_thread().native_id)
+        self._schedstat, *self._schedstat_fd = _open_schedstat(
+            threading.main_thread().native_id)
         self._runq_ns = self._run_delay_ns()  # at the last sample recorded
         threading.Thread(target=self._loop, name="distdoctor-sampler", daemon=True).start()
 
     def _loop(self) -> None:
         stop = self.rec._stop
-        while not stop.wait(self.period):
-            if state.recorder is not self.rec:
-                continue  # switched off (benchmarks do): look at nothing
-            try:
+        try:
+            while not stop.wait(self.period):
+                if state.recorder is not self.rec:
+                    continue  # switched off (benchmarks do): look at nothing
                 if not self.rec.ring.intact():
                     return  # the job truncated or removed its log: write nothing more
                 self.sample()
-            except Exception:
-                return
+        except Exception:
+            return
+        finally:  # a rank that makes its group again starts a sampler each time
+            self._schedstat = None
+            _close_if_ours(*self._schedstat_fd)
 
     def sample(self) -> None:
         if self._in_op():
@@ -223,15 +227,18 @@ class Sampler:
             return 0
 
 
-def _open_schedstat(tid: int | None):
-    """A reader of the main thread's schedstat ("cpu ns, run queue ns, slices"), open for
-    the process's life; None where there is none. It reads through libc with the GIL
-    held (~1 us): os.pread would drop the GIL and queue behind the main thread for it
-    again, a second hand-off each look."""
+def _open_schedstat(tid: int | None) -> tuple:
+    """(a reader, its descriptor, the file's identity) of the main thread's schedstat
+    ("cpu ns, run queue ns, slices"), open for the sampler's life; (None, None, None)
+    where there is none. It reads through libc with the GIL held (~1 us): os.pread would
+    drop the GIL and queue behind the main thread for it again, a second hand-off each
+    look."""
     try:
         fd = os.open(f"/proc/self/task/{tid}/schedstat", os.O_RDONLY | os.O_CLOEXEC)
+        st = os.fstat(fd)
     except (OSError, TypeError):
-        return None
+        return None, None, None
+    identity = (st.st_dev, st.st_ino)
     try:
         import ctypes
 
@@ -247,9 +254,20 @@ def _open_schedstat(tid: int | None):
             return buf.raw[:n]
 
         read()
-        return read
+        return read, fd, identity
     except (OSError, AttributeError):
-        return lambda: os.pread(fd, 64, 0)
+        return lambda: os.pread(fd, 64, 0), fd, identity
+
+
+def _close_if_ours(fd: int | None, identity: tuple | None) -> None:
+    """Close `fd` if it is still the file we opened: a job that closes every descriptor
+    (a daemonising library) may have its own file under that number by now."""
+    try:
+        st = os.fstat(fd)
+        if identity is None or (st.st_dev, st.st_ino) == identity:
+            os.close(fd)
+    except (OSError, TypeError):
+        pass
 
 
 def sample_hz() -> float:
