@@ -23,6 +23,7 @@ import threading
 import time
 
 from distdoctor.runlog import format as F
+from distdoctor.runlog import reentry
 from distdoctor.runlog.slots import make_slot_writer
 
 DEFAULT_RING_MIB = 60
@@ -204,8 +205,17 @@ class RingWriter:
 
     # --- strings -------------------------------------------------------------------
     def add_string(self, value) -> int:
-        """Append a JSON value to the string table; returns its id (0 when full)."""
+        """Append a JSON value to the string table; returns its id (0 when full, or when
+        this thread is inside a writer already: a signal handler's op, reentry.py)."""
         data = json.dumps(value, separators=(",", ":"), default=str).encode()
+        if not reentry.enter():
+            return 0
+        try:
+            return self._add_string(data)
+        finally:
+            reentry.leave()
+
+    def _add_string(self, data: bytes) -> int:
         with self._string_lock:
             need = F.STRING_LEN.size + len(data)
             end = self.strings_offset + self._strings_used + need
@@ -240,7 +250,11 @@ class RingWriter:
     def _near_end(self, at: int) -> bool:
         """A writer at offset `at` nears the end of the reserved space: wake the reserver.
         False when the slot itself is not backed (the disk is full)."""
-        self.wake.set()
+        if reentry.enter():  # else the call this one interrupts wakes it (reentry.py)
+            try:
+                self.wake.set()
+            finally:
+                reentry.leave()
         if at + F.SLOT_SIZE > self._ring_ready:
             self._starved = True
             return False

@@ -35,6 +35,7 @@ import threading
 from pathlib import Path
 
 from distdoctor.privatefiles import read_regular, write_atomically
+from distdoctor.runlog import reentry
 
 ENV = "DISTDOCTOR_SOURCES"
 DIR = "sources"
@@ -234,7 +235,11 @@ _keeper_lock = threading.Lock()
 
 def note(ring, site) -> None:
     """A call site seen for the first time by this rank (tracer/sites.py): queued for the
-    keeper thread; nothing else happens on the caller's thread. Never raises."""
+    keeper thread; nothing else happens on the caller's thread. Never raises; nothing
+    kept where this thread is inside a writer already (a signal handler's op, whose
+    locks are those this call takes: reentry.py)."""
+    if not reentry.enter():
+        return
     try:
         k = _keeper
         if k is None:
@@ -244,6 +249,8 @@ def note(ring, site) -> None:
             k.queue.put(site)
     except Exception:
         pass
+    finally:
+        reentry.leave()
 
 
 def _start(ring) -> _Keeper | None:

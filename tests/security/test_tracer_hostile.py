@@ -29,3 +29,17 @@ def test_a_process_that_makes_its_group_again_and_again_keeps_nothing_of_the_old
     for rank in (0, 1):
         assert held[rank, 30] == held[rank, 5], held
     assert "Traceback" not in res.stderr and "distdoctor:" not in res.stdout
+
+
+@pytest.mark.timeout(120)
+def test_a_signal_handler_that_issues_a_collective_never_waits_on_the_tracer(tmp_path):
+    """A handler runs between two bytecodes of distdoctor's own code too: one that issued
+    an op while the rank was inside the string table's lock waited on it for ever (the
+    rank hung within a second; bare, 3,000 ops in under a second)."""
+    res = run_job(f"{ODD}/collective_in_signal_handler.py", 2, tmp_path / "run", "3000",
+                  timeout=100)
+    assert res.returncode == 0, res.stderr[-3000:]
+    for rank in (0, 1):
+        assert (f"rank {rank}: 3000 all_reduces, sum of firsts 6000, the handler's some"
+                in res.stdout), res.stdout[-2000:] + res.stderr[-2000:]
+    assert "Traceback" not in res.stderr
