@@ -6,7 +6,9 @@ failed) leaves the others waiting in their next collective; the hang or crash is
 named at that line, not at the rank's last op. os._exit skips the exit hooks, so its
 status is written at the call. sys.exit only raises SystemExit, which a job may catch and
 go on: the call is kept in memory (`Recorder.exit_call`) and written by the exit hook,
-and the rank's next step or batch forgets it (tracer/steps.py). `raise SystemExit` and
+and the rank's next step or batch forgets it (tracer/steps.py); on another thread than
+the main one it ends only that thread, and is not kept (a worker thread's sys.exit(3) in
+a job that went on to exit 0 was named a crash of every rank). `raise SystemExit` and
 the `exit()` builtin are not seen: such a rank's exit is read as closed, status unknown.
 
 The wrappers never raise anything of their own into the job. This module is imported
@@ -17,6 +19,7 @@ from __future__ import annotations
 
 import os
 import sys
+import threading
 
 from distdoctor.tracer import state
 
@@ -93,7 +96,9 @@ def hook_exits() -> None:
             rec = state.recorder
             if rec is not None:
                 try:
-                    if os.getpid() == rec._pid:
+                    # elsewhere SystemExit ends only its thread: the rank goes on
+                    if os.getpid() == rec._pid and threading.current_thread() is (
+                            threading.main_thread()):
                         _keep(rec, call_record("sys.exit", status, sys._getframe(1)))
                 except Exception:
                     pass

@@ -6,10 +6,11 @@ Real jobs: `distdoctor run --nproc 2` on gloo; the jobs are in tests/jobs/odd_pr
 
 from __future__ import annotations
 
+import json
 import re
 
 import pytest
-from conftest import run_job
+from conftest import run_cli, run_job
 
 ODD = "odd_programs"
 
@@ -43,3 +44,16 @@ def test_a_signal_handler_that_issues_a_collective_never_waits_on_the_tracer(tmp
         assert (f"rank {rank}: 3000 all_reduces, sum of firsts 6000, the handler's some"
                 in res.stdout), res.stdout[-2000:] + res.stderr[-2000:]
     assert "Traceback" not in res.stderr
+
+
+@pytest.mark.timeout(120)
+def test_a_thread_that_ends_itself_with_sys_exit_is_not_a_crash(tmp_path):
+    """sys.exit on a worker thread ends that thread: the job went on and exited 0, and
+    every rank was named a crash "with code 3 through sys.exit" at the thread's line."""
+    run_dir = tmp_path / "run"
+    res = run_job(f"{ODD}/thread_sys_exit.py", 2, run_dir)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert res.stdout.count("[1048576.0, 1048576.0]") == 2, res.stdout
+    assert "CRASH" not in res.stderr, res.stderr[-3000:]
+    diag = run_cli(["diagnose", str(run_dir), "--json"])
+    assert json.loads(diag.stdout)["findings"] == [], diag.stdout[-3000:]
