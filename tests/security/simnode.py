@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import json
 import os
+import select
 import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -42,6 +44,92 @@ def connect_node(address: tuple[str, int], host: str, token: str | None = None,
         got = wire.read_frame(reader.read, wire.MAX_HELLO)
     assert got is not None and got[0] == wire.WELCOME, f"not welcomed: {got!r}"
     return sock
+
+
+def hello(host: str, instance: str | None = None) -> bytes:
+    """A node's HELLO frame, naming `host` (and `instance`, the host's by default)."""
+    return wire.json_frame(wire.HELLO, {"format": wire.FORMAT, "version": wire.VERSION,
+                                        "host": host, "instance": instance or host,
+                                        "run": {}})
+
+
+def reply(sock: socket.socket):
+    """The collector's next frame on a handshake, None when it closed or sent garbage."""
+    try:
+        return wire.read_frame(sock.makefile("rb").read, wire.MAX_HELLO)
+    except (OSError, wire.WireError):
+        return None
+
+
+def joins_answering_late(address, token: str, delay_s: float, source: str = "127.0.0.1",
+                         host: str = "real") -> bool:
+    """A new node from `source` that answers its challenge `delay_s` after it came (a
+    node a network away): whether it was welcomed."""
+    from distdoctor.collect import auth
+
+    with socket.create_connection(address, timeout=8, source_address=(source, 0)) as s:
+        s.settimeout(8)
+        s.sendall(hello(host))
+        got = reply(s)
+        if got is not None and got[0] == wire.CHALLENGE:
+            time.sleep(delay_s)
+            s.sendall(wire.json_frame(wire.AUTH, {"answer": auth.answer(token, got[3],
+                                                                         host)}))
+            got = reply(s)
+        return got is not None and got[0] == wire.WELCOME
+
+
+class HelloFlood:
+    """`n` connections at a time, each saying HELLO and then nothing (never idle, never
+    answering its challenge), reopened as the collector closes them, in a thread: at most
+    `budget` in all. `sources`: how many loopback addresses they come from, 127.0.0.2 on
+    (what a defence keyed on one address does not see); none: all from 127.0.0.1."""
+
+    def __init__(self, address, n: int, budget: int = 20_000, sources: int | None = None):
+        self.address, self.n, self.budget, self.sources = address, n, budget, sources
+        self.opened = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._keep_up, daemon=True)
+
+    def __enter__(self) -> HelloFlood:
+        self._thread.start()
+        time.sleep(1.0)  # (the flood at full pressure before the node comes)
+        return self
+
+    def _source(self) -> str:
+        return "127.0.0.1" if self.sources is None else f"127.0.0.{2 + self.opened % self.sources}"
+
+    def _keep_up(self) -> None:
+        socks: list[socket.socket] = []
+        while not self._stop.is_set() and self.opened < self.budget:
+            poller = select.poll()
+            for s in socks:
+                poller.register(s.fileno(), select.POLLIN)
+            gone = {fd for fd, _ in poller.poll(0)}  # (a challenge, or the close)
+            for s in [s for s in socks if s.fileno() in gone]:
+                try:
+                    alive = bool(s.recv(4096, socket.MSG_DONTWAIT))
+                except OSError:
+                    alive = False
+                if not alive:
+                    socks.remove(s)
+                    s.close()
+            while len(socks) < self.n and self.opened < self.budget:
+                try:
+                    s = socket.create_connection(self.address, timeout=2,
+                                                 source_address=(self._source(), 0))
+                    s.sendall(hello(f"flood{self.opened % 250}"))
+                except OSError:
+                    break
+                socks.append(s)
+                self.opened += 1
+            time.sleep(0.005)
+        for s in socks:
+            s.close()
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join(timeout=10)
 
 
 def send(sock: socket.socket, *frames: bytes) -> bool:

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
-from simnode import CollectorProcess, connect_node  # noqa: E402
+from simnode import CollectorProcess, connect_node, hello  # noqa: E402
 
 from distdoctor.collect import tls, wire  # noqa: E402
 from distdoctor.launch.env import free_port  # noqa: E402
@@ -57,16 +57,11 @@ def test_comings_and_goings_are_summed_once_a_minute():
                         "node looper (127.0.0.1:4049) connected)"]
 
 
-def _hello(host: str) -> bytes:
-    return wire.json_frame(wire.HELLO, {"format": wire.FORMAT, "version": wire.VERSION,
-                                        "host": host, "instance": host, "run": {}})
-
-
 def _tls_node(address, context, host: str, source: str):
     """A node over TLS from `source` naming `host`: its socket and the collector's reply."""
     raw = socket.create_connection(address, timeout=10, source_address=(source, 0))
     sock = context.wrap_socket(raw, server_hostname="localhost")
-    sock.sendall(_hello(host))
+    sock.sendall(hello(host))
     return sock, wire.read_frame(sock.makefile("rb").read, wire.MAX_HELLO)
 
 

@@ -16,7 +16,17 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
-from simnode import CollectorProcess, connect_node, dropped, meta, send  # noqa: E402
+from simnode import (  # noqa: E402
+    CollectorProcess,
+    HelloFlood,
+    connect_node,
+    dropped,
+    hello,
+    joins_answering_late,
+    meta,
+    reply,
+    send,
+)
 
 from distdoctor.collect import wire  # noqa: E402
 
@@ -32,15 +42,6 @@ def _collector(tmp_path: Path) -> CollectorProcess:
     return CollectorProcess(tmp_path / "copy", tmp_path / "collector.txt").started()
 
 
-def _hello(host: str = "guesser") -> bytes:
-    return wire.json_frame(wire.HELLO, {"format": wire.FORMAT, "version": wire.VERSION,
-                                        "host": host, "instance": "i", "run": {}})
-
-
-def _answer_frame(sock: socket.socket):
-    return wire.read_frame(sock.makefile("rb").read, wire.MAX_HELLO)
-
-
 @pytest.mark.timeout(30)
 def test_challenges_taken_at_once_do_not_each_buy_a_guess(tmp_path, with_token):
     """40 connections say HELLO before any answer is judged, then all answer wrong: the
@@ -51,12 +52,12 @@ def test_challenges_taken_at_once_do_not_each_buy_a_guess(tmp_path, with_token):
     try:
         for _ in range(40):
             s = socket.create_connection(c.address, timeout=5)
-            s.sendall(_hello())
+            s.sendall(hello("guesser", instance="i"))
             socks.append(s)
-        assert all(_answer_frame(s)[0] == wire.CHALLENGE for s in socks)
+        assert all(reply(s)[0] == wire.CHALLENGE for s in socks)
         for s in socks:
             s.sendall(wire.json_frame(wire.AUTH, {"answer": "00" * 32}))
-        whys = Counter(json.loads(_answer_frame(s)[3])["why"].split(" (")[0][:20]
+        whys = Counter(json.loads(reply(s)[3])["why"].split(" (")[0][:20]
                        for s in socks)
         judged = whys["wrong or missing tok"]
         assert judged <= 4, whys  # FREE_WRONG, and one more that starts the lockout
@@ -172,66 +173,6 @@ def test_bidi_controls_from_a_node_are_not_printed(tmp_path):
         c.stop()
 
 
-class _SpeakingFlood:
-    """`n` connections from 127.0.0.1 that each say HELLO and then nothing (never idle,
-    so never the first to go), reopened as the collector closes them, in a thread."""
-
-    def __init__(self, address, n: int, budget: int = 15_000):
-        import threading
-
-        self.address, self.n, self.budget, self.opened = address, n, budget, 0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._keep_up, daemon=True)
-
-    def __enter__(self):
-        self._thread.start()
-        time.sleep(1.0)
-        return self
-
-    def _keep_up(self) -> None:
-        import select
-
-        socks: list[socket.socket] = []
-        while not self._stop.is_set() and self.opened < self.budget:
-            poller = select.poll()
-            for s in socks:
-                poller.register(s.fileno(), select.POLLIN)
-            gone = {fd for fd, _ in poller.poll(0)}
-            for s in [s for s in socks if s.fileno() in gone]:
-                socks.remove(s)
-                s.close()
-            while len(socks) < self.n and self.opened < self.budget:
-                try:
-                    s = socket.create_connection(self.address, timeout=2)
-                    s.sendall(_hello("flood"))
-                except OSError:
-                    break
-                socks.append(s)
-                self.opened += 1
-            time.sleep(0.01)
-        for s in socks:
-            s.close()
-
-    def __exit__(self, *exc) -> None:
-        self._stop.set()
-        self._thread.join(timeout=10)
-
-
-def _node_a_network_away(address, delay_s: float) -> bool:
-    """A node from 127.0.0.2 that answers the challenge `delay_s` after it came."""
-    from distdoctor.collect import auth
-
-    with socket.create_connection(address, timeout=5, source_address=("127.0.0.2", 0)) as s:
-        s.sendall(_hello("real"))
-        got = _answer_frame(s)
-        if got is not None and got[0] == wire.CHALLENGE:
-            time.sleep(delay_s)
-            s.sendall(wire.json_frame(wire.AUTH, {"answer": auth.answer(TOKEN, got[3],
-                                                                         "real")}))
-            got = _answer_frame(s)
-        return got is not None and got[0] == wire.WELCOME
-
-
 @pytest.mark.timeout(40)
 def test_a_speaking_flood_from_one_address_does_not_keep_a_node_out(tmp_path, with_token):
     """150 connections from one address that each say HELLO (so none is idle): the
@@ -239,8 +180,9 @@ def test_a_speaking_flood_from_one_address_does_not_keep_a_node_out(tmp_path, wi
     to answer its challenge. The flood's own connections go first now."""
     c = _collector(tmp_path)
     try:
-        with _SpeakingFlood(c.address, 150) as flood:
-            welcomed = [_node_a_network_away(c.address, 0.05) for _ in range(5)]
+        with HelloFlood(c.address, n=150, budget=15_000) as flood:
+            welcomed = [joins_answering_late(c.address, TOKEN, 0.05, source="127.0.0.2")
+                        for _ in range(5)]
         assert welcomed == [True] * 5, (welcomed, flood.opened)
         assert flood.opened > 200  # the flood was at work
         assert c.proc.poll() is None
