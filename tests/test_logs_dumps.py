@@ -60,6 +60,31 @@ def test_a_stack_whole_before_the_tearing_began_is_read(name):
     assert STUCK in _said(log)
 
 
+def test_a_stack_torn_by_another_fatal_error_keeps_its_whole_first_frames():
+    """Two ranks aborted at once: the second's "Fatal Python error: Aborted" tore into the
+    first's fourth frame. The three frames before it are the first rank's alone; the
+    tearing line was taken for the job's own output after an older dump, and the log was
+    said torn with nothing read (recorded by torn_dumps.py, abort)."""
+    log = DUMPS / "torn_abort_after_a_whole_start.log"
+    assert torn(log.read_text())
+    dump = read_last_dump(_lines(log))
+    assert dump.torn and dump.heads == 2
+    assert [f["function"] for f in dump.frames] == [
+        "_create_c10d_store", "_tcp_rendezvous_handler", "init_process_group"]
+    assert STUCK in _said(log)
+
+
+def test_a_fatal_error_whose_dump_tore_from_its_first_frame_says_so():
+    """The launcher named one rank (it stopped the other), whose "Fatal Python error:
+    Aborted" is the finding; its dump tore at its first frame: that is said, and no
+    frame is claimed (before: the error alone, the torn dump unmentioned)."""
+    log = DUMPS / "torn_abort_from_the_first_frame.log"
+    assert torn(log.read_text())
+    said = _said(log)
+    assert "Fatal Python error: Aborted" in said and TORN in said, said
+    assert "stuck in" not in said and " at " not in said.split("(its stack dump")[0], said
+
+
 def test_py_spy_reads_the_main_thread_not_the_last_listed():
     """py-spy lists the main thread first: the job stood where it is (g), not in the
     thread listed after it (f)."""

@@ -11,9 +11,11 @@ a frame (`  File `, the quote, the file, `, line `, the number, ` in `, the name
 newline) with a write() of its own (Python/traceback.c, dump_frame; an ASCII string whole
 since bpo-45831, CPython 3.10.1, a character at a time before), so dumps written at once tear
 each other's lines: `  File   File ""/a.py/b.py", line ...`. A torn line belongs to no one
-process, and the frames around it cannot be told apart: a dump whose stack holds one is
-not read (a whole dump near it, written by another process at the same moment, is),
-rather than name a frame the process was never in.
+process, and the frames after it cannot be told apart: a stack is read up to its first
+torn line (the whole frames before it, its innermost, were written by its process alone;
+another's dump begins with a line of its own, a fatal error's or a thread's head), and a
+stack torn from its first frame is not read at all, rather than name a frame the process
+was never in.
 """
 
 from __future__ import annotations
@@ -54,6 +56,13 @@ def torn_words(heads: int) -> str:
             "stood is not read from it")
 
 
+def torn_piece(text: str) -> bool:
+    """Whether a line holds pieces of faulthandler's frames without being one whole frame
+    (nor a whole line of a Python traceback): dumps written at once tore it."""
+    return (_PIECES.search(text) is not None and _FRAME.match(text) is None
+            and _TRACEBACK_FRAME.match(text) is None)
+
+
 @dataclass
 class Dump:
     frames: list[dict] = field(default_factory=list)  # innermost first; [] if none read
@@ -67,6 +76,7 @@ class _Stack:
     frames: list[dict] = field(default_factory=list)
     torn: bool = False
     after: bool = False  # a line of the job's own follows it before the next head
+    cut: bool = False  # torn after its first whole frames, which are kept (_read_stack)
     pieces: int = 0  # lines of frames in it, whole or torn (a head alone is no dump)
 
 
@@ -85,7 +95,7 @@ def read_last_dump(tail: list[LogLine]) -> Dump:
         burst.append(stack)
     whole = [s for s in burst if s.frames and not s.torn]
     # torn: a stack that had frames' words (a line that merely says "Thread 0x" is none)
-    torn = any(s.torn and s.pieces for s in burst)
+    torn = any((s.torn or s.cut) and s.pieces for s in burst)
     count = sum(_heads_in(tail[s.head].text) for s in burst)
     # a main thread's stack first; in a torn burst, a whole stack of a thread beside it
     # says nothing of where the job stood
@@ -128,8 +138,14 @@ def _read_stack(tail: list[LogLine], head: int, end: int) -> _Stack:
                               "line": lineno,
                               "function": m["func"] or m["func2"]})
         elif _PIECES.search(ll.text) and not _TRACEBACK_FRAME.match(ll.text):
-            st.torn = True
             st.pieces += 1
+            if st.frames and not st.torn:
+                # the tearing began here: the frames before it are this process' alone,
+                # its innermost ones (another's dump tears in after its own first line,
+                # "Fatal Python error: ..." or its head); the rest of it cannot be read
+                st.cut = True
+                break
+            st.torn = True
         elif st.frames and not _AROUND.match(ll.text.lstrip()):
             st.after = True
     return st

@@ -152,7 +152,9 @@ def _what(s: Signal) -> str:
             return f"aborted: terminate called {f['message']}"
         return f"aborted: terminate called after throwing an instance of '{f['exception']}'{msg}"
     if f["error"] == "fatal":
-        return f"died: Fatal Python error{msg}{at}"
+        torn = (" (its stack dump and another process' tore each other's lines, so where it "
+                "stood is not read)" if f.get("torn") and not where else "")
+        return f"died: Fatal Python error{msg}{at}{torn}"
     if f["error"] == "signal":
         return f"died: {f['exception']}"
     if f["error"] == "cut":

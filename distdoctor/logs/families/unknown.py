@@ -22,6 +22,7 @@ from __future__ import annotations
 import re
 
 from distdoctor.logs.bounds import small_int
+from distdoctor.logs.dumps import torn_piece
 from distdoctor.logs.lines import LogLine
 from distdoctor.logs.signals import UNKNOWN, Signal
 
@@ -150,9 +151,15 @@ class UnknownErrors:
         """A line that completes the held signal: what() of a terminate, a user frame of a
         fatal error. Anything else closes it (the process printed on)."""
         f = held.fields
+        if f["error"] == "fatal" and torn_piece(text):
+            # its dump and another process' tore each other's lines (dumps.py): no frame
+            # from here on is known to be its own
+            f["torn"] = True
+            return True
         if f["error"] == "fatal" and (m := _FAULT_FRAME.match(text)):
             lineno = small_int(m["line"])
-            if "where" not in f and lineno is not None and not _LIBRARY.search(m["file"]):
+            if ("where" not in f and not f.get("torn") and lineno is not None
+                    and not _LIBRARY.search(m["file"])):
                 f["where"] = {"file": m["file"], "line": lineno, "function": m["function"]}
             return True
         if f["error"] == "fatal" and text.startswith(("Current thread", "Thread 0x",
