@@ -7,10 +7,13 @@ Real jobs: `distdoctor run --nproc 2` on gloo; the jobs are in tests/jobs/odd_pr
 from __future__ import annotations
 
 import json
+import os
 import re
 
 import pytest
 from conftest import run_cli, run_job
+
+from distdoctor.runlog.run import read_incarnations
 
 ODD = "odd_programs"
 
@@ -57,3 +60,19 @@ def test_a_thread_that_ends_itself_with_sys_exit_is_not_a_crash(tmp_path):
     assert "CRASH" not in res.stderr, res.stderr[-3000:]
     diag = run_cli(["diagnose", str(run_dir), "--json"])
     assert json.loads(diag.stdout)["findings"] == [], diag.stdout[-3000:]
+
+
+@pytest.mark.timeout(120)
+def test_a_barrier_that_fails_raises_with_no_frame_of_distdoctor(tmp_path):
+    """A peer that dies fails the others' barrier: the traceback the job prints named
+    distdoctor/tracer/process_group.py (the recorder waited there), as if distdoctor had
+    failed; now it is torch's own, as bare, and the failure is still in the log."""
+    run_dir = tmp_path / "run"
+    res = run_job(f"{ODD}/peer_dies_in_barrier.py", 2, run_dir)
+    assert res.returncode != 0
+    assert "Connection closed by peer" in res.stderr, res.stderr[-3000:]
+    frames = [line for line in res.stderr.splitlines() if 'File "' in line]
+    assert any("distributed_c10d.py" in line and "in barrier" in line for line in frames)
+    assert not [line for line in frames if f"{os.sep}distdoctor{os.sep}" in line], frames
+    barrier = [e for e in read_incarnations(run_dir)[0].events[0] if e.op == "barrier"]
+    assert [e.status for e in barrier] == ["error"], barrier
