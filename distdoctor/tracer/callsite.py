@@ -16,6 +16,7 @@ import os
 import sys
 import sysconfig
 import threading
+import weakref
 
 import torch
 
@@ -45,17 +46,32 @@ _INTERNAL_DIRS = tuple(
 # id(code) -> (code, is_internal, the framework it is code of or None). Keyed by id:
 # hashing a code object hashes its whole bytecode, which made this look-up the most
 # expensive part of a traced call. The code object is kept in the entry, so its id cannot
-# be reused while the entry exists. runlog/_fast.c reads the same entries.
+# be reused while the entry exists. runlog/_fast.c reads the same entries (and remembers
+# by address only a code its entry keeps). Code compiled from a string (exec, eval) is
+# new at each call of a job that issues its collectives so: its entry keeps a weak
+# reference instead and goes with the code (kept, 18,000 exec'd all_reduces held 14 MB a
+# rank for good).
 _internal: dict = {}
+_FROM_STRINGS = frozenset({"<string>"})
 _MAIN_THREAD_ID = threading.main_thread().ident
 
 
 def _entry(code) -> tuple:
-    hit = _internal.get(id(code))
+    key = id(code)
+    hit = _internal.get(key)
     if hit is None:
         name = code.co_filename
-        hit = _internal[id(code)] = (code, is_internal_file(name), framework_of(name))
+        if name in _FROM_STRINGS:  # (a callback runs before the code's id is free again)
+            hit = _internal[key] = (weakref.ref(code, _forgetter(key)), True, None)
+        else:
+            hit = _internal[key] = (code, is_internal_file(name), framework_of(name))
     return hit
+
+
+def _forgetter(key: int, table: dict = _internal):
+    """The weak reference's callback that drops `key`'s entry: bound to the table itself,
+    since at exit the module's globals may be gone before the code is."""
+    return lambda _ref: table.pop(key, None)
 
 
 def _is_internal(code) -> bool:
