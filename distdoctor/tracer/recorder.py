@@ -349,11 +349,12 @@ class Recorder:
 
     def retire(self) -> None:
         """This rank made a new default group (a new incarnation, a new log): this log is
-        finished. Late completions of its ops may still land in it."""
-        self._stop.set()
-        self.ring.wake.set()
+        finished. Late completions of its ops may still land in it. Not in a forked
+        child: the parent's threads may have held these events' locks at the fork."""
         if os.getpid() != self._pid:
             return
+        self._stop.set()
+        self.ring.wake.set()
         try:
             self.ring.heartbeat()
             self.ring.mark_closed()
