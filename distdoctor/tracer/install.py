@@ -157,17 +157,21 @@ def _start_session(pg, backend: str, store) -> None:
 def _let_go(rec) -> None:
     """A retired log's incarnation is over: what it holds is given back, or a script that
     makes its default group again and again (a test suite, a sweep, a notebook) runs out
-    of descriptors and threads (7 descriptors and a thread kept per group made). The C
+    of descriptors and threads (8 descriptors and a thread kept per group made). The C
     path's last waited work holds its group's gloo context (a socket, an epoll, a pipe
     pair, a thread); the log, its map and two descriptors; the exit hook, the recorder.
-    While an op's done-callback may still write to the log, the log stays, until exit."""
-    for name in ("begin", "end", "_core"):
-        rec.__dict__.pop(name, None)
-    rec._pending.close()
-    if rec._callbacks_alive:
-        return
-    atexit.unregister(rec.close)
-    rec.ring.close()
+    While an op's done-callback may still write to the log, the log stays, until exit.
+    Never the new incarnation's problem: whatever fails here is left as it is."""
+    try:
+        for name in ("begin", "end", "_core"):
+            rec.__dict__.pop(name, None)
+        rec._pending.close()
+        if rec._callbacks_alive:
+            return
+        atexit.unregister(rec.close)
+        rec.ring.close()
+    except Exception:
+        pass
 
 
 def launch_identity(store, world: int) -> dict:
