@@ -52,7 +52,12 @@ MAX_WAIT_S = 2.0
 # objects) the collector took a third of the live path's time (diagnosis_ingest.py).
 # This process is distdoctor's own (the launcher), never a rank.
 GC_THRESHOLDS = (100_000, 20, 100)
+# The job's output awaiting the scanner, bounded in lines and in characters (the oldest
+# go first). Bounded in lines only, 100 MB of 100,000-character lines took 372 MB here;
+# and a pass scanned until nothing was pending, which a rank printing at full speed
+# never let come (its hang never found). A pass takes what is pending when it begins.
 MAX_PENDING_LINES = 10_000
+MAX_PENDING_CHARS = 1 << 21  # 10,000 lines of 200: a verbose job's burst (NCCL INFO)
 RECENT_OPS = 16  # per rank, kept by a viewer for its rank detail
 # How long the owner's stop waits for a pass in progress. A pass never waits on the run
 # dir (runlog.reader, runlog.follow: no FIFO is opened for good), so this only bounds the
@@ -122,7 +127,9 @@ class LiveDiagnosis(RankWatch):
         self.host = socket.gethostname()
         self.error: str | None = None
         # the job's output lines, for the comm-error scanner (bounded: never hold the job)
-        self._lines: deque[tuple[int | None, str]] = deque(maxlen=MAX_PENDING_LINES)
+        self._lines: deque[tuple[int | None, str]] = deque()
+        self._pending_chars = 0
+        self._lines_lock = threading.Lock()  # the relay's threads feed, a pass takes
         self._scanner = log_scanner()
         self.sampler = None
         self._progress = None  # the owner's reader of its local ranks' /proc (progress)
@@ -273,8 +280,19 @@ class LiveDiagnosis(RankWatch):
         """A line of the job's output (any thread); scanned on the next pass. Once
         distdoctor stops the job, what it prints is its reaction to that stop (a
         launcher's "received signal 15", a peer's "connection closed"): not scanned."""
-        if self._scanner is not None and not self._stopped_by_us:
+        if self._scanner is None or self._stopped_by_us:
+            return
+        with self._lines_lock:
             self._lines.append((rank, text))
+            self._pending_chars += len(text)
+            while len(self._lines) > 1 and (self._pending_chars > MAX_PENDING_CHARS
+                                            or len(self._lines) > MAX_PENDING_LINES):
+                self._pending_chars -= len(self._lines.popleft()[1])
+
+    def _take_lines(self) -> deque[tuple[int | None, str]]:
+        with self._lines_lock:
+            lines, self._lines, self._pending_chars = self._lines, deque(), 0
+        return lines
 
     # --- one pass ----------------------------------------------------------------------
     def _step(self, now_s: float, final: bool = False, due: bool = False) -> None:
@@ -303,8 +321,7 @@ class LiveDiagnosis(RankWatch):
             # the others reported is the one that never arrived
             self._scanner.ranks_seen.update(self.follower.ranks_of(self.follower.newest))
         if self._scanner is not None:
-            while self._lines:
-                rank, text = self._lines.popleft()
+            for rank, text in self._take_lines():
                 self._scanner.feed(text, rank=rank)
             for f in self._scanner.changed():
                 # an update goes where its first version went (the incarnation that printed

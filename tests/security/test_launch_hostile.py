@@ -1,0 +1,100 @@
+"""`distdoctor run` relays and scans what its ranks print: however they print, it costs
+neither the job, the exit code, run's memory nor `--on-hang kill`.
+
+Real 2-rank jobs (gloo) under `distdoctor run`, each with a hard timeout; a job that
+outlives it fails the test, and every process of it is killed at the test's end (found by
+the run dir in its environment). Before these checks, a rank printing at full speed kept
+the hang from ever being stopped; lines of 100,000 characters took run 372 MB for 100 MB
+of output."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import JOBS, live_processes
+
+from tests.peak_memory import run_measured
+
+HOSTILE = JOBS / "security" / "hostile_ranks"
+pytestmark = pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="needs /proc")
+
+
+def _left(run_dir: Path) -> list[int]:
+    """Live processes of the job (zombies do not count): its run dir in their environment."""
+    tag = b"DISTDOCTOR_RUN_DIR=" + str(run_dir.resolve()).encode() + b"\0"
+    return [pid for pid, env, _ in live_processes() if tag in env + b"\0"]
+
+
+@pytest.fixture
+def run_dir(tmp_path):
+    """The run dir; afterwards every process of its job is SIGKILLed, pass or fail."""
+    path = tmp_path / "run"
+    yield path
+    for pid in _left(path):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
+
+
+def _run(run_dir: Path, job: list[str], timeout_s: float, **popen) -> int:
+    """`distdoctor run --nproc 2 ... -- JOB`, its exit code; killed (its guardian then
+    stops the job) and failed after `timeout_s`. `popen`: where its output goes."""
+    proc = subprocess.Popen([sys.executable, "-m", "distdoctor", "run", "--nproc", "2",
+                             "--run-dir", str(run_dir), "--grace", "2", "--on-hang", "kill",
+                             "--", *job], stdin=subprocess.DEVNULL, start_new_session=True,
+                            **popen)
+    if popen.get("stderr") == subprocess.PIPE:  # its reader leaves after the first line
+        assert proc.stderr.readline().startswith(b"distdoctor: tracing into")
+        proc.stderr.close()
+    try:
+        return proc.wait(timeout_s)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        pytest.fail(f"distdoctor run did not end in {timeout_s} s")
+
+
+def _stopped_for_the_hang(run_dir: Path, code: int) -> None:
+    assert code == 1
+    kinds = [f["kind"] for f in json.loads((run_dir / "findings.json").read_text())["findings"]]
+    assert "hang" in kinds, kinds
+    assert json.loads((run_dir / "exits.json").read_text())["stopped_by_distdoctor"] is True
+    assert not _left(run_dir)
+
+
+@pytest.mark.timeout(150)
+def test_a_hang_is_stopped_while_a_rank_prints_at_full_speed(run_dir, tmp_path):
+    """Rank 0 prints stderr lines as fast as it can while it waits for rank 1: each pass
+    of the live diagnosis scanned the job's output until none was pending, which never
+    came, so the hang was never diagnosed."""
+    code = _run(run_dir, [str(HOSTILE / "stuck.py"), str(tmp_path), "spam"], 90,
+                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    _stopped_for_the_hang(run_dir, code)
+
+
+@pytest.mark.timeout(150)
+def test_long_lines_keep_runs_memory_bounded_and_pass_through_whole(run_dir, tmp_path):
+    """Rank 0 prints 100 MiB in lines of 100,000 four-byte characters: run's peak memory
+    stays bounded (the scanner's pending lines are bounded in characters, not only in
+    count), every byte reaches run's stdout, and the job's exit code is run's."""
+    job = ["run", "--nproc", "2", "--run-dir", str(run_dir), "--", str(HOSTILE / "loud.py"),
+           "100", "3"]
+    run = run_measured(job, tmp_path, timeout_s=120, read_out=False)
+    assert run.code == 3, run.err[-3000:]
+    assert run.peak_mb < 150, run.peak_mb
+    update = "\U0001f525 45%|####      |\r"
+    line = len((update * (100_000 // len(update)) + "\n").encode())
+    out = tmp_path / "measured.out"
+    assert out.stat().st_size == (100 << 20) // line * line + 2 * len("rank 0 done\n")
+    with open(out, "rb") as f:
+        f.seek(-40, os.SEEK_END)
+        tail = f.read()
+    assert b"rank 0 done\n" in tail and b"rank 1 done\n" in tail
+    assert "Traceback" not in run.err
