@@ -1,11 +1,12 @@
-"""`distdoctor run` relays and scans what its ranks print: however they print, it costs
-neither the job, the exit code, run's memory nor `--on-hang kill`.
+"""`distdoctor run` relays and scans what its ranks print, and its own output may lose its
+reader: neither costs the job, the exit code, run's memory or `--on-hang kill`.
 
 Real 2-rank jobs (gloo) under `distdoctor run`, each with a hard timeout; a job that
 outlives it fails the test, and every process of it is killed at the test's end (found by
 the run dir in its environment). Before these checks, a rank printing at full speed kept
 the hang from ever being stopped; lines of 100,000 characters took run 372 MB for 100 MB
-of output."""
+of output; a reader of run's stderr that left ended the live diagnosis (no hang ever
+stopped) or run's exit code; a closed stdout blocked the job for good."""
 
 from __future__ import annotations
 
@@ -77,6 +78,30 @@ def test_a_hang_is_stopped_while_a_rank_prints_at_full_speed(run_dir, tmp_path):
     code = _run(run_dir, [str(HOSTILE / "stuck.py"), str(tmp_path), "spam"], 90,
                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     _stopped_for_the_hang(run_dir, code)
+
+
+@pytest.mark.timeout(150)
+def test_a_reader_of_runs_stderr_that_leaves_costs_neither_the_stop_nor_the_exit_code(
+        run_dir, tmp_path):
+    """`distdoctor run ... 2>&1 | head`: the first finding printed after the reader left
+    (a log line's, before the hang's) raised SystemExit in the diagnosis thread (rich's
+    answer to a closed pipe), which ended it: the hang was never stopped."""
+    code = _run(run_dir, [str(HOSTILE / "stuck.py"), str(tmp_path), "warns"], 60,
+                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    _stopped_for_the_hang(run_dir, code)
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("closed,stream", [(1, "stdout"), (2, "stderr")])
+def test_runs_own_stdout_or_stderr_closed_never_blocks_the_job(run_dir, closed, stream):
+    """Started with its stdout (or stderr) closed, run relayed the ranks' output to None:
+    the relay thread died with a traceback, rank 0 blocked once its pipe was full, and
+    --on-hang kill stopped the job as a hang of rank 0, one of distdoctor's making."""
+    code = _run(run_dir, [str(HOSTILE / "loud.py"), "1", "3", stream], 60,
+                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                preexec_fn=lambda: os.close(closed))
+    assert code == 3  # the job's
+    assert not _left(run_dir)
 
 
 @pytest.mark.timeout(150)
