@@ -212,11 +212,12 @@ def test_ctrl_c_while_the_job_starts_leaves_no_process(run_dir, tmp_path, delay_
 
 
 @pytest.mark.timeout(90)
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT, signal.SIGHUP])
 def test_a_signal_to_run_stops_ranks_and_their_detached_children(run_dir, tmp_path, sig):
-    """SIGTERM (a scheduler's cancel) or SIGINT (Ctrl-C) to run: the ranks and the daemons
-    they started in sessions of their own (ignoring SIGTERM) all end; exit codes and
-    exits.json are written."""
+    """SIGTERM (a scheduler's cancel), SIGINT (Ctrl-C) or SIGHUP (its terminal closed) to
+    run: the ranks and the daemons they started in sessions of their own (ignoring
+    SIGTERM) all end; exit codes and exits.json are written (a hang-up once killed run
+    itself, and its guardian stopped the job: no exit codes, no last diagnosis)."""
     pids = tmp_path / "pids"
     pids.mkdir()
     path = run_dir[0]
@@ -228,7 +229,7 @@ def test_a_signal_to_run_stops_ranks_and_their_detached_children(run_dir, tmp_pa
     code = run.finish(30)
     left = _job_processes(path)
     assert not left, f"alive after run returned:\n{_describe(left)}\n{run.err}"
-    assert code == (143 if sig == signal.SIGTERM else 1), run.err
+    assert code == {signal.SIGTERM: 143, signal.SIGINT: 1, signal.SIGHUP: 129}[sig], run.err
     exits = _exits(path)
     assert exits["stopped_by_distdoctor"] is True
     assert sorted(p["pid"] for p in exits["processes"]) == sorted(mains)

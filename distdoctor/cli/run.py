@@ -255,7 +255,8 @@ class _Terminated(Exception):
 
 
 class _SignalGate:
-    """SIGTERM (a scheduler's cancel, a user's kill) and SIGINT (Ctrl-C) stop the ranks, then
+    """SIGTERM (a scheduler's cancel, a user's kill), SIGINT (Ctrl-C) and SIGHUP (its
+    terminal closed: ranks in sessions of their own never see it) stop the ranks, then
     run winds down as at the job's end: exit codes, the last diagnosis pass and the summary
     are still written. Installed before the job starts: a signal that comes while it starts
     is kept and acted on as soon as it has (a KeyboardInterrupt there would leave the ranks
@@ -266,7 +267,7 @@ class _SignalGate:
         self._pending: int | None = None
         self._armed = False
         self._closed = False
-        for sig in (signal.SIGTERM, signal.SIGINT):
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
             signal.signal(sig, self._handler)
 
     def _handler(self, signum, frame):
@@ -278,8 +279,9 @@ class _SignalGate:
             self._pending = signum
 
     def _stop_for(self, signum: int) -> None:
-        # SIGTERM passes on to the ranks as it came; Ctrl-C stops them with SIGTERM too
-        self._stop(signal.SIGTERM if signum == signal.SIGINT else signum)
+        # SIGTERM passes on to the ranks as it came; Ctrl-C and a hang-up stop them with
+        # SIGTERM too
+        self._stop(signum if signum == signal.SIGTERM else signal.SIGTERM)
 
     def arm(self, stop_job) -> None:
         """The job runs: a signal now stops it (raising `_Terminated` in the main loop)."""
