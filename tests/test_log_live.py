@@ -42,3 +42,36 @@ def test_an_exception_on_one_rank_is_named_with_its_line_not_a_hang(tmp_path):
     assert any(c.get("line") == line and c["file"].endswith("ddp_raise.py")
                for c in top["callsites"]), top["callsites"]
     assert not [f for f in errors if f["kind"] == "hang" and 1 in f["ranks"]], errors
+
+
+@pytest.mark.timeout(150)
+def test_a_threads_uncaught_exception_in_a_healthy_job_is_no_crash_of_its_rank(tmp_path):
+    """Every rank's metrics thread dies of an exception and the job trains on and exits 0:
+    "every rank failed at start-up with ValueError" (an error) before; now a warning that
+    names the thread and its line."""
+    run_dir = tmp_path / "run"
+    res = run_job("live_logs/thread_raises.py", 2, run_dir, "healthy", timeout=120)
+    assert res.returncode == 0, res.stderr[-2000:]
+    found = _findings(run_dir)
+    assert not [f for f in found if f["severity"] == "error"], found
+    (f,) = [f for f in found if f["kind"] == "crash"]
+    assert f["severity"] == "warning" and f["ranks"] == [0, 1], f
+    assert "a thread ('worker')" in f["summary"] and "ValueError" in f["summary"], f
+    line = marker_lines("live_logs/thread_raises.py")["metrics"]
+    assert {c["line"] for c in f["callsites"]} == {line}, f["callsites"]
+
+
+@pytest.mark.timeout(150)
+def test_a_rank_that_died_after_its_thread_did_says_the_thread_first(tmp_path):
+    """Rank 1's prefetch thread dies; its main thread gives up on the queue and the rank
+    exits 1. The rank's crash (its own exception, as the tracer saw it) says the thread's
+    death before it: the log's finding of it was dropped as a second crash of the rank."""
+    run_dir = tmp_path / "run"
+    res = run_job("live_logs/thread_raises.py", 2, run_dir, "prefetch", timeout=120)
+    assert res.returncode != 0
+    errors = [f for f in _findings(run_dir) if f["severity"] == "error"]
+    assert errors and errors[0]["kind"] == "crash" and errors[0]["ranks"] == [1], errors
+    top = errors[0]
+    assert "before it, a thread ('worker') of rank 1 died of OSError" in top["summary"], top
+    line = marker_lines("live_logs/thread_raises.py")["prefetch"]
+    assert any(c.get("line") == line for c in top["callsites"]), top["callsites"]

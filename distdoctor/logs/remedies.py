@@ -103,6 +103,9 @@ LAUNCHER_SIGNALED = ("The launcher itself was told to stop (SIGTERM/SIGINT): the
 EXCEPTION = ("Fix the exception on that rank; the other ranks then waited for it in a "
              "collective until their timeout.")
 STARTUP = "Every rank failed the same way before training began: fix that one error."
+THREAD = ("An uncaught exception ends its thread alone: Python prints it and the process goes "
+          "on, without what the thread did (a prefetch, a metrics push, a queue another thread "
+          "waits on). Catch it in the thread, or end the job from threading.excepthook.")
 DDP_UNUSED = ("Some parameters got no gradient this iteration: pass find_unused_parameters="
               "True to DistributedDataParallel, or make every rank use every parameter (a "
               "branch taken on some steps or ranks only); TORCH_DISTRIBUTED_DEBUG=DETAIL names "

@@ -171,6 +171,7 @@ def merge_crashes(found: list[Finding], all_ranks: set[int]) -> list[Finding]:
     def at(f: Finding) -> set:
         return {(r, f.details.get("incarnation")) for r in f.ranks}
 
+    found = _fold_dead_threads(found)
     crashes = [f for f in found if f.kind == "crash" and f.severity == "error" and f.ranks]
 
     def seen_end(f: Finding) -> bool:
@@ -215,6 +216,32 @@ def merge_crashes(found: list[Finding], all_ranks: set[int]) -> list[Finding]:
                                 "that one error (the first rank's output shows it).")
         out = [f for f in out if f not in group] + [merged]
     return out
+
+
+def _fold_dead_threads(found: list[Finding]) -> list[Finding]:
+    """A thread's uncaught exception the log tells (logs/families/exceptions.py), on a rank
+    whose own crash the tracer saw: said in that crash as what came before it (a prefetch
+    thread that died, then the main thread that gave up on its queue), not as a crash of
+    its own that the rank's would replace."""
+    threads = [f for f in found if f.kind == "crash" and f.details.get("thread")
+               and f.details.get("source") == "log" and f.ranks]
+    if not threads:
+        return found
+    folded = []
+    for g in found:
+        if g.kind != "crash" or g.severity != "error" or len(g.ranks) != 1 \
+                or g.details.get("source") == "log":
+            continue
+        t = next((f for f in threads if g.ranks[0] in f.ranks and f.details.get(
+            "incarnation") == g.details.get("incarnation")), None)
+        if t is None:
+            continue
+        g.summary += f"; before it, {t.summary}"
+        g.details["thread_died"] = {"thread": t.details["thread"], "summary": t.summary,
+                                    "callsites": t.callsites[:2]}
+        g.callsites = [*g.callsites, *(c for c in t.callsites if c.get("rank") in g.ranks)]
+        folded.append(t)
+    return [f for f in found if not any(f is t for t in folded)]
 
 
 def _keep_steps(crashes: list[Finding], from_log: list[Finding]) -> None:

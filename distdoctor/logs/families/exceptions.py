@@ -44,6 +44,8 @@ _LIBRARY = re.compile(r"/(?:site|dist)-packages/|/lib/python3\.\d+/|^<frozen |/t
 _TEARDOWN = re.compile(r"SignalException|KeyboardInterrupt|SystemExit|ChildFailedError|"
                        r"ProcessRaisedException|"
                        r"BrokenPipeError: \[Errno 32\]")
+# threading.excepthook's head: "Exception in thread Thread-1 (worker):"
+_THREAD_HEAD = re.compile(r"^Exception in thread (?P<name>.+):\s*$")
 _LAUNCHER = re.compile(r"torch/distributed/(?:run\.py|elastic/|launcher/)|/torchrun$|"
                        r"torch/multiprocessing/spawn\.py")
 MAX_OPEN = 10_000  # processes followed at once
@@ -60,6 +62,7 @@ class Tracebacks:
     def __init__(self):
         self._open: dict[object, dict] = {}
         self._ignored: set = set()  # processes whose next traceback Python says it ignored
+        self._threads: dict[object, str] = {}  # process -> the thread its next traceback ended
 
     def holds(self, who) -> bool:
         """Whether a traceback of this process is open (its next lines are its)."""
@@ -74,13 +77,20 @@ class Tracebacks:
             if len(self._ignored) < MAX_OPEN:
                 self._ignored.add(who)
             return []
+        if (m := _THREAD_HEAD.match(text.lstrip())) is not None:
+            # threading's report of a thread's uncaught exception: its traceback follows,
+            # and it ended that thread, not the process
+            if len(self._threads) < MAX_OPEN:
+                self._threads[who] = m["name"][:120]
+            return []
         if _START in text:
             if len(self._open) >= MAX_OPEN:
                 self._open.pop(next(iter(self._open)))
             # a prefix may leave its own indent: the traceback's lines are read relative to it
             indent = len(text) - len(text.lstrip())
             self._open[who] = {"frames": [], "sources": {}, "line": line, "indent": indent,
-                               "ignored": who in self._ignored}
+                               "ignored": who in self._ignored,
+                               "thread": self._threads.pop(who, None)}
             self._ignored.discard(who)
             return []
         tb = self._open.get(who)
@@ -137,6 +147,8 @@ class Tracebacks:
             return []
         f = {"exception": m["type"], "message": (m["message"] or "").strip()[:300],
              "where": where, "in_launcher": launcher}
+        if tb.get("thread"):
+            f["thread"] = tb["thread"]
         role = TEARDOWN if _TEARDOWN.search(text) else BENIGN if tb["ignored"] else CAUSE
         return [Signal("exception", NAME, role, line, f)]
 
@@ -192,6 +204,8 @@ def describe(p: Problem, ctx) -> Finding:
     at = (f" at {short_path(where['file'])}:{where['line']} in {where['function']}"
           if where.get("file") else "")
     msg = f": {clip(f['message'], 160)}" if f.get("message") else ""
+    if f.get("thread"):
+        return _thread_died(p, ctx, f, f"{f['exception']}{msg}{at}", where)
     every = len(ranks) >= 2 and ctx.ev.ranks and set(ranks) >= ctx.ev.ranks
     named = sorted(r for r in ctx.exits if r >= 0)  # (not a rank the launcher left unnamed)
     if not ranks and p.count >= 2 and len(named) == p.count:
@@ -230,9 +244,29 @@ def describe(p: Problem, ctx) -> Finding:
     return fnd
 
 
+def _thread_died(p: Problem, ctx, f: dict, what: str, where: dict) -> Finding:
+    """A thread's uncaught exception: that thread ended, its process did not (went_on
+    says whether the job's failure may come of it)."""
+    ranks = sorted(p.ranks)
+    of = f" of rank{plural(ranks)} {ranks_text(ranks)}" if ranks else ""
+    fnd = ctx.finding(p, "crash", "error", f"a thread ({clip(f['thread'], 60)!r}){of} died "
+                      f"of {what}", ranks, R.THREAD)
+    fnd.details["thread"] = f["thread"]
+    if where.get("file"):
+        fnd.callsites = [{"rank": r, **where} for r in ranks[:8]]
+    return fnd
+
+
 def went_on(p: Problem, ctx) -> str | None:
     """An exception its rank lived well past (a framework caught and logged it), in a log
-    with no other failure: a warning."""
+    with no other failure: a warning. A thread's, in a log with no failure it may explain
+    (an exit that failed, a timeout, a rank waited for): a warning whatever followed it."""
+    if p.rule == "exception" and p.first.fields.get("thread"):
+        failed = any(e.get("exit_code") not in (0, None) or e.get("signum")
+                     for e in ctx.exits.values())
+        if failed or any(q.role in (TIMEOUT, VICTIM) for q in ctx.problems.values()):
+            return None
+        return "warning"
     if p.rule not in ("exception", "cuda_error") or not p.ranks:
         return None
     for r in p.ranks:
