@@ -216,7 +216,8 @@ def _run_untraced(cmd: list[str], args) -> int:
 
 def _reader(live, report):
     def on_line(rank, text) -> None:
-        report.feed(text)
+        if rank is None:  # a wrapped launcher's output; ranks run started print no report
+            report.feed(text)  # (one rank quoting torchrun's once made another a crash)
         live.feed_line(rank, text)
 
     return on_line

@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import JOBS, live_processes
+from conftest import JOBS, live_processes, run_job
 
 from tests.peak_memory import run_measured
 
@@ -123,3 +123,15 @@ def test_long_lines_keep_runs_memory_bounded_and_pass_through_whole(run_dir, tmp
         tail = f.read()
     assert b"rank 0 done\n" in tail and b"rank 1 done\n" in tail
     assert "Traceback" not in run.err
+
+
+@pytest.mark.timeout(120)
+def test_a_rank_quoting_torchruns_report_is_no_crash_of_another(run_dir):
+    """Rank 0 prints torchrun's lines for a failed rank 1 ("exitcode : -9"): read as the
+    report of a launcher run wraps, they made rank 1, alive and healthy, a crash killed
+    by SIGKILL. Ranks that run starts itself have no launcher to report them."""
+    done = run_job("security/hostile_ranks/quotes_torchrun.py", 2, run_dir)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "rank 0 done" in done.stdout and "rank 1 done" in done.stdout
+    findings = json.loads((run_dir / "findings.json").read_text())["findings"]
+    assert findings == [], findings
