@@ -176,9 +176,17 @@ def _register(path: str, signum: int) -> int:
 
 def keep_stack_dump_handler() -> None:
     """Called now and then in the rank (its heartbeat): if the job closed our descriptor
-    (and may reuse its number), register the dump on a new one. Never raises."""
+    (and may reuse its number), register the dump on a new one; if the job took the
+    signal for a handler of its own since (a preemption handler that checkpoints and
+    requeues), give it up, so that `run` never sends it. Never raises."""
     global _handler_file
     if _handler_file is None:
+        return
+    try:
+        if signal.getsignal(_handler["signum"]) not in (signal.SIG_DFL, signal.SIG_IGN, None):
+            _give_up_to_the_job()
+            return
+    except Exception:
         return
     try:
         st = os.fstat(_handler_file)
@@ -191,6 +199,18 @@ def keep_stack_dump_handler() -> None:
     except Exception:
         faulthandler.unregister(_handler["signum"])  # no dump rather than into a job's file
         _handler_file = None
+
+
+def _give_up_to_the_job() -> None:
+    """The job's own handler holds the signal now: our registry entry goes (`run` sends
+    the signal only to a registered process) and our descriptor is closed. faulthandler is
+    not unregistered: that would put back the action from before ours, the default,
+    over the job's handler."""
+    global _handler_file
+    with contextlib.suppress(OSError):
+        os.close(_handler_file)
+    _handler_file = None
+    _remove(os.getpid())
 
 
 def _remove(pid: int) -> None:

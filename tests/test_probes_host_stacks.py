@@ -18,11 +18,15 @@ from distdoctor.probes.stacks import dump_stacks, find_py_spy, install_stack_dum
 
 STUCK = """
 import signal, sys, threading, time
-from distdoctor.probes.stacks import install_stack_dump_handler
+from distdoctor.probes.stacks import install_stack_dump_handler, keep_stack_dump_handler
 mode = sys.argv[1]
 if mode == "own-handler":
     signal.signal(signal.SIGUSR2, lambda *a: print("user handler ran", flush=True))
 ok = install_stack_dump_handler(sys.argv[2]) if mode != "no-handler" else False
+if mode == "takes-it-later":  # the job's own handler, set after distdoctor's (a trainer's
+    # preemption handler), then the tracer's heartbeat looks
+    signal.signal(signal.SIGUSR2, lambda *a: print("user handler ran", flush=True))
+    keep_stack_dump_handler()
 
 def churn(n):  # deep calls: frames made and freed all the time
     return 0 if n == 0 else churn(n - 1) + 1
@@ -143,6 +147,20 @@ def test_handler_leaves_a_jobs_own_sigusr2_alone(tmp_path):
         assert proc.ready_line == "ready False"
         d = dump_stacks({0: proc.pid}, timeout_s=5, use_py_spy=False)[0]
         assert d.method == "unavailable"
+        proc.kill()
+        out, _ = proc.communicate(timeout=10)
+        assert "user handler ran" not in out
+
+
+def test_a_jobs_sigusr2_handler_set_later_is_never_sent_a_dump_request(tmp_path):
+    """A job that takes SIGUSR2 after distdoctor armed its dump (a trainer's preemption
+    handler that checkpoints and requeues) had that handler run by every stack dump `run`
+    asked for; the heartbeat now gives the signal up to the job."""
+    with child(tmp_path, "takes-it-later") as proc:
+        assert proc.ready_line == "ready True"
+        d = dump_stacks({0: proc.pid}, timeout_s=5, use_py_spy=False)[0]
+        assert d.method == "unavailable", d
+        time.sleep(0.3)
         proc.kill()
         out, _ = proc.communicate(timeout=10)
         assert "user handler ran" not in out
