@@ -1,12 +1,14 @@
 """`distdoctor run` relays and scans what its ranks print, and its own output may lose its
-reader: neither costs the job, the exit code, run's memory or `--on-hang kill`.
+reader: neither costs the job, the exit code, run's memory, `--on-hang kill` or a false
+finding.
 
 Real 2-rank jobs (gloo) under `distdoctor run`, each with a hard timeout; a job that
 outlives it fails the test, and every process of it is killed at the test's end (found by
 the run dir in its environment). Before these checks, a rank printing at full speed kept
 the hang from ever being stopped; lines of 100,000 characters took run 372 MB for 100 MB
 of output; a reader of run's stderr that left ended the live diagnosis (no hang ever
-stopped) or run's exit code; a closed stdout blocked the job for good."""
+stopped) or run's exit code; a closed stdout blocked the job for good; a rank quoting
+torchrun's report of a failed rank made a healthy one a crash."""
 
 from __future__ import annotations
 
