@@ -132,7 +132,10 @@ def run(args) -> int:
     print(f"distdoctor: tracing into {printable(run_dir)}", file=sys.stderr)
     holder: list = []
     report = LauncherReport()
-    live = _start_diagnosis(run_dir, args, holder, report)
+    try:
+        live = _start_diagnosis(run_dir, args, holder, report)
+    except RuntimeError as exc:  # "can't start new thread": a pids limit (a container's)
+        raise UserError(f"run: cannot start the live diagnosis: {exc}") from None
     if metrics is not None:
         metrics.serve(live)
         print(f"distdoctor: metrics at {metrics.url}", file=sys.stderr)

@@ -10,6 +10,7 @@ process of the job, however it detached (reaper.py), and nothing outlives run
 
 from __future__ import annotations
 
+import errno
 import os
 import select
 import signal
@@ -160,6 +161,15 @@ def _show(on_line, rank, raw: bytes) -> None:
         pass
 
 
+def _start_relay(src, dst, rank, on_line) -> None:
+    try:
+        threading.Thread(target=_forward, args=(src, dst, rank, on_line), daemon=True,
+                         name=f"distdoctor-tee-{rank}").start()
+    except RuntimeError as exc:  # "can't start new thread": a pids limit (a container's,
+        # a cgroup's) reached: an OSError, so the job is stopped whole and said in a line
+        raise OSError(errno.EAGAIN, f"no thread to relay its output: {exc}") from None
+
+
 def python_command(cmd: list[str]) -> list[str]:
     """`train.py args` runs under this interpreter; anything else runs as given."""
     if cmd and cmd[0].endswith(".py"):
@@ -217,8 +227,7 @@ class Job:
                 procs.append(Proc(rank, popen))
                 if on_line:
                     for src, dst in ((popen.stdout, sys.stdout), (popen.stderr, sys.stderr)):
-                        threading.Thread(target=_forward, args=(src, dst, rank, on_line),
-                                         daemon=True, name=f"distdoctor-tee-{rank}").start()
+                        _start_relay(src, dst, rank, on_line)
         except OSError:
             cls(procs, 0.0, cookie, guardian).close()  # the ranks already started go too
             raise

@@ -137,3 +137,45 @@ def test_a_rank_quoting_torchruns_report_is_no_crash_of_another(run_dir):
     assert "rank 0 done" in done.stdout and "rank 1 done" in done.stdout
     findings = json.loads((run_dir / "findings.json").read_text())["findings"]
     assert findings == [], findings
+
+
+@pytest.fixture
+def pids_limit(tmp_path):
+    """A cgroup (v1 pids) whose process and thread count the test sets; skipped where
+    one cannot be made (not root, no pids controller)."""
+    group = Path("/sys/fs/cgroup/pids") / f"distdoctor-test-{os.getpid()}"
+    try:
+        group.mkdir()
+    except OSError as exc:
+        pytest.skip(f"cannot make a pids cgroup here: {exc}")
+    yield group
+    for _ in range(50):  # its processes are gone once run has returned; a zombie lingers
+        try:
+            group.rmdir()
+            return
+        except OSError:
+            subprocess.run(["sleep", "0.1"])
+
+
+@pytest.mark.timeout(120)
+def test_no_thread_left_for_the_relay_is_one_line_and_no_process_left(pids_limit, tmp_path):
+    """Under a limit on processes and threads (a container's pids.max), run could start a
+    rank but not the thread relaying its output, or not its live diagnosis: a traceback
+    (its guardian then stopped the ranks). Each limit from too few for anything to enough
+    for the job: one line, or the job's own exit code."""
+    said = set()
+    for limit in range(2, 14):
+        (pids_limit / "pids.max").write_text(str(limit))
+        run_dir = tmp_path / f"run-{limit}"
+        proc = subprocess.run(
+            [sys.executable, "-m", "distdoctor", "run", "--nproc", "4", "--run-dir",
+             str(run_dir), "--", "/bin/true"], capture_output=True, text=True, timeout=60,
+            stdin=subprocess.DEVNULL,
+            preexec_fn=lambda: (pids_limit / "cgroup.procs").write_text(str(os.getpid())))
+        assert "Traceback" not in proc.stderr, (limit, proc.stderr[-3000:])
+        if proc.returncode != 0:
+            (line,) = [x for x in proc.stderr.splitlines() if "error" in x]
+            assert proc.returncode == 2 and "run: cannot start" in line, (limit, proc.stderr)
+            said.add(line.split(": ")[-1])
+        assert not _left(run_dir)
+    assert "can't start new thread" in said, said
