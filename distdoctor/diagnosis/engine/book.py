@@ -129,6 +129,20 @@ class FindingBook:
             return _as_consequence(f, "consequence_of_mismatch")
         return f
 
+    def _survived(self, f: Finding) -> Finding:
+        """A crash the job's output tells (an exception it printed) of ranks that all went
+        on and exited normally: one the job handled and logged (logging.exception), not
+        its end. A warning."""
+        if f.kind != "crash" or f.severity != "error" or f.details.get("source") != "log" \
+                or not f.ranks:
+            return f
+        for r in f.ranks:
+            st = self.ranks.get(r)
+            ex = st.exit if st is not None else None
+            if ex is None or ex.failed or ex.how not in ("exit", "closed"):
+                return f
+        return _went_on_words(f)
+
     def _in_collective(self, rank: int) -> bool:
         st = self.ranks.get(rank)
         return st is not None and st.latest is not None and st.latest.kind == "collective" \
@@ -156,7 +170,8 @@ class FindingBook:
         # a hang blamed on ranks later found dead is that death, not a second problem
         # (also when the death was itself a consequence: its cause is reported already)
         held = [self._held_as_settled(f) for f, _ in self._held]  # (see add_finding)
-        found = merge_crashes(list(self.found.values()) + held, set(self.ranks))
+        found = [self._survived(f) for f in merge_crashes(list(self.found.values()) + held,
+                                                          set(self.ranks))]
         crashes = [f for f in found if f.kind == "crash"]
         died = {r for f in crashes for r in f.ranks}
         dead = {r for f in crashes if f.severity == "error" for r in f.ranks}
@@ -185,6 +200,11 @@ class FindingBook:
         kept = [f for f in kept if not (f.severity == "info" and f.group in raced
                                         and f.details.get("reason") == "threads_share_group")]
         return most_severe_first(kept)
+
+
+def _went_on_words(f: Finding) -> Finding:
+    return replace(f, severity="warning", summary=f"{f.summary} (its process went on and "
+                   "exited normally: not what ended it)", details={**f.details, "went_on": True})
 
 
 def _external_key(f: Finding) -> tuple:
