@@ -32,7 +32,7 @@ def prefetch():
 
 threading.Thread(target=metrics if mode == "healthy" else prefetch, name="worker").start()
 x = torch.ones(4)
-for step in range(20):
+for _ in range(20):
     if mode == "prefetch":
         x = batches.get(timeout=3)
     dist.all_reduce(x)
