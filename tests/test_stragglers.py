@@ -199,10 +199,11 @@ def test_healthy_trainer_modes_have_no_straggler(mode, tmp_path):
 
 
 def _judged_as_the_run_went(run_dir) -> tuple[list, list]:
-    """The run's events fed through the engine in the job's time, judged every half
-    second (as `distdoctor run` judges live) and at the end: (every straggler said on the
-    way, the final findings)."""
+    """The run's events fed through the engine in the job's time, judged every quarter
+    second (as `distdoctor run` judges live while events come: a pass every POLL_S) and at
+    the end: (every straggler said on the way, the final findings)."""
     from distdoctor.diagnosis.engine.core import Engine
+    from distdoctor.diagnosis.live import POLL_S
     from distdoctor.runlog.run import read_run
     run = read_run(str(run_dir))
     events = sorted((e for evs in run.events.values() for e in evs),
@@ -211,7 +212,7 @@ def _judged_as_the_run_went(run_dir) -> tuple[list, list]:
     for ev in events:
         engine.ingest_one(ev, 0.0)
         if ev.t_enter_ns >= next_ns:
-            next_ns = ev.t_enter_ns + 5e8
+            next_ns = ev.t_enter_ns + POLL_S * 1e9
             said += [f for f in engine.tick(ev.t_enter_ns / 1e9) if f.kind == "straggler"]
     engine.tick(None, final=True)
     return said, engine.findings()
