@@ -72,7 +72,7 @@ def test_a_rank_that_died_after_its_thread_did_says_the_thread_first(tmp_path):
     errors = [f for f in _findings(run_dir) if f["severity"] == "error"]
     assert errors and errors[0]["kind"] == "crash" and errors[0]["ranks"] == [1], errors
     top = errors[0]
-    assert "before it, a thread ('worker') of rank 1 died of OSError" in top["summary"], top
+    assert top["summary"].count("before it, a thread ('worker') of rank 1 died of OSError") == 1, top
     line = marker_lines("live_logs/thread_raises.py")["prefetch"]
     assert any(c.get("line") == line for c in top["callsites"]), top["callsites"]
 
@@ -91,3 +91,20 @@ def test_an_exception_the_rank_logged_and_lived_past_is_no_crash(tmp_path):
     (f,) = [f for f in found if f["kind"] == "crash"]
     assert f["severity"] == "warning" and f["ranks"] == [0], f
     assert "RuntimeError" in f["summary"] and "exited normally" in f["summary"], f
+
+
+def test_a_dead_threads_fold_is_the_same_at_every_look():
+    """The engine merges its crashes again each time its findings are read (every pass
+    that writes findings.json, every view): the fold made a new finding, or the rank's
+    own grew a "before it" each time."""
+    from distdoctor.diagnosis.crashes.crash import merge_crashes
+    from distdoctor.findings import Finding
+
+    rank = Finding("crash", "error", "crash: rank 1 raised Empty", [1],
+                   details={"exception": {"type": "Empty"}})
+    thread = Finding("crash", "error", "a thread ('w') of rank 1 died of OSError", [1],
+                     details={"source": "log", "thread": "w"})
+    looks = [[f.summary for f in merge_crashes([rank, thread], {0, 1})] for _ in range(3)]
+    assert looks == [["crash: rank 1 raised Empty; before it, a thread ('w') of rank 1 "
+                      "died of OSError"]] * 3, looks
+    assert rank.summary == "crash: rank 1 raised Empty"

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import signal
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from distdoctor.diagnosis.crashes.phase import crash_phase
 from distdoctor.diagnosis.hangs.hang import RankView, _fmt_op
@@ -227,21 +227,23 @@ def _fold_dead_threads(found: list[Finding]) -> list[Finding]:
                and f.details.get("source") == "log" and f.ranks]
     if not threads:
         return found
-    folded = []
+    out, folded = [], []
     for g in found:
-        if g.kind != "crash" or g.severity != "error" or len(g.ranks) != 1 \
-                or g.details.get("source") == "log":
-            continue
-        t = next((f for f in threads if g.ranks[0] in f.ranks and f.details.get(
-            "incarnation") == g.details.get("incarnation")), None)
-        if t is None:
-            continue
-        g.summary += f"; before it, {t.summary}"
-        g.details["thread_died"] = {"thread": t.details["thread"], "summary": t.summary,
-                                    "callsites": t.callsites[:2]}
-        g.callsites = [*g.callsites, *(c for c in t.callsites if c.get("rank") in g.ranks)]
-        folded.append(t)
-    return [f for f in found if not any(f is t for t in folded)]
+        t = None
+        if g.kind == "crash" and g.severity == "error" and len(g.ranks) == 1 \
+                and g.details.get("source") != "log":
+            t = next((f for f in threads if g.ranks[0] in f.ranks and f.details.get(
+                "incarnation") == g.details.get("incarnation")), None)
+        if t is not None:  # a new finding: the engine's own is merged again at each look
+            g = replace(g, summary=f"{g.summary}; before it, {t.summary}",
+                        details={**g.details, "thread_died": {
+                            "thread": t.details["thread"], "summary": t.summary,
+                            "callsites": t.callsites[:2]}},
+                        callsites=[*g.callsites,
+                                   *(c for c in t.callsites if c.get("rank") in g.ranks)])
+            folded.append(t)
+        out.append(g)
+    return [f for f in out if not any(f is t for t in folded)]
 
 
 def _keep_steps(crashes: list[Finding], from_log: list[Finding]) -> None:
