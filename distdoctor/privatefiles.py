@@ -260,3 +260,29 @@ def parse_json(data: bytes | str) -> object:
         return json.loads(data)
     except RecursionError:
         raise ValueError("nested too deep") from None
+
+
+# --- descriptors a job may close and reuse --------------------------------------------------
+def identity_of(fd: int) -> tuple[int, int]:
+    """(device, inode) of the file open at `fd`: what says later that the number is
+    still ours."""
+    st = os.fstat(fd)
+    return st.st_dev, st.st_ino
+
+
+def still_ours(fd: int | None, identity: tuple | None) -> bool:
+    """Whether `fd` is still the file whose identity_of was `identity`: a job that closes
+    every descriptor (a daemonising library) may have its own file under that number."""
+    try:
+        return fd is not None and identity is not None and identity_of(fd) == identity
+    except OSError:
+        return False
+
+
+def close_if_ours(fd: int | None, identity: tuple | None) -> None:
+    """Close `fd` if it is still ours (still_ours); never a job's file. Never raises."""
+    if still_ours(fd, identity):
+        try:
+            os.close(fd)
+        except OSError:
+            pass

@@ -31,6 +31,7 @@ import contextlib
 import ctypes
 import faulthandler
 import fcntl
+import functools
 import json
 import os
 import shutil
@@ -43,7 +44,14 @@ from pathlib import Path
 
 import psutil
 
-from distdoctor.privatefiles import PrivateDir, PrivateDirRefused, state_dir_path
+from distdoctor.privatefiles import (
+    PrivateDir,
+    PrivateDirRefused,
+    close_if_ours,
+    identity_of,
+    state_dir_path,
+    still_ours,
+)
 
 PY_SPY = "py-spy"
 SIGNAL = "signal"
@@ -169,8 +177,7 @@ def _register(path: str, signum: int) -> int:
     # chain=False: chaining to the default action would terminate the rank; all_threads
     # would walk threads that run meanwhile (the module's docstring)
     faulthandler.register(signum, file=high, all_threads=False, chain=False)
-    st = os.fstat(high)
-    _handler["identity"] = (st.st_dev, st.st_ino)
+    _handler["identity"] = identity_of(high)
     return high
 
 
@@ -188,12 +195,8 @@ def keep_stack_dump_handler() -> None:
             return
     except Exception:
         return
-    try:
-        st = os.fstat(_handler_file)
-        if (st.st_dev, st.st_ino) == _handler["identity"]:
-            return
-    except OSError:
-        pass
+    if still_ours(_handler_file, _handler.get("identity")):
+        return
     try:
         _handler_file = _register(_handler["path"], _handler["signum"])
     except Exception:
@@ -205,10 +208,10 @@ def _give_up_to_the_job() -> None:
     """The job's own handler holds the signal now: our registry entry goes (`run` sends
     the signal only to a registered process) and our descriptor is closed. faulthandler is
     not unregistered: that would put back the action from before ours, the default,
-    over the job's handler."""
+    over the job's handler. The descriptor is closed only if it is still ours: a job
+    that closed it may have a file of its own under that number."""
     global _handler_file
-    with contextlib.suppress(OSError):
-        os.close(_handler_file)
+    close_if_ours(_handler_file, _handler.get("identity"))
     _handler_file = None
     _remove(os.getpid())
 
@@ -278,6 +281,7 @@ def _read_from(path: str, start: int) -> str:
 DUMP_READ_BYTES = 4 << 20  # a dump's text (a few KB a thread)
 
 
+@functools.cache
 def _tgkill():
     """glibc's tgkill (2.30 on), or None."""
     try:

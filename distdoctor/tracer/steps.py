@@ -39,6 +39,7 @@ import threading
 import time
 import weakref
 
+from distdoctor.privatefiles import close_if_ours, identity_of
 from distdoctor.runlog import format as F
 from distdoctor.runlog.slots import native_module
 from distdoctor.tracer import callsite, framework, state
@@ -196,7 +197,7 @@ class Sampler:
             return
         finally:  # a rank that makes its group again starts a sampler each time
             self._schedstat = None
-            _close_if_ours(*self._schedstat_fd)
+            close_if_ours(*self._schedstat_fd)
 
     def sample(self) -> None:
         if self._in_op():
@@ -235,10 +236,9 @@ def _open_schedstat(tid: int | None) -> tuple:
     look."""
     try:
         fd = os.open(f"/proc/self/task/{tid}/schedstat", os.O_RDONLY | os.O_CLOEXEC)
-        st = os.fstat(fd)
+        identity = identity_of(fd)
     except (OSError, TypeError):
         return None, None, None
-    identity = (st.st_dev, st.st_ino)
     try:
         import ctypes
 
@@ -257,17 +257,6 @@ def _open_schedstat(tid: int | None) -> tuple:
         return read, fd, identity
     except (OSError, AttributeError):
         return lambda: os.pread(fd, 64, 0), fd, identity
-
-
-def _close_if_ours(fd: int | None, identity: tuple | None) -> None:
-    """Close `fd` if it is still the file we opened: a job that closes every descriptor
-    (a daemonising library) may have its own file under that number by now."""
-    try:
-        st = os.fstat(fd)
-        if identity is None or (st.st_dev, st.st_ino) == identity:
-            os.close(fd)
-    except (OSError, TypeError):
-        pass
 
 
 def sample_hz() -> float:
