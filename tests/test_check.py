@@ -284,3 +284,51 @@ def test_when_the_checks_own_ranks_fail_the_log_diagnosis_names_the_cause(monkey
     assert job is None
     assert failure.startswith("the check's ranks failed: GLOO_SOCKET_IFNAME=nosuchif0"), failure
     assert "enforce fail" not in failure and "GLOO_SOCKET_IFNAME" in remedy
+
+
+@pytest.mark.timeout(120)
+def test_sigterm_stops_the_checks_ranks_and_removes_their_folder(tmp_path):
+    """A two-node check cancelled on the node that waits for the other (a scheduler's
+    SIGTERM): torchrun and its folder went with it. Before, the check ended alone and
+    torchrun waited on in its own session, its folder left in the temp dir."""
+    import signal
+    import time
+
+    tmpdir = tmp_path / "tmp"
+    tmpdir.mkdir()
+    port = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "distdoctor", "check", "--no-sweep", "--", "torchrun",
+         "--nnodes", "2", "--node-rank", "0", "--nproc-per-node", "1", "--master-addr",
+         "127.0.0.1", "--master-port", str(port), "train.py"],
+        env=_env(TMPDIR=str(tmpdir)), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True)
+    waiting = []
+    try:
+        deadline = time.monotonic() + 60
+        while not waiting and proc.poll() is None:  # torchrun, in the rendezvous
+            assert time.monotonic() < deadline, "torchrun never started"
+            time.sleep(0.1)
+            waiting = [int(p) for p in os.listdir("/proc") if p.isdigit()
+                       and _environ_has(int(p), f"TMPDIR={tmpdir}") and int(p) != proc.pid]
+        time.sleep(1)  # well inside the rendezvous
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 128 + signal.SIGTERM, (out, err)
+    assert not list(tmpdir.glob("distdoctor-check-*"))
+    time.sleep(0.5)
+    assert not [p for p in waiting if os.path.exists(f"/proc/{p}")
+                and open(f"/proc/{p}/stat").read().split(") ")[-1][0] != "Z"], waiting
+    assert "Traceback" not in err, err
+
+
+def _environ_has(pid: int, entry: str) -> bool:
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            return entry.encode() in f.read().split(b"\0")
+    except OSError:
+        return False

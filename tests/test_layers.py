@@ -28,7 +28,8 @@ LAYERS = (
         "distdoctor.errors", "distdoctor.priority", "distdoctor.console",
         "distdoctor.plugins", "distdoctor.exits",
         "distdoctor.safetext",  # foreign text made safe to print
-        "distdoctor.privatefiles")),  # state files under shared dirs: private, no links
+        "distdoctor.privatefiles",  # state files under shared dirs: private, no links
+        "distdoctor.termination")),  # SIGTERM ends a command through its cleanup
     ("run log", (
         # with its C extension (runlog/_fast.c): self-contained, it imports nothing; the
         # run log's slot writer uses its SlotWriter as the tracer uses its Core

@@ -21,43 +21,56 @@ def run_ranks(nproc: int | None, launcher: list[str] | None, checkpoint_dir: str
     """(the job's facts, "", "") or (None, why there are none, what to do). When the
     check's own ranks fail, their output goes through the log diagnosis: the failure is
     named with its remedy (a variable that breaks init_process_group), not a raw line."""
+    from distdoctor.termination import ends_through_finally, termination_held
+
+    # SIGTERM or SIGHUP (a scheduler's cancel) stops the ranks and removes their folder, as
+    # Ctrl-C does: by default the check ended alone, its ranks ran on in their sessions
+    with ends_through_finally():
+        with termination_held():
+            folder = tempfile.TemporaryDirectory(prefix="distdoctor-check-")
+        with folder as tmp:
+            return _run_in(tmp, nproc, launcher, checkpoint_dir, sweep, timeout_s)
+
+
+def _run_in(tmp: str, nproc: int | None, launcher: list[str] | None,
+            checkpoint_dir: str | None, sweep: bool, timeout_s: float):
+    """run_ranks() with its output in `tmp`."""
     from distdoctor.launch.env import free_port, rank_env
 
-    with tempfile.TemporaryDirectory(prefix="distdoctor-check-") as tmp:
-        out = Path(tmp) / "job.json"
-        env = dict(os.environ)
-        env.update({OUT_ENV: str(out), SWEEP_ENV: "1" if sweep else "0",
-                    "PYTHONUNBUFFERED": "1"})
-        if checkpoint_dir:
-            env[CHECKPOINT_ENV] = os.path.abspath(checkpoint_dir)
-        if launcher is not None:
-            commands = [(launcher, env)]
-        else:
-            port = free_port()
-            commands = [([sys.executable, "-m", "distdoctor.check.rank"],
-                         rank_env(env, r, nproc, port)) for r in range(nproc)]
-        procs = []
+    out = Path(tmp) / "job.json"
+    env = dict(os.environ)
+    env.update({OUT_ENV: str(out), SWEEP_ENV: "1" if sweep else "0",
+                "PYTHONUNBUFFERED": "1"})
+    if checkpoint_dir:
+        env[CHECKPOINT_ENV] = os.path.abspath(checkpoint_dir)
+    if launcher is not None:
+        commands = [(launcher, env)]
+    else:
+        port = free_port()
+        commands = [([sys.executable, "-m", "distdoctor.check.rank"],
+                     rank_env(env, r, nproc, port)) for r in range(nproc)]
+    procs = []
+    try:
+        for i, (cmd, penv) in enumerate(commands):
+            log = open(Path(tmp) / f"{i}.log", "wb")
+            procs.append(subprocess.Popen(cmd, env=penv, stdin=subprocess.DEVNULL,
+                                          stdout=log, stderr=subprocess.STDOUT,
+                                          start_new_session=True))
+            log.close()
+        failed = _wait(procs, time.monotonic() + timeout_s, tmp)
+    except OSError as exc:
+        return None, f"cannot start {commands[0][0][0]!r}: {exc.strerror or exc}", ""
+    finally:
+        _stop(procs)
+    if failed is None and out.exists():
         try:
-            for i, (cmd, penv) in enumerate(commands):
-                log = open(Path(tmp) / f"{i}.log", "wb")
-                procs.append(subprocess.Popen(cmd, env=penv, stdin=subprocess.DEVNULL,
-                                              stdout=log, stderr=subprocess.STDOUT,
-                                              start_new_session=True))
-                log.close()
-            failed = _wait(procs, time.monotonic() + timeout_s, tmp)
-        except OSError as exc:
-            return None, f"cannot start {commands[0][0][0]!r}: {exc.strerror or exc}", ""
-        finally:
-            _stop(procs)
-        if failed is None and out.exists():
-            try:
-                return json.loads(out.read_text()), "", ""
-            except ValueError as exc:
-                return None, f"the ranks wrote an unreadable report ({exc})", ""
-        diagnosed = _diagnose(tmp, len(procs))
-        if diagnosed is not None:
-            return None, diagnosed[0], diagnosed[1]
-        return None, failed or "the ranks finished without a report" + _tail(tmp, 0), ""
+            return json.loads(out.read_text()), "", ""
+        except ValueError as exc:
+            return None, f"the ranks wrote an unreadable report ({exc})", ""
+    diagnosed = _diagnose(tmp, len(procs))
+    if diagnosed is not None:
+        return None, diagnosed[0], diagnosed[1]
+    return None, failed or "the ranks finished without a report" + _tail(tmp, 0), ""
 
 
 def _diagnose(tmp: str, n: int) -> tuple[str, str] | None:

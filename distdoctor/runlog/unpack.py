@@ -328,47 +328,26 @@ def in_json(name: str) -> str:
 
 @contextlib.contextmanager
 def unpacked(pack: str | os.PathLike):
-    """The run dir of `pack`, made in a private temp dir that is removed after. While it
-    lives, shown() names it, and what lies in it, by `pack` as given."""
-    dest = tempfile.mkdtemp(prefix="ddpack-")  # 0700, ours; short: a line keeps it whole
-    spellings = {dest, os.path.realpath(dest)}
-    for tmp in spellings:
-        _SHOWN[tmp] = str(pack)
-    restore = _exit_on_termination()
-    try:
+    """The run dir of `pack`, made in a private temp dir that is removed after, also when
+    SIGTERM or SIGHUP ends the command. While it lives, shown() names it, and what lies in
+    it, by `pack` as given."""
+    from distdoctor.termination import ends_through_finally, termination_held
+
+    dest, spellings = None, ()
+    with ends_through_finally():
         try:
-            unpack(pack, dest)
-        except OSError as exc:
-            raise UserError(f"cannot unpack {pack}: {exc.strerror or exc}") from None
-        yield Path(dest)
-    finally:
-        shutil.rmtree(dest, ignore_errors=True)
-        for tmp in spellings:
-            _SHOWN.pop(tmp, None)
-        restore()
-
-
-def _exit_on_termination():
-    """SIGTERM and SIGHUP end the command through its `finally` blocks, as Ctrl-C does,
-    while a pack lies unpacked (by default they end the process where it stands, and the
-    unpacked run dir, GiBs from a large pack, stayed in the temp dir). Returns what puts
-    the handlers back; only the main thread can set them (elsewhere: nothing)."""
-    import signal
-    import threading
-
-    if threading.current_thread() is not threading.main_thread():
-        return lambda: None
-
-    def leave(signum, frame):
-        raise SystemExit(128 + signum)
-
-    before = {}
-    for sig in (signal.SIGTERM, signal.SIGHUP):
-        if signal.getsignal(sig) is signal.SIG_DFL:  # (one the command set stays its own)
-            before[sig] = signal.signal(sig, leave)
-
-    def restore():
-        for sig, handler in before.items():
-            signal.signal(sig, handler)
-
-    return restore
+            with termination_held():  # a signal between making and naming it: left behind
+                dest = tempfile.mkdtemp(prefix="ddpack-")  # 0700, ours; short: a line keeps it whole
+            spellings = {dest, os.path.realpath(dest)}
+            for tmp in spellings:
+                _SHOWN[tmp] = str(pack)
+            try:
+                unpack(pack, dest)
+            except OSError as exc:
+                raise UserError(f"cannot unpack {pack}: {exc.strerror or exc}") from None
+            yield Path(dest)
+        finally:
+            if dest is not None:
+                shutil.rmtree(dest, ignore_errors=True)
+            for tmp in spellings:
+                _SHOWN.pop(tmp, None)

@@ -218,6 +218,28 @@ def test_sigterm_while_a_pack_lies_unpacked_removes_it(good, tmp_path):
     assert b"Traceback" not in err, err
 
 
+def test_sigterm_just_as_the_temp_dir_is_made_removes_it(good, tmp_path):
+    # the signal lands the instant mkdtemp returns (CI met it there once by chance: the
+    # handler was set only after the dir was made, and SIGTERM's default left it behind)
+    code = ("import os, runpy, signal, sys, tempfile\n"
+            "made = tempfile.mkdtemp\n"
+            "def mkdtemp(*a, **k):\n"
+            "    d = made(*a, **k)\n"
+            "    os.kill(os.getpid(), signal.SIGTERM)\n"
+            "    return d\n"
+            "tempfile.mkdtemp = mkdtemp\n"
+            "sys.argv = ['distdoctor', 'diagnose', sys.argv[1]]\n"
+            "runpy.run_module('distdoctor', run_name='__main__')\n")
+    tmpdir = tmp_path / "tmp"
+    tmpdir.mkdir()
+    r = subprocess.run([sys.executable, "-c", code, str(good)], capture_output=True,
+                       env=dict(os.environ, TMPDIR=str(tmpdir)), stdin=subprocess.DEVNULL,
+                       timeout=60)
+    assert r.returncode == 128 + signal.SIGTERM, r
+    assert not list(tmpdir.glob("ddpack-*")), r.stderr
+    assert b"Traceback" not in r.stderr, r.stderr
+
+
 def test_a_pack_that_would_fill_the_temp_disk_is_refused(good, tmp_path):
     mnt = tmp_path / "small"
     mnt.mkdir()
