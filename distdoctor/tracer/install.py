@@ -127,6 +127,9 @@ def _patch(c10d=None) -> None:
         return pg, store
 
     c10d._new_process_group_helper = _new_process_group_helper
+    from distdoctor.tracer.coalescing import patch_batch_isend_irecv
+
+    patch_batch_isend_irecv(c10d, TracingProcessGroup)  # coalescing.py says why
 
     # split_group() calls parent_pg.split_group(), which TracingProcessGroup overrides.
 

@@ -28,11 +28,14 @@ list of our own: "nccl2", "nccl-lazy", "nccl-legacy" are registered as CUSTOM th
 
 from __future__ import annotations
 
+import threading
+
 import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 
 from distdoctor.runlog.slots import native_module
 from distdoctor.tracer import dispatch, state
+from distdoctor.tracer.coalescing import batch_ended
 from distdoctor.tracer.ops import TRACED
 
 RealProcessGroup = dist.ProcessGroup
@@ -137,6 +140,27 @@ class TracingProcessGroup(RealProcessGroup):
             backend = self._get_backend(_torch_device(key[1]))
             bound = self._dd_bound[key] = getattr(backend, spec.backend_method)
         return bound, call_args
+
+    # --- a coalesced batch: its ops end with its Work (coalescing.py) ------------------
+    def _start_coalescing(self, device):
+        started = super()._start_coalescing(device)
+        rec = state.recorder
+        if rec is not None:  # (a batch whose body raised was never ended: dropped)
+            rec.coalescing[threading.get_ident()] = []
+        return started
+
+    def _end_coalescing(self, device):
+        rec = state.recorder
+        events = rec.coalescing.pop(threading.get_ident(), []) if rec is not None else []
+        try:
+            work = super()._end_coalescing(device)
+        except BaseException as exc:
+            if rec is not None:
+                batch_ended(rec, events, None, exc)
+            raise
+        if rec is not None:
+            batch_ended(rec, events, work, None)
+        return work
 
     # --- pieces of ProcessGroup that need the store this object cannot hold ----------
     def _register_backend(self, device, backend_type, backend):

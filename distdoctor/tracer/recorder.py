@@ -1,13 +1,11 @@
 """The rank-side recorder: turns a ProcessGroup call into one event-log record.
 
 Hot-path rules (DESIGN principle 1): memory writes only, no collectives, no locks held
-across a call, and nothing raised into the caller: every entry point catches, warns once
-and carries on. Strings (groups, call sites, shapes) are interned once, so a steady-state
-call costs a few dictionary look-ups and three `struct.pack_into`s.
+across a call, nothing raised into the caller (each entry point catches, warns once and
+carries on); strings (groups, call sites, shapes) interned once.
 
-Completion: a synchronous CPU op (torch.distributed's `async_op=False`, which waits on the
-work itself right after the call) is waited on here, in the caller's thread, and completes
-when that wait returns. Works without a future (gloo's send/recv and reduce-scatter,
+Completion: a synchronous CPU op (torch.distributed's `async_op=False`, which waits on its
+work right after the call) is waited on here, in the caller's thread. Works without a future (gloo's send/recv and reduce-scatter,
 coalesced ops joined) complete when the caller waits on them (work.py). Other CPU work
 (async ops; C++ callers such as DDP's reducer) completes through its future's
 done-callback, on gloo's thread, at the moment it finishes: the straggler detector reads
@@ -33,22 +31,11 @@ from distdoctor.tracer import callsite, exits, steps
 from distdoctor.tracer.completion import PendingCompletions, StreamEnd
 from distdoctor.tracer.opfields import FIELDS, fields_of, numel, reduce_op_number
 from distdoctor.tracer.sites import CallSites
+from distdoctor.tracer.support import warn_once
 from distdoctor.tracer.work import DoneCallback, RecordingWork
 
 EXIT_CALLBACK_WAIT_S = 0.5  # at exit, how long to let pending completion callbacks run
 EXIT_WORK_GRACE_S = 0.02  # then, for their ops' works to be freed (close())
-_warned: set = set()
-
-
-def warn_once(key: str, message: str) -> None:
-    """The tracer's only way to complain: one line on stderr per kind of problem."""
-    if key in _warned:
-        return
-    _warned.add(key)
-    try:
-        print(f"distdoctor: {message} (tracing continues without it)", file=sys.stderr)
-    except Exception:
-        pass
 
 
 def _begin_failed(spec, exc: BaseException) -> None:
@@ -70,9 +57,10 @@ class Recorder:
         self._futureless: set = set()  # op methods whose CPU works have no future
         self._spans: list[int] = []  # open spans (event numbers), innermost last
         self._pending = PendingCompletions(ring, self._finish)
+        self.coalescing: dict[int, list[int]] = {}  # thread -> its open batch's ops
         self._main_thread = threading.main_thread().ident
-        # the process whose log this is: a forked child (a data-loader worker, a job's
-        # own os.fork) inherits this object, and its exit must not close the rank's log
+        # the process whose log this is: a forked child (a data-loader worker, os.fork)
+        # inherits this object, and its exit must not close the rank's log
         self._pid = os.getpid()
         self.on_heartbeat: list = []  # cheap checks to run once a second (never raising)
         self._stop = threading.Event()
@@ -210,7 +198,10 @@ class Recorder:
         if work is not None and not on_cuda and not async_op:
             return self._wait_sync(e, work)
         try:
-            if work is None:  # synchronous ops (monitored_barrier) return nothing; so
+            if work is None and on_cuda and self.coalescing and (
+                    batch := self.coalescing.get(threading.get_ident())) is not None:
+                batch.append(e)  # an op of a coalesced batch (coalescing.py)
+            elif work is None:  # synchronous ops (monitored_barrier) return nothing; so
                 # does a synchronous NCCL op on torch >= 2.8, queued, not done
                 end = StreamEnd.now() if on_cuda else None
                 if end is not None:
@@ -383,8 +374,7 @@ class Recorder:
         if os.getpid() != self._pid:
             return
         self._pending.close()  # the CUDA ops that are done by now are recorded as done
-        # Let completion callbacks still held on gloo's threads run and be freed now: see
-        # work.DoneCallback.
+        # Let completion callbacks still held on gloo's threads run and be freed now (work.py)
         if not self._callbacks_alive:
             return
         deadline = time.monotonic() + EXIT_CALLBACK_WAIT_S

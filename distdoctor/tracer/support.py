@@ -1,4 +1,5 @@
-"""Which torch the tracer supports, and which ops it traces on the running one.
+"""Which torch the tracer supports, and which ops it traces on the running one; and the
+tracer's one way to complain (warn_once).
 
 The floor is torch 2.4 (mid-2024: FSDP2 and DTensor in their early, private homes, the
 "single" ops bound under their old names). Above it nothing is assumed: each op is
@@ -10,7 +11,21 @@ rank 0, and written in each rank's metadata with the ops that are traced.
 
 from __future__ import annotations
 
+import sys
+
 FLOOR = (2, 4)
+_warned: set = set()
+
+
+def warn_once(key: str, message: str) -> None:
+    """The tracer's only way to complain: one line on stderr per kind of problem."""
+    if key in _warned:
+        return
+    _warned.add(key)
+    try:
+        print(f"distdoctor: {message} (tracing continues without it)", file=sys.stderr)
+    except Exception:
+        pass
 
 
 def parse_version(version: str) -> tuple[int, int] | None:
