@@ -42,6 +42,23 @@ def test_a_torch_that_coalesces_every_cuda_batch_is_left_as_it_is():
     assert module.batch_isend_irecv is batch_isend_irecv
 
 
+def test_a_torch_whose_test_lets_subclasses_in_is_left_as_it_is():
+    # the isinstance test proposed upstream (pytorch#178906): torch coalesces the traced
+    # group itself, and a second coalescing around its own would break the batch
+    def batch_isend_irecv(p2p_op_list):
+        group = p2p_op_list[0].group
+        device = p2p_op_list[0].tensor.device
+        if isinstance(group, ProcessGroup) and group._get_backend(  # noqa: F821
+                device).supports_coalescing:
+            return []
+        return list(p2p_op_list)
+
+    module = types.SimpleNamespace(batch_isend_irecv=batch_isend_irecv)
+    assert not closed_to_subclasses(batch_isend_irecv)
+    patch_batch_isend_irecv(module, object)
+    assert module.batch_isend_irecv is batch_isend_irecv
+
+
 @pytest.mark.timeout(120)
 def test_a_gloo_batch_is_issued_as_bare(tmp_path):
     run_dir = tmp_path / "run"

@@ -1,9 +1,9 @@
 """Coalesced ops under tracing: `batch_isend_irecv` coalesces as it does untraced, and the
 ops issued inside a coalesced batch complete with the batch's Work.
 
-Since torch 2.7 `batch_isend_irecv` coalesces only `if type(group) is ProcessGroup and
+Recent torch's `batch_isend_irecv` coalesces only `if type(group) is ProcessGroup and
 group._get_backend(device).supports_coalescing` (torch 2.13.0 distributed_c10d.py:3049);
-before, it coalesced every CUDA batch. A traced group is a subclass, so on NCCL every
+older torch coalesced every CUDA batch. A traced group is a subclass, so on NCCL every
 batch went out as separate sends and receives: no ncclGroupStart/End around them. Each
 send then waits on the GPU for its peer's receive, which the peer queued behind its own
 send on the same stream: two pipeline stages exchanging activations larger than NCCL's
@@ -27,11 +27,20 @@ from distdoctor.tracer.support import warn_once
 
 def closed_to_subclasses(batch_isend_irecv) -> bool:
     """Does torch's `batch_isend_irecv` coalesce plain ProcessGroups only? Read from its
-    code, not its version: the names it loads include `ProcessGroup` and
-    `supports_coalescing` only where the class test is made (the older `device.type ==
-    "cuda"` test loads neither)."""
+    code, not its version: it calls the builtin `type` and loads `ProcessGroup` (torch
+    2.13.0 does). Not the older `device.type == "cuda"` test (an attribute, no
+    ProcessGroup), nor an `isinstance` test (proposed upstream, pytorch#178906), which a
+    traced group passes: wrapping those would open a second coalescing around torch's."""
+    import dis
+
     code = getattr(_unwrapped(batch_isend_irecv), "__code__", None)
-    return code is not None and {"ProcessGroup", "supports_coalescing"} <= set(code.co_names)
+    if code is None or "supports_coalescing" not in code.co_names:
+        return False
+    try:
+        loaded = {i.argval for i in dis.get_instructions(code) if i.opname == "LOAD_GLOBAL"}
+    except Exception:
+        return False
+    return {"type", "ProcessGroup"} <= loaded
 
 
 def patch_batch_isend_irecv(c10d, traced_class) -> None:
