@@ -79,7 +79,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 def run(args) -> int:
     from distdoctor.launch.env import free_port, rank_env, traced_env
-    from distdoctor.launch.local import Job, python_command, unfailing_streams
+    from distdoctor.launch.local import Job, python_command
+    from distdoctor.launch.streams import unfailing_streams
     from distdoctor.runlog import rundir
 
     unfailing_streams()  # for the rest of run: a reader of its output that leaves, or a

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from distdoctor.exits import signal_name
 from distdoctor.launch import reaper
 from distdoctor.launch.guardian import Guardian
+from distdoctor.launch.streams import write_all
 
 
 @dataclass
@@ -91,67 +92,12 @@ def _forward(src, dst, rank, on_line) -> None:
     src.close()
 
 
-_WRITE_LOCK = threading.Lock()  # one forwarder's lines at a time
-
 
 def _write(out, data: bytes) -> None:
     try:
-        with _WRITE_LOCK:
-            out.write(data)
-            out.flush()
+        write_all(out, data)
     except Exception:  # our stdout is gone (a closed pipe, None): keep draining, never
         pass  # block the job (a relay that died once left the ranks' pipes full)
-
-
-class Unfailing:
-    """One of run's own streams (stdout, stderr) once its reader may be gone (`distdoctor
-    run ... 2>&1 | head`, a log on a full disk, a hung-up terminal): a write that fails
-    points the stream's descriptor at /dev/null, as the Python docs advise for a closed
-    pipe, and what run says from then on is dropped. run goes on with the job and
-    returns its exit code. Before, the first failed print ended run with a wrong code,
-    and in the diagnosis thread rich's answer to a closed pipe (SystemExit) ended the
-    live diagnosis: --on-hang kill never stopped the hung job."""
-
-    def __init__(self, stream):
-        self._stream = stream
-
-    def write(self, text: str) -> int:
-        try:
-            return self._stream.write(text)
-        except OSError:
-            self._gone()
-            return len(text)
-
-    def flush(self) -> None:
-        try:
-            self._stream.flush()
-        except OSError:
-            self._gone()
-
-    def _gone(self) -> None:
-        try:
-            null = os.open(os.devnull, os.O_WRONLY)
-            os.dup2(null, self._stream.fileno())
-            os.close(null)
-            self._stream.flush()  # what it held goes to /dev/null: nothing left to fail
-        except (OSError, ValueError):
-            pass
-
-    def __getattr__(self, name):
-        return getattr(self._stream, name)
-
-
-def unfailing_streams() -> None:
-    """Make run's stdout and stderr `Unfailing` for the rest of the process. One closed
-    when run started (Python's is None then) is /dev/null: the relay once wrote the
-    ranks' output to None, its thread died and the ranks blocked on their full pipes."""
-    while True:  # descriptors 0-2 open (on /dev/null), as a daemon makes them: no file
-        fd = os.open(os.devnull, os.O_RDWR)  # or pipe run opens takes one of their numbers
-        if fd > 2:
-            os.close(fd)
-            break
-    sys.stdout, sys.stderr = (Unfailing(s if s is not None else open(os.devnull, "w"))
-                              for s in (sys.stdout, sys.stderr))
 
 
 def _show(on_line, rank, raw: bytes) -> None:

@@ -179,3 +179,48 @@ def test_no_thread_left_for_the_relay_is_one_line_and_no_process_left(pids_limit
             said.add(line.split(": ")[-1])
         assert not _left(run_dir)
     assert "can't start new thread" in said, said
+
+
+@pytest.mark.timeout(150)
+@pytest.mark.parametrize("when", ["before run starts", "while it runs"])
+def test_a_non_blocking_stdout_that_fills_loses_nothing(run_dir, when):
+    """run's stdout shares its open file with something that made it non-blocking (a
+    terminal another program left so, a pipe its reader set so): once its reader lags,
+    every write fails with EAGAIN. The relay dropped what it could not write at once,
+    and run's own first EAGAIN pointed its stdout at /dev/null for good."""
+    import fcntl
+    import time
+
+    def non_blocking(fd):
+        fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) | os.O_NONBLOCK)
+
+    read_end, write_end = os.pipe()
+    if when == "before run starts":
+        non_blocking(write_end)
+    proc = subprocess.Popen([sys.executable, "-m", "distdoctor", "run", "--nproc", "2",
+                             "--run-dir", str(run_dir), "--grace", "2", "--",
+                             str(HOSTILE / "loud.py"), "1"], stdin=subprocess.DEVNULL,
+                            stdout=write_end, stderr=subprocess.DEVNULL,
+                            start_new_session=True)
+    got = bytearray()
+    try:
+        if when == "while it runs":  # the flag is the open file's: run's descriptor too
+            time.sleep(1)
+            non_blocking(write_end)
+        os.close(write_end)
+        time.sleep(3)  # the reader lags: the pipe fills, and stays full a while
+        with os.fdopen(read_end, "rb") as reader:
+            deadline = time.monotonic() + 90
+            while chunk := reader.read1(1 << 16):
+                got += chunk
+                assert time.monotonic() < deadline, "run's output never ended"
+        assert proc.wait(30) == 0
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    text = bytes(got).decode("utf-8", "replace")
+    per_line = 100_000 // 18  # loud.py: updates of 18 characters (21 bytes) to a line
+    lines = (1 << 20) // (per_line * 21 + 1)
+    assert text.count("\U0001f525 45%") == lines * per_line, len(got)
+    assert "rank 0 done" in text and "rank 1 done" in text, text[-500:]
