@@ -127,9 +127,11 @@ def _patch(c10d=None) -> None:
         return pg, store
 
     c10d._new_process_group_helper = _new_process_group_helper
-    from distdoctor.tracer.coalescing import patch_batch_isend_irecv
+    from distdoctor.tracer import exact_class
 
-    patch_batch_isend_irecv(c10d, TracingProcessGroup)  # coalescing.py says why
+    # where torch tests type(group) is ProcessGroup: exact_class.py says why
+    exact_class.patch_batch_isend_irecv(c10d, TracingProcessGroup)
+    exact_class.patch_destroy_process_group(c10d, TracingProcessGroup)
 
     # split_group() calls parent_pg.split_group(), which TracingProcessGroup overrides.
 

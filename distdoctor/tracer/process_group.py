@@ -35,7 +35,7 @@ import torch.distributed.distributed_c10d as c10d
 
 from distdoctor.runlog.slots import native_module
 from distdoctor.tracer import dispatch, state
-from distdoctor.tracer.coalescing import batch_ended
+from distdoctor.tracer.exact_class import batch_ended
 from distdoctor.tracer.ops import TRACED
 
 RealProcessGroup = dist.ProcessGroup
@@ -141,7 +141,7 @@ class TracingProcessGroup(RealProcessGroup):
             bound = self._dd_bound[key] = getattr(backend, spec.backend_method)
         return bound, call_args
 
-    # --- a coalesced batch: its ops end with its Work (coalescing.py) ------------------
+    # --- a coalesced batch: its ops end with its Work (exact_class.py) -----------------
     def _start_coalescing(self, device):
         started = super()._start_coalescing(device)
         rec = state.recorder

@@ -200,7 +200,7 @@ class Recorder:
         try:
             if work is None and on_cuda and self.coalescing and (
                     batch := self.coalescing.get(threading.get_ident())) is not None:
-                batch.append(e)  # an op of a coalesced batch (coalescing.py)
+                batch.append(e)  # an op of a coalesced batch (exact_class.py)
             elif work is None:  # synchronous ops (monitored_barrier) return nothing; so
                 # does a synchronous NCCL op on torch >= 2.8, queued, not done
                 end = StreamEnd.now() if on_cuda else None

@@ -1,7 +1,8 @@
-"""batch_isend_irecv under tracing coalesces where torch would coalesce the plain group
-(tracer/coalescing.py). Only NCCL coalesces, so the batch itself is compared on a GPU
-(tests/gpu/test_batched_p2p_nccl.py); here: that the test torch makes is read right on the
-torch installed, and that a gloo batch, which torch never coalesces, is untouched."""
+"""Where torch tests `type(group) is ProcessGroup`, a traced group is treated as the plain
+one (tracer/exact_class.py): batch_isend_irecv coalesces it, destroy_process_group waits
+for its completion hooks. Only NCCL coalesces or runs such hooks, so both are compared on
+a GPU (tests/gpu/test_exact_class_nccl.py); here: that the test torch makes is read right
+on the torch installed, and that a gloo batch, which torch never coalesces, is untouched."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ import torch.distributed.distributed_c10d as c10d
 from conftest import JOBS, marker_lines, run_job, run_ranks_bare
 
 from distdoctor.runlog.run import read_run
-from distdoctor.tracer.coalescing import closed_to_subclasses, patch_batch_isend_irecv
+from distdoctor.tracer.exact_class import closed_to_subclasses, patch_batch_isend_irecv
 
 
 def test_the_class_test_is_read_from_the_installed_torchs_code():
@@ -23,6 +24,12 @@ def test_the_class_test_is_read_from_the_installed_torchs_code():
     original = inspect.unwrap(c10d.batch_isend_irecv)
     says = "type(group) is ProcessGroup" in inspect.getsource(original)
     assert closed_to_subclasses(c10d.batch_isend_irecv) == says
+
+
+def test_destroys_class_test_is_read_from_the_installed_torchs_code():
+    original = inspect.unwrap(c10d.destroy_process_group)
+    says = "type(pg) is ProcessGroup" in inspect.getsource(original)
+    assert closed_to_subclasses(c10d.destroy_process_group, "_has_hooks") == says
 
 
 def test_a_torch_that_coalesces_every_cuda_batch_is_left_as_it_is():
