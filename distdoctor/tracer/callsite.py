@@ -51,9 +51,14 @@ _INTERNAL_DIRS = tuple(
 # new at each call of a job that issues its collectives so: its entry keeps a weak
 # reference instead and goes with the code (kept, 18,000 exec'd all_reduces held 14 MB a
 # rank for good).
+# So is a file's code compiled anew for each op (exec of its text, a template per step):
+# past MAX_VARIANTS codes of one function (torch.compile's recompiles stay under its
+# cache limit, 8), its further codes are held weakly too (held, 10,000 ops took 13 MB).
 _internal: dict = {}
 _FROM_STRINGS = frozenset({"<string>"})
 _MAIN_THREAD_ID = threading.main_thread().ident
+MAX_VARIANTS = 16
+_variants: dict = {}  # (file, first line, name) -> its codes held in _internal
 
 
 def _entry(code) -> tuple:
@@ -63,9 +68,23 @@ def _entry(code) -> tuple:
         name = code.co_filename
         if name in _FROM_STRINGS:  # (a callback runs before the code's id is free again)
             hit = _internal[key] = (weakref.ref(code, _forgetter(key)), True, None)
+        elif _held_enough(code):
+            hit = _internal[key] = (weakref.ref(code, _forgetter(key)),
+                                    is_internal_file(name), framework_of(name))
         else:
             hit = _internal[key] = (code, is_internal_file(name), framework_of(name))
     return hit
+
+
+def _held_enough(code) -> bool:
+    """Are MAX_VARIANTS codes of `code`'s function held already (or as many functions as
+    this table remembers)? If not, counts `code` as held."""
+    which = (code.co_filename, code.co_firstlineno, code.co_name)
+    held = _variants.get(which, 0)
+    if held >= MAX_VARIANTS or (not held and len(_variants) >= 1 << 16):
+        return True
+    _variants[which] = held + 1
+    return False
 
 
 def _forgetter(key: int, table: dict = _internal):

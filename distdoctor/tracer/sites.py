@@ -7,16 +7,25 @@ innermost framework frame below the user's line (0, 0 where none: one `trainer.f
 line issues Lightning's barrier and its gather, two sites), then the code and offset of
 each user frame that called it (`callsite.callers`). The C path (runlog/_fast.c: its
 `site_key` and `callsite_id`) builds the same key in its own table and hands a site it
-has not seen to `CallSites.at`: a change to the key is made in both places.
+has not seen to `CallSites.at`: a change to the key is made in both places. A site is
+written once whatever its key: two keys of one line (its code compiled twice) share it.
 """
 
 from __future__ import annotations
 
+import json
 import linecache
 import re
 
 from distdoctor.runlog.sources import note as keep_source
 from distdoctor.tracer import callsite, compiled
+
+# A key names its code objects by id, so a table entry keeps them alive. A program that
+# compiles its code anew for each op (exec of a real file's text, a template per step)
+# made a new key, a new kept code and a new string per op (13 MB a rank over 10,000 ops).
+# Keys are kept for at most callsite.MAX_VARIANTS codes of one site and MAX_SITES in all;
+# a site's further codes find its string by what it says, each time, and keep nothing.
+MAX_SITES = 1 << 16
 
 
 def site_key(frame, from_main: bool, thread: int, fw=None) -> tuple:
@@ -37,6 +46,8 @@ class CallSites:
     def __init__(self, ring):
         self.ring = ring
         self._table: dict = {}  # site_key() -> (string id, code, the callers' codes)
+        # what a site says (JSON) -> (its string id, keys kept for it in the tables)
+        self._said: dict[str, tuple[int, int]] = {}
 
     def current(self) -> tuple[int, bool]:
         """(the string id of the user's line issuing the op now, or 0; whether it is the
@@ -74,10 +85,17 @@ class CallSites:
             site.update(framework_site(fw, frame))
         if up:
             site["callers"] = [compiled.frame_site(f) for f in up]
-        sid = self.ring.add_string(site)
-        keep_source(self.ring, site)  # queued for the run's copy of its files (no I/O here)
-        # keeps the codes (and so their ids in the key) alive
-        table[key] = (sid, code, *(f.f_code for f in walked), fw and fw.f_code)
+        said = json.dumps(site, sort_keys=True, default=str)
+        sid, kept = self._said.get(said, (0, 0))
+        if not sid:
+            sid = self.ring.add_string(site)
+            keep_source(self.ring, site)  # queued for the run's copy of its files (no I/O)
+        if kept < callsite.MAX_VARIANTS and len(table) < MAX_SITES:
+            # keeps the codes (and so their ids in the key) alive
+            table[key] = (sid, code, *(f.f_code for f in walked), fw and fw.f_code)
+            kept += 1
+        if sid and (said in self._said or len(self._said) < MAX_SITES):
+            self._said[said] = (sid, kept)
         return sid
 
     def off_main(self, fw=None) -> tuple[int, bool]:

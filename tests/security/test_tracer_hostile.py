@@ -85,10 +85,13 @@ def test_a_barrier_that_fails_raises_with_no_frame_of_distdoctor(tmp_path):
 
 
 @pytest.mark.timeout(120)
-def test_collectives_run_through_exec_of_a_string_leave_no_memory_behind(tmp_path):
+@pytest.mark.parametrize("named", ["", "named"])
+def test_collectives_run_through_exec_of_a_string_leave_no_memory_behind(tmp_path, named):
     """Each exec() compiles new code, met by the call-site walk: every such code object
-    was kept for good (18,000 ops: 14 MB a rank; bare: 0)."""
-    res = run_job(f"{ODD}/eval_collectives.py", 2, tmp_path / "run", "12000", timeout=100)
+    was kept for good (18,000 ops: 14 MB a rank; bare: 0). Compiled under the file's own
+    name, each was a new call site too: its code, key and string kept (10,000: 13 MB)."""
+    res = run_job(f"{ODD}/eval_collectives.py", 2, tmp_path / "run", "12000", named,
+                  timeout=100)
     assert res.returncode == 0, res.stderr[-3000:]
     grew = [int(kb) for kb in re.findall(r"anonymous memory grew (-?\d+) kB", res.stdout)]
     assert len(grew) == 2 and max(grew) < 1024, res.stdout
