@@ -21,7 +21,18 @@ import stat
 import sys
 import threading
 
-_LOCK = threading.Lock()  # one forwarder's lines at a time
+# one forwarder's lines at a time, per stream: with one lock for all, a stdout whose
+# reader waits (`distdoctor run ... | less`) held the ranks' stderr back with it
+_LOCKS: dict[int, threading.Lock] = {}
+_LOCKS_LOCK = threading.Lock()
+
+
+def _lock_of(out) -> threading.Lock:
+    with _LOCKS_LOCK:
+        lock = _LOCKS.get(id(out))
+        if lock is None:
+            lock = _LOCKS[id(out)] = threading.Lock()
+        return lock
 
 
 def own_blocking(fd: int) -> bool:
@@ -58,7 +69,7 @@ def _room(fd: int) -> None:
 def write_all(out, data: bytes) -> None:
     """`data` to the byte stream `out` (run's stdout or stderr), whole, under one lock;
     what `out`'s own buffer holds goes first. Raises what a gone reader raises."""
-    with _LOCK:
+    with _lock_of(out):
         try:
             fd = out.fileno()
         except (AttributeError, OSError, ValueError):  # not a file (a test's sink)

@@ -224,3 +224,33 @@ def test_a_non_blocking_stdout_that_fills_loses_nothing(run_dir, when):
     lines = (1 << 20) // (per_line * 21 + 1)
     assert text.count("\U0001f525 45%") == lines * per_line, len(got)
     assert "rank 0 done" in text and "rank 1 done" in text, text[-500:]
+
+
+@pytest.mark.timeout(150)
+def test_a_stalled_stdout_does_not_stall_the_ranks_stderr(run_dir):
+    """`distdoctor run ... | less` (stdout's reader waits for a key, stderr is the
+    terminal): one lock served every relay, so once stdout was full the ranks' stderr
+    waited behind it too, and a rank that only logs stalled where bare it runs on."""
+    import time
+
+    proc = subprocess.Popen([sys.executable, "-m", "distdoctor", "run", "--nproc", "2",
+                             "--run-dir", str(run_dir), "--grace", "2", "--",
+                             str(HOSTILE / "two_streams.py")], stdin=subprocess.DEVNULL,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            start_new_session=True)
+    logged = False
+    try:
+        os.set_blocking(proc.stderr.fileno(), False)
+        deadline, seen = time.monotonic() + 60, b""
+        while not logged and time.monotonic() < deadline and proc.poll() is None:
+            time.sleep(0.1)
+            seen += proc.stderr.read() or b""
+            logged = b"RANK 1 LOGGED" in seen
+        os.set_blocking(proc.stderr.fileno(), True)
+        proc.communicate(timeout=60)  # stdout read at last: the job ends
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert logged, seen[-2000:]
+    assert proc.returncode == 0
