@@ -93,6 +93,22 @@ def test_an_exception_the_rank_logged_and_lived_past_is_no_crash(tmp_path):
     assert "RuntimeError" in f["summary"] and "exited normally" in f["summary"], f
 
 
+@pytest.mark.timeout(150)
+def test_an_exception_a_running_rank_logged_is_not_said_live_as_its_crash(tmp_path):
+    """Printed as the job ran: "CRASH rank 0 raised RuntimeError", while rank 0 trained
+    on for seconds. Now the exception a running rank prints waits for its end (an
+    uncaught one ends it within moments); still running 5 s later, it is said as a
+    warning, and its end settles it."""
+    run_dir = tmp_path / "run"
+    res = run_job("live_logs/handled_exception.py", 2, run_dir, "9", timeout=120)
+    assert res.returncode == 0, res.stderr[-2000:]
+    said = [line for line in res.stderr.splitlines() if "RuntimeError" in line]
+    assert said and not [line for line in said if "CRASH" in line], res.stderr[-3000:]
+    assert "went on" in " ".join(res.stderr.split()), res.stderr[-3000:]
+    (f,) = [f for f in _findings(run_dir) if f["kind"] == "crash"]
+    assert f["severity"] == "warning" and "exited normally" in f["summary"], f
+
+
 def test_a_dead_threads_fold_is_the_same_at_every_look():
     """The engine merges its crashes again each time its findings are read (every pass
     that writes findings.json, every view): the fold made a new finding, or the rank's

@@ -18,6 +18,9 @@ from distdoctor.findings import Finding, error_text, most_severe_first
 # how long a mismatch the job's output tells with no culprit waits for the traced one
 # (across nodes, the collector's: digests every 0.5 s, then its own settle time)
 HOLD_LOG_MISMATCH_S = 5.0
+# how long an exception a running rank printed waits for that rank's end: an uncaught one
+# ends it within moments (the interpreter prints it on its way out), a logged one does not
+HOLD_LOG_CRASH_S = 5.0
 
 
 class FindingBook:
@@ -111,6 +114,11 @@ class FindingBook:
         if f.kind == "mismatch" and not f.ranks and self.ranks:
             self._held.append((f, self._now_s))
             return
+        if _told_crash(f) and all(self._running(r) for r in f.ranks):
+            # printed while its rank runs: "CRASH" only once the rank ends of it (a job
+            # that logged an exception it handled was called crashed as it trained on)
+            self._held.append((f, self._now_s))
+            return
         if is_host_alloc(f) and any(self._in_collective(r) for r in f.ranks):
             # a CPU allocation that fails inside a collective may be of a size a peer
             # sent (after_mismatch.py): it waits for the traced mismatch, like the above
@@ -133,8 +141,7 @@ class FindingBook:
         """A crash the job's output tells (an exception it printed) of ranks that all went
         on and exited normally: one the job handled and logged (logging.exception), not
         its end. A warning."""
-        if f.kind != "crash" or f.severity != "error" or f.details.get("source") != "log" \
-                or not f.ranks:
+        if not _told_crash(f):
             return f
         for r in f.ranks:
             st = self.ranks.get(r)
@@ -142,6 +149,18 @@ class FindingBook:
             if ex is None or ex.failed or ex.how not in ("exit", "closed"):
                 return f
         return _went_on_words(f)
+
+    def _as_ended(self, f: Finding) -> Finding:
+        """A crash said "went on so far" (its rank lived past it, then), once its ranks
+        have ended: the crash as told when one of them failed, else went on for good."""
+        if f.details.get("went_on") != "so far" or any(self._running(r) for r in f.ranks):
+            return f
+        told = replace(f, severity="error", summary=f.details["told"], details={
+            k: v for k, v in f.details.items() if k not in ("went_on", "told")})
+        if any(st.exit.failed for r in f.ranks if (st := self.ranks.get(r)) is not None
+               and st.exit is not None):
+            return told
+        return _went_on_words(told)
 
     def _in_collective(self, rank: int) -> bool:
         st = self.ranks.get(rank)
@@ -154,9 +173,22 @@ class FindingBook:
         ev = st.latest if st is not None else None
         return (ev.group, ev.seq) if ev is not None and ev.kind == "collective" else None
 
+    def _running(self, rank: int) -> bool:
+        st = self.ranks.get(rank)
+        return st is not None and st.exit is None
+
     def _release_held(self, now_s: float | None) -> None:
         keep = []
         for f, since in self._held:
+            if _told_crash(f):
+                # (at the end, a rank whose end is unknown keeps the crash as told)
+                running = now_s is not None and any(self._running(r) for r in f.ranks)
+                if running and (since is None or now_s - since < HOLD_LOG_CRASH_S):
+                    keep.append((f, since if since is not None else now_s))
+                else:
+                    self._put(_external_key(f), _went_on_words(f, "so far") if running
+                              else f, quiet_update=True)
+                continue
             settled = self._held_as_settled(f)
             if settled is f and now_s is not None and (
                     since is None or now_s - since < HOLD_LOG_MISMATCH_S):
@@ -170,8 +202,8 @@ class FindingBook:
         # a hang blamed on ranks later found dead is that death, not a second problem
         # (also when the death was itself a consequence: its cause is reported already)
         held = [self._held_as_settled(f) for f, _ in self._held]  # (see add_finding)
-        found = [self._survived(f) for f in merge_crashes(list(self.found.values()) + held,
-                                                          set(self.ranks))]
+        found = [self._survived(f) for f in merge_crashes(
+            [self._as_ended(f) for f in self.found.values()] + held, set(self.ranks))]
         crashes = [f for f in found if f.kind == "crash"]
         died = {r for f in crashes for r in f.ranks}
         dead = {r for f in crashes if f.severity == "error" for r in f.ranks}
@@ -202,9 +234,19 @@ class FindingBook:
         return most_severe_first(kept)
 
 
-def _went_on_words(f: Finding) -> Finding:
+def _went_on_words(f: Finding, so_far: str | None = None) -> Finding:
+    if so_far:  # said live: its rank runs on past it (what it told, kept for its end)
+        return replace(f, severity="warning", summary=f"{f.summary} (its process went on "
+                       "after it: an exception it handled, not its end)",
+                       details={**f.details, "went_on": so_far, "told": f.summary})
     return replace(f, severity="warning", summary=f"{f.summary} (its process went on and "
                    "exited normally: not what ended it)", details={**f.details, "went_on": True})
+
+
+def _told_crash(f: Finding) -> bool:
+    """An exception the job's output told, of ranks it names, as their crash."""
+    return (f.kind == "crash" and f.severity == "error" and bool(f.ranks)
+            and f.details.get("source") == "log")
 
 
 def _external_key(f: Finding) -> tuple:
