@@ -40,6 +40,13 @@ class Finding:
             raise ValueError(f"unknown severity {self.severity!r}")
 
     @property
+    def label(self) -> str:
+        """The word a person is shown for its kind: an exception its rank lived past is
+        no crash, whatever JSON's kind says ("crash", details.went_on)."""
+        return "EXCEPTION" if self.kind == "crash" and self.details.get("went_on") \
+            else self.kind.upper()
+
+    @property
     def key(self) -> tuple:
         """Identity for de-duplication: a live engine reports each problem once."""
         return (self.kind, self.group, self.seq, tuple(sorted(self.ranks)))

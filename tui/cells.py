@@ -105,7 +105,7 @@ def group_cells(row: GroupRow) -> tuple:
 def finding_cells(f: Finding) -> tuple:
     return (
         Text(f.severity, style=SEVERITY_STYLE.get(f.severity, "")),
-        Text(f.kind.upper(), style=SEVERITY_STYLE.get(f.severity, "")),
+        Text(f.label, style=SEVERITY_STYLE.get(f.severity, "")),
         Text(rank_ranges(f.ranks) if f.ranks else "-"),
         Text(printable(f.summary)),
     )
@@ -115,7 +115,7 @@ def finding_detail(f: Finding) -> Text:
     """Everything about one finding, for the detail pane under the findings table. Its
     words may quote a rank, a log or a node: shown as text, never as terminal control."""
     out = Text()
-    out.append(f"{f.kind.upper()} ", style=SEVERITY_STYLE.get(f.severity, "bold"))
+    out.append(f"{f.label} ", style=SEVERITY_STYLE.get(f.severity, "bold"))
     out.append(f"({f.severity})\n", style="dim")
     out.append(printable(f.summary) + "\n")
     if f.group is not None:

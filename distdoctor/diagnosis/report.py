@@ -69,10 +69,8 @@ def _count(part: str) -> int:
 def live_line(f: Finding) -> Text:
     """The line `distdoctor run` prints when a finding appears."""
     text = Text()
-    # an exception its rank lived past is no crash, whatever its kind says (JSON's "crash")
-    label = "EXCEPTION" if f.kind == "crash" and f.details.get("went_on") else f.kind.upper()
     # the summary may quote what a rank or a log said: shown as text, never as control
-    text.append(f"distdoctor: {printable(label, 40)} ", style=STYLE.get(f.severity, "bold"))
+    text.append(f"distdoctor: {printable(f.label, 40)} ", style=STYLE.get(f.severity, "bold"))
     text.append(printable(f.summary))
     culprit_sites = [c for c in f.callsites if c.get("rank") in f.ranks and c.get("file")]
     if culprit_sites:
@@ -110,7 +108,7 @@ def print_report(findings: list[Finding], console, notes: list[str] = (),
                       if complete else "[green]no findings[/]")
     for i, f in enumerate(findings, 1):
         style = STYLE.get(f.severity, "bold")
-        console.print(f"[{style}]{i}. {escape(f.kind.upper(), 40)}[/] "
+        console.print(f"[{style}]{i}. {escape(f.label, 40)}[/] "
                       f"[dim]({escape(f.severity, 20)})[/] {escape(f.summary)}")
         if f.ranks:
             who = "busy rank(s)" if f.kind == "long_wait" else "culprit rank(s)"
