@@ -47,9 +47,16 @@ def own_blocking(fd: int) -> bool:
         mode = os.fstat(fd).st_mode
         if not (stat.S_ISFIFO(mode) or stat.S_ISCHR(mode)):
             return False
+        # opened non-blocking (a pipe with no reader left would block the open for good:
+        # ENXIO instead), then made blocking: this description is ours alone
         new = os.open(f"/proc/self/fd/{fd}",
-                      (flags & os.O_ACCMODE) | os.O_NOCTTY | os.O_CLOEXEC)
+                      (flags & os.O_ACCMODE) | os.O_NOCTTY | os.O_CLOEXEC | os.O_NONBLOCK)
     except OSError:
+        return False
+    try:
+        os.set_blocking(new, True)
+    except OSError:
+        os.close(new)
         return False
     try:
         os.dup2(new, fd)
