@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from tests.conftest import marker_lines, run_job
+from tests.conftest import JOBS, marker_lines, run_cli, run_job
 
 
 def _findings(run_dir):
@@ -107,6 +107,24 @@ def test_an_exception_a_running_rank_logged_is_not_said_live_as_its_crash(tmp_pa
     assert "went on" in " ".join(res.stderr.split()), res.stderr[-3000:]
     (f,) = [f for f in _findings(run_dir) if f["kind"] == "crash"]
     assert f["severity"] == "warning" and "exited normally" in f["summary"], f
+
+
+@pytest.mark.timeout(150)
+def test_an_exception_whose_rank_was_stopped_stuck_stays_its_crash(tmp_path):
+    """Rank 1 printed its exception and called sys.exit(1); a thread kept it alive, stuck,
+    until --on-hang kill stopped it. Still running 5 s after the print, it was said as a
+    warning ("so far"), and its end, being stopped, settled it as "went on and exited
+    normally: not what ended it". A stopped rank did not exit normally: the exception
+    stays its crash, as it was before the wait."""
+    run_dir = tmp_path / "run"
+    res = run_cli(["run", "--nproc", "2", "--run-dir", str(run_dir), "--grace", "2",
+                   "--hang-timeout", "8", "--on-hang", "kill", "--",
+                   str(JOBS / "live_logs/exception_then_stuck.py"), "90"],
+                  timeout=120, run_dir=run_dir)
+    assert "stopping the job" in res.stderr, res.stderr[-3000:]
+    (f,) = [f for f in _findings(run_dir) if "loss is nan" in f["summary"]]
+    assert f["kind"] == "crash" and f["severity"] == "error" and f["ranks"] == [1], f
+    assert "exited normally" not in f["summary"] and "went_on" not in f["details"], f
 
 
 def test_a_dead_threads_fold_is_the_same_at_every_look():

@@ -152,15 +152,13 @@ class FindingBook:
 
     def _as_ended(self, f: Finding) -> Finding:
         """A crash said "went on so far" (its rank lived past it, then), once its ranks
-        have ended: the crash as told when one of them failed, else went on for good."""
+        have ended: judged as a crash told of ended ranks is (`_survived`), went on for
+        good only where they all exited normally (a rank stopped by distdoctor, stuck
+        after it printed its exception, did not)."""
         if f.details.get("went_on") != "so far" or any(self._running(r) for r in f.ranks):
             return f
-        told = replace(f, severity="error", summary=f.details["told"], details={
-            k: v for k, v in f.details.items() if k not in ("went_on", "told")})
-        if any(st.exit.failed for r in f.ranks if (st := self.ranks.get(r)) is not None
-               and st.exit is not None):
-            return told
-        return _went_on_words(told)
+        return self._survived(replace(f, severity="error", summary=f.details["told"], details={
+            k: v for k, v in f.details.items() if k not in ("went_on", "told")}))
 
     def _in_collective(self, rank: int) -> bool:
         st = self.ranks.get(rank)
