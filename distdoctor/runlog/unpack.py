@@ -347,7 +347,8 @@ def unpacked(pack: str | os.PathLike):
                 raise UserError(f"cannot unpack {pack}: {exc.strerror or exc}") from None
             yield Path(dest)
         finally:
-            if dest is not None:
-                shutil.rmtree(dest, ignore_errors=True)
-            for tmp in spellings:
-                _SHOWN.pop(tmp, None)
+            with termination_held():  # (a signal amid the removal: the rest left behind)
+                if dest is not None:
+                    shutil.rmtree(dest, ignore_errors=True)
+                for tmp in spellings:
+                    _SHOWN.pop(tmp, None)

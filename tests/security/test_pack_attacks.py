@@ -240,6 +240,26 @@ def test_sigterm_just_as_the_temp_dir_is_made_removes_it(good, tmp_path):
     assert b"Traceback" not in r.stderr, r.stderr
 
 
+def test_sigterm_while_the_unpacked_dir_is_removed_removes_it_all(good, tmp_path):
+    # the signal lands as the removal starts (a GiB pack's takes a while): it cut the
+    # removal short, and the rest of the dir stayed in the temp dir
+    code = ("import os, runpy, signal, sys\n"
+            "def hook(event, args):\n"
+            "    if event == 'shutil.rmtree' and 'ddpack-' in str(args[0]):\n"
+            "        os.kill(os.getpid(), signal.SIGTERM)\n"
+            "sys.addaudithook(hook)\n"
+            "sys.argv = ['distdoctor', 'diagnose', sys.argv[1]]\n"
+            "runpy.run_module('distdoctor', run_name='__main__')\n")
+    tmpdir = tmp_path / "tmp"
+    tmpdir.mkdir()
+    r = subprocess.run([sys.executable, "-c", code, str(good)], capture_output=True,
+                       env=dict(os.environ, TMPDIR=str(tmpdir)), stdin=subprocess.DEVNULL,
+                       timeout=60)
+    assert r.returncode == 128 + signal.SIGTERM, r
+    assert not list(tmpdir.glob("ddpack-*")), r.stderr
+    assert b"Traceback" not in r.stderr, r.stderr
+
+
 def test_a_pack_that_would_fill_the_temp_disk_is_refused(good, tmp_path):
     mnt = tmp_path / "small"
     mnt.mkdir()
