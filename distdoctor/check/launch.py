@@ -118,14 +118,27 @@ def _tail(tmp: str, i: int) -> str:
     return f": {last[:300]}" if last else ""
 
 
+STOP_GRACE_S = 2.0  # SIGTERM to SIGKILL: torchrun removes its temp dirs on SIGTERM
+
+
 def _stop(procs: list[subprocess.Popen]) -> None:
-    """The check's processes and everything they started, gone."""
-    for p in procs:
-        if p.poll() is None:
+    """The check's processes and everything they started, gone: SIGTERM to each session,
+    then SIGKILL to what is left after STOP_GRACE_S (SIGKILL alone left torchrun's
+    torchelastic_* folders in the temp dir)."""
+    running = [p for p in procs if p.poll() is None]
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        for p in running:
             try:
-                os.killpg(p.pid, signal.SIGKILL)
+                os.killpg(p.pid, sig)
             except OSError:
                 pass
+        deadline = time.monotonic() + STOP_GRACE_S
+        while running and time.monotonic() < deadline:
+            running = [p for p in running if p.poll() is None]
+            time.sleep(0.02)
+        if not running:
+            break
+    for p in procs:
         try:
             p.wait(10)
         except subprocess.TimeoutExpired:
