@@ -333,3 +333,41 @@ def _environ_has(pid: int, entry: str) -> bool:
             return entry.encode() in f.read().split(b"\0")
     except OSError:
         return False
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("event, which, args", [
+    ("os.killpg", "True", ["--nproc", "2", "--timeout", "1"]),  # the ranks' stop (hung)
+    ("shutil.rmtree", "'distdoctor-check-' in str(args[0])", ["--nproc", "1"]),  # folder
+])
+def test_sigterm_amid_the_checks_cleanup_finishes_it(tmp_path, event, which, args):
+    """The signal lands as the cleanup starts: it cut the cleanup short, and the ranks
+    after the one being stopped ran on (in their own sessions), or the rest of the folder
+    stayed in the temp dir."""
+    import signal
+
+    tmpdir = tmp_path / "tmp"
+    tmpdir.mkdir()
+    code = ("import os, runpy, signal, sys\n"
+            "def hook(event, args):\n"
+            f"    if event == {event!r} and {which}:\n"
+            "        os.kill(os.getpid(), signal.SIGTERM)\n"
+            "sys.addaudithook(hook)\n"
+            "sys.argv = ['distdoctor', 'check', '--no-sweep', *sys.argv[1:]]\n"
+            "runpy.run_module('distdoctor', run_name='__main__')\n")
+    try:
+        r = subprocess.run([sys.executable, "-c", code, *args], capture_output=True,
+                           text=True, env=_env(TMPDIR=str(tmpdir)),
+                           stdin=subprocess.DEVNULL, timeout=90)
+    finally:
+        left = [int(p) for p in os.listdir("/proc") if p.isdigit()
+                and _environ_has(int(p), f"TMPDIR={tmpdir}")]
+        for pid in left:  # (never past the test, whatever it finds)
+            try:
+                os.killpg(pid, signal.SIGKILL)
+            except OSError:
+                pass
+    assert r.returncode == 128 + signal.SIGTERM, (r.stdout, r.stderr)
+    assert not left, left
+    assert not list(tmpdir.glob("distdoctor-check-*"))
+    assert "Traceback" not in r.stderr, r.stderr

@@ -28,14 +28,18 @@ def run_ranks(nproc: int | None, launcher: list[str] | None, checkpoint_dir: str
     with ends_through_finally():
         with termination_held():
             folder = tempfile.TemporaryDirectory(prefix="distdoctor-check-")
-        with folder as tmp:
-            return _run_in(tmp, nproc, launcher, checkpoint_dir, sweep, timeout_s)
+        try:
+            return _run_in(folder.name, nproc, launcher, checkpoint_dir, sweep, timeout_s)
+        finally:
+            with termination_held():  # (a signal amid the removal: the rest left behind)
+                folder.cleanup()
 
 
 def _run_in(tmp: str, nproc: int | None, launcher: list[str] | None,
             checkpoint_dir: str | None, sweep: bool, timeout_s: float):
     """run_ranks() with its output in `tmp`."""
     from distdoctor.launch.env import free_port, rank_env
+    from distdoctor.termination import termination_held
 
     out = Path(tmp) / "job.json"
     env = dict(os.environ)
@@ -61,7 +65,8 @@ def _run_in(tmp: str, nproc: int | None, launcher: list[str] | None,
     except OSError as exc:
         return None, f"cannot start {commands[0][0][0]!r}: {exc.strerror or exc}", ""
     finally:
-        _stop(procs)
+        with termination_held():  # (a signal amid the stop: the ranks after ran on)
+            _stop(procs)
     if failed is None and out.exists():
         try:
             return json.loads(out.read_text()), "", ""
