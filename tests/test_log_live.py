@@ -127,6 +127,23 @@ def test_an_exception_whose_rank_was_stopped_stuck_stays_its_crash(tmp_path):
     assert "exited normally" not in f["summary"] and "went_on" not in f["details"], f
 
 
+@pytest.mark.timeout(150)
+def test_an_exception_whose_rank_is_slow_to_end_is_not_said_handled(tmp_path):
+    """Rank 1 printed its exception and called sys.exit(1); a thread held it up 8 s more.
+    Still running 5 s after the print, it was said live as "an exception it handled, not
+    its end": it was its end. Said now as what is known: it went on so far."""
+    run_dir = tmp_path / "run"
+    res = run_job("live_logs/exception_then_stuck.py", 2, run_dir, "8", timeout=120)
+    text = " ".join(res.stderr.split())  # (the live line, as wrapped, up to the next one)
+    said = text.partition("distdoctor: EXCEPTION")[2].partition("distdoctor:")[0]
+    assert "loss is nan" in said and "went on" in said, res.stderr[-3000:]
+    assert "not its end" not in said, said
+    found = _findings(run_dir)  # (its end: the crash, the exception folded in it)
+    assert [f for f in found if f["kind"] == "crash" and f["ranks"] == [1]
+            and f["severity"] == "error"], found
+    assert not [f for f in found if f["details"].get("went_on")], found
+
+
 def test_a_dead_threads_fold_is_the_same_at_every_look():
     """The engine merges its crashes again each time its findings are read (every pass
     that writes findings.json, every view): the fold made a new finding, or the rank's

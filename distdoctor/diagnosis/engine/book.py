@@ -233,9 +233,12 @@ class FindingBook:
 
 
 def _went_on_words(f: Finding, so_far: str | None = None) -> Finding:
-    if so_far:  # said live: its rank runs on past it (what it told, kept for its end)
+    if so_far:  # said live: its rank runs on past it (what it told, kept for its end).
+        # Not "not its end": a rank that printed it and called sys.exit(1) runs on too
+        # while its exit hooks (an upload) or a thread left running hold it up
         return replace(f, severity="warning", summary=f"{f.summary} (its process went on "
-                       "after it: an exception it handled, not its end)",
+                       f"after it, {HOLD_LOG_CRASH_S:g} s so far: an exception it handled, "
+                       "or an end slow to come)",
                        details={**f.details, "went_on": so_far, "told": f.summary})
     return replace(f, severity="warning", summary=f"{f.summary} (its process went on and "
                    "exited normally: not what ended it)", details={**f.details, "went_on": True})
