@@ -159,3 +159,32 @@ def test_a_dead_threads_fold_is_the_same_at_every_look():
     assert looks == [["crash: rank 1 raised Empty; before it, a thread ('w') of rank 1 "
                       "died of OSError"]] * 3, looks
     assert rank.summary == "crash: rank 1 raised Empty"
+
+
+def test_a_held_exception_never_takes_the_place_of_its_newer_version():
+    """Rank 0 printed an exception and ran on (held); rank 1 then died of the same, and
+    the update naming both ranks was said at once. 5 s on, the held older version (rank
+    0 alone) took its place: in the end rank 1's crash lost the exception it died of."""
+    from distdoctor.diagnosis.crashes.crash import ExitInfo
+    from distdoctor.diagnosis.engine.core import Engine
+    from distdoctor.findings import Finding
+
+    def told(ranks):
+        return Finding("crash", "error", f"rank(s) {ranks} raised RuntimeError: boom",
+                       list(ranks), details={"source": "log", "signature": "boom"})
+
+    engine = Engine(30.0)
+    for rank in (0, 1):
+        engine.heartbeat(rank, 10**9, 0.0)
+    engine.tick(0.0)
+    engine.add_finding(told([0]))
+    engine.tick(1.0)
+    engine.exited(1, ExitInfo(1, "exit"))
+    engine.tick(2.0)
+    engine.add_finding(told([0, 1]))
+    engine.tick(8.0)
+    engine.exited(0, ExitInfo(1, "exit"))
+    engine.tick(None, final=True)
+    crashes = [f for f in engine.findings() if f.kind == "crash"]
+    assert [(f.ranks, f.severity) for f in crashes] == [([0, 1], "error")], crashes
+    assert "boom" in crashes[0].summary, crashes

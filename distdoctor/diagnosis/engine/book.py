@@ -114,6 +114,12 @@ class FindingBook:
         if f.kind == "mismatch" and not f.ranks and self.ranks:
             self._held.append((f, self._now_s))
             return
+        if _told_crash(f):
+            # a newer version (a rank more reports it) replaces one still held: released
+            # after it, the older one took its place, the ranks it added lost
+            key = _external_key(f)
+            self._held = [(g, since) for g, since in self._held
+                          if not (_told_crash(g) and _external_key(g) == key)]
         if _told_crash(f) and all(self._running(r) for r in f.ranks):
             # printed while its rank runs: "CRASH" only once the rank ends of it (a job
             # that logged an exception it handled was called crashed as it trained on)
