@@ -165,6 +165,17 @@ def test_the_summary_groups_4096_ranks_by_state_culprits_first():
     assert "4092  ranks 0-4095 except 17, 2048-2049, 3000" in text[3], text
 
 
+def test_the_summary_names_an_exception_its_rank_lived_past_as_the_table_does():
+    # a healthy job's logged exception: "EXCEPTION" in the table, "CRASH" in the summary
+    went_on = Finding(kind="crash", severity="warning", summary="rank 0 raised RuntimeError",
+                      ranks=[0], details={"source": "log", "went_on": True})
+    snap = JobSnapshot(run_dir="/r", command=None, world_size=2, state="finished",
+                       elapsed_s=9.0, ranks=[_row(0), _row(1)], groups=[],
+                       findings=[went_on], events=0)
+    text = cells.state_summary(snap).plain.splitlines()
+    assert text[0].split()[-1] == cells.finding_cells(went_on)[1].plain == "EXCEPTION", text
+
+
 def test_the_table_of_4096_ranks_shows_the_notable_ones_and_finds_the_rest():
     snap = _big_job()
     rows, which = cells.ranks_shown(snap)

@@ -199,7 +199,7 @@ def state_summary(snap: JobSnapshot) -> Text:
     culprits = culprits_of(snap)
     if culprits:
         hosts = {r.rank: r.host for r in snap.ranks}
-        kinds = sorted({f.kind.upper() for f in snap.findings if f.ranks})
+        kinds = sorted({f.label for f in snap.findings if f.ranks})
         where = ""
         if len(culprits) <= 4:
             where = " (" + ", ".join(f"{r} on {printable(hosts.get(r) or '?', 200)}"
