@@ -57,6 +57,11 @@ def patch_batch_isend_irecv(c10d, traced_class) -> None:
     @functools.wraps(original)
     def batch_isend_irecv(p2p_op_list):
         try:
+            # the list checked before the batch opens, as torch checks it: a bad list
+            # raised inside an open batch would leave NCCL's group open on this thread
+            check = getattr(c10d, "_check_p2p_op_list", None)
+            if check is not None:
+                check(p2p_op_list)
             group = p2p_op_list[0].group
             group = c10d._get_default_group() if group is None else group
             device = p2p_op_list[0].tensor.device
