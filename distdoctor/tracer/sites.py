@@ -23,8 +23,10 @@ from distdoctor.tracer import callsite, compiled
 # A key names its code objects by id, so a table entry keeps them alive. A program that
 # compiles its code anew for each op (exec of a real file's text, a template per step)
 # made a new key, a new kept code and a new string per op (13 MB a rank over 10,000 ops).
-# Keys are kept for at most callsite.MAX_VARIANTS codes of one site and MAX_SITES in all;
-# a site's further codes find its string by what it says, each time, and keep nothing.
+# Keys are kept for at most MAX_KEYS_PER_SITE of one site (many keys of one line are
+# common: a loop torch.compile unrolled, one generated offset a turn) and MAX_SITES in
+# all; a site's further keys find its string by what it says, each time, keeping nothing.
+MAX_KEYS_PER_SITE = 1024
 MAX_SITES = 1 << 16
 
 
@@ -90,7 +92,7 @@ class CallSites:
         if not sid:
             sid = self.ring.add_string(site)
             keep_source(self.ring, site)  # queued for the run's copy of its files (no I/O)
-        if kept < callsite.MAX_VARIANTS and len(table) < MAX_SITES:
+        if kept < MAX_KEYS_PER_SITE and len(table) < MAX_SITES:
             # keeps the codes (and so their ids in the key) alive
             table[key] = (sid, code, *(f.f_code for f in walked), fw and fw.f_code)
             kept += 1
