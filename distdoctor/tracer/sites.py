@@ -26,7 +26,7 @@ from distdoctor.tracer import callsite, compiled
 # Keys are kept for at most MAX_KEYS_PER_SITE of one site (many keys of one line are
 # common: a loop torch.compile unrolled, one generated offset a turn) and MAX_SITES in
 # all; a site's further keys find its string by what it says, each time, keeping nothing.
-MAX_KEYS_PER_SITE = 1024
+MAX_KEYS_PER_SITE = 256
 MAX_SITES = 1 << 16
 
 
