@@ -46,8 +46,9 @@ def ends_through_finally():
 @contextlib.contextmanager
 def termination_held():
     """SIGTERM and SIGHUP held back (pending, not lost) for the block's length: around
-    making a thing and naming it, so that the `finally` which removes it knows of it.
-    Start no process inside: a child inherits the mask, and would ignore SIGTERM too."""
+    making a thing and naming it, so that the `finally` which removes it knows of it, and
+    around that removal, so that a signal does not cut it short. Start no process
+    inside: a child inherits the mask, and would ignore SIGTERM too."""
     if not _main_thread() or not hasattr(signal, "pthread_sigmask"):
         yield
         return

@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import run_cli, small_disk
+from conftest import live_processes, run_cli, small_disk
 
 from distdoctor.launch.env import free_port
 
@@ -310,8 +310,7 @@ def test_sigterm_stops_the_checks_ranks_and_removes_their_folder(tmp_path):
         while not waiting and proc.poll() is None:  # torchrun, in the rendezvous
             assert time.monotonic() < deadline, "torchrun never started"
             time.sleep(0.1)
-            waiting = [int(p) for p in os.listdir("/proc") if p.isdigit()
-                       and _environ_has(int(p), f"TMPDIR={tmpdir}") and int(p) != proc.pid]
+            waiting = [p for p in _with_tmpdir(tmpdir) if p != proc.pid]
         time.sleep(1)  # well inside the rendezvous
         proc.send_signal(signal.SIGTERM)
         out, err = proc.communicate(timeout=30)
@@ -322,17 +321,14 @@ def test_sigterm_stops_the_checks_ranks_and_removes_their_folder(tmp_path):
     assert proc.returncode == 128 + signal.SIGTERM, (out, err)
     assert not list(tmpdir.iterdir())  # its folder, and torchrun's own (torchelastic_*)
     time.sleep(0.5)
-    assert not [p for p in waiting if os.path.exists(f"/proc/{p}")
-                and open(f"/proc/{p}/stat").read().split(") ")[-1][0] != "Z"], waiting
+    assert not set(waiting) & set(_with_tmpdir(tmpdir)), waiting
     assert "Traceback" not in err, err
 
 
-def _environ_has(pid: int, entry: str) -> bool:
-    try:
-        with open(f"/proc/{pid}/environ", "rb") as f:
-            return entry.encode() in f.read().split(b"\0")
-    except OSError:
-        return False
+def _with_tmpdir(tmpdir: Path) -> list[int]:
+    """Live processes (zombies left out) whose environment has TMPDIR=tmpdir."""
+    entry = f"TMPDIR={tmpdir}".encode()
+    return [pid for pid, env, _ in live_processes() if entry in env.split(b"\0")]
 
 
 @pytest.mark.timeout(120)
@@ -360,8 +356,7 @@ def test_sigterm_amid_the_checks_cleanup_finishes_it(tmp_path, event, which, arg
                            text=True, env=_env(TMPDIR=str(tmpdir)),
                            stdin=subprocess.DEVNULL, timeout=90)
     finally:
-        left = [int(p) for p in os.listdir("/proc") if p.isdigit()
-                and _environ_has(int(p), f"TMPDIR={tmpdir}")]
+        left = _with_tmpdir(tmpdir)
         for pid in left:  # (never past the test, whatever it finds)
             try:
                 os.killpg(pid, signal.SIGKILL)

@@ -72,7 +72,8 @@ def test_a_rank_that_died_after_its_thread_did_says_the_thread_first(tmp_path):
     errors = [f for f in _findings(run_dir) if f["severity"] == "error"]
     assert errors and errors[0]["kind"] == "crash" and errors[0]["ranks"] == [1], errors
     top = errors[0]
-    assert top["summary"].count("before it, a thread ('worker') of rank 1 died of OSError") == 1, top
+    said = "before it, a thread ('worker') of rank 1 died of OSError"
+    assert top["summary"].count(said) == 1, top
     line = marker_lines("live_logs/thread_raises.py")["prefetch"]
     assert any(c.get("line") == line for c in top["callsites"]), top["callsites"]
 

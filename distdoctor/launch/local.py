@@ -92,7 +92,6 @@ def _forward(src, dst, rank, on_line) -> None:
     src.close()
 
 
-
 def _write(out, data: bytes) -> None:
     try:
         write_all(out, data)

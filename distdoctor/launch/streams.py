@@ -74,8 +74,9 @@ def _room(fd: int) -> None:
 
 
 def write_all(out, data: bytes) -> None:
-    """`data` to the byte stream `out` (run's stdout or stderr), whole, under one lock;
-    what `out`'s own buffer holds goes first. Raises what a gone reader raises."""
+    """`data` to the byte stream `out` (run's stdout or stderr), whole, under that
+    stream's lock; what `out`'s own buffer holds goes first. Raises what a gone reader
+    raises."""
     with _lock_of(out):
         try:
             fd = out.fileno()

@@ -336,8 +336,10 @@ def unpacked(pack: str | os.PathLike):
     dest, spellings = None, ()
     with ends_through_finally():
         try:
-            with termination_held():  # a signal between making and naming it: left behind
-                dest = tempfile.mkdtemp(prefix="ddpack-")  # 0700, ours; short: a line keeps it whole
+            # a signal between making and naming it would leave it behind; the name is
+            # short: a line that quotes a path in it keeps it whole. 0700, ours
+            with termination_held():
+                dest = tempfile.mkdtemp(prefix="ddpack-")
             spellings = {dest, os.path.realpath(dest)}
             for tmp in spellings:
                 _SHOWN[tmp] = str(pack)

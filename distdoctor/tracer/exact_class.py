@@ -36,11 +36,12 @@ def closed_to_subclasses(fn, uses: str = "supports_coalescing") -> bool:
     calls the builtin `type` and loads `ProcessGroup` (globals), and names `uses`. Not
     the older `device.type == "cuda"` (an attribute, no ProcessGroup), nor `isinstance`."""
     import dis
+    import inspect
 
-    code = getattr(_unwrapped(fn), "__code__", None)
-    if code is None or uses not in code.co_names:
-        return False
     try:
+        code = getattr(inspect.unwrap(fn), "__code__", None)  # (ValueError: a loop)
+        if code is None or uses not in code.co_names:
+            return False
         loaded = {i.argval for i in dis.get_instructions(code) if i.opname == "LOAD_GLOBAL"}
     except Exception:
         return False
@@ -107,12 +108,6 @@ def _replace(c10d, name: str, original, wrapper) -> None:
     dist = sys.modules.get("torch.distributed")
     if dist is not None and getattr(dist, name, None) is original:
         setattr(dist, name, wrapper)
-
-
-def _unwrapped(fn):
-    while hasattr(fn, "__wrapped__"):
-        fn = fn.__wrapped__
-    return fn
 
 
 def batch_ended(recorder, events: list[int], work, exc: BaseException | None) -> None:

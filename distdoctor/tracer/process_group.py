@@ -155,11 +155,9 @@ class TracingProcessGroup(RealProcessGroup):
         try:
             work = super()._end_coalescing(device)
         except BaseException as exc:
-            if rec is not None:
-                batch_ended(rec, events, None, exc)
+            batch_ended(rec, events, None, exc)  # (no recorder: no events)
             raise
-        if rec is not None:
-            batch_ended(rec, events, work, None)
+        batch_ended(rec, events, work, None)
         return work
 
     # --- pieces of ProcessGroup that need the store this object cannot hold ----------

@@ -5,8 +5,9 @@ across a call, nothing raised into the caller (each entry point catches, warns o
 carries on); strings (groups, call sites, shapes) interned once.
 
 Completion: a synchronous CPU op (torch.distributed's `async_op=False`, which waits on its
-work right after the call) is waited on here, in the caller's thread. Works without a future (gloo's send/recv and reduce-scatter,
-coalesced ops joined) complete when the caller waits on them (work.py). Other CPU work
+work right after the call) is waited on here, in the caller's thread. Works without a
+future (gloo's send/recv and reduce-scatter, coalesced ops joined) complete when the
+caller waits on them (work.py). Other CPU work
 (async ops; C++ callers such as DDP's reducer) completes through its future's
 done-callback, on gloo's thread, at the moment it finishes: the straggler detector reads
 each rank's wait (end - enter) to the millisecond, and switching these callbacks off

@@ -120,11 +120,11 @@ class FindingBook:
             key = _external_key(f)
             self._held = [(g, since) for g, since in self._held
                           if not (_told_crash(g) and _external_key(g) == key)]
-        if _told_crash(f) and all(self._running(r) for r in f.ranks):
-            # printed while its rank runs: "CRASH" only once the rank ends of it (a job
-            # that logged an exception it handled was called crashed as it trained on)
-            self._held.append((f, self._now_s))
-            return
+            if all(self._running(r) for r in f.ranks):
+                # printed while its rank runs: "CRASH" only once the rank ends of it (a
+                # job that logged an exception it handled was called crashed as it ran on)
+                self._held.append((f, self._now_s))
+                return
         if is_host_alloc(f) and any(self._in_collective(r) for r in f.ranks):
             # a CPU allocation that fails inside a collective may be of a size a peer
             # sent (after_mismatch.py): it waits for the traced mismatch, like the above
