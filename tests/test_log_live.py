@@ -189,3 +189,19 @@ def test_a_held_exception_never_takes_the_place_of_its_newer_version():
     crashes = [f for f in engine.findings() if f.kind == "crash"]
     assert [(f.ranks, f.severity) for f in crashes] == [([0, 1], "error")], crashes
     assert "boom" in crashes[0].summary, crashes
+
+
+@pytest.mark.timeout(150)
+def test_an_exception_before_an_in_process_restart_is_one_finding_of_its_incarnation(tmp_path):
+    """Both ranks logged the same exception (rank 1 a second later) and made a new process
+    group (a new incarnation). Rank 1's report, an update of rank 0's, went to the new
+    incarnation while rank 0's was held: two findings, one "every rank failed at
+    start-up" in a launch that had not begun; and the old incarnation's, its logs closed,
+    was said live as CRASH while the ranks trained on."""
+    run_dir = tmp_path / "run"
+    res = run_job("live_logs/reinit_after_exception.py", 2, run_dir, "7", timeout=120)
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert "CRASH" not in res.stderr, res.stderr[-3000:]
+    (f,) = [f for f in _findings(run_dir) if f["kind"] == "crash"]
+    assert f["ranks"] == [0, 1] and f["severity"] == "warning", f
+    assert f["summary"].startswith("incarnation 0:") and "start-up" not in f["summary"], f

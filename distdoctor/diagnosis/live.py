@@ -326,8 +326,7 @@ class LiveDiagnosis(RankWatch):
             for f in self._scanner.changed():
                 # an update goes where its first version went (the incarnation that printed
                 # it), not to a newer incarnation started meanwhile
-                sig = ("external", f.kind, f.details.get("signature") or f.summary)
-                held = next((e for e in self.engines.values() if sig in e.found), engine)
+                held = next((e for e in self.engines.values() if e.says(f)), engine)
                 held.add_finding(f)
         if due:  # and a new or closed log (a rank that shut down) is looked at at once
             self._check_ranks(now_s)
@@ -344,7 +343,7 @@ class LiveDiagnosis(RankWatch):
             if i in self._done:
                 continue
             changed += [self._label(i, f) for f in e.tick(now_s, final=final)]
-            if i < self.follower.newest and e.ranks and all(
+            if i < self.follower.newest and e.ranks and not e.holding and all(
                     st.exit is not None for st in e.ranks.values()):
                 self._done.add(i)  # its ranks are gone and a newer launch runs
         if self.owner and (changed or final):

@@ -266,21 +266,27 @@ def _not_at_startup(crashes: list[Finding], startup: list[Finding]) -> None:
     for f in startup:
         ran = [c for c in crashes if c.details.get("source") != "log"
                and set(c.ranks) & set(f.ranks) and c.details.get("last_op") is not None]
-        if not ran:
-            continue
-        f.details["family"] = "exceptions"
-        f.summary = f.summary.replace(" failed at start-up with ", " raised ", 1)
-        span = next((c.details["span"] for c in ran if c.details.get("span")), None)
-        last = ran[0].details["last_op"]
-        f.summary += (f", after {last.get('op')} #{last.get('seq')} in group "
-                      f"{last.get('group')} completed" + (f", in {span}" if span else "")
-                      + ", mid-run")
-        if span:
-            f.details["span"] = span
-        f.remedy = ("Every rank raised the same error mid-run: fix that one error (the "
-                    "traceback names its line).")
-        if not f.callsites:
-            f.callsites = [c for r in ran for c in r.callsites[:1]]
+        if ran:
+            said_mid_run(f, ran[0].details["last_op"],
+                         next((c.details["span"] for c in ran if c.details.get("span")), None),
+                         [c for r in ran for c in r.callsites[:1]])
+
+
+def said_mid_run(f: Finding, last: dict | None, span: str | None, callsites: list) -> None:
+    """Reword a log's "every rank failed at start-up" whose ranks had completed `last`
+    ({op, seq, group}; None: some op, which is not known) in `span`: it came mid-run."""
+    f.details["family"] = "exceptions"
+    f.summary = f.summary.replace(" failed at start-up with ", " raised ", 1)
+    f.summary += (", after its ranks had run collectives" if last is None else
+                  f", after {last.get('op')} #{last.get('seq')} in group "
+                  f"{last.get('group')} completed") + (f", in {span}" if span else "") + (
+        ", mid-run")
+    if span:
+        f.details["span"] = span
+    f.remedy = ("Every rank raised the same error mid-run: fix that one error (the "
+                "traceback names its line).")
+    if not f.callsites:
+        f.callsites = callsites
 
 
 def _ranks(ranks: list[int]) -> str:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from distdoctor.diagnosis.crashes.crash import merge_crashes
+from distdoctor.diagnosis.crashes.crash import merge_crashes, said_mid_run
 from distdoctor.diagnosis.mismatches.after_mismatch import alloc_in_mismatch, is_host_alloc
 from distdoctor.diagnosis.mismatches.threads import race_at_failure
 from distdoctor.findings import Finding, error_text, most_severe_first
@@ -115,12 +115,18 @@ class FindingBook:
             self._held.append((f, self._now_s))
             return
         if _told_crash(f):
+            if f.details.get("family") == "startup" and all(
+                    r in self.ranks and self.ranks[r].latest is not None for r in f.ranks):
+                # every rank printed the same exception after its first collectives (an
+                # in-process restart's): not at start-up, whatever the output shows of it
+                f = replace(f, details=dict(f.details))
+                said_mid_run(f, None, None, [])
             # a newer version (a rank more reports it) replaces one still held: released
             # after it, the older one took its place, the ranks it added lost
             key = _external_key(f)
             self._held = [(g, since) for g, since in self._held
                           if not (_told_crash(g) and _external_key(g) == key)]
-            if all(self._running(r) for r in f.ranks):
+            if all(self._may_go_on(r) for r in f.ranks):
                 # printed while its rank runs: "CRASH" only once the rank ends of it (a
                 # job that logged an exception it handled was called crashed as it ran on)
                 self._held.append((f, self._now_s))
@@ -181,17 +187,35 @@ class FindingBook:
         st = self.ranks.get(rank)
         return st is not None and st.exit is None
 
+    def _may_go_on(self, rank: int) -> bool:
+        """Running, or its log closed with its exit unknown: a process that made a new
+        default group (an in-process restart) closed this incarnation's log and runs on,
+        and one that exits has its launcher's word on how within moments."""
+        st = self.ranks.get(rank)
+        return st is not None and (st.exit is None or st.exit.how == "closed")
+
+    @property
+    def holding(self) -> bool:
+        """Whether findings wait here to be settled (add_finding): its ticks say them."""
+        return bool(self._held)
+
+    def says(self, f: Finding) -> bool:
+        """Whether another source's finding (`add_finding`) is this engine's already:
+        found, or held. Its update goes where its first version went."""
+        key = _external_key(f)
+        return key in self.found or any(_external_key(g) == key for g, _ in self._held)
+
     def _release_held(self, now_s: float | None) -> None:
         keep = []
         for f, since in self._held:
             if _told_crash(f):
                 # (at the end, a rank whose end is unknown keeps the crash as told)
-                running = now_s is not None and any(self._running(r) for r in f.ranks)
+                running = now_s is not None and any(self._may_go_on(r) for r in f.ranks)
                 if running and (since is None or now_s - since < HOLD_LOG_CRASH_S):
                     keep.append((f, since if since is not None else now_s))
-                else:
+                else:  # (ended: a crash only where some rank did not end normally)
                     self._put(_external_key(f), _went_on_words(f, "so far") if running
-                              else f, quiet_update=True)
+                              else self._survived(f), quiet_update=True)
                 continue
             settled = self._held_as_settled(f)
             if settled is f and now_s is not None and (
