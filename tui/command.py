@@ -179,7 +179,9 @@ def _collect(args) -> int:
         if metrics is not None:
             metrics.stop()
         collector.stop()
-        nodes = ", ".join(f"{h} ({n} connection(s))" for h, n in sorted(collector.nodes.items()))
+        nodes = ", ".join([f"{h} ({n} connection(s))" for h, n in sorted(collector.nodes.items())]
+                          + [f"{collector.rankless} connection(s) of nodes that sent no rank"]
+                          * bool(collector.rankless))
         err_console.print(f"distdoctor: collected {printable(nodes) or 'no node'} into "
                           f"{printable(run_dir)}", markup=False, highlight=False, soft_wrap=True)
 

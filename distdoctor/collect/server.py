@@ -86,8 +86,12 @@ class Collector:
         self.mirror = Mirror(run_dir, on_finding, hang_timeout_s)
         self.token = token
         self.say = say
-        self.nodes: dict[str, int] = {}  # host -> connections so far
-        self.streams: dict[str, NodeMirror] = {}  # host -> its newest connection
+        # host -> connections so far, and its newest one: of the hosts connected now and
+        # those that own ranks (at most MAX_RANKS); a host gone that owns none is forgotten
+        # (left) and its connections only counted, so host names cycled cost nothing kept
+        self.nodes: dict[str, int] = {}
+        self.streams: dict[str, NodeMirror] = {}
+        self.rankless = 0  # connections of hosts forgotten so
         self.hang_timeout_s = hang_timeout_s
         self._lost: dict[str, object] = {}  # host -> its lost-node finding (kept)
         self._lost_checked_s = 0.0
@@ -115,6 +119,25 @@ class Collector:
         self._thread.start()
         self._fleet_thread.start()
         return self
+
+    def connected(self, node: NodeMirror) -> None:
+        """A node welcomed (on the loop)."""
+        with self._lock:
+            self.nodes[node.host] = self.nodes.get(node.host, 0) + 1
+            self.streams[node.host] = node
+
+    def left(self, node: NodeMirror) -> None:
+        """The last connection of `node`'s host ended (on the loop). A host that owns no
+        rank of the copy is forgotten: no rank waits for it (what a lost node is), no view
+        shows it; a peer that cycles host names (3,000 of them held 3.4 MiB, and each was
+        read again by every pass for lost nodes) costs nothing that stays."""
+        if self.mirror.owners.count.get(node.host):
+            return
+        with self._lock:
+            if self.streams.get(node.host) is node:
+                del self.streams[node.host]
+                self.rankless += self.nodes.pop(node.host, 0)
+
     def _diagnose(self) -> None:
         """What only the collector sees, into the copy's findings.json (and printed, by a
         service) as it appears: the findings over the digests' ranks, slow links between

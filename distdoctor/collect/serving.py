@@ -304,9 +304,7 @@ class Serving:
         self.pending.pop(link, None)
         self.nodes.add(link)
         self.hosts.setdefault(host, []).append(link)
-        with self.collector._lock:
-            self.collector.nodes[host] = self.collector.nodes.get(host, 0) + 1
-            self.collector.streams[host] = link.node
+        self.collector.connected(link.node)
         self.news.news(host, "connected", f"{link.who} connected")
 
     def refuse(self, link: Link, why: str, version: int = wire.VERSION) -> None:
@@ -352,6 +350,7 @@ class Serving:
             peers.remove(link)
             if not peers:
                 del self.hosts[link.node.host]
+                self.collector.left(link.node)
         if not link.quiet:
             self._say_end(link, exc)
         link.quiet = True
