@@ -248,9 +248,10 @@ def _start_diagnosis(run_dir, args, holder: list, report):
 
 
 def _hang_found(live) -> bool:
-    """A hang or deadlock diagnosed (a long wait is never one)."""
+    """A hang or deadlock diagnosed (a long wait is never one) in any incarnation still
+    running, not only the newest (a rank's helper group is a newer one, beside the job)."""
     return any(f.kind in ("hang", "deadlock") or f.details.get("reason") == "wrong_group"
-               for f in list(live.engine.found.values()))
+               for engine in live.running_engines() for f in list(engine.found.values()))
 
 
 class _Terminated(Exception):

@@ -58,22 +58,42 @@ class RankWatch:
             # another host's rank: its pid cannot be looked at from here
             engine.exited(rank, ExitInfo(None, "unheard"))
 
-    def _read_progress(self, engine: Engine) -> None:
-        """Evidence of progress of the local ranks that others may be waiting for."""
+    def _running(self) -> list[tuple[int, Engine]]:
+        """(incarnation, engine) of those not left as they are (live.py's `_done`), oldest
+        first. Incarnations may run side by side: a rank's helper that makes a process
+        group of its own is traced as a newer one while the job's ranks still run."""
+        return [(i, e) for i, e in sorted(list(self.engines.items())) if i not in self._done]
+
+    def running_engines(self) -> list[Engine]:
+        """Their engines: where `run --on-hang kill` looks for a hang."""
+        return [e for _, e in self._running()]
+
+    def _read_progress(self, newest: Engine) -> None:
+        """Evidence of progress of the local ranks that others may be waiting for, in
+        every incarnation still running: with only the newest's read, a job whose rank
+        had started a helper group was never judged hung (its rank's last reading stood
+        for good). `newest`: the newest incarnation's engine, of which a node sending
+        digests watches every local rank."""
         if self._progress is None:
             return
-        engine.watch_all_progress = self.on_batch is not None  # a node sending digests
-        wanted = engine.wanted_progress()
-        if not wanted:
-            return
-        pids = {r: p for r, p in self._local_pids().items() if r in wanted}
-        for rank, reading in self._progress.read(pids).items():
-            engine.progress.add(rank, reading)
+        newest.watch_all_progress = self.on_batch is not None
+        engines, pids = {}, {}
+        for i, engine in self._running():
+            wanted = engine.wanted_progress()
+            if wanted:
+                engines[i] = engine
+                pids.update({(i, r): p for r, p in self._local_pids(i).items()
+                             if r in wanted})
+        for (i, rank), reading in self._progress.read(pids).items():
+            engines[i].progress.add(rank, reading)
 
-    def _local_pids(self) -> dict[int, int]:
-        """This node's rank pids in the newest incarnation (for the per-node sampler)."""
+    def _local_pids(self, incarnation: int | None = None) -> dict[int, int]:
+        """This node's rank pids in `incarnation` (default: the newest, for the per-node
+        sampler)."""
         out = {}
-        for rank, meta in self.follower.meta_of(self.follower.newest).items():
+        if incarnation is None:
+            incarnation = self.follower.newest
+        for rank, meta in self.follower.meta_of(incarnation).items():
             if meta.get("host") == self.host and isinstance(meta.get("pid"), int):
                 out[rank] = meta["pid"]
         return out
