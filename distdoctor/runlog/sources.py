@@ -34,7 +34,7 @@ import sys
 import threading
 from pathlib import Path
 
-from distdoctor.privatefiles import read_regular, write_atomically
+from distdoctor.privatefiles import parse_json, read_regular, write_atomically
 from distdoctor.runlog import reentry
 
 ENV = "DISTDOCTOR_SOURCES"
@@ -292,7 +292,7 @@ def read_manifest(run_dir: str | os.PathLike) -> dict | None:
     if data is None:
         return None
     try:
-        m = json.loads(data)
+        m = parse_json(data)  # (a manifest nested 100,000 deep: ValueError, not a crash)
     except (ValueError, UnicodeDecodeError):
         return None
     if (not isinstance(m, dict) or m.get("format") != FORMAT

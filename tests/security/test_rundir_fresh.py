@@ -1,8 +1,8 @@
 """Run dirs in states the earlier hostile-run-dir checks (test_hostile_rundirs.py) did not
 make, produced by real jobs under `distdoctor run`: a second incarnation that appears
-while the job still runs. The live engine still names the hang and `--on-hang kill`
-still stops the job; every reader after the fact says what it can read, never a
-traceback."""
+while the job still runs, and a kept-sources manifest no parser takes. The live engine
+still names the hang and `--on-hang kill` still stops the job; every reader after the
+fact says what it can read, never a traceback."""
 
 from __future__ import annotations
 
@@ -10,7 +10,10 @@ import json
 from pathlib import Path
 
 import pytest
-from conftest import marker_lines, run_cli
+from conftest import marker_lines, run_cli, run_job
+from test_hostile_rundirs import _cli, _sane
+
+NESTED = "[" * 100_000 + "]" * 100_000
 
 
 @pytest.mark.timeout(120)
@@ -35,3 +38,28 @@ def test_a_helper_group_started_by_a_rank_never_hides_the_jobs_hang(tmp_path):
     stuck = marker_lines(job)["stuck"]
     assert any(c["rank"] == 1 and c["line"] == stuck for c in hangs[0]["callsites"]), hangs[0]
     assert not [f for f in findings if f["kind"] in ("internal", "crash")], findings
+
+
+@pytest.mark.timeout(120)
+def test_a_kept_sources_manifest_nested_too_deep_is_no_manifest(tmp_path):
+    """sources/manifest.json nested 100,000 deep (json.loads raised RecursionError): `run`
+    into a dir holding it said 'cannot start the live diagnosis' and ran nothing; diagnose
+    said 'a bug in distdoctor'; show, watch --once, pack and export printed a traceback.
+    Now it counts as no manifest: the run goes on (its ranks write a manifest of their
+    own), and the readers read the run as one that kept nothing."""
+    run_dir = tmp_path / "run"
+    (run_dir / "sources").mkdir(parents=True)
+    manifest = run_dir / "sources" / "manifest.json"
+    manifest.write_text(NESTED)
+    res = run_job("many_ops.py", 2, run_dir, "5", timeout=60)
+    assert res.returncode == 0 and "Traceback" not in res.stderr, res.stderr[-3000:]
+    assert "2 rank(s) traced" in res.stderr, res.stderr[-3000:]
+    manifest.write_text(NESTED)  # the ranks wrote theirs over it: put it back
+    said = _sane(_cli(["diagnose", run_dir]), codes=(0,))
+    assert "no findings" in said.lower(), said
+    for args in (["show", run_dir], ["watch", "--once", run_dir],
+                 ["export", run_dir, "--perfetto", tmp_path / "t.json"],
+                 ["pack", run_dir, "-o", tmp_path / "run.ddpack"]):
+        _sane(_cli(args))
+    shown = _sane(_cli(["show", run_dir, "--rank", "1"]))
+    assert "all_reduce" in shown, shown
