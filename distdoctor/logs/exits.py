@@ -15,11 +15,14 @@ from distdoctor.logs.signals import TEARDOWN, TIMEOUT, VICTIM
 def exit_findings(ctx, out: list, cause_ranks: set[int]) -> None:
     """Exits no cause explains; ranks that died the same way are one finding."""
     same: dict[tuple, Finding] = {}
+    # a crash printed with no rank (a traceback without a rank prefix) is the failure of a
+    # process the launcher does not name either: one failure, not two
+    unranked_crash = any(f.kind == "crash" and not f.ranks for _, f in out)
     for e in sorted(ctx.exits.values(), key=lambda e: e["order"]):
         if e["rank"] in cause_ranks or not _exit_is_a_cause(ctx, e):
             continue
-        if e["rank"] < 0 and (cause_ranks or any(x["rank"] >= 0 and not x.get("torn_down")
-                                                 for x in ctx.exits.values())):
+        if e["rank"] < 0 and (cause_ranks or unranked_crash or any(
+                x["rank"] >= 0 and not x.get("torn_down") for x in ctx.exits.values())):
             continue  # a rank the launcher does not name: the cause (or exit) found explains it
         cause_ranks.add(e["rank"])
         key = (e.get("signum"), e.get("exit_code"))

@@ -76,7 +76,7 @@ ANCHORS: tuple[bytes, ...] = (
     b"received at time=", b"Process received signal", b"Signal: ", b"End of error message",
     # launchers
     b"SIG", b"FAILED", b"Failures:", b"Root Cause", b"exitcode", b"host      :",
-    b"local_rank", b"error_file", b"with PID", b"srun: error", b"death signal", b"Terminating StepId", b"time      :",
+    b"local_rank", b"error_file", b"with PID", b"orcefully terminating", b"srun: error", b"death signal", b"Terminating StepId", b"time      :",
     b"new nodes from group_rank", b"return code = ", b"terminated with the following",
     # NCCL, CUDA, OOM
     b"NCCL", b"nccl", b"Watchdog", b"Heartbeat", b"Duplicate GPU", b"Cuda failure", b"Bootstrap", b"NVLS", b"NET/",

@@ -60,6 +60,11 @@ RULES = (
     rule("process_failed", NAME, EXIT,
          r"died with <Signals\.(?P<sig>SIG\w+): (?P<signum>\d+)>|"
          r"returned non-zero exit status (?P<exit_code>-?\d+)", ints=("signum", "exit_code")),
+    # Lightning's process observer (fabric/strategies/launchers/subprocess_script.py, 2.1 to
+    # 2.6), about a process it started (ranks 1..N-1 of its node): which rank is not said
+    rule("process_failed", NAME, EXIT,
+         r"Child process with PID (?P<pid>\d+) terminated with code (?P<exit_code>-?\d+)",
+         ints=("pid", "exit_code")),
     # torch.multiprocessing.spawn's parent, raising its ProcessExitedException (spawn.py,
     # torch 2.4 to 2.15, the same words): the process index, a local rank
     rule("rank_failed", NAME, EXIT,
@@ -84,6 +89,12 @@ RULES = (
          ints=("task", "exit_code")),
 )
 
+# Lightning's observer, after a child failed: "Forcefully terminating all other processes to
+# avoid zombies", then SIGKILL to every process, the shell's own child too; the shell then says
+# "Killed" ("./run.sh: line 2:  7953 Killed  python train.py")
+KILLS_ALL_LINES = 200
+_SHELL_KILLED = re.compile(r"^(?:\S+: line \d+: +\d+ )?Killed(?:\s+\S.*)?$")
+
 # an entry's fields (its "time" is left out: the reader need not hand it over)
 _TABLE = re.compile(r"^\s*(?P<key>time|host|rank|exitcode|error_file|traceback)\s*:\s?"
                     r"(?P<v>.*)$")
@@ -102,7 +113,7 @@ class LauncherFamily(Family):
                b"attempts left", b"new nodes from", b"return code", b".py FAILED", b"died with <Signals",
                b"non-zero exit status", b"exited on signal", b"srun: error",
                b"Root Cause", b"Failures:", b"local_rank:", b"ProcessExitedException",
-               b"terminated with the following",
+               b"terminated with the following", b"Child process with PID", b"Killed",
                b"host      :", b"error_file", b"traceback :", b"time      :",
                b"Terminating StepId")
     rules = RULES
@@ -125,7 +136,14 @@ class LauncherFamily(Family):
         if "Terminating StepId" in text:
             self._step_ending = True  # srun tearing the step down: agents get SIGTERM next
             return []
+        if (said := self._kills_all) is not None and said[0] == line.file and (
+                0 < line.lineno - said[1] <= KILLS_ALL_LINES) and _SHELL_KILLED.match(text):
+            # the shell's word for the SIGKILL the supervisor just said it sends, not the
+            # kernel's OOM killer: the failure is the child's
+            return [Signal("supervisor_kill", NAME, TEARDOWN, line, {})]
         out = self._close() + super().feed(line)
+        if "orcefully terminating all" in text:
+            self._kills_all = (line.file, line.lineno)
         for s in out:
             if s.rule == "task_failed":
                 self._step_ending = True
@@ -135,6 +153,7 @@ class LauncherFamily(Family):
         return out
 
     _step_ending = False
+    _kills_all: tuple[str, int] | None = None  # (file, line) where a supervisor said so
 
     def _section(self, root: bool) -> list[Signal]:
         if not root or not self._root_follows:
