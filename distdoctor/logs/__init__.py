@@ -52,6 +52,7 @@ def scan_logs(specs: list[str], anchors: tuple[bytes, ...] | None = None
     from distdoctor.logs.repeats import stall_signals, stall_signals_of_tails
     from distdoctor.logs.scanner import LogScanner
     from distdoctor.logs.story import read_story
+    from distdoctor.logs.survived import trained_past
     from distdoctor.logs.window import starts_mid_run, window_note
 
     reader = LogReader(specs)
@@ -75,6 +76,7 @@ def scan_logs(specs: list[str], anchors: tuple[bytes, ...] | None = None
     found = scanner.findings()
     try:  # the story's reading adds to the findings; a fault in it must not lose them
         causes_first(found, story, scanner.first_lines, scanner.signals)
+        trained_past(found, story, scanner.first_lines, scanner.signals)
         annotate(found, story, scanner.first_lines)
         ending, said = verdict(found, story, reader.truncated)
     except Exception as exc:  # noqa: BLE001 (contained here, said in the read line)

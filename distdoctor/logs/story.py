@@ -46,7 +46,7 @@ _MILESTONES = re.compile(
     r"command terminated with exit code (?:13[47]|143)\b|"
     r"^(?:Terminated|Killed)\s*$)"
     r"|(?P<finished>\b(?:[Tt]raining (?:is )?(?:completed?|finished|done)\b|"
-    r"[Ff]inished training|train_runtime|[Tt]raining took|[Tt]raining complete\b|"
+    r"[Ff]inished training|[Dd]one training\b|train_runtime|[Tt]raining took|[Tt]raining complete\b|"
     r"`Trainer\.fit` stopped|[Rr]un finished))"
     r"|(?P<save>\b(?:[Ss]av(?:ing|ed?)\b.{0,60}?(?:checkpoint|model|weights|state)|"
     r"[Cc]heckpoint (?:saved|written)))"

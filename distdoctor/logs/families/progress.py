@@ -50,6 +50,11 @@ _STEP = re.compile(r"\b(?:step|iter(?:ation)?|epoch|global_step|it)\b\W{0,3}\d{1
 _STEP_ANCHOR = b"loss"
 
 
+def is_step_report(text: str) -> bool:
+    """Whether `text` reports a training step (a step or epoch number, and a loss)."""
+    return _STEP_ANCHOR in text.lower().encode() and bool(_STEP.search(searched(text)))
+
+
 def trained_before(line: LogLine, limit: int = 2_000_000) -> bool:
     """Whether the file printed a training step's report before `line`: then a failure
     there came mid-run, not at start-up. Read again from the file only when a start-up
