@@ -50,6 +50,7 @@ from distdoctor.logs.signals import (
     VICTIM,
     Signal,
 )
+from distdoctor.logs.transport import transport_to_crash
 
 _SEVERITY = {"error": 0, "warning": 1, "info": 2}
 
@@ -149,6 +150,7 @@ class Reasoner:
         exit_findings(self, out, cause_ranks)
         orphans_to_root_cause(self, out)
         fallback_cause(self, self.unknown, out)
+        transport_to_crash(out)
         first_order, first_cause = min(out, key=lambda t: t[0]) if out else (None, None)
         for p in self.problems.values():
             f = None
