@@ -33,7 +33,7 @@ from distdoctor.collect.digest import MAX_WAITS, row_event
 from distdoctor.collect.lateness import WINDOW_S, FleetLateness
 from distdoctor.collect.limits import MAX_RANKS
 from distdoctor.collect.position import RankPosition, finished_callsites
-from distdoctor.collect.reports import NodeReports, sent_progress
+from distdoctor.collect.reports import MORE, NodeReports, sent_progress
 from distdoctor.collect.wire import WireError
 from distdoctor.diagnosis.hangs.hang import RankView, hang_findings
 from distdoctor.diagnosis.hangs.progress import UNKNOWN, Policy, Verdict
@@ -157,8 +157,11 @@ class FleetEngine:
 
     def _reported(self, host: str, now_s: float) -> None:
         late = self.reports.came(host, now_s)
-        if late is not None:
-            self._put(("host", host), late)
+        if late is not None and late.details["host"] == MORE and ("host", MORE) in self.found:
+            self.found["host", MORE] = late  # (their count: said once, kept up to date)
+            self.version += 1
+        elif late is not None:
+            self._put(("host", late.details["host"]), late)
 
     def late_hosts(self, now_s: float) -> set[str]:
         return self.reports.late(now_s)
