@@ -150,14 +150,18 @@ class Mirror:
 
         from distdoctor.findings import write_findings
 
+        ours = host.startswith("(")  # the collector's own (digests, lost nodes, links)
         size = len(json.dumps([f.to_json() for f in findings], default=str))
-        if size > MAX_FINDINGS_BYTES_PER_NODE:
+        if size > MAX_FINDINGS_BYTES_PER_NODE and not ours:
             raise wire.WireError(f"FINDINGS frame of {size:,} bytes of findings (a node "
                                  f"holds at most {MAX_FINDINGS_BYTES_PER_NODE:,})")
         with self._lock:
             if host not in self._findings and len(self._findings) >= MAX_HOSTS:
                 raise wire.WireError(f"the collector holds {MAX_HOSTS:,} nodes' findings")
             held = sum(self._findings_bytes.values()) - self._findings_bytes.get(host, 0)
+            if ours:
+                findings, size = _within(findings, min(MAX_FINDINGS_BYTES_PER_NODE,
+                                                       MAX_FINDINGS_BYTES - held))
             if held + size > MAX_FINDINGS_BYTES:
                 raise wire.WireError(f"the collector holds {held:,} bytes of the nodes' "
                                      f"findings already (at most {MAX_FINDINGS_BYTES:,})")
@@ -249,6 +253,23 @@ def _earlier_findings(run_dir: Path) -> dict[str, list]:
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return {}
     return {EARLIER: found[:MAX_HOSTS]} if found else {}
+
+
+def _within(findings: list, limit: int) -> tuple[list, int]:
+    """The collector's own findings that fit in `limit` bytes of findings.json, most
+    severe first, and their size. All or none, a network split of hundreds of nodes (a
+    lost-node finding each) wrote none of them, nor any finding of the digests after."""
+    import json
+
+    from distdoctor.findings import most_severe_first
+
+    kept, size = [], 2
+    for f in most_severe_first(findings):
+        n = len(json.dumps(f.to_json(), default=str)) + 2
+        if size + n <= limit:
+            kept.append(f)
+            size += n
+    return (findings, size) if len(kept) == len(findings) else (kept, size)
 
 
 def _ident(f) -> tuple:

@@ -15,11 +15,21 @@ import tracemalloc
 
 import pytest
 from simnode import CollectorProcess, connect_node, hello, reply, send, until
-from test_collector_poison import _digest, _kinds, _mismatch_between_honest_nodes
+from test_collector_poison import (
+    STUCK,
+    _digest,
+    _kinds,
+    _mismatch_between_honest_nodes,
+    _position,
+    _row,
+)
 
 from distdoctor.collect import wire
+from distdoctor.collect.limits import MAX_FINDINGS_BYTES_PER_NODE
+from distdoctor.collect.mirror import Mirror
 from distdoctor.collect.reports import LATE_MIN_S
 from distdoctor.collect.server import Collector, listen
+from distdoctor.findings import Finding
 
 
 def _comes_and_goes(address, names: range) -> None:
@@ -103,3 +113,65 @@ def test_thousands_of_late_nodes_leave_the_digests_findings_written(tmp_path):
             sock.close()
     finally:
         c.stop()
+
+
+def _split_digest(i: int, n: int) -> bytes:
+    """Node i's digest: its one rank in the job's first all_reduce, for a minute."""
+    return _digest(f"gpu-node-{i:04d}.rack", [_position(i, _row(0, "g", 0, done=False,
+                                                                t_enter=STUCK))],
+                   groups={"g": ["d", list(range(n))]})
+
+
+@pytest.mark.timeout(60)
+def test_a_network_split_of_hundreds_of_nodes_names_every_lost_node(tmp_path):
+    """300 nodes in one all_reduce; 150 fall silent. Each lost-node finding listed every
+    waiting node (in its summary too): 150 of them were 1.2 MB, past what findings.json
+    holds for one source, and none was written or said. Each now names 4 waiting nodes
+    in its summary and lists 64 (the counts say how many): all 150 are written."""
+    n = 300
+    c = CollectorProcess(tmp_path / "copy", tmp_path / "collector.txt",
+                         args=("--hang-timeout", "2")).started()
+    socks = [connect_node(c.address, f"gpu-node-{i:04d}.rack") for i in range(n)]
+    try:
+        for i, sock in enumerate(socks):
+            assert send(sock, _split_digest(i, n))
+
+        def lost() -> list:
+            for i, sock in enumerate(socks[:n // 2]):  # the half that still reports
+                send(sock, _split_digest(i, n))
+            try:
+                found = json.loads((tmp_path / "copy" / "findings.json").read_text())
+            except (OSError, ValueError):
+                return []
+            return [f for f in found["findings"]
+                    if f["details"].get("reason") == "lost_node"]
+
+        until(lambda: len(lost()) == n // 2 or time.sleep(0.5), 30,
+              f"150 lost nodes in findings.json:\n{c.text()[-1500:]}")
+        f = lost()[0]
+        assert "and 146 more nodes wait" in f["summary"], f["summary"]
+        assert (len(f["details"]["waiting_hosts"]), f["details"]["waiting_hosts_count"],
+                f["details"]["waiting_count"]) == (64, 150, 150)
+        assert "diagnosis failed" not in c.text()
+    finally:
+        for sock in socks:
+            sock.close()
+        c.stop()
+
+
+def test_the_collectors_own_findings_past_their_bound_keep_the_most_severe(tmp_path):
+    """More of the collector's own findings than findings.json holds for one source
+    (here 3 MB of them): every write of them failed, so none was written; now the most
+    severe that fit are."""
+    mirror = Mirror(tmp_path, None, None)
+    try:
+        infos = [Finding("host", "info", "i" * 1500, []) for _ in range(1000)]
+        hangs = [Finding("hang", "error", f"node {i} is lost " + "h" * 1500, [i])
+                 for i in range(1000)]
+        mirror.set_findings("(collector)", infos + hangs)
+        written = json.loads((tmp_path / "findings.json").read_text())["findings"]
+        kinds = [f["kind"] for f in written]
+        assert len(json.dumps(written)) <= MAX_FINDINGS_BYTES_PER_NODE
+        assert kinds and set(kinds) == {"hang"}, kinds[:3]
+    finally:
+        mirror.close()
