@@ -286,16 +286,18 @@ class Serving:
             link.hello = {**link.hello, "host": auth.canonical_host(link.hello["host"])}
         host = link.hello["host"]
         live = [other for other in self.hosts.get(host, ()) if other.state == "node"]
-        elsewhere = [o for o in live if o.address != link.address]
+        instance = link.hello.get("instance")
+        # the same forwarder again, from any address (a NAT's new mapping, a second NIC):
+        # its old connection is dead, though no reset came; refused, it was kept out 60 s
+        again = [o for o in live if instance is not None and o.hello.get("instance") == instance]
+        elsewhere = [o for o in live if o.address != link.address and o not in again]
         if elsewhere:
             return self.refuse(link, f"host {host!r} is already connected from "
                                f"{elsewhere[0].address} (another node by that name?)")
         if len(self.nodes) >= MAX_NODES:
             return self.refuse(link, f"{MAX_NODES} nodes connected already")
-        instance = link.hello.get("instance")
-        for old in live:  # the same forwarder again: its old connection is dead
-            if instance is not None and old.hello.get("instance") == instance:
-                self.drop(old, f"{old.who}: replaced by its new connection", "replaced")
+        for old in again:
+            self.drop(old, f"{old.who}: replaced by its new connection", "replaced")
         link.node = NodeMirror(self.mirror, link.hello)
         link.state = "node"
         link.send(wire.json_frame(wire.WELCOME, {"sources": 1}))  # SOURCE frames welcome

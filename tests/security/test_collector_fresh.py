@@ -14,7 +14,7 @@ import time
 import tracemalloc
 
 import pytest
-from simnode import CollectorProcess, connect_node, hello, reply, send, until
+from simnode import CollectorProcess, connect_node, dropped, hello, meta, reply, send, until
 from test_collector_poison import (
     STUCK,
     _digest,
@@ -175,3 +175,37 @@ def test_the_collectors_own_findings_past_their_bound_keep_the_most_severe(tmp_p
         assert kinds and set(kinds) == {"hang"}, kinds[:3]
     finally:
         mirror.close()
+
+
+def _says(c: CollectorProcess, source: str, host: str, instance: str):
+    """A connection from `source` that says HELLO: it, and the collector's answer."""
+    sock = socket.create_connection(c.address, timeout=10, source_address=(source, 0))
+    sock.sendall(hello(host, instance))
+    return sock, reply(sock)
+
+
+@pytest.mark.timeout(30)
+def test_a_node_back_from_a_new_address_replaces_its_dead_connection(tmp_path):
+    """A forwarder whose connection died without a reset reaching the collector (a NAT
+    that lost its mapping, a failover to the host's other NIC) connects again, with its
+    instance, from another address: refused as 'another node by that name' until its old
+    connection's 60 s of silence ran out, it then waited its 30 s before asking again.
+    It now replaces its old connection; another node of that name is refused as ever."""
+    c = CollectorProcess(tmp_path / "copy", tmp_path / "collector.txt").started()
+    socks = []
+    try:
+        old, got = _says(c, "127.0.0.1", "node-a", "fwd-1")
+        socks.append(old)
+        assert got is not None and got[0] == wire.WELCOME and send(old, meta(0, "node-a"))
+        new, got = _says(c, "127.0.0.2", "node-a", "fwd-1")
+        socks.append(new)
+        assert got is not None and got[0] == wire.WELCOME, got
+        assert dropped(old, 10)
+        other, got = _says(c, "127.0.0.3", "node-a", "fwd-2")
+        socks.append(other)
+        assert got is not None and got[0] == wire.REFUSED and b"already connected" in got[3]
+        assert send(new, meta(0, "node-a")) and not dropped(new, 1)  # its rank, still
+    finally:
+        for sock in socks:
+            sock.close()
+        c.stop()
