@@ -23,6 +23,7 @@ import re
 
 from distdoctor.findings import Finding
 from distdoctor.logs import remedies as R
+from distdoctor.logs.aftermath import said_beside, store_after_peers_lost
 from distdoctor.logs.desync import fold_stuck_ranks, one_unexplained_watchdog
 from distdoctor.logs.exits import exit_findings, orphans_to_root_cause
 from distdoctor.logs.fallback import fallback_cause
@@ -147,6 +148,7 @@ class Reasoner:
                 continue
             cause_ranks |= set(f.ranks) | p.ranks
             out.append((p.first.order, f))
+        store_lost = store_after_peers_lost(self, out)
         exit_findings(self, out, cause_ranks)
         orphans_to_root_cause(self, out)
         fallback_cause(self, self.unknown, out)
@@ -168,6 +170,7 @@ class Reasoner:
                                  [], "Rerun with NCCL_DEBUG=INFO for this warning's context.")
             if f is not None:
                 out.append((p.first.order, f))
+        said_beside(out, store_lost)
         out = one_unexplained_watchdog(fold_stuck_ranks(out)) + aside
         fold_restarts(out, self.restarts)
         out.sort(key=lambda t: (_SEVERITY[t[1].severity], t[0]))
