@@ -45,3 +45,16 @@ def test_an_oom_caught_then_stalled_stays_an_alarm(tmp_path):
     body = "".join(oom.format(i=i) for i in range(5))
     (top,) = warned_of(scan_logs([write_named(tmp_path, "a.log", body)])[0])
     assert "CUDA out of memory" in top.summary
+
+
+# recorded here: coreutils' wrappers run with torchrun not on PATH (LANG=C, and UTF-8 quotes)
+NOT_FOUND = ["timeout: failed to run command ‘torchrun’: No such file or directory",
+             "nohup: failed to run command 'torchrun': No such file or directory",
+             "stdbuf: failed to run command 'torchrun': No such file or directory",
+             "nice: 'torchrun': No such file or directory"]
+
+
+@pytest.mark.parametrize("line", NOT_FOUND, ids=lambda s: s.split(":")[0])
+def test_a_launcher_a_wrapper_could_not_run_is_said(tmp_path, line):
+    (top,) = warned_of(scan_logs([write_named(tmp_path, "job.log", line + "\n")])[0])
+    assert "launcher could not start" in top.summary and "torchrun" in top.summary

@@ -46,7 +46,11 @@ RULES = (
          rf"execve\(\): (?P<prog>[^:\s]+): (?P<err>No such file or directory|Permission denied)|"
          rf"^(?:\S*sh|bash|zsh|/bin/sh|srun|env)?:? ?(?:line \d+: |\d+: )?(?P<prog2>{_LAUNCHERS})"
          rf": (?:command )?not found|env: '?(?P<prog3>{_LAUNCHERS})'?: No such file or directory|"
-         rf"No such file or directory: '(?P<prog4>{_LAUNCHERS})'"),
+         rf"No such file or directory: '(?P<prog4>{_LAUNCHERS})'|"
+         # coreutils' wrappers (timeout, nohup, stdbuf: "failed to run command 'torchrun'";
+         # quoted ‘’ in a UTF-8 locale) and nice's "nice: 'torchrun': No such file..."
+         rf"(?:failed to run command |^nice: )[‘'\"]?(?P<prog5>{_LAUNCHERS})[’'\"]?: "
+         rf"No such file or directory"),
 )
 
 
@@ -62,7 +66,8 @@ class SlurmFamily(Family):
         out = super().feed(line)
         for s in out:
             f = s.fields
-            prog = f.pop("prog2", None) or f.pop("prog3", None) or f.pop("prog4", None)
+            prog = (f.pop("prog2", None) or f.pop("prog3", None) or f.pop("prog4", None)
+                    or f.pop("prog5", None))
             if prog:
                 f["prog"] = prog
         return out
