@@ -28,7 +28,7 @@ from distdoctor.errors import UserError
 from distdoctor.runlog.incarnations import Incarnations
 from distdoctor.runlog.pace import Pace
 from distdoctor.runlog.reader import Event, NotALog, RankLog, RingHeader
-from distdoctor.runlog.rundir import parse_log_name, rank_meta_at, rank_meta_path, ring_path
+from distdoctor.runlog.rundir import parse_log_name, rank_meta_at, rank_meta_path, rank_stem
 from distdoctor.runlog.values import READ_SLOTS
 
 # In-flight ops re-read per rank per poll, at most: async work that never reports its
@@ -105,9 +105,12 @@ class RunFollower:
         self.feeds: dict[tuple[int, int], RankFeed] = {}  # (rank, log number) -> feed
         self.retired: dict[tuple[int, int], RankFeed] = {}  # finished, file closed
         self.unreadable: dict[tuple[int, int], str] = {}
-        # logs refused for what is at their name (a FIFO, a link): looked at again only
-        # with the next full listing (RESCAN_S), not on every poll as one being made
+        # logs refused for what is at their name (a FIFO, a link), or still unreadable
+        # RESCAN_S after they first were (no log takes that long to be made): looked at
+        # again only with the next full listing, and opened again only if what is at
+        # their name changed since (10,000 junk files were opened on every poll)
         self._refused: set[tuple[int, int]] = set()
+        self._failed: dict[tuple[int, int], tuple[tuple | None, float]] = {}  # (what, since)
         self._given_up: set[tuple[int, int]] = set()  # let go for an error: never again
         self._noted: set[tuple[int, int]] = set()  # metadata said unreadable, once
         self.meta: dict[tuple[int, int], dict] = {}  # (rank, log number) -> metadata
@@ -127,10 +130,11 @@ class RunFollower:
 
     def _discover(self) -> None:
         """Pick up rank logs that appeared. Listing the folder costs O(logs) per poll, so
-        it is listed only when its mtime moved, while a log is still unreadable, or
-        every RESCAN_S. File systems stamp mtimes coarsely (ext4: a clock tick), so a
-        file created in the tick of the last listing leaves the mtime unchanged: a
-        folder changed within the last RESCAN_S is listed on every poll."""
+        it is listed only when its mtime moved, while an unreadable log may still be
+        being made (for RESCAN_S), or every RESCAN_S. File systems stamp mtimes coarsely
+        (ext4: a clock tick), so a file created in the tick of the last listing leaves
+        the mtime unchanged: a folder changed within the last RESCAN_S is listed on
+        every poll."""
         ranks_dir = self.run_dir / "ranks"
         try:
             mtime = os.stat(ranks_dir).st_mtime_ns
@@ -146,7 +150,7 @@ class RunFollower:
             names = os.listdir(ranks_dir)
         except OSError:
             return
-        found = []
+        found, ranks_at = [], os.fspath(ranks_dir)
         for name in names:
             parsed = parse_log_name(name)
             if parsed is None or parsed[2] != "ring":
@@ -154,7 +158,13 @@ class RunFollower:
             key = parsed[:2]
             if key in self.feeds or key in self.retired or key in self._given_up:
                 continue
-            path = ring_path(self.run_dir, *key)
+            # ring_path's name, as a str: a Path for each of 10,000 refused names took
+            # most of a listing's time
+            at = os.path.join(ranks_at, f"{rank_stem(*key)}.ring")
+            what, since = _what_is_at(at), self._failed.get(key, (None, now))[1]
+            if key in self._refused and self._failed.get(key, (None,))[0] == what:
+                continue  # the same file that was refused: not read again
+            path = Path(at)
             try:
                 log = RankLog(path)
                 if log.rank != key[0]:  # a copied or crafted file: its events misplaced
@@ -165,13 +175,17 @@ class RunFollower:
                 if key not in self._refused:
                     self._refused.add(key)
                     self.said.append(str(exc))
-                self.unreadable[key] = str(exc)
+                self.unreadable[key], self._failed[key] = str(exc), (what, since)
                 continue
             except UserError as exc:
-                self.unreadable[key] = str(exc)  # maybe still being created: retry later
+                # maybe still being created: tried again on the next polls, then as refused
+                self.unreadable[key], self._failed[key] = str(exc), (what, since)
+                if now - since > RESCAN_S:
+                    self._refused.add(key)
                 continue
             self.unreadable.pop(key, None)
             self._refused.discard(key)
+            self._failed.pop(key, None)
             if len(self.feeds) + len(found) >= self.budget:
                 log.park()
             found.append((log.created_wall_ns, key[1], key[0], log))
@@ -321,6 +335,16 @@ class RunFollower:
                 feed.log.close()
             except OSError:
                 pass
+
+
+def _what_is_at(path: str) -> tuple | None:
+    """What is at a log's name, to tell whether it changed (never followed, never opened):
+    its inode, kind, size and time of change; None when nothing is."""
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return None
+    return st.st_ino, st.st_mode, st.st_size, st.st_mtime_ns, st.st_ctime_ns
 
 
 def _why(log: RankLog, exc: Exception) -> str:

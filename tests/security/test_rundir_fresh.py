@@ -1,17 +1,20 @@
 """Run dirs in states the earlier hostile-run-dir checks (test_hostile_rundirs.py) did not
 make, produced by real jobs under `distdoctor run`: a second incarnation that appears
-while the job still runs, and a kept-sources manifest no parser takes. The live engine
+while the job still runs, a kept-sources manifest no parser takes, thousands of junk
+files at log names. The live engine
 still names the hang and `--on-hang kill` still stops the job; every reader after the
 fact says what it can read, never a traceback."""
 
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 from conftest import marker_lines, run_cli, run_job
-from test_hostile_rundirs import _cli, _sane
+from test_hostile_rundirs import _cli, _copy, _log_of_rank, _sane
 
 NESTED = "[" * 100_000 + "]" * 100_000
 
@@ -40,21 +43,28 @@ def test_a_helper_group_started_by_a_rank_never_hides_the_jobs_hang(tmp_path):
     assert not [f for f in findings if f["kind"] in ("internal", "crash")], findings
 
 
+@pytest.fixture(scope="module")
+def nested_manifest_run(tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess]:
+    """A 2-rank run (5 all_reduces) into a dir whose sources/manifest.json is nested
+    100,000 deep before it starts."""
+    run_dir = tmp_path_factory.mktemp("fresh") / "run"
+    (run_dir / "sources").mkdir(parents=True)
+    (run_dir / "sources" / "manifest.json").write_text(NESTED)
+    return run_dir, run_job("many_ops.py", 2, run_dir, "5", timeout=60)
+
+
 @pytest.mark.timeout(120)
-def test_a_kept_sources_manifest_nested_too_deep_is_no_manifest(tmp_path):
+def test_a_kept_sources_manifest_nested_too_deep_is_no_manifest(nested_manifest_run, tmp_path):
     """sources/manifest.json nested 100,000 deep (json.loads raised RecursionError): `run`
     into a dir holding it said 'cannot start the live diagnosis' and ran nothing; diagnose
     said 'a bug in distdoctor'; show, watch --once, pack and export printed a traceback.
     Now it counts as no manifest: the run goes on (its ranks write a manifest of their
     own), and the readers read the run as one that kept nothing."""
-    run_dir = tmp_path / "run"
-    (run_dir / "sources").mkdir(parents=True)
-    manifest = run_dir / "sources" / "manifest.json"
-    manifest.write_text(NESTED)
-    res = run_job("many_ops.py", 2, run_dir, "5", timeout=60)
+    run_dir, res = nested_manifest_run
     assert res.returncode == 0 and "Traceback" not in res.stderr, res.stderr[-3000:]
     assert "2 rank(s) traced" in res.stderr, res.stderr[-3000:]
-    manifest.write_text(NESTED)  # the ranks wrote theirs over it: put it back
+    run_dir = _copy(run_dir, tmp_path / "run")
+    (run_dir / "sources" / "manifest.json").write_text(NESTED)  # (the ranks wrote theirs)
     said = _sane(_cli(["diagnose", run_dir]), codes=(0,))
     assert "no findings" in said.lower(), said
     for args in (["show", run_dir], ["watch", "--once", run_dir],
@@ -63,3 +73,56 @@ def test_a_kept_sources_manifest_nested_too_deep_is_no_manifest(tmp_path):
         _sane(_cli(args))
     shown = _sane(_cli(["show", run_dir, "--rank", "1"]))
     assert "all_reduce" in shown, shown
+
+
+# Polls a run dir with a follower for as long as a live pass would, counting the opens
+# of junk logs (rank-1NNNN.ring) once they are past being made, then after one of them
+# is replaced by a real log.
+FOLLOW = """
+import os, sys, time
+from distdoctor.runlog.follow import RESCAN_S, RunFollower
+
+opened = [0]
+def count(event, args):
+    if event == "open" and isinstance(args[0], (str, bytes, os.PathLike)):
+        if os.path.basename(os.fsdecode(args[0])).startswith("rank-1"):
+            opened[0] += 1
+sys.addaudithook(count)
+
+def follow(f, seconds):
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        f.poll()
+        time.sleep(0.25)
+
+f = RunFollower(sys.argv[1])
+follow(f, RESCAN_S + 1)  # still maybe being made: tried on each poll
+opened[0] = 0
+follow(f, 2 * RESCAN_S + 0.5)  # two full listings at least
+print(opened[0])
+sys.stdout.flush()
+os.rename(sys.argv[2], sys.argv[3])  # a real log at a junk name
+follow(f, RESCAN_S + 1)
+print(sorted(k for k in [*f.feeds, *f.retired] if k[0] >= 10000))  # (read: let go, closed)
+"""
+
+
+@pytest.mark.timeout(60)
+def test_junk_at_log_names_is_not_opened_again_on_every_poll(nested_manifest_run, tmp_path):
+    """2,000 four-byte files at log names in ranks/ (a job's stray output, a hostile
+    rank): each was opened again on every poll of the live engine, as a log maybe still
+    being made (10,000 of them: 0.25 s of CPU a poll, for the whole run). Unreadable
+    past RESCAN_S, one is opened again only when what is at its name changes: a real log
+    put there is still picked up."""
+    run_dir = _copy(nested_manifest_run[0], tmp_path / "run")
+    ranks = run_dir / "ranks"
+    for rank in range(10_000, 12_000):
+        (ranks / f"rank-{rank:05d}.ring").write_bytes(b"junk")
+    real = _log_of_rank(run_dir, 10_005, tmp_path / "real.ring")
+    done = subprocess.run([sys.executable, "-c", FOLLOW, str(run_dir), str(real),
+                           str(ranks / "rank-10005.ring")],
+                          capture_output=True, text=True, timeout=45)
+    assert done.returncode == 0, done.stderr[-3000:]
+    opened, picked = done.stdout.split("\n")[:2]
+    assert opened == "0", done.stdout
+    assert picked == "[(10005, 0)]", done.stdout
