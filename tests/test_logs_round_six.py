@@ -58,3 +58,11 @@ NOT_FOUND = ["timeout: failed to run command ‘torchrun’: No such file or dir
 def test_a_launcher_a_wrapper_could_not_run_is_said(tmp_path, line):
     (top,) = warned_of(scan_logs([write_named(tmp_path, "job.log", line + "\n")])[0])
     assert "launcher could not start" in top.summary and "torchrun" in top.summary
+
+
+def test_a_stop_word_after_the_end_of_training_is_still_a_kill(tmp_path):
+    """The helper's SIGTERM before 'training finished' is quiet (fixture above); the same
+    words after it, at the log's end, are the job's processes ended from outside."""
+    log = (ROUND6 / "helper_sigterm_then_finished.log").read_text()
+    (top,) = warned_of(scan_logs([write_named(tmp_path, "a.log", log + "Terminated\n")])[0])
+    assert "killed from outside" in top.summary

@@ -5,7 +5,8 @@ killed from outside; cut off. Read after the line-by-line pass, on the story's w
 - Each loud finding gets where in the story its first line falls ("after step 1,200",
   "at init, before the first step", "after training finished").
 - A log with no error finding is judged from its end: a launcher's or scheduler's kill
-  words in its last lines (killed from outside: who, which signal, what came before);
+  words in its last lines (killed from outside: who, which signal, what came before; not
+  words the end of training follows, as a restart's or a helper process' SIGTERM);
   a stack dump it ends in, or NCCL's "Init COMPLETE" as the last word of every process
   before any step (stopped with no error: where, what came last, what repeated, how long).
   Those are warnings: a log that ends early is never silence. A log that just ends
@@ -122,7 +123,11 @@ def _killed(story: Story) -> Finding | None:
         if not fs.tail:
             continue
         near = fs.tail[-1].lineno - LAST_LINES
-        stops = [m for m in fs.milestones if m.kind == STOPPED and m.line.lineno > near]
+        # the end of training said after a stop word: the signal was a restart's (a
+        # torchelastic scale event, a failed attempt) and the job went on to finish
+        done = max((m.line.lineno for m in fs.milestones if m.kind == FINISHED), default=0)
+        stops = [m for m in fs.milestones if m.kind == STOPPED
+                 and m.line.lineno > max(near, done)]
         if not stops:
             continue
         first = stops[0]
