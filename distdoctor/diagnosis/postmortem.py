@@ -265,8 +265,13 @@ def _diagnose_one(run: Run, hang_timeout_s: float | str | None, newest: dict[int
                      and (ev.group, ev.seq) not in still_open)
     if not findings:
         notes += _unfinished(engine.open.values())
-    for rank, why in sorted(run.unreadable.items()):
+    unreadable = sorted(run.unreadable.items())
+    for rank, why in unreadable[:UNREADABLE_SHOWN]:
         notes.append(f"rank {rank}: {why}; its part is unknown")
+    if len(unreadable) > UNREADABLE_SHOWN:  # (10,000 junk files were 10,000 notes)
+        rest = [rank for rank, _ in unreadable[UNREADABLE_SHOWN:]]
+        notes.append(f"rank(s) {rank_ranges(rest)}: {len(rest)} more event logs not read "
+                     f"either; their part is unknown")
     ws = run.world_size  # (rundir.MAX_WORLD_SIZE at most)
     if ws:
         absent = [r for r in range(ws) if r not in run.events and r not in run.unreadable]
@@ -284,6 +289,7 @@ def _diagnose_one(run: Run, hang_timeout_s: float | str | None, newest: dict[int
 
 
 UNFINISHED_SHOWN = 3  # ops left in flight at the end, named in notes
+UNREADABLE_SHOWN = 8  # rank logs not read, each named in notes; the rest in one line
 
 
 def _unfinished(open_rvs) -> list[str]:

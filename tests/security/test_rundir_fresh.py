@@ -126,3 +126,19 @@ def test_junk_at_log_names_is_not_opened_again_on_every_poll(nested_manifest_run
     opened, picked = done.stdout.split("\n")[:2]
     assert opened == "0", done.stdout
     assert picked == "[(10005, 0)]", done.stdout
+
+
+@pytest.mark.timeout(60)
+def test_junk_at_log_names_costs_diagnose_a_few_notes_not_one_each(nested_manifest_run,
+                                                                   tmp_path):
+    """diagnose named each unreadable log in a note of its own: 10,000 junk files at log
+    names were 20,037 lines under the diagnosis (5 s). The first few are named, the rest
+    counted in one line; the job's own ranks are diagnosed as before."""
+    run_dir = _copy(nested_manifest_run[0], tmp_path / "run")
+    for rank in range(10_000, 12_000):
+        (run_dir / "ranks" / f"rank-{rank:05d}.ring").write_bytes(b"junk")
+    said = _sane(_cli(["diagnose", run_dir]), codes=(0,))
+    assert said.count("note:") < 20, said[-3000:]
+    assert "rank(s) 10008-11999: 1992 more event logs not read" in said, said[-3000:]
+    report = json.loads(_cli(["diagnose", run_dir, "--json"]).stdout)
+    assert report["findings"] == [] and len(report["notes"]) < 20, report["notes"]
