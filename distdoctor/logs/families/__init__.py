@@ -21,6 +21,7 @@ from distdoctor.logs.families import (
     launcher,
     mismatch,
     nccl,
+    nccl_sizes,
     oom,
     ras,
     ray,
@@ -38,6 +39,7 @@ from distdoctor.logs.families.k8s import K8sFamily
 from distdoctor.logs.families.launcher import LauncherFamily
 from distdoctor.logs.families.mismatch import MismatchFamily
 from distdoctor.logs.families.nccl import NcclFamily
+from distdoctor.logs.families.nccl_sizes import NcclSizeFamily
 from distdoctor.logs.families.oom import OomFamily
 from distdoctor.logs.families.progress import ProgressFamily
 from distdoctor.logs.families.ras import RasFamily
@@ -50,12 +52,12 @@ from distdoctor.logs.families.xid import XidFamily
 
 FAMILIES = (ProgressFamily, LauncherFamily, OomFamily, MismatchFamily, DdpFamily, StallFamily,
             StoreFamily, XidFamily,
-            CudaErrors, NcclFamily, GlooFamily, RayFamily, SlurmFamily, RasFamily, K8sFamily,
-            UsageErrors, ContextFamily)
+            CudaErrors, NcclSizeFamily, NcclFamily, GlooFamily, RayFamily, SlurmFamily,
+            RasFamily, K8sFamily, UsageErrors, ContextFamily)
 
 # what each family's problems mean, by the family name its signals carry
 MEANINGS = {"launcher": launcher, "oom": oom, "mismatch": mismatch, "ddp": ddp,
-            "store": store, "nccl": nccl, "gloo": gloo, "exception": exceptions,
+            "store": store, "nccl": nccl, "nccl_size": nccl_sizes, "gloo": gloo, "exception": exceptions,
             "startup": exceptions, "ray": ray, "slurm": slurm, "ras": ras,
             "k8s": k8s, "stall": stalls, "xid": xid}
 
@@ -80,7 +82,7 @@ ANCHORS: tuple[bytes, ...] = (
     b"new nodes from group_rank", b"return code = ", b"terminated with the following",
     # NCCL, CUDA, OOM
     b"NCCL", b"nccl", b"Watchdog", b"Heartbeat", b"Duplicate GPU", b"Cuda failure", b"Bootstrap", b"NVLS", b"NET/",
-    b"peer access", b"shared memory", b"ibv_", b"IBV_", b"cudaIpc", b"out of memory",
+    b"peer access", b"shared memory", b"essage truncated", b"ibv_", b"IBV_", b"cudaIpc", b"out of memory",
     b"Out of memory", b"oom-kill", b"oom_kill", b"out-of-memory", b"is killed by signal",
     b"DefaultCPUAllocator", b"Killed", b"CUDA error: ", b"_STATUS_", b"Assertion `", b"Xid",
     # c10d store, rendezvous, Gloo

@@ -114,7 +114,8 @@ RULES = (
     rule("internal_error", NAME, CAUSE, r"internal (?:check failed|error)|ncclInternalError"),
 )
 
-_SPECIFIC = ("p2p", "shm", "ib", "socket", "duplicate_gpu", "topology", "nccl_warn", "nvls")
+_SPECIFIC = ("p2p", "shm", "ib", "socket", "duplicate_gpu", "topology", "nccl_warn", "nvls",
+             "size_mismatch")  # (the last: nccl_sizes.py's)
 # "host:pid:tid [dev] NCCL INFO file.cc:123 -> 2": an error code climbing back through NCCL
 # init going on after a failed return: NCCL dropped an optional path (an IB plugin on a machine
 # with none) and chose another ("Using network Socket", channels, a comm's init)
@@ -267,8 +268,8 @@ _GENERIC = ("system_error", "cuda_error", "internal_error", "invalid_usage")
 # which specific causes NCCL reports under each generic error code
 _EXPLAINS = {"system_error": ("shm", "socket", "ib", "topology", "nccl_warn"),
              "cuda_error": ("p2p", "nvls", "nccl_warn"),
-             "internal_error": ("socket", "ib", "p2p", "topology", "nccl_warn"),
-             "invalid_usage": ("duplicate_gpu", "socket", "nccl_warn")}
+             "internal_error": ("socket", "ib", "p2p", "topology", "nccl_warn", "size_mismatch"),
+             "invalid_usage": ("duplicate_gpu", "socket", "nccl_warn", "size_mismatch")}
 _CAUSE_TEXT = {"shm": ("shared memory (/dev/shm)", R.SHM), "socket": ("a socket", R.SOCKET),
                "ib": ("InfiniBand", R.IB), "p2p": ("GPU peer-to-peer access", R.P2P),
                "duplicate_gpu": ("two ranks on one GPU", R.NCCL_USAGE),
