@@ -125,3 +125,8 @@ REPEAT_WAIT = ("The job prints the same line and nothing else: what it waits on 
 WORKERS_STOPPED = ("torchrun stops the other workers once one fails: read the output of the one "
                    "it did not stop (its own log file with --log-dir/--tee, or the lines before "
                    "this excerpt), or rerun under `distdoctor run`, which names it.")
+SIGTERM_FROM_OUTSIDE = ("Something outside the job sent that rank SIGTERM: a scheduler "
+                        "preempting or evicting it (`sacct -j JOBID`, `kubectl describe pod`), "
+                        "a node agent or health check, a user's `kill`. Find the sender in "
+                        "that host's logs (`journalctl`); the other ranks' SIGTERMs are the "
+                        "launcher's own teardown after it.")

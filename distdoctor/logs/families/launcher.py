@@ -303,7 +303,11 @@ def collect_exits(signals: list[Signal], teardown_pids: set[int],
         if f.get("sig") and not f.get("signum") and s.rule == "rank_failed":
             f["signum"] = int(getattr(signal, f["sig"], 0)) or None
         f["rank"], f["order"] = rank, s.order
-        f["torn_down"] = f.get("pid") in teardown_pids or f.get("signum") == 15
+        # a SIGTERM is the launcher stopping the survivors, except where the log lists the
+        # pids it stopped and this one is not among them: then it came from outside
+        pid = f.get("pid")
+        f["torn_down"] = pid in teardown_pids or f.get("signum") == 15 and not (
+            teardown_pids and pid is not None)
         prev = out.get(rank)
         if prev is None or (f.get("root_cause") and not prev.get("root_cause")):
             if prev:
@@ -353,6 +357,9 @@ def describe_exit(e: dict) -> tuple[str, str, str]:
     if e.get("signum") == 7:
         return (f"{who}{host} was killed by SIGBUS: most often /dev/shm is full (DataLoader "
                 f"workers, NCCL)", "oom", R.SHM_DATALOADER)
+    if e.get("signum") == 15:  # not the launcher's own SIGTERM (collect_exits tells)
+        return (f"{who}{host} was killed by SIGTERM first, from outside the job (the launcher "
+                f"stopped the others only after it)", NAME, R.SIGTERM_FROM_OUTSIDE)
     return (f"{who}{host} {how_it_ended(e)} first, with no traceback in this log", NAME,
             R.PEER_GONE.replace("A peer process went away mid-collective: the", "The"))
 
