@@ -114,8 +114,14 @@ def for_pack(run_dir: Path, named: list[str], copies: bool, notes: list[str]):
     """(name, bytes) of the sources/ entries of a pack of `run_dir`: its manifest, and
     unless `copies` is False its kept copies. A file the run's call sites name that the
     run kept nothing of (an older run dir) is taken from the disk now, within the same
-    bounds, and marked "packed" (its content is the disk's at pack time)."""
+    bounds, and marked "packed" (its content is the disk's at pack time). Only a Python
+    source of the run dir's owner is taken so: the call sites are the ranks' word (a
+    crafted log named any file, which went into the pack, made to be shared)."""
     manifest = S.read_manifest(run_dir) or S.empty_manifest()
+    try:
+        owner = os.stat(run_dir).st_uid
+    except OSError:
+        owner = -1  # (no file is of that uid: none is read from the disk)
     out: dict[str, bytes] = {}
     for entry in manifest["files"].values():
         name = entry.get("copy")
@@ -130,9 +136,10 @@ def for_pack(run_dir: Path, named: list[str], copies: bool, notes: list[str]):
     manifest["kept_bytes"] = sum(len(b) for b in out.values())
     taken = []
     for path in dict.fromkeys(named):
-        if path in manifest["files"] or len(manifest["files"]) >= S.MAX_FILES:
+        if (path in manifest["files"] or len(manifest["files"]) >= S.MAX_FILES
+                or not path.endswith(".py")):
             continue
-        entry, data = S.describe(path)
+        entry, data = S.describe(path, owner)
         if "missing" in entry:
             continue
         S.place(entry, data, manifest, copies, out.__setitem__)

@@ -114,8 +114,9 @@ def files_of(site) -> list[str]:
 
 
 # --- one file, described (and its bytes, where they may be kept) ------------------------
-def describe(path: str) -> tuple[dict, bytes | None]:
-    """(manifest entry, bytes to keep or None) for a file as it is now."""
+def describe(path: str, owner: int | None = None) -> tuple[dict, bytes | None]:
+    """(manifest entry, bytes to keep or None) for a file as it is now; with `owner`, a
+    file of another user is not read."""
     lib = library_of(path)
     if lib is not None:
         return {"library": lib[0], "version": lib[1]}, None
@@ -127,6 +128,8 @@ def describe(path: str) -> tuple[dict, bytes | None]:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
             return {"missing": "not a regular file"}, None
+        if owner is not None and st.st_uid != owner:
+            return {"missing": "not the run's user's"}, None
         if st.st_size > HASH_MAX_BYTES:
             return {"size": st.st_size, "why": "too large to hash"}, None
         with os.fdopen(os.dup(fd), "rb") as fh:

@@ -1,19 +1,22 @@
 """Run dirs in states the earlier hostile-run-dir checks (test_hostile_rundirs.py) did not
 make, produced by real jobs under `distdoctor run`: a second incarnation that appears
 while the job still runs, a kept-sources manifest no parser takes, thousands of junk
-files at log names. The live engine
-still names the hang and `--on-hang kill` still stops the job; every reader after the
-fact says what it can read, never a traceback."""
+files at log names, call sites naming files of the machine that reads the run. The live
+engine still names the hang and `--on-hang kill` still stops the job; every reader after
+the fact says what it can read, never a traceback, and packs nothing it should not."""
 
 from __future__ import annotations
 
 import json
+import os
+import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
-from conftest import marker_lines, run_cli, run_job
+from conftest import JOBS, marker_lines, run_cli, run_job
 from test_hostile_rundirs import _cli, _copy, _log_of_rank, _sane
 
 NESTED = "[" * 100_000 + "]" * 100_000
@@ -142,3 +145,57 @@ def test_junk_at_log_names_costs_diagnose_a_few_notes_not_one_each(nested_manife
     assert "rank(s) 10008-11999: 1992 more event logs not read" in said, said[-3000:]
     report = json.loads(_cli(["diagnose", run_dir, "--json"]).stdout)
     assert report["findings"] == [] and len(report["notes"]) < 20, report["notes"]
+
+
+def _name_in_call_sites(run_dir: Path, path: str) -> None:
+    """The run's call sites name `path` instead of the job's file (a crafted log: the
+    string table's bytes replaced in place, same length, slashes padding the path)."""
+    old = str(JOBS / "many_ops.py").encode()
+    new = path.encode()
+    if len(new) > len(old):
+        pytest.skip(f"{path} is longer than {old!r}")
+    new = new.replace(b"/", b"/" * (1 + len(old) - len(new)), 1)
+    for ring in (run_dir / "ranks").glob("rank-*.ring"):
+        with open(ring, "r+b") as f:
+            table = f.read(4096 + (4 << 20))
+            assert old in table
+            f.seek(0)
+            f.write(table.replace(old, new))
+
+
+def _packed_texts(run_dir: Path, out: Path) -> bytes:
+    from distdoctor.runlog.unpack import unpacked
+
+    _sane(_cli(["pack", run_dir, "-o", out]), codes=(0,))
+    with unpacked(out) as back:
+        return b"".join(p.read_bytes() for p in Path(back).rglob("*.src"))
+
+
+@pytest.mark.timeout(60)
+def test_a_crafted_call_site_never_packs_another_file_of_this_machine(
+        nested_manifest_run, tmp_path):
+    """`pack` takes from the disk a file the call sites name that the run kept no copy
+    of (an older run dir): a crafted log naming any file put it into the pack, made to be
+    shared (a secret of the packing user, or of this machine a remote rank named). Only
+    a Python source of the run dir's owner, named by a rank of this host, is taken."""
+    secret = Path(tempfile.mkdtemp(prefix="dd", dir="/tmp"))
+    try:
+        for name in ("s.py", "s.txt"):
+            (secret / name).write_text(f"TOKEN = 'SECRET-{name}'\n")
+        run = _copy(nested_manifest_run[0], tmp_path / "run")
+        _name_in_call_sites(run, str(secret / "s.txt"))
+        assert b"SECRET" not in _packed_texts(run, tmp_path / "txt.ddpack")  # not Python
+        run = _copy(nested_manifest_run[0], tmp_path / "run_py")
+        _name_in_call_sites(run, str(secret / "s.py"))
+        # the older run dir's case still works: the job's own source, on this host
+        assert b"SECRET-s.py" in _packed_texts(run, tmp_path / "py.ddpack")
+        for meta in (run / "ranks").glob("rank-*.json"):  # ranks of another host
+            meta.write_text(json.dumps({**json.loads(meta.read_text()), "host": "elsewhere"}))
+        assert b"SECRET" not in _packed_texts(run, tmp_path / "remote.ddpack")
+        if os.geteuid() == 0:  # a run dir of another user: root's files stay out
+            run = _copy(nested_manifest_run[0], tmp_path / "run_theirs")
+            _name_in_call_sites(run, str(secret / "s.py"))
+            os.chown(run, 65534, 65534)
+            assert b"SECRET" not in _packed_texts(run, tmp_path / "theirs.ddpack")
+    finally:
+        shutil.rmtree(secret)
