@@ -128,7 +128,7 @@ def write_pack(run_dir: str | os.PathLike, out: str | os.PathLike,
                         stats.logs += 1
                         stats.events += n
                         stats.raw += len(raw)
-                        files += named if _of_this_host(run, rel) else []
+                        files += named
                         continue
                 data = _read_file(path, stats, rel)
                 if data is not None:
@@ -147,21 +147,6 @@ def write_pack(run_dir: str | os.PathLike, out: str | os.PathLike,
             os.unlink(tmp)
         raise
     return stats
-
-
-def _of_this_host(run: Path, rel: str) -> bool:
-    """Whether the log `rel` is of a rank on this host (its metadata says so): only then
-    are the files its call sites name read from this machine's disk for the pack
-    (kept.for_pack). Another host's paths name files of its own disk."""
-    import socket
-
-    from distdoctor.runlog import rundir
-
-    parsed = rundir.parse_log_name(Path(rel).name)
-    if parsed is None:
-        return False
-    meta, _ = rundir.rank_meta_at(rundir.rank_meta_path(run, parsed[0], parsed[1]))
-    return meta.get("host") == socket.gethostname()
 
 
 def _run_files(run: Path, stats: PackStats):
