@@ -11,6 +11,8 @@ from distdoctor.logs.families.launcher import describe_exit
 from distdoctor.logs.problems import ranks_text
 from distdoctor.logs.signals import TEARDOWN, TIMEOUT, VICTIM
 
+SPAWN_TRACEBACK_LINES = 400  # from spawn's head to the last line of the traceback it heads
+
 
 def exit_findings(ctx, out: list, cause_ranks: set[int]) -> None:
     """Exits no cause explains; ranks that died the same way are one finding."""
@@ -41,6 +43,24 @@ def exit_findings(ctx, out: list, cause_ranks: set[int]) -> None:
                      "exit": {k: v for k, v in e.items() if isinstance(v, (int, str, bool))},
                      "lines": [e["line"].text[:300]] if e.get("line") else []})
         out.append((e["order"], same[key]))
+
+def raised_reports_to_their_rank(ctx) -> None:
+    """torch.multiprocessing.spawn's "-- Process N terminated with the following error:"
+    heads the traceback of process N: a timeout or lost peer that traceback shows with no
+    rank of its own is process N's (then its exit is that timeout's, not a failure of its
+    own; the rank it waited for is judged as for any timeout)."""
+    for rank, e in ctx.exits.items():
+        line = e.get("line")
+        if (rank < 0 or line is None or "exit_code" in e or e.get("signum")
+                or "terminated with the following error" not in line.text):
+            continue
+        for p in ctx.problems.values():
+            if (p.role in (TIMEOUT, VICTIM) and not p.ranks and p.first.line.file == line.file
+                    and 0 < p.first.line.lineno - line.lineno <= SPAWN_TRACEBACK_LINES):
+                p.ranks.add(rank)
+                for s in p.signals:  # the child's traceback, quoted by its parent
+                    s.fields["in_launcher"] = False
+
 
 def _exit_is_a_cause(ctx, e: dict) -> bool:
     if e.get("torn_down"):

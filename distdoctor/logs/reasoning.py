@@ -25,7 +25,11 @@ from distdoctor.findings import Finding
 from distdoctor.logs import remedies as R
 from distdoctor.logs.aftermath import said_beside, store_after_peers_lost
 from distdoctor.logs.desync import fold_stuck_ranks, one_unexplained_watchdog
-from distdoctor.logs.exits import exit_findings, orphans_to_root_cause
+from distdoctor.logs.exits import (
+    exit_findings,
+    orphans_to_root_cause,
+    raised_reports_to_their_rank,
+)
 from distdoctor.logs.fallback import fallback_cause
 from distdoctor.logs.families import MEANINGS
 from distdoctor.logs.families.launcher import collect_exits
@@ -131,6 +135,7 @@ class Reasoner:
 
     # --- the whole judgement -----------------------------------------------------------
     def findings(self) -> list[Finding]:
+        raised_reports_to_their_rank(self)
         causes = [p for p in self.problems.values() if p.role == CAUSE]
         for meaning in {id(m): m for m in MEANINGS.values()}.values():
             if hasattr(meaning, "prepare"):
