@@ -165,7 +165,9 @@ def split_in(src, fn, l1, l2, after) -> Branch | None:
             return _make(src, fn, stmt, _pair(side, _arm_words(stmt, arm), "did not enter {b}"
                                               if isinstance(stmt, ast.If) and arm == "body"
                                               else "passed {b} by"),
-                         _pair(side, True, other_arm), _pair(side, False, False))
+                         _pair(side, True, other_arm),
+                         # an `except` is a way out of the path every rank was on
+                         _pair(side, arm.startswith("handler"), False))
     return None
 
 

@@ -111,6 +111,8 @@ def _by_branch(s: Sides, br: B.Branch) -> Verdict:
                                  f"them alone", False, br)
         what = ("a branch on the rank's identity: code meant for some ranks only"
                 if br.kind == "rank" else
+                f"an exception handler: rank {ranks[side]} raised in its `try` and the "
+                f"others did not" if br.kind == "exception" else
                 f"a branch on the ranks' data: rank {ranks[side]}'s data sent it out")
         return Verdict(side, f"{said} is {what}", s.p.how == "differ", br)
     if br.inside[0] == br.inside[1]:
@@ -170,6 +172,9 @@ def _by_history(s: Sides) -> Verdict | None:
             return Verdict(s.has, f"rank {has}'s {s.op.op} at that line is new to the job, "
                                   f"while rank {lacks} went on to a call it issued before")
         return None
+    built = _built_apart(s)
+    if built is not None:
+        return built
     ka, kb = s.known
     if ka is True and kb is False:
         return Verdict(1, f"rank {s.a}'s call is one the job issued before, rank {s.b}'s "
@@ -178,6 +183,39 @@ def _by_history(s: Sides) -> Verdict | None:
         return Verdict(0, f"rank {s.b}'s call is one the job issued before, rank {s.a}'s "
                           f"is new")
     return None
+
+
+def _kind(ev: Event) -> tuple:
+    return ev.op, A.site(ev), ev.dtypes[:1], ev.reduce_op
+
+
+def _built_apart(s: Sides) -> Verdict | None:
+    """One line, one op, the same size, but another dtype or reduce op on one side: the
+    side whose dtype and op the job sent from that line before kept to it, the other
+    built its tensor (or chose its op) differently. Sizes are left out: they vary with
+    the data from step to step, a dtype or an op does not."""
+    p = s.p
+    if (p.ours.op, A.site(p.ours), p.ours.numel_in) != (p.theirs.op, A.site(p.theirs),
+                                                         p.theirs.numel_in):
+        return None
+
+    def sent_before(ev):
+        return any(e.kind == "collective" and e.group == ev.group and e.seq < s.seq
+                   and _kind(e) == _kind(ev) for pool in s.pool for e in pool)
+    seen = (sent_before(p.ours), sent_before(p.theirs))
+    if seen[0] == seen[1]:
+        return None
+    odd = 0 if seen[1] else 1
+    bad, good = (p.ours, p.theirs) if odd == 0 else (p.theirs, p.ours)
+    what = ("dtype", bad.dtypes[:1], good.dtypes[:1]) if bad.dtypes[:1] != good.dtypes[:1] \
+        else ("reduce op", bad.reduce_op, good.reduce_op)
+    return Verdict(odd, f"rank {(s.a, s.b)[odd]} sent {what[0]} {_one(what[1])} from that "
+                        f"line where the job sent {_one(what[2])} there before: it built its "
+                        f"op differently")
+
+
+def _one(v) -> str:
+    return str(v[0] if isinstance(v, tuple) and v else v)
 
 
 def judge(p: A.Parting, a: int, b: int, histories, majority: bool) -> Verdict:

@@ -54,8 +54,9 @@ def invariant(stmt, loop) -> bool:
 
 
 def skip_in(fn, loop, line) -> tuple | None:
-    """(the `if` or `try` whose arm holds it, the `continue`) of `loop` before `line`, the
-    op the staying side is at: a way to skip that op in one iteration."""
+    """(the `if` or `try` whose arm holds it, the `continue`) of `loop`, or of a loop in
+    it, before `line`, the op the staying side is at: a way to skip that op in one
+    iteration."""
     for stmt in ast.walk(loop):
         if stmt is loop or not isinstance(stmt, (ast.If, ast.Try)) or stmt.lineno >= line:
             continue
@@ -64,9 +65,17 @@ def skip_in(fn, loop, line) -> tuple | None:
         for block in blocks:
             cont = next((e for e in S.exits_in(block, loop_exits=True)
                          if isinstance(e, ast.Continue)), None)
-            if cont is not None and _innermost(fn, cont) is loop:
+            if cont is not None and _skips(fn, loop, _innermost(fn, cont), line):
                 return stmt, cont
     return None
+
+
+def _skips(fn, loop, inner, line) -> bool:
+    """Whether a `continue` whose innermost loop is `inner` skips the op at `line` in
+    `loop`: `inner` is the loop, or a loop in it that holds the line (a batch loop in an
+    epoch loop: the rank that skipped a batch is seen only when the epochs end)."""
+    return inner is loop or (inner is not None and loop.lineno < inner.lineno
+                             and inner.lineno <= line <= S.end(inner) <= S.end(loop))
 
 
 def _innermost(fn, node):

@@ -177,7 +177,7 @@ def explain_mismatch(f: Finding, rv: Rendezvous, histories: dict,
         f.details["evidence"] = verdict.why
         if verdict.side is None:
             return _tie(f, p, culprit, other, verdict,
-                        "" if _at_failure(p, rv) else f". It showed at #{rv.seq}")
+                        "" if _at_failure(p, rv) else f". It showed at #{rv.seq}", histories)
         f.ranks = sorted(side)  # the whole side that strayed (an even split: its ranks)
     main = rest
     others = (f"rank {other}" if len(main) == 1 else
@@ -264,7 +264,8 @@ def _skipped_branch(f: Finding, culprit: int, other: int, histories: dict) -> Fi
     return f
 
 
-def _tie(f: Finding, p: D.Parting, a: int, b: int, verdict, tail: str) -> Finding:
+def _tie(f: Finding, p: D.Parting, a: int, b: int, verdict, tail: str,
+         histories: dict) -> Finding:
     """No majority and no evidence: both sides, rank order, equal weight; nobody blamed.
     The summary says how the two ops differ and the branch that split them, if read."""
     sides = sorted([(a, p.ours, p.next_ours), (b, p.theirs, p.next_theirs)],
@@ -274,7 +275,7 @@ def _tie(f: Finding, p: D.Parting, a: int, b: int, verdict, tail: str) -> Findin
     f.details["tie"] = [a, b] if a < b else [b, a]
     f.details["parted_at"] = D.as_details(p, a, b)
     _say_branch(f, verdict.branch, [[a], [b]], verdict.unreadable)
-    loop = order.loop_of(p)
+    loop = order.loop_of(p, (histories.get(a, ()), histories.get(b, ())))
     if loop is not None:  # one line, two ops: the order is the finding
         f.details["order"] = loop
         f.details["evidence"] = "the same line issued different collectives inside a loop"
@@ -349,7 +350,8 @@ def explain_hang(f: Finding, histories: dict) -> Finding:
     if not majority:  # no majority: the program decides, or it is a tie
         f.details["evidence"] = verdict.why
         if verdict.side is None:
-            return _tie(f, p, culprit, other, verdict, f". It showed later: {f.summary}")
+            return _tie(f, p, culprit, other, verdict, f". It showed later: {f.summary}",
+                        histories)
         if side[0] != culprit:
             culprit, other = other, culprit
             f.ranks = [culprit]
