@@ -66,3 +66,11 @@ def test_a_stop_word_after_the_end_of_training_is_still_a_kill(tmp_path):
     log = (ROUND6 / "helper_sigterm_then_finished.log").read_text()
     (top,) = warned_of(scan_logs([write_named(tmp_path, "a.log", log + "Terminated\n")])[0])
     assert "killed from outside" in top.summary
+
+
+def test_an_exception_after_which_training_only_went_on_stays_an_alarm(tmp_path):
+    """A caught exception is quiet only where the end of training follows it: steps printed
+    after it (other ranks' lines, unlabelled) do not show its process survived."""
+    log = (ROUND6 / "exception_logged_then_finished.log").read_text()
+    cut = log[:log.index("training finished")]
+    assert warned_of(scan_logs([write_named(tmp_path, "a.log", cut)])[0])
