@@ -11,6 +11,7 @@ from distdoctor.exits import signal_name
 from distdoctor.findings import Finding
 from distdoctor.logs import remedies as R
 from distdoctor.logs.bounds import small_int
+from distdoctor.logs.families.oom import SHELL_KILLED
 from distdoctor.logs.lines import LogLine
 from distdoctor.logs.problems import Problem
 from distdoctor.logs.signals import (
@@ -93,7 +94,6 @@ RULES = (
 # avoid zombies", then SIGKILL to every process, the shell's own child too; the shell then says
 # "Killed" ("./run.sh: line 2:  7953 Killed  python train.py")
 KILLS_ALL_LINES = 200
-_SHELL_KILLED = re.compile(r"^(?:\S+: line \d+: +\d+ )?Killed(?:\s+\S.*)?$")
 
 # an entry's fields (its "time" is left out: the reader need not hand it over)
 _TABLE = re.compile(r"^\s*(?P<key>time|host|rank|exitcode|error_file|traceback)\s*:\s?"
@@ -137,7 +137,7 @@ class LauncherFamily(Family):
             self._step_ending = True  # srun tearing the step down: agents get SIGTERM next
             return []
         if (said := self._kills_all) is not None and said[0] == line.file and (
-                0 < line.lineno - said[1] <= KILLS_ALL_LINES) and _SHELL_KILLED.match(text):
+                0 < line.lineno - said[1] <= KILLS_ALL_LINES) and SHELL_KILLED.match(text):
             # the shell's word for the SIGKILL the supervisor just said it sends, not the
             # kernel's OOM killer: the failure is the child's
             return [Signal("supervisor_kill", NAME, TEARDOWN, line, {})]

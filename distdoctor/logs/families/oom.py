@@ -26,12 +26,14 @@ _GPU_OLD = re.compile(rf"\(GPU (?P<gpu>\d+); (?P<total>{_SIZE}) total capacity;.
 _CUDA_OOM = re.compile(r"CUDA out of memory|HIP out of memory|CUDA error: out of memory|"
                        r"Cuda failure (?:2 )?'out of memory'|cudaErrorMemoryAllocation")
 
+# a shell's word for its child's SIGKILL ("Killed", "./run.sh: line 2:  7953 Killed  python x")
+SHELL_KILLED = re.compile(r"^(?:\S+: line \d+: +\d+ )?Killed(?:\s+\S.*)?$")
+
 RULES = (
     rule("host_oom", NAME, CAUSE,
          r"Out of memory: Kill(?:ed)? process (?P<pid>\d+)|oom[-_]kill(?:er)? event|"
          r"killed by the cgroup out-of-memory handler|oom-kill:", ints=("pid",)),
-    # a shell's word for its child's SIGKILL
-    rule("host_oom", NAME, CAUSE, r"^(?:\S+: line \d+: +\d+ )?Killed(?:\s+\S.*)?$"),
+    rule("host_oom", NAME, CAUSE, SHELL_KILLED.pattern),
     rule("dataloader_killed", NAME, CAUSE,
          r"DataLoader worker \(pid (?P<pid>\d+)\) is killed by signal: Killed",
          ints=("pid",)),
