@@ -6,7 +6,10 @@ earlier reading went wrong.
 - a barrier in an `except` only one rank enters, 2 ranks: the rank that raised strayed;
 - one all_reduce line in a `range` loop with float16 on one rank from step 2, or MAX
   against SUM: another dtype or op on one rank, not the loop's order; the dtype is
-  blamed on the rank that changed it, the op (different from the start) is a tie."""
+  blamed on the rank that changed it, the op (different from the start) is a tie;
+- a lengths all_reduce where one rank sends float64 bits the others read as an int64:
+  the allocation of that size, just after the all_reduce, is the mismatch's consequence,
+  never "host memory exhausted" nor an error of its own."""
 
 from __future__ import annotations
 
@@ -23,7 +26,8 @@ def _run(job: Path, run_dir: Path, *args: str):
     proc = run_cli(["run", "--nproc", "2", "--run-dir", str(run_dir), "--grace", "2",
                     "--on-hang", "kill", "--", str(job), *args], timeout=90, run_dir=run_dir)
     findings = json.loads((run_dir / "findings.json").read_text())["findings"]
-    said = "\n".join(f"{f['kind']} {f['ranks']} {f['summary']}" for f in findings)
+    said = "\n".join(f"{f['kind']} {f['severity']} {f['ranks']} {f['summary']}"
+                     for f in findings)
     mismatch = next((f for f in findings if f["kind"] == "mismatch"), None)
     assert mismatch is not None, said
     return proc, mismatch, said
@@ -65,3 +69,23 @@ def test_another_reduce_op_from_the_start_is_a_tie_not_the_loops_order(tmp_path)
     assert f["ranks"] == [] and f["details"].get("tie") == [0, 1], said
     assert "order" not in f["details"] and "different order" not in f["summary"], said
     assert "reduce_op" in f["summary"], said
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("how", ["alloc", "overflow"])
+def test_an_allocation_of_a_garbage_length_is_no_fault_of_the_rank_that_received_it(
+        tmp_path, how):
+    # the CPU allocation of the received size fails just after the lengths' all_reduce
+    # completed (or its storage size overflows): the mismatch's consequence, live and
+    # post mortem alike
+    run_dir = tmp_path / "run"
+    proc, f, said = _run(FRESH / "gather_lengths_dtype.py", run_dir, how)
+    assert "host memory exhausted" not in proc.stderr, proc.stderr[-3000:]
+    findings = json.loads((run_dir / "findings.json").read_text())["findings"]
+    told = [g for g in findings if g["details"].get("source") == "log"
+            and g["kind"] == "crash" and 0 in g["ranks"]]
+    assert told and all(g["severity"] == "warning" and g["details"].get(
+        "consequence_of_mismatch") for g in told), said
+    assert f["ranks"] == [1] and "float64" in f["summary"], said
+    # rank 0 only received the bad length: no error of its own
+    assert not [g for g in findings if g["severity"] == "error" and 0 in g["ranks"]], said

@@ -206,8 +206,9 @@ def agree_with_live(found: list[Finding], written: list[Finding],
 def _after_traced_mismatch(written: list[Finding], found: list[Finding]) -> list[Finding]:
     """What the job printed of a mismatch the traces now explain (a live engine that
     stopped early wrote them before the traced mismatch was known): consequences."""
+    # a tie explains them as well as a culprit does: the sizes disagreed either way
     traced = [f for f in found if f.kind == "mismatch" and f.details.get("source") != "log"
-              and f.ranks]
+              and (f.ranks or f.details.get("tie"))]
     if not traced:
         return written
     died_in = {f.ranks[0]: (f.group, f.seq) for f in found

@@ -114,6 +114,8 @@ class FindingBook:
         if f.kind == "mismatch" and not f.ranks and self.ranks:
             self._held.append((f, self._now_s))
             return
+        if _told_crash(f):  # raised in or just after a traced mismatched op: its consequence
+            f = alloc_in_mismatch(f, self._mismatches(), self._op_of) or f
         if _told_crash(f):
             if f.details.get("family") == "startup" and all(
                     r in self.ranks and self.ranks[r].latest is not None for r in f.ranks):
@@ -131,9 +133,11 @@ class FindingBook:
                 # job that logged an exception it handled was called crashed as it ran on)
                 self._held.append((f, self._now_s))
                 return
-        if is_host_alloc(f) and any(self._in_collective(r) for r in f.ranks):
-            # a CPU allocation that fails inside a collective may be of a size a peer
-            # sent (after_mismatch.py): it waits for the traced mismatch, like the above
+        if is_host_alloc(f) and any(self._op_of(r) is not None for r in f.ranks):
+            # a CPU allocation that fails inside a collective, or just after one (the
+            # buffer broadcast_object_list sizes from the lengths it just received), may
+            # be of a size a peer sent (after_mismatch.py): it waits for the traced
+            # mismatch, like the above
             self._held.append((f, self._now_s))
             return
         # said live once: its updates (a rank more that reports it) go to findings.json
@@ -143,8 +147,7 @@ class FindingBook:
         """A held log mismatch, said as the traced one's consequence once there is one
         (and a held allocation failure, where it was inside the mismatched op)."""
         if is_host_alloc(f):
-            mismatches = [g for k, g in self.found.items() if k[0] == "mismatch"]
-            return alloc_in_mismatch(f, mismatches, self._op_of) or f
+            return alloc_in_mismatch(f, self._mismatches(), self._op_of) or f
         if any(k[0] == "mismatch" for k in self.found):
             return _as_consequence(f, "consequence_of_mismatch")
         return f
@@ -171,6 +174,9 @@ class FindingBook:
             return f
         return self._survived(replace(f, severity="error", summary=f.details["told"], details={
             k: v for k, v in f.details.items() if k not in ("went_on", "told")}))
+
+    def _mismatches(self) -> list[Finding]:
+        return [g for k, g in self.found.items() if k[0] == "mismatch"]
 
     def _in_collective(self, rank: int) -> bool:
         st = self.ranks.get(rank)
@@ -208,6 +214,10 @@ class FindingBook:
     def _release_held(self, now_s: float | None) -> None:
         keep = []
         for f, since in self._held:
+            if _told_crash(f):
+                # an exception held as a crash is, once a mismatch its rank was in (or
+                # had just left) is traced, that mismatch's consequence (after_mismatch.py)
+                f = alloc_in_mismatch(f, self._mismatches(), self._op_of) or f
             if _told_crash(f):
                 # (at the end, a rank whose end is unknown keeps the crash as told)
                 running = now_s is not None and any(self._may_go_on(r) for r in f.ranks)
