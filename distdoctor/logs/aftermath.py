@@ -17,7 +17,8 @@ from distdoctor.findings import Finding
 from distdoctor.logs.signals import TIMEOUT, VICTIM
 
 _STORE_RULES = ("rdzv_connection", "connect_failed", "connect_timeout", "store_gone")
-_STORE_ERRORS = re.compile(r"DistNetworkError|DistStoreError|Rendezvous\w*Error")
+# (a bounded run of word characters: `\w*` backtracked over a long word, quadratic)
+_STORE_ERRORS = re.compile(r"DistNetworkError|DistStoreError|Rendezvous\w{0,40}Error")
 _LOST = ("gloo", "nccl")  # the families whose victims and timeouts say peers were lost
 
 
