@@ -51,6 +51,20 @@ def test_a_full_disk_before_the_job_starts_leaves_it_untraced(tmp_path):
         assert "No space left" in res.stderr or "no space left" in res.stderr
 
 
+def test_ranks_with_no_room_for_their_logs_are_said_untraced_by_rank(tmp_path):
+    """Room for the run dir, none for the ranks' event logs: each rank said "tracing
+    disabled on this rank" (which one, not said), and run ended on "no findings", as of a
+    job diagnosed. Now each names its rank, and run's summary the ranks left untraced."""
+    with small_disk(tmp_path / "disk", "256k") as disk:
+        res = run_cli(["run", "--nproc", "2", "--run-dir", str(disk / "run"), "--",
+                       str(JOBS / "restarts" / "phase.py")], env={"PHASE_OPS": "20"})
+        assert res.returncode == 0, res.stderr[-3000:]
+        assert "Traceback" not in res.stderr
+        assert "tracing disabled on rank 0" in res.stderr, res.stderr[-3000:]
+        assert "tracing disabled on rank 1" in res.stderr, res.stderr[-3000:]
+        assert "rank(s) 0, 1 left no event log" in res.stderr, res.stderr[-3000:]
+
+
 def test_a_run_dir_deleted_while_the_job_runs(tmp_path):
     run_dir = tmp_path / "run"
     proc = subprocess.Popen(

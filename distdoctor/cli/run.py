@@ -351,6 +351,7 @@ def _write_exits(run_dir, job, live, report) -> list[dict]:
 
 
 def _summary(run_dir, job, findings) -> None:
+    from distdoctor.runlog.rundir import rank_logs
     from distdoctor.runlog.run import traced_summary
 
     traced = traced_summary(run_dir)
@@ -361,6 +362,14 @@ def _summary(run_dir, job, findings) -> None:
         status = "stopped by distdoctor"
     print(f"distdoctor: {printable(traced)}; {status}; run dir {printable(run_dir)}",
           file=sys.stderr)
+    # ranks run launched that left no event log (its disk full, its run dir unwritable):
+    # what was diagnosed is of the others only, which "no findings" alone would hide
+    untraced = sorted({p.rank for p in job.procs if p.rank is not None}
+                      - set(rank_logs(run_dir)))
+    if untraced:
+        print(f"distdoctor: rank(s) {', '.join(map(str, untraced))} left no event log "
+              "(tracing disabled: each rank's line above says why); nothing of theirs was "
+              "diagnosed", file=sys.stderr)
     if findings:
         kinds = Counter(f.kind for f in findings)
         print(f"distdoctor: {len(findings)} finding(s): "

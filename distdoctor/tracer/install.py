@@ -147,6 +147,7 @@ def _traced(c10d, backend: str) -> bool:
 
 # --- the rank's session ---------------------------------------------------------------
 def _start_session(pg, backend: str, store) -> None:
+    rank = "?"
     try:
         if state.recorder is not None:
             old, state.recorder = state.recorder, None
@@ -155,8 +156,9 @@ def _start_session(pg, backend: str, store) -> None:
         rank, world = pg.rank(), pg.size()
         run_dir = _config["run_dir"] = _agree_run_dir(rank, store)  # kept for a re-init
         _open_recorder(run_dir, rank, world, backend, launch_identity(store, world), pg)
-    except Exception as exc:
-        print(f"distdoctor: tracing disabled on this rank: {exc!r}", file=sys.stderr)
+    except Exception as exc:  # (the job goes on untraced: said, with what it costs)
+        print(f"distdoctor: tracing disabled on rank {rank}: {exc!r}; its ops are not "
+              "recorded, and no hang or mismatch of its can be diagnosed", file=sys.stderr)
 
 
 def _let_go(rec) -> None:
