@@ -351,8 +351,8 @@ def _write_exits(run_dir, job, live, report) -> list[dict]:
 
 
 def _summary(run_dir, job, findings) -> None:
-    from distdoctor.runlog.rundir import rank_logs
     from distdoctor.runlog.run import traced_summary
+    from distdoctor.runlog.rundir import rank_logs
 
     traced = traced_summary(run_dir)
     status = "ok" if not job.failures else ", ".join(
