@@ -33,24 +33,25 @@ def _run(job: Path, run_dir: Path, *args: str):
     return proc, mismatch, said
 
 
-@pytest.mark.timeout(120)
-def test_a_batch_skipped_inside_the_epoch_loop_is_the_reason(tmp_path):
-    job = FRESH / "skip_batch_epochs.py"
-    _, f, said = _run(job, tmp_path / "run")
+def _rank_1_at_its_branch(job: Path, run_dir: Path):
+    """The mismatch, blamed on rank 1 at the job's `# expect: branch` line."""
+    _, f, said = _run(job, run_dir)
     marks = marker_sets(job)
     assert f["ranks"] == [1], said
     assert f["details"]["branch"]["line"] in marks["branch"], said
+    return f, said, marks
+
+
+@pytest.mark.timeout(120)
+def test_a_batch_skipped_inside_the_epoch_loop_is_the_reason(tmp_path):
+    f, said, marks = _rank_1_at_its_branch(FRESH / "skip_batch_epochs.py", tmp_path / "run")
     assert f["details"]["branch"]["exit_line"] in marks["skip"], said
     assert "skipped an iteration" in f["summary"], said
 
 
 @pytest.mark.timeout(120)
 def test_the_rank_in_the_except_handler_strayed(tmp_path):
-    job = FRESH / "barrier_in_except.py"
-    _, f, said = _run(job, tmp_path / "run")
-    marks = marker_sets(job)
-    assert f["ranks"] == [1], said
-    assert f["details"]["branch"]["line"] in marks["branch"], said
+    f, said, marks = _rank_1_at_its_branch(FRESH / "barrier_in_except.py", tmp_path / "run")
     assert {c["line"] for c in f["callsites"] if c.get("rank") == 1} & marks["op"], said
     assert "raised" in f["details"]["evidence"], said
 
