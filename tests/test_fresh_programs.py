@@ -9,7 +9,9 @@ earlier reading went wrong.
   blamed on the rank that changed it, the op (different from the start) is a tie;
 - a lengths all_reduce where one rank sends float64 bits the others read as an int64:
   the allocation of that size, just after the all_reduce, is the mismatch's consequence,
-  never "host memory exhausted" nor an error of its own."""
+  never "host memory exhausted" nor an error of its own;
+- a pipeline's last stage receiving from stage 0 instead of the stage that feeds it: the
+  receiver named the wrong peer, not stage 0 that "posted no matching send"."""
 
 from __future__ import annotations
 
@@ -22,13 +24,13 @@ from conftest import JOBS, marker_sets, run_cli
 FRESH = JOBS / "fresh"
 
 
-def _run(job: Path, run_dir: Path, *args: str):
-    proc = run_cli(["run", "--nproc", "2", "--run-dir", str(run_dir), "--grace", "2",
+def _run(job: Path, run_dir: Path, *args: str, nproc: int = 2, kind: str = "mismatch"):
+    proc = run_cli(["run", "--nproc", str(nproc), "--run-dir", str(run_dir), "--grace", "2",
                     "--on-hang", "kill", "--", str(job), *args], timeout=90, run_dir=run_dir)
     findings = json.loads((run_dir / "findings.json").read_text())["findings"]
     said = "\n".join(f"{f['kind']} {f['severity']} {f['ranks']} {f['summary']}"
                      for f in findings)
-    mismatch = next((f for f in findings if f["kind"] == "mismatch"), None)
+    mismatch = next((f for f in findings if f["kind"] == kind), None)
     assert mismatch is not None, said
     return proc, mismatch, said
 
@@ -90,3 +92,14 @@ def test_an_allocation_of_a_garbage_length_is_no_fault_of_the_rank_that_received
     assert f["ranks"] == [1] and "float64" in f["summary"], said
     # rank 0 only received the bad length: no error of its own
     assert not [g for g in findings if g["severity"] == "error" and 0 in g["ranks"]], said
+
+
+@pytest.mark.timeout(120)
+def test_a_recv_from_a_rank_that_never_sends_to_it_names_the_wrong_peer(tmp_path):
+    job = FRESH / "recv_wrong_src.py"
+    _, f, said = _run(job, tmp_path / "run", nproc=3, kind="hang")
+    marks = marker_sets(job)
+    assert f["ranks"] == [2] and "wrong peer" in f["summary"], said
+    sites = {(c["rank"], c["line"]) for c in f["callsites"]}
+    assert {(2, line) for line in marks["op"]} & sites, said
+    assert {(1, line) for line in marks["feeder"]} & sites, said

@@ -220,6 +220,8 @@ def _last_exchange(f: Finding, histories: dict) -> Finding:
     for ev in histories.get(culprit, ()):
         if ev.kind == "p2p" and ev.peer_global == peer:
             last = ev
+    if last is None and "last_exchange" not in f.details:
+        return _wrong_peer(f, histories, culprit, peer)
     if last is None or "last_exchange" in f.details:
         return f
     f.details["last_exchange"] = {"op": last.op, "seq": last.seq,
@@ -242,6 +244,33 @@ def _last_exchange(f: Finding, histories: dict) -> Finding:
     f.summary += (f"; rank {culprit}'s last exchange with rank {peer} was "
                   f"{D.describe(last)}, without the matching op")
     f.callsites = _merge_sites([D.site_entry(culprit, last)], f.callsites)
+    return f
+
+
+def _wrong_peer(f: Finding, histories: dict, named: int, waiter: int) -> Finding:
+    """The waiting rank's op names a rank that never exchanged with it in this job, while a
+    third rank waits in the matching op towards it: the waiter named the wrong peer (a
+    pipeline stage receiving from the stage before the one that feeds it)."""
+    mine = next((ev for ev in reversed(histories.get(waiter, ())) if ev.kind == "p2p"
+                 and ev.peer_global == named and ev.seq == f.seq), None)
+    if mine is None:
+        return f
+    wanted = "send" if "recv" in mine.op else "recv"
+    for r in sorted(histories):
+        last = next((ev for ev in reversed(histories[r]) if ev.kind == "p2p"), None)
+        if r in (named, waiter) or last is None or last.t_end_ns is not None \
+                or last.peer_global != waiter or wanted not in last.op:
+            continue
+        f.ranks = [waiter]
+        f.details["evidence"] = (f"rank {named} never exchanged with rank {waiter} in this "
+                                 f"job; rank {r} waits in a {wanted} to it")
+        f.summary = (f"rank {waiter}'s {D.describe(mine)} names rank {named}, which never "
+                     f"exchanged with it in this job, while rank {r} waits in "
+                     f"{D.describe(last)} to rank {waiter}: rank {waiter}'s op names the "
+                     f"wrong peer. It showed as: {f.summary}")
+        f.callsites = _merge_sites([D.site_entry(waiter, mine), D.site_entry(r, last)],
+                                   f.callsites)
+        return f
     return f
 
 
