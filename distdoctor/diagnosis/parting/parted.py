@@ -232,15 +232,12 @@ def _last_exchange(f: Finding, histories: dict) -> Finding:
     waiting = next((ev for ev in reversed(histories.get(peer, ())) if ev.kind == "p2p"
                     and ev.peer_global == culprit and ev.seq == f.seq), None)
     if not matched_before and waiting is not None:
-        f.ranks = [peer]
-        f.details["evidence"] = (f"rank {culprit}'s exchange at {D.describe(last)} never held "
-                                 f"a {wanted} to rank {peer} in this job")
-        f.summary = (f"rank {peer}'s {D.describe(waiting)} has no counterpart: rank "
-                     f"{culprit}'s exchange with it ({D.describe(last)}) never held a {wanted} "
-                     f"to rank {peer} in this job, and rank {culprit} went on. It showed as: "
-                     f"{f.summary}")
-        f.callsites = _merge_sites([D.site_entry(peer, waiting)], f.callsites)
-        return f
+        return _waiter_to_blame(
+            f, peer, f"rank {culprit}'s exchange at {D.describe(last)} never held a {wanted} "
+                     f"to rank {peer} in this job",
+            f"rank {peer}'s {D.describe(waiting)} has no counterpart: rank {culprit}'s "
+            f"exchange with it ({D.describe(last)}) never held a {wanted} to rank {peer} in "
+            f"this job, and rank {culprit} went on", [D.site_entry(peer, waiting)])
     f.summary += (f"; rank {culprit}'s last exchange with rank {peer} was "
                   f"{D.describe(last)}, without the matching op")
     f.callsites = _merge_sites([D.site_entry(culprit, last)], f.callsites)
@@ -248,9 +245,8 @@ def _last_exchange(f: Finding, histories: dict) -> Finding:
 
 
 def _wrong_peer(f: Finding, histories: dict, named: int, waiter: int) -> Finding:
-    """The waiting rank's op names a rank that never exchanged with it in this job, while a
-    third rank waits in the matching op towards it: the waiter named the wrong peer (a
-    pipeline stage receiving from the stage before the one that feeds it)."""
+    """The waiter's op names a rank that never exchanged with it in the job, while a third
+    waits in the matching op towards it: the waiter named the wrong peer."""
     mine = next((ev for ev in reversed(histories.get(waiter, ())) if ev.kind == "p2p"
                  and ev.peer_global == named and ev.seq == f.seq), None)
     if mine is None:
@@ -261,16 +257,21 @@ def _wrong_peer(f: Finding, histories: dict, named: int, waiter: int) -> Finding
         if r in (named, waiter) or last is None or last.t_end_ns is not None \
                 or last.peer_global != waiter or wanted not in last.op:
             continue
-        f.ranks = [waiter]
-        f.details["evidence"] = (f"rank {named} never exchanged with rank {waiter} in this "
-                                 f"job; rank {r} waits in a {wanted} to it")
-        f.summary = (f"rank {waiter}'s {D.describe(mine)} names rank {named}, which never "
-                     f"exchanged with it in this job, while rank {r} waits in "
-                     f"{D.describe(last)} to rank {waiter}: rank {waiter}'s op names the "
-                     f"wrong peer. It showed as: {f.summary}")
-        f.callsites = _merge_sites([D.site_entry(waiter, mine), D.site_entry(r, last)],
-                                   f.callsites)
-        return f
+        return _waiter_to_blame(
+            f, waiter, f"rank {named} never exchanged with rank {waiter} in this job; rank "
+                       f"{r} waits in a {wanted} to it",
+            f"rank {waiter}'s {D.describe(mine)} names rank {named}, which never exchanged "
+            f"with it in this job, while rank {r} waits in {D.describe(last)} to rank "
+            f"{waiter}: rank {waiter}'s op names the wrong peer",
+            [D.site_entry(waiter, mine), D.site_entry(r, last)])
+    return f
+
+
+def _waiter_to_blame(f: Finding, waiter: int, evidence: str, said: str, sites: list) -> Finding:
+    f.ranks = [waiter]  # the unmatched p2p's waiting rank is the culprit
+    f.details["evidence"] = evidence
+    f.summary = f"{said}. It showed as: {f.summary}"
+    f.callsites = _merge_sites(sites, f.callsites)
     return f
 
 
