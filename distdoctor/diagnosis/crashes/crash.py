@@ -190,8 +190,8 @@ def merge_crashes(found: list[Finding], all_ranks: set[int]) -> list[Finding]:
         at(f) <= raised and len(f.ranks) == 1 if f.details.get("source") == "log"
         else at(f) <= shared or not seen_end(f) and at(f) <= from_log))]
     _keep_steps(crashes, [f for f in out if f in crashes and f.details.get("source") == "log"])
-    _not_at_startup(crashes, [f for f in out if f.details.get("source") == "log"
-                              and f.details.get("family") == "startup"])
+    _not_at_startup(crashes, [f for f in out if f.details.get("source") == "log" and (
+        f.details.get("family") == "startup" or f.details.get("mid_run") == _OP_UNKNOWN)])
     same: dict[tuple, list[Finding]] = {}
     for f in out:
         d = f.details
@@ -260,6 +260,10 @@ def _keep_steps(crashes: list[Finding], from_log: list[Finding]) -> None:
             f.summary += f"; rank {f.ranks[0]} was in {span}"
 
 
+_OP_UNKNOWN = "after an op not known"
+_AFTER_SOME_OP = ", after its ranks had run collectives, mid-run"
+
+
 def _not_at_startup(crashes: list[Finding], startup: list[Finding]) -> None:
     """A log's "every rank failed at start-up" where the ranks' ops say they had run
     collectives: the failure came mid-run; said with the step the ranks were in."""
@@ -274,13 +278,19 @@ def _not_at_startup(crashes: list[Finding], startup: list[Finding]) -> None:
 
 def said_mid_run(f: Finding, last: dict | None, span: str | None, callsites: list) -> None:
     """Reword a log's "every rank failed at start-up" whose ranks had completed `last`
-    ({op, seq, group}; None: some op, which is not known) in `span`: it came mid-run."""
+    ({op, seq, group}) in `span`: it came mid-run. `last` None: after some op, which is
+    not known yet (said so in details.mid_run, for the crashes that tell it later)."""
     f.details["family"] = "exceptions"
-    f.summary = f.summary.replace(" failed at start-up with ", " raised ", 1)
-    f.summary += (", after its ranks had run collectives" if last is None else
-                  f", after {last.get('op')} #{last.get('seq')} in group "
-                  f"{last.get('group')} completed") + (f", in {span}" if span else "") + (
-        ", mid-run")
+    f.summary = f.summary.replace(" failed at start-up with ", " raised ", 1).replace(
+        _AFTER_SOME_OP, "", 1)
+    if last is None:
+        f.details["mid_run"] = _OP_UNKNOWN
+        f.summary += _AFTER_SOME_OP
+    else:
+        f.details.pop("mid_run", None)
+        f.summary += (f", after {last.get('op')} #{last.get('seq')} in group "
+                      f"{last.get('group')} completed" + (f", in {span}" if span else "")
+                      + ", mid-run")
     if span:
         f.details["span"] = span
     f.remedy = ("Every rank raised the same error mid-run: fix that one error (the "

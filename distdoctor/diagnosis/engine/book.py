@@ -121,6 +121,8 @@ class FindingBook:
                     r in self.ranks and self.ranks[r].latest is not None for r in f.ranks):
                 # every rank printed the same exception after its first collectives (an
                 # in-process restart's): not at start-up, whatever the output shows of it
+                # (which op it came after is not known here: a rank still running may have
+                # issued more since it printed it; merge_crashes says it of ranks that died)
                 f = replace(f, details=dict(f.details))
                 said_mid_run(f, None, None, [])
             # a newer version (a rank more reports it) replaces one still held: released
