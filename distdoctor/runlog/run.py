@@ -114,19 +114,24 @@ def read_run(path=None, ranks: list[int] | None = None,
     return runs[incarnation]
 
 
+SUMMARY_RANKS = 16  # ranks the summary line shows
+
+
 def traced_summary(path) -> str:
     """One line on what a run dir holds, from the logs' headers only (cheap at the end of
-    a long job): "2 rank(s) traced in 5 incarnations (r0:505 r1:505)", events per rank."""
+    a long job): "2 rank(s) traced in 5 incarnations (r0:505 r1:505)", events per rank
+    ("unreadable" where no log of the rank could be read), the first SUMMARY_RANKS of
+    them. Ranks whose logs are all unreadable (a log its rank shrank, junk at a log name)
+    are counted apart: 10,000 junk files are no 10,000 ranks traced."""
     info = open_run_dir(path)
     numbering = Incarnations()
-    counts = []
+    counts, traced, unreadable = [], 0, 0
     for rank, numbers in info.logs.items():
-        total = 0
+        total = None
         for n in numbers:
             try:
                 log = RankLog(ring_path(info.path, rank, n))
             except UserError:
-                total = None if total == 0 else total
                 continue
             try:
                 numbering.assign(rank, log.launch)
@@ -135,10 +140,14 @@ def traced_summary(path) -> str:
                 pass
             finally:
                 log.close()
+        traced += total is not None
+        unreadable += total is None
         counts.append(f"r{rank}:{'unreadable' if total is None else total}")
     times = f" in {numbering.count} incarnations" if numbering.count > 1 else ""
-    return (f"{len(info.logs)} rank(s) traced{times} "
-            f"({' '.join(counts) or 'no events'})")
+    shown = " ".join(counts[:SUMMARY_RANKS]) + (
+        f" and {len(counts) - SUMMARY_RANKS} more" if len(counts) > SUMMARY_RANKS else "")
+    apart = f"; {unreadable} rank(s) with no readable log" if unreadable else ""
+    return f"{traced} rank(s) traced{times} ({shown or 'no events'}){apart}"
 
 
 def span_name(ev) -> str:

@@ -19,6 +19,8 @@ import pytest
 from conftest import JOBS, marker_lines, run_cli, run_job
 from test_hostile_rundirs import _cli, _copy, _log_of_rank, _sane
 
+from distdoctor.runlog.run import traced_summary
+
 NESTED = "[" * 100_000 + "]" * 100_000
 
 
@@ -145,6 +147,11 @@ def test_junk_at_log_names_costs_diagnose_a_few_notes_not_one_each(nested_manife
     assert "rank(s) 10008-11999: 1992 more event logs not read" in said, said[-3000:]
     report = json.loads(_cli(["diagnose", run_dir, "--json"]).stdout)
     assert report["findings"] == [] and len(report["notes"]) < 20, report["notes"]
+    # run's summary line of such a dir: "2002 rank(s) traced (r0:... r11999:unreadable)"
+    # before, every one listed (one line of 30 KB)
+    line = traced_summary(run_dir)
+    assert line.startswith("2 rank(s) traced") and len(line) < 500, line[:1000]
+    assert line.endswith("; 2000 rank(s) with no readable log"), line[-300:]
 
 
 def _name_in_call_sites(run_dir: Path, path: str) -> None:
