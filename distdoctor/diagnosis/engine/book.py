@@ -180,11 +180,6 @@ class FindingBook:
     def _mismatches(self) -> list[Finding]:
         return [g for k, g in self.found.items() if k[0] == "mismatch"]
 
-    def _in_collective(self, rank: int) -> bool:
-        st = self.ranks.get(rank)
-        return st is not None and st.latest is not None and st.latest.kind == "collective" \
-            and (st.latest.t_end_ns is None or st.latest.status != "ok")
-
     def _op_of(self, rank: int) -> tuple | None:
         """(group, seq) of the collective the rank was in last."""
         st = self.ranks.get(rank)
