@@ -418,19 +418,22 @@ def main(argv: list[str] | None = None) -> int:
 
     signal.signal(signal.SIGTERM, stopped)
     started = time.time()
-    try:
-        facts, install = ensure_installed(suite)
-    except RuntimeError as exc:
-        suite.say(f"gpu_suite: {exc}")
-        return 2
-    cuda_skip = cuda_reason(facts, args.cpu_only)
-    suite.say(f"gpu_suite: {facts.get('cpus')} CPU cores, torch {facts.get('torch')}, "
-              f"GPUs {facts.get('gpus') or 'none'}; {install}"
-              f"{'; CUDA parts skipped: ' + cuda_skip if cuda_skip else ''}")
-    stages = run_stages(suite, args.stages, facts, cuda_skip)
-    summary = report.build(facts, install, stages, args.cpu_only, args.size, started,
-                           suite.work)
-    return report.write(args.out, summary)
+    try:  # (its work folder goes at the end: what is kept is under --out)
+        try:
+            facts, install = ensure_installed(suite)
+        except RuntimeError as exc:
+            suite.say(f"gpu_suite: {exc}")
+            return 2
+        cuda_skip = cuda_reason(facts, args.cpu_only)
+        suite.say(f"gpu_suite: {facts.get('cpus')} CPU cores, torch {facts.get('torch')}, "
+                  f"GPUs {facts.get('gpus') or 'none'}; {install}"
+                  f"{'; CUDA parts skipped: ' + cuda_skip if cuda_skip else ''}")
+        stages = run_stages(suite, args.stages, facts, cuda_skip)
+        summary = report.build(facts, install, stages, args.cpu_only, args.size, started,
+                               suite.work)
+        return report.write(args.out, summary)
+    finally:
+        shutil.rmtree(suite.work, ignore_errors=True)
 
 
 if __name__ == "__main__":
