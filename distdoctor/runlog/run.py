@@ -125,7 +125,7 @@ def traced_summary(path) -> str:
     are counted apart: 10,000 junk files are no 10,000 ranks traced."""
     info = open_run_dir(path)
     numbering = Incarnations()
-    counts, traced, unreadable = [], 0, 0
+    counts, unreadable = [], 0
     for rank, numbers in info.logs.items():
         total = None
         for n in numbers:
@@ -140,14 +140,13 @@ def traced_summary(path) -> str:
                 pass
             finally:
                 log.close()
-        traced += total is not None
         unreadable += total is None
         counts.append(f"r{rank}:{'unreadable' if total is None else total}")
     times = f" in {numbering.count} incarnations" if numbering.count > 1 else ""
     shown = " ".join(counts[:SUMMARY_RANKS]) + (
         f" and {len(counts) - SUMMARY_RANKS} more" if len(counts) > SUMMARY_RANKS else "")
     apart = f"; {unreadable} rank(s) with no readable log" if unreadable else ""
-    return f"{traced} rank(s) traced{times} ({shown or 'no events'}){apart}"
+    return f"{len(counts) - unreadable} rank(s) traced{times} ({shown or 'no events'}){apart}"
 
 
 def span_name(ev) -> str:
