@@ -122,3 +122,17 @@ def test_openings_posted_as_one_batch_say_no_order():
             _ev(1, 2, "send", 2, 60, None, 7)]
     f = _cycle(h, 1, 2)
     assert f.ranks == [2] and f.details["direction"]["decided_by"] == ["other_links"]
+
+
+def test_a_completion_not_yet_in_the_log_still_opens_the_link():
+    """CI, loaded: the deadlock was judged while rank 0's send to rank 1 still showed no
+    end (its completion not yet read), though rank 1's receive of it had ended and rank 0
+    had posted nothing after it; link 0-1 read as unopened and the finding stayed a tie."""
+    h = {0: [_ev(0, 0, "send", 1, 0, None, 5)],
+         1: [_ev(1, 0, "recv", 0, 0, 10, 6), _ev(1, 1, "send", 2, 11, None, 7)],
+         2: [_ev(2, 0, "send", 1, 0, None, 9)]}
+    f = _cycle(h, 1, 2)
+    assert f.ranks == [2] and f.details["direction"]["decided_by"] == ["other_links"], f.summary
+    # neither side done: no exchange yet, so no order
+    h[1][0] = _ev(1, 0, "recv", 0, 0, None, 6)
+    assert "direction" not in _cycle(h, 1, 2).details

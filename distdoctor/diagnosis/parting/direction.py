@@ -57,6 +57,8 @@ def _openings(histories: dict, skip: frozenset) -> list[dict]:
             a, b = mine[0], theirs[0]
             if {a.op, b.op} != set(_KINDS) or not (_alone(mine) and _alone(theirs)):
                 continue
+            if a.t_end_ns is None and b.t_end_ns is None:
+                continue  # not yet exchanged: it says no order
             src, dst = (u, v) if a.op == "send" else (v, u)
             out.append({"from": src, "to": dst})
     return sorted(out, key=lambda o: (min(o["from"], o["to"]), o["from"]))
@@ -64,11 +66,14 @@ def _openings(histories: dict, skip: frozenset) -> list[dict]:
 
 def _alone(ops: list) -> bool:
     """Whether the first op completed before the next on the link was posted: an order,
-    not one of a batch posted together (batch_isend_irecv) whose order says nothing."""
+    not one of a batch posted together (batch_isend_irecv) whose order says nothing. A
+    first op with nothing after it is alone too, done or not: a rank's completion can
+    reach its log after its peer's (a loaded machine), and the peer's done op says the
+    exchange took place."""
+    if len(ops) < 2:
+        return True
     first = ops[0]
-    if first.t_end_ns is None:
-        return False
-    return len(ops) < 2 or first.t_end_ns <= ops[1].t_enter_ns
+    return first.t_end_ns is not None and first.t_end_ns <= ops[1].t_enter_ns
 
 
 def _rhythm(ops: list) -> str | None:
