@@ -41,8 +41,8 @@ class Rendezvous:
     first_seen_s: float  # engine clock when the first rank arrived
     arrivals: dict[int, Event] = field(default_factory=dict)
     done: int = 0  # arrivals that have finished (kept by `arrive`)
-    first_sig: tuple | None = None  # the first arrival's signature (see mismatch.py)
-    first_raw: tuple | None = None  # and its raw fields, for a cheap equality test
+    first_raw: tuple | None = None  # the first arrival's raw fields (a cheap equality test)
+    first_sig: tuple | None = None  # and its signature (mismatch.py), once one differs
     mismatch_since_s: float | None = None  # engine clock when arrivals first disagreed
     reported: bool = False
 

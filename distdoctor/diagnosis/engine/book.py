@@ -41,6 +41,17 @@ class FindingBook:
         changed, self._changed = self._changed, []
         return changed
 
+    def _judge_stragglers(self, final: bool) -> None:
+        """The straggler verdicts, joined to the GPUs' readings where there are some."""
+        call = self.boundary.call
+        stragglers = call("straggler", self.straggler.findings, self.samples, default=[])
+        if self.gpu_findings is not None and self.samples:
+            try:
+                stragglers = self.gpu_findings(list(self.samples), stragglers)
+            except Exception as exc:  # probe data must never stop the diagnosis
+                self.gpu_error = repr(exc)
+        call("straggler", self._put_stragglers, stragglers, final)
+
     def _put_stragglers(self, stragglers: list[Finding], final: bool) -> None:
         """One finding per slow rank: the latest verdict (its program's or its host's). At
         the end, a straggler said earlier that the last verdict no longer names and that

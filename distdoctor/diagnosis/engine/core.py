@@ -38,6 +38,7 @@ from distdoctor.diagnosis.rendezvous import Rendezvous, key_of
 from distdoctor.diagnosis.stragglers.steptime import StepTimes
 from distdoctor.diagnosis.stragglers.straggler import StragglerTracker
 from distdoctor.findings import Finding
+from distdoctor.runlog.format import SPAN_NEW_GROUP
 from distdoctor.runlog.reader import Event
 from distdoctor.runlog.run import span_name
 
@@ -49,6 +50,10 @@ MAX_SPANS = 4096  # span names remembered per rank
 MAX_HABITS = 256  # (op, line) pairs remembered per group
 MAX_SAMPLES = 3600  # probe samples kept (an hour at 1 Hz on one node)
 SETTLE_S = 1.0  # how long a disagreement waits for more ranks before it is reported
+# how often the ranks' lateness is scored while a job runs: a straggler is a verdict over
+# many steps, and scoring every rank on each pass (10 a second while ops flow) cost a
+# tenth of the live diagnosis at 2 ranks x 1,000 collectives/s
+SCORE_EVERY_S = 0.5
 
 
 class Engine(FindingBook, WaitJudge, HangPass):
@@ -66,6 +71,7 @@ class Engine(FindingBook, WaitJudge, HangPass):
         self.gaps = Gaps()
         self.site_wait: dict[tuple, float] = {}  # call site -> longest completed wait
         self._now_s: float | None = None
+        self._scored_s = -float("inf")  # engine clock of the last straggler scoring
         self._spin_stacks: dict[int, tuple[float, str]] = {}  # rank -> (when, stack)
         # read every local rank's progress, not only while some rank waits: a node that
         # sends digests, for a collector judging waits across nodes
@@ -129,6 +135,8 @@ class Engine(FindingBook, WaitJudge, HangPass):
         if t > st.max_t_ns:
             st.max_t_ns = t
         if kind == "span":
+            if ev.implicit and ev.name == SPAN_NEW_GROUP:  # hangs/creations.py
+                return self.group_names.created(ev)
             name = span_name(ev)
             if len(st.spans) < MAX_SPANS:
                 st.spans[ev.index + 1] = name
@@ -205,14 +213,16 @@ class Engine(FindingBook, WaitJudge, HangPass):
                 del self.open[next(iter(self.open))]
             rv = self.open[key] = Rendezvous.open(key, ev, now_s)
         if rv.arrive(ev):  # a completion update has the signature it had in flight
-            # the raw fields first: equal raw fields mean equal signatures (the usual case)
+            # the raw fields first: equal raw fields mean equal signatures (the usual case),
+            # and the signatures are made only where they differ
             raw = (ev.op, ev.numel_in, ev.numel_out, ev.dtypes, ev.reduce_op, ev.peer)
-            if rv.first_sig is None:
-                rv.first_sig, rv.first_raw = (p2p_signature(ev) if key[0] == "p"
-                                              else signature(ev)), raw
+            if rv.first_raw is None:
+                rv.first_raw = raw
             elif raw != rv.first_raw and rv.mismatch_since_s is None:
-                sig = p2p_signature(ev) if key[0] == "p" else signature(ev)
-                if sig != rv.first_sig:
+                sign = p2p_signature if key[0] == "p" else signature
+                if rv.first_sig is None:  # the first arrival's (a completion keeps it)
+                    rv.first_sig = sign(next(iter(rv.arrivals.values())))
+                if sign(ev) != rv.first_sig:
                     rv.mismatch_since_s = now_s
         if rv.done >= len(rv.members) and rv.complete:
             del self.open[key]
@@ -332,13 +342,9 @@ class Engine(FindingBook, WaitJudge, HangPass):
         self._now_s = now_s
         hangs = call("hang", self._judge_hangs, views, failed, default=[], keep_on=True)
         call("group order", self._judge_group_order, hangs)
-        stragglers = call("straggler", self.straggler.findings, self.samples, default=[])
-        if self.gpu_findings is not None and self.samples:
-            try:
-                stragglers = self.gpu_findings(list(self.samples), stragglers)
-            except Exception as exc:  # probe data must never stop the diagnosis
-                self.gpu_error = repr(exc)
-        call("straggler", self._put_stragglers, stragglers, final)
+        if final or now_s is None or not 0 <= now_s - self._scored_s < SCORE_EVERY_S:
+            self._scored_s = now_s if now_s is not None else self._scored_s
+            self._judge_stragglers(final)
         call("comm errors", self._put_error_findings, keep_on=True)
         for f in call("threads", self.thread_use.findings, default=[]):
             self._put(("threads", f.group), f)

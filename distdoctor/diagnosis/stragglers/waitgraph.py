@@ -58,7 +58,9 @@ class WaitGraph:
             if len(steps) > self.keep:
                 steps.popitem(last=False)
         out[late] = out.get(late, 0.0) + ms
-        kinds = self.via.setdefault(waiter, {})
+        kinds = self.via.get(waiter)
+        if kinds is None:
+            kinds = self.via[waiter] = {}
         if late not in kinds:  # a missing description: never said as a word of code
             kinds[late] = via if via not in _NO_WORDS else "waiting"
 
