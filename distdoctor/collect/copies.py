@@ -159,10 +159,12 @@ class Owners:
             for line in f:
                 try:
                     item = json.loads(line)
-                    host, ranks = item["host"], item["ranks"]
-                except (ValueError, KeyError, TypeError):
+                    host, ranks = item["host"], item.get("ranks")
+                except (ValueError, KeyError, TypeError, AttributeError):
                     continue
-                if isinstance(host, str) and isinstance(ranks, list):
+                if isinstance(host, str) and item.get("released") is True:
+                    self._release(host)
+                elif isinstance(host, str) and isinstance(ranks, list):
                     self._take(host, [r for r in ranks if isinstance(r, int)
                                       and not isinstance(r, bool)])
 
@@ -178,7 +180,23 @@ class Owners:
         if not new:
             return
         self._take(host, new)
-        line = json.dumps({"host": host, "ranks": new}, separators=(",", ":")) + "\n"
+        self._write({"host": host, "ranks": new})
+
+    def release(self, host: str) -> list[int]:
+        """`host`'s ranks set free (shares.py: let go to make room), and written down."""
+        ranks = self._release(host)
+        self._write({"host": host, "released": True})
+        return ranks
+
+    def _release(self, host: str) -> list[int]:
+        ranks = [r for r, h in self.of.items() if h == host]
+        for r in ranks:
+            del self.of[r]
+        self.count.pop(host, None)
+        return ranks
+
+    def _write(self, item: dict) -> None:
+        line = json.dumps(item, separators=(",", ":")) + "\n"
         try:
             fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC
                          | _NOFOLLOW, 0o644)

@@ -34,6 +34,7 @@ from distdoctor.collect.lateness import WINDOW_S, FleetLateness
 from distdoctor.collect.limits import MAX_RANKS
 from distdoctor.collect.position import RankPosition, finished_callsites
 from distdoctor.collect.reports import MORE, NodeReports, sent_progress
+from distdoctor.collect.shares import MAX_GROUP_MEMBERS, MAX_GROUPS, GroupShares
 from distdoctor.collect.wire import WireError
 from distdoctor.diagnosis.hangs.hang import RankView, hang_findings
 from distdoctor.diagnosis.hangs.progress import UNKNOWN, Policy, Verdict
@@ -48,8 +49,7 @@ MAX_OPEN = 200_000
 MAX_RUN = 1 << 16  # collectives in one run of a digest
 MAX_SIGS_PER_NODE = 1 << 17
 MAX_SIGNATURES = 1 << 17  # distinct signatures over all nodes (shapes that keep changing)
-MAX_GROUPS = 1 << 17  # group names over all nodes
-MAX_GROUP_MEMBERS = 1 << 23  # their members, summed: ~300 MiB at most
+__all__ = ["MAX_GROUPS", "MAX_GROUP_MEMBERS", "FleetEngine"]  # (the caps: shares.py)
 
 
 class _Open:
@@ -77,8 +77,10 @@ class FleetEngine:
         self.reports = NodeReports()
         self.settle_s = settle_s
         self.lock = threading.Lock()
-        self.groups: dict[str, tuple[str, tuple[int, ...]]] = {}
-        self.sizes: dict[str, int] = {}  # group -> members
+        # group -> (description, members), group -> members: each charged to a node
+        self.book = GroupShares()
+        self.groups, self.sizes = self.book.groups, self.book.sizes  # (never rebound)
+        self.evicted = self.book.evicted  # nodes let go to make room (shares.py)
         # a node numbers its signatures; the collector numbers the distinct ones
         # (mismatch.signature), so equal signatures from different nodes are one number
         self.node_sigs: dict[tuple, int] = {}  # (host, node's number) -> ours
@@ -97,7 +99,6 @@ class FleetEngine:
         self._steps: dict[int, deque] = {}
         self.digests = 0
         self.arrivals = 0
-        self._members = 0  # the groups' members, summed (MAX_GROUP_MEMBERS)
 
     # --- input -------------------------------------------------------------------------
     def apply(self, payload: dict, now_s: float | None = None,
@@ -123,7 +124,7 @@ class FleetEngine:
         for row in sig_rows.values():
             fields.check_row(row)
         with self.lock:
-            self._take_groups(new_groups)
+            self.book.take(host, new_groups)
             new_sigs = {(host, n): row_event(-1, row, self.groups)
                         for n, row in sig_rows.items()}
             positions = {}
@@ -143,17 +144,12 @@ class FleetEngine:
             self._reported(host, now_s)
             self.digests += 1
 
-    def _take_groups(self, new_groups: dict) -> None:
-        """A digest's groups, within MAX_GROUPS and MAX_GROUP_MEMBERS (else WireError)."""
-        added = sum(g not in self.groups for g in new_groups)
-        members = self._members + sum(len(m) - self.sizes.get(g, 0)
-                                      for g, (_, m) in new_groups.items())
-        if len(self.groups) + added > MAX_GROUPS or members > MAX_GROUP_MEMBERS:
-            raise WireError(f"the collector holds {MAX_GROUPS:,} groups or "
-                            f"{MAX_GROUP_MEMBERS:,} group members already")
-        self._members = members
-        self.groups.update(new_groups)
-        self.sizes.update((g, len(m)) for g, (_, m) in new_groups.items())
+    def forget(self, ranks) -> None:
+        """Ranks whose node was let go to make room (shares.py): no position kept."""
+        with self.lock:
+            for r in ranks:
+                self.positions.pop(r, None)
+                self._steps.pop(r, None)
 
     def _reported(self, host: str, now_s: float) -> None:
         late = self.reports.came(host, now_s)

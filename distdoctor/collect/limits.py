@@ -8,8 +8,9 @@ Per node:
   field within its range, checked as its frame is read (peer_numbers.py; a digest's
   fields: digest_fields.py): a frame with one that is not is refused whole.
 - ranks: MAX_RANKS_PER_NODE (its logs' copies, metadata, exits, digest positions); a
-  rank belongs to the node (host) that sent it first, for the life of the copy: another
-  host's META, OPEN, EXITS or DIGEST for it is refused (mirror.Owners).
+  rank belongs to the node (host) that sent it first, for the life of the copy (unless
+  that node is let go, below): another host's META, OPEN, EXITS or DIGEST for it is
+  refused (mirror.Owners).
 - exit entries: only for its own ranks, each checked (distdoctor.exits.exit_entry), at
   most MAX_EXITS_FRAMES EXITS frames a connection.
 - findings: MAX_FINDINGS_PER_FRAME a frame, each one's text bounded and made printable
@@ -20,6 +21,12 @@ Per node:
   MAX_ARRIVED rank-arrivals a frame; the positions it leaves held come from at most
   MAX_HELD_DIGEST_BYTES of its frames (a rank's position is kept from the newest frame
   that had it; a frame's bytes count while any rank's position comes from it).
+
+Over all nodes, MAX_RANKS ranks, MAX_FINDINGS_BYTES of findings and the fleet engine's
+MAX_GROUPS groups and MAX_GROUP_MEMBERS members are shared (shares.py): each node's
+holding is counted, and when one is full the nodes that hold more than a newcomer would
+go (their holding freed, their connection dropped with one line), so one peer that fills
+a cap never keeps the real nodes out; a node that holds the most itself is refused.
 
 Memory (the collector's Python objects, as measured with simulated nodes; a hostile
 node's JSON, made of the smallest objects JSON can name, costs up to ~25x its bytes):

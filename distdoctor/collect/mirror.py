@@ -39,6 +39,7 @@ from distdoctor.collect.limits import (
     copy_fd_budget,
 )
 from distdoctor.collect.node_mirror import HOST_NAME, NodeMirror  # noqa: F401 (server's)
+from distdoctor.collect.shares import gone_line, who_goes
 from distdoctor.collect.source_copies import SourceCopies
 from distdoctor.runlog import format as F
 from distdoctor.runlog.ring import RingWriter
@@ -60,6 +61,9 @@ class Mirror:
         self.links = LinkWatch()  # slow links between nodes, from logs or digests
         self.copy_waits = CopyWaits(self.links)
         self.fleet = FleetEngine(hang_timeout_s, links=self.links)  # from digests
+        # nodes let go to make room in a collector-wide cap (shares.py) -> why: the
+        # server drops their connections, saying why
+        self.evicted: dict[str, str] = self.fleet.evicted
         self.on_finding = on_finding
         (self.run_dir / "ranks").mkdir(parents=True, exist_ok=True)
         self._lock = threading.Lock()
@@ -92,12 +96,23 @@ class Mirror:
                 if owners.count.get(node.host, 0) + len(new) > MAX_RANKS_PER_NODE:
                     raise wire.WireError(f"more than {MAX_RANKS_PER_NODE:,} ranks from one "
                                          f"node")
-                if len(owners.of) + len(new) > MAX_RANKS:
-                    raise wire.WireError(f"the collector holds {MAX_RANKS:,} ranks already")
+                if len(owners.of) + len(new) > MAX_RANKS:  # full: the nodes holding more go
+                    for other in who_goes(owners.count, node.host, len(new), MAX_RANKS,
+                                          "ranks"):
+                        self._let_go(other, node.host)
                 owners.claim(node.host, new)
             for r in ranks:
                 self._senders[r] = node
         node.ranks.update(ranks)
+
+    def _let_go(self, host: str, newcomer: str) -> None:
+        """`host`'s ranks set free for `newcomer`'s (shares.py), their positions forgotten
+        (their copies stay on disk); the server drops `host`."""
+        ranks = self.owners.release(host)
+        for r in ranks:
+            self._senders.pop(r, None)
+        self.fleet.forget(ranks)
+        self.evicted[host] = gone_line(len(ranks), MAX_RANKS, "ranks", newcomer)
 
     def ring_for(self, rank: int, log: int, node: NodeMirror, layout: tuple[int, int, int],
                  launch: dict | None = None) -> Copy:
@@ -162,6 +177,15 @@ class Mirror:
             if ours:
                 findings, size = _within(findings, min(MAX_FINDINGS_BYTES_PER_NODE,
                                                        MAX_FINDINGS_BYTES - held))
+            if not ours:  # full: the nodes holding more than this one would go
+                for other in who_goes(self._findings_bytes, host,
+                                      size - self._findings_bytes.get(host, 0),
+                                      MAX_FINDINGS_BYTES, "bytes of the nodes' findings"):
+                    n = self._findings_bytes.pop(other)
+                    del self._findings[other]
+                    held -= n
+                    self.evicted[other] = gone_line(n, MAX_FINDINGS_BYTES,
+                                                    "bytes of the nodes' findings", host)
             if held + size > MAX_FINDINGS_BYTES:
                 raise wire.WireError(f"the collector holds {held:,} bytes of the nodes' "
                                      f"findings already (at most {MAX_FINDINGS_BYTES:,})")

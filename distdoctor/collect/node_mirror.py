@@ -57,6 +57,10 @@ class NodeMirror:
 
     def apply(self, kind: int, rank: int, arg: int, payload: bytes, log: int = 0) -> None:
         self.last_frame_s = time.monotonic()
+        if self.mirror.evicted and self.host in self.mirror.evicted:  # (shares.py)
+            why = self.mirror.evicted.pop(self.host, None)
+            if why is not None:
+                raise wire.WireError(why)
         if kind == wire.SAMPLES:
             return self._samples(payload)
         if kind == wire.EXITS:

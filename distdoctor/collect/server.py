@@ -30,7 +30,8 @@ FLEET_TICK_S = 0.5
 LOST_CHECK_S = 1.0  # while a node is silent: how often the others' positions are read
 BACKLOG = 1024  # connections the kernel holds for accept(): a burst waits, not refused
 _PARTS = {"_digests_pass": "the digests' findings", "_find_lost_nodes": "lost nodes",
-          "_collector_pass": "slow links and lost nodes"}
+          "_collector_pass": "slow links and lost nodes",
+          "_let_go_evicted": "nodes let go to make room"}
 __all__ = ["AUTH_S", "IDLE_S", "MAX_NODES", "MAX_PENDING", "Collector", "is_loopback",
            "listen", "parse_address"]
 
@@ -150,7 +151,8 @@ class Collector:
         failed: set[tuple[str, str]] = set()  # (part, exception type) said already
         while not self._stopping:
             time.sleep(FLEET_TICK_S)
-            for part in (self._digests_pass, self._find_lost_nodes, self._collector_pass):
+            for part in (self._digests_pass, self._find_lost_nodes, self._collector_pass,
+                         self._let_go_evicted):
                 try:
                     part()
                 except Exception as exc:  # a bug of ours must not end the collection
@@ -159,6 +161,23 @@ class Collector:
                         failed.add(key)
                         self.say(f"the collector's diagnosis failed ({_PARTS[key[0]]}): "
                                  f"{exc!r}; it goes on (said once)")
+
+    def _let_go_evicted(self) -> None:
+        """Nodes whose holdings went to make room for another's in a collector-wide cap
+        (shares.py): dropped on the loop, one line each, unless a frame of theirs has
+        been refused for it already."""
+        if self.mirror.evicted:
+            self._serving.loop.call_soon_threadsafe(self._drop_evicted)
+
+    def _drop_evicted(self) -> None:
+        serving, evicted = self._serving, self.mirror.evicted
+        for host in list(evicted):
+            why = evicted.pop(host, None)
+            links = [link for link in serving.hosts.get(host, ()) if link.state == "node"]
+            for link in links:
+                serving.drop(link, f"dropped {link.who}: {why}", "dropped", why)
+            if why is not None and not links:
+                self.say(f"node {host}: {why}")
 
     def _digests_pass(self) -> None:
         fleet = self.mirror.fleet

@@ -1,0 +1,105 @@
+"""A collector-wide cap (limits.py, fleet.py) shared by the nodes: who holds how much of it.
+
+A cap summed over all nodes (groups, their members, findings' bytes) refused every node
+that came once it was full: one peer that filled it (a hog, a bug, a host name cycled)
+kept every real node out after it. So each node's holding is counted, and when a node's
+new share does not fit, the nodes that hold the most go first, each only where it holds
+more than the newcomer would: the hog goes (its holding freed, its connection dropped with
+one line naming it), a real node's smaller share comes in, and the total never passes
+the cap. A node that holds the most itself is refused, as before.
+"""
+
+from __future__ import annotations
+
+from distdoctor.collect.wire import WireError
+
+
+def who_goes(held: dict[str, int], host: str, more: int, cap: int, what: str,
+             grows: int | None = None) -> list[str]:
+    """The nodes (hosts) whose holdings make room for `host` to hold `more` beyond its own
+    (`held`: host -> what it holds; `what`: the cap's unit in words; `grows`: what the
+    total grows by, where not `more`: what `host` takes over from others is in it
+    already); [] when it fits. WireError naming `host` when only nodes that hold no more
+    than it would could go."""
+    total = sum(held.values())
+    over = total + (more if grows is None else grows) - cap
+    if over <= 0:
+        return []
+    mine = held.get(host, 0) + more
+    out = []
+    # the biggest holders first: at most a few go, however many nodes hold a little
+    for other, n in sorted(held.items(), key=lambda item: -item[1]):
+        if over <= 0 or n <= mine:
+            break
+        if other != host and not other.startswith("("):  # "(...)": the collector's own
+            out.append(other)
+            over -= n
+    if over > 0:
+        raise WireError(f"the collector holds {total:,} {what} already (at most {cap:,}), "
+                        f"and no node that holds more than node {host} would ({mine:,})")
+    return out
+
+
+def gone_line(n: int, cap: int, what: str, host: str) -> str:
+    """Why a node was let go to make room (said once, as its connection is dropped)."""
+    return (f"it held {n:,} of the collector's {cap:,} {what}, the most of any node: "
+            f"let go to make room for node {host}")
+
+
+MAX_GROUPS = 1 << 17  # group names over all nodes
+MAX_GROUP_MEMBERS = 1 << 23  # their members, summed: ~300 MiB at most
+
+
+class GroupShares:
+    """The fleet engine's groups (name -> (description, members)) and their sizes, each
+    group charged to the node that named it last: a node that names a group another
+    named takes it over (every node names its groups again on each connection)."""
+
+    def __init__(self):
+        self.groups: dict[str, tuple[str, tuple[int, ...]]] = {}
+        self.sizes: dict[str, int] = {}  # group -> members
+        self.evicted: dict[str, str] = {}  # host let go to make room -> why (the server's)
+        self._charged: dict[str, str] = {}  # group -> host
+        self._held_groups: dict[str, int] = {}  # host -> groups charged to it
+        self._held_members: dict[str, int] = {}  # host -> their members
+
+    def take(self, host: str, new: dict) -> None:
+        """A digest's groups (checked: digest_fields.groups_of), charged to `host`,
+        within MAX_GROUPS and MAX_GROUP_MEMBERS: where they do not fit, the nodes that
+        hold more go, else WireError (and nothing of them is kept)."""
+        if not new:
+            return
+        charged, sizes = self._charged, self.sizes
+        taken = {g for g in new if charged.get(g) != host}  # new here, or another's
+        more_groups = len(taken)
+        more_members = sum(len(m) - (0 if g in taken else sizes[g]) for g, (_, m) in new.items())
+        went = {other: (n, MAX_GROUPS, "groups") for other, n in (
+            (o, self._held_groups[o]) for o in who_goes(
+                self._held_groups, host, more_groups, MAX_GROUPS, "groups",
+                sum(g not in sizes for g in new)))}
+        went.update((other, (self._held_members[other], MAX_GROUP_MEMBERS, "group members"))
+                    for other in who_goes(self._held_members, host, more_members,
+                                          MAX_GROUP_MEMBERS, "group members",
+                                          sum(len(m) - sizes.get(g, 0)
+                                              for g, (_, m) in new.items())))
+        for other, (n, cap, what) in went.items():
+            self._let_go(other, gone_line(n, cap, what, host))
+        for g in taken:
+            was = charged.get(g)
+            if was is not None and was in self._held_groups:
+                self._held_groups[was] -= 1
+                self._held_members[was] -= sizes[g]
+            charged[g] = host
+        self._held_groups[host] = self._held_groups.get(host, 0) + more_groups
+        self._held_members[host] = self._held_members.get(host, 0) + more_members
+        self.groups.update(new)
+        sizes.update((g, len(m)) for g, (_, m) in new.items())
+
+    def _let_go(self, host: str, why: str) -> None:
+        """`host`'s groups forgotten (a rank's position that names one decodes it as a
+        group of unknown members); the server drops its connection, saying `why`."""
+        self._held_groups.pop(host, None)
+        self._held_members.pop(host, None)
+        self.evicted[host] = why
+        for g in [g for g, h in self._charged.items() if h == host]:
+            del self._charged[g], self.groups[g], self.sizes[g]
