@@ -6,12 +6,12 @@ It runs in `distdoctor run`'s process, never in a rank: the ranks write their lo
 always and the forwarder reads them the way the live engine does. The logs are the buffer:
 nothing is queued in memory, so a collector that is down or slow costs the job nothing;
 after a reconnect each log is sent again from its newest MIRROR_SLOTS events. Here: the
-pass, finding the logs, the connection and its retries; what one log sends is
-log_source.py's.
+pass, finding the logs, the connection and its retries; log_source.py: what one log sends.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import secrets
@@ -24,6 +24,7 @@ from pathlib import Path
 
 from distdoctor.collect import auth, wire
 from distdoctor.collect.log_source import LogSource
+from distdoctor.collect.node_socket import recv_exactly, send_within, tls_why, where
 from distdoctor.collect.source_copies import SourceSender
 from distdoctor.errors import UserError
 from distdoctor.privatefiles import read_bounded
@@ -40,7 +41,9 @@ DIGEST_SLOWER_PAST = 50_000
 DIGEST_SLOWER_S = 1.0
 RETRY_S = (0.5, 1, 2, 5, 10, 30)  # waits between connection attempts; the last repeats
 STABLE_S = 30.0  # a connection that lasted this long resets the waits and the messages
-SEND_TIMEOUT_S = 5.0
+SEND_TIMEOUT_S = 5.0  # a connection attempt (with the collector's answer), or a frame
+PASS_S = 3 * SEND_TIMEOUT_S  # one pass's frames: past it the collector is too slow
+STOP_WAIT_S = 1.0  # at the end, for a pass in flight (then its socket is shut)
 
 
 class Forwarder:
@@ -68,11 +71,15 @@ class Forwarder:
         self.sources: dict[tuple[int, int], LogSource] = {}  # (rank, log number) -> source
         self.done: set[tuple[int, int]] = set()  # logs sent whole and let go
         self._sock: socket.socket | None = None
+        self._talking: socket.socket | None = None  # the socket a pass uses now
+        self._deadline = float("inf")  # the pass's (monotonic): every read and write by it
+        self._timed_out = False  # the last attempt got no answer in time
         self._connected_s = 0.0
         self._next_try_s = 0.0
         self._failures = 0  # attempts since the last connection that lasted STABLE_S
         self._refused_by: str | None = None  # the collector's last refusal, until welcomed
         self._said: set[str] = set()
+        self._quiet = False  # (stop() cuts a pass in flight)
         self._samples = None
         self._findings_seen: int | None = None  # findings.json's mtime, last read
         self._findings_sent: bytes | None = None
@@ -92,14 +99,20 @@ class Forwarder:
         raises: `distdoctor run` still writes its summary and exits with the job's code."""
         self._stop.set()
         if self._thread.ident is not None:
-            self._thread.join(timeout=2 * SEND_TIMEOUT_S)
+            self._thread.join(timeout=STOP_WAIT_S)
+            if self._thread.is_alive() and self._talking is not None:  # a slow collector:
+                self._quiet = True  # its read or write ends now (how it fails: no news)
+                with contextlib.suppress(OSError):
+                    self._talking.shutdown(socket.SHUT_RDWR)
+                self._thread.join(timeout=STOP_WAIT_S)
+                self._quiet = False
         try:
             if not self._thread.is_alive():  # never two writers on one socket
-                self.tick(final=True)
+                self.tick(final=True, budget_s=SEND_TIMEOUT_S)
                 if exits and self._sock is not None:
                     self._send(wire.json_frame(wire.EXITS, {"processes": exits}))
         except OSError as exc:
-            self._say("final", f"the collector at {_where(self.address)} missed the job's "
+            self._say("final", f"the collector at {where(self.address)} missed the job's "
                       f"last events ({exc.strerror or exc})")
         except Exception as exc:
             self._say("bug", f"forwarding stopped: {exc!r}")
@@ -130,10 +143,13 @@ class Forwarder:
         return DIGEST_SLOWER_S if world > DIGEST_SLOWER_PAST else DIGEST_INTERVAL_S
 
     # --- one pass ------------------------------------------------------------------
-    def tick(self, final: bool = False) -> None:
+    def tick(self, final: bool = False, budget_s: float = PASS_S) -> None:
+        """One pass: every frame sent within `budget_s` (TimeoutError past it)."""
+        self._deadline = time.monotonic() + budget_s
         self._discover()
         if self._sock is None and not self._connect(final):
             return
+        self._talking = self._sock
         if self._failures and time.monotonic() - self._connected_s > STABLE_S:
             self._failures = 0
             self._said.clear()  # news again from now on
@@ -195,13 +211,14 @@ class Forwarder:
 
     def _connect(self, final: bool) -> bool:
         now = time.monotonic()
-        if now < self._next_try_s and (not final or self._refused_by):
-            return False  # (a collector that refused this node is not asked again at the end)
+        if now < self._next_try_s and (not final or self._refused_by or self._timed_out):
+            return False  # (one that refused this node or did not answer: not at the end)
         try:
-            sock = socket.create_connection(self.address, timeout=SEND_TIMEOUT_S)
+            sock = socket.create_connection(
+                self.address, timeout=max(0.01, min(SEND_TIMEOUT_S, self._deadline - now)))
         except OSError as exc:
             self._back_off()
-            self._say("connect", f"cannot reach the collector at {_where(self.address)} "
+            self._say("connect", f"cannot reach the collector at {where(self.address)} "
                       f"({exc.strerror or exc}); the job goes on, retrying")
             return False
         if self.tls is not None:
@@ -209,20 +226,20 @@ class Forwarder:
                 sock = self.tls.wrap_socket(sock, server_hostname=self.address[0])
             except ssl.SSLError as exc:  # its certificate, or no TLS there
                 sock.close()
-                return self._refused(_tls_why(exc))
+                return self._refused(tls_why(exc))
             except OSError as exc:  # slow, or gone: tried again soon
                 sock.close()
                 self._back_off()
-                self._say("connect", f"the collector at {_where(self.address)} did not "
+                self._say("connect", f"the collector at {where(self.address)} did not "
                           f"finish a TLS handshake ({exc.strerror or exc}); the job goes "
                           f"on, retrying")
                 return False
-        try:
-            sock.settimeout(SEND_TIMEOUT_S)
-            verdict = self._introduce(sock)
+        self._talking = sock
+        try:  # HELLO and the answer, whole within SEND_TIMEOUT_S (however it trickles)
+            verdict = self._introduce(sock, min(self._deadline, now + SEND_TIMEOUT_S))
         except ssl.SSLError as exc:  # TLS 1.3: a client certificate is judged after
             sock.close()
-            return self._refused(_tls_why(exc, shaken=True))
+            return self._refused(tls_why(exc, shaken=True))
         except (wire.WireError, ConnectionResetError) as exc:  # not an answer of ours
             sock.close()
             hint = "" if self.tls is not None else "; does it require TLS? (DISTDOCTOR_TLS_CA)"
@@ -230,9 +247,12 @@ class Forwarder:
         except OSError as exc:
             sock.close()
             self._back_off()
+            self._timed_out = isinstance(exc, TimeoutError)
             hint = "" if self.tls is not None else "; does it require TLS? (DISTDOCTOR_TLS_CA)"
-            self._say("connect", f"the collector at {_where(self.address)} did not answer "
-                      f"({exc}){hint}; the job goes on, retrying")
+            why = (f"within {SEND_TIMEOUT_S:g} s, or answers too slowly" if self._timed_out
+                   else f"({exc}){hint}")
+            self._say("connect", f"the collector at {where(self.address)} did not answer "
+                      f"{why}; the job goes on, retrying")
             return False
         if verdict is None or verdict[0] != wire.WELCOME:
             sock.close()
@@ -240,7 +260,7 @@ class Forwarder:
             if self.tls is None:
                 why += " (does it require TLS? set DISTDOCTOR_TLS_CA)"
             elif verdict is None:
-                why = _tls_why(ssl.SSLEOFError(), shaken=True)
+                why = tls_why(ssl.SSLEOFError(), shaken=True)
             if verdict is not None and verdict[0] == wire.REFUSED:
                 try:
                     why = printable(wire.json_payload(wire.REFUSED, verdict[3]).get("why"),
@@ -249,6 +269,7 @@ class Forwarder:
                     why = str(exc)
             return self._refused(why)
         self._sock, self._connected_s, self._refused_by = sock, now, None
+        self._timed_out = False
         self._findings_sent = None
         self.kept.reset()
         try:
@@ -263,28 +284,31 @@ class Forwarder:
             with self.live._lock:
                 self.digest.reset()
         over = " over TLS" if self.tls is not None else ""
-        self._say("connected", f"forwarding to the collector at {_where(self.address)}{over}")
+        self._say("connected", f"forwarding to the collector at {where(self.address)}{over}")
         return True
 
-    def _introduce(self, sock: socket.socket) -> tuple | None:
+    def _introduce(self, sock: socket.socket, deadline: float) -> tuple | None:
         """HELLO, then the answer to the collector's challenge when it sends one (it has
         a token: the token itself never goes out, only an HMAC of the nonce); the
-        collector's verdict, WELCOME or REFUSED."""
-        sock.sendall(wire.json_frame(wire.HELLO, {
+        collector's verdict, WELCOME or REFUSED. All of it by `deadline`."""
+        send_within(sock, wire.json_frame(wire.HELLO, {
             "format": wire.FORMAT, "version": wire.VERSION, "host": self.host,
-            "instance": self.instance, "run": self.run_meta}))
-        reader = sock.makefile("rb")
-        got = wire.read_frame(reader.read, wire.MAX_HELLO)
+            "instance": self.instance, "run": self.run_meta}), deadline)
+
+        def read(n: int) -> bytes:
+            return recv_exactly(sock, n, deadline)
+
+        got = wire.read_frame(read, wire.MAX_HELLO)
         if got is not None and got[0] == wire.CHALLENGE:
             answer = auth.answer(self.token, got[3], self.host) if self.token else None
-            sock.sendall(wire.json_frame(wire.AUTH, {"answer": answer}))
-            got = wire.read_frame(reader.read, wire.MAX_HELLO)
+            send_within(sock, wire.json_frame(wire.AUTH, {"answer": answer}), deadline)
+            got = wire.read_frame(read, wire.MAX_HELLO)
         return got
 
     def _refused(self, why: str) -> bool:
         self._refused_by = why
         self._back_off(RETRY_S[-1])
-        self._say("refused", f"the collector at {_where(self.address)} refused this "
+        self._say("refused", f"the collector at {where(self.address)} refused this "
                   f"node: {why}; the job goes on")
         return False
 
@@ -298,12 +322,14 @@ class Forwarder:
             self._sock.close()
             self._sock = None
         self._back_off()
-        self._say("lost", f"lost the collector at {_where(self.address)} "
+        self._say("lost", f"lost the collector at {where(self.address)} "
                   f"({exc.strerror or exc}); the job goes on, reconnecting")
         self._said.update(("connect", "refused"))  # the retries are that same news
 
     def _send(self, data: bytes) -> None:
-        self._sock.sendall(data)
+        """A frame, within SEND_TIMEOUT_S and the pass's deadline: a collector that reads
+        slower loses the connection (and what is queued on it); the next starts afresh."""
+        send_within(self._sock, data, min(self._deadline, time.monotonic() + SEND_TIMEOUT_S))
         self.sent_bytes += len(data)
 
     def _forward_log(self, src: LogSource) -> None:
@@ -368,32 +394,7 @@ class Forwarder:
     def _say(self, key: str, message: str) -> None:
         """One line per kind of news until a connection has lasted STABLE_S: a collector
         that refuses or drops this node is not reported on every retry."""
-        if key in self._said:
+        if key in self._said or self._quiet:
             return
         self._said.add(key)
         print(f"distdoctor: {printable(message, 1000)}", file=sys.stderr)
-
-
-def _tls_why(exc: BaseException, shaken: bool = False) -> str:
-    """A failed TLS connection, in words; `shaken`: after this side's handshake, when a
-    TLS 1.3 server judges the client's certificate."""
-    if isinstance(exc, ssl.SSLCertVerificationError):
-        return (f"its TLS certificate failed verification ({exc.verify_message}; is "
-                f"DISTDOCTOR_TLS_CA the CA that signed it, for this address?)")
-    reason = getattr(exc, "reason", None)
-    if reason == "TLSV13_ALERT_CERTIFICATE_REQUIRED":
-        return "it requires a client certificate (DISTDOCTOR_TLS_CERT, DISTDOCTOR_TLS_KEY)"
-    if reason in ("TLSV1_ALERT_UNKNOWN_CA", "SSLV3_ALERT_BAD_CERTIFICATE") or shaken and (
-            reason == "UNEXPECTED_EOF_WHILE_READING" or isinstance(exc, ssl.SSLEOFError)):
-        return ("it did not accept this node's client certificate, or wants one "
-                "(DISTDOCTOR_TLS_CERT, DISTDOCTOR_TLS_KEY, signed by its DISTDOCTOR_TLS_CA)")
-    if reason in ("WRONG_VERSION_NUMBER", "UNEXPECTED_EOF_WHILE_READING") or isinstance(
-            exc, ssl.SSLEOFError):
-        return "no TLS handshake (does it speak TLS? DISTDOCTOR_TLS_CERT on the collector)"
-    text = (reason or str(exc) or type(exc).__name__).replace("_", " ").lower()
-    return f"TLS failed ({text})"
-
-
-def _where(address: tuple[str, int]) -> str:
-    host, port = address
-    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
