@@ -30,7 +30,7 @@ import ssl
 import time
 from collections import OrderedDict
 
-from distdoctor.collect import auth, tls, wire
+from distdoctor.collect import auth, shares, tls, wire
 from distdoctor.collect.descriptors import AcceptTrouble, open_files_limit
 from distdoctor.collect.link import Link
 from distdoctor.collect.mirror import HOST_NAME, NodeMirror
@@ -294,7 +294,7 @@ class Serving:
         if elsewhere:
             return self.refuse(link, f"host {host!r} is already connected from "
                                f"{elsewhere[0].address} (another node by that name?)")
-        if len(self.nodes) >= MAX_NODES:
+        if len(self.nodes) >= MAX_NODES and not shares.node_room(self, link, host):
             return self.refuse(link, f"{MAX_NODES} nodes connected already")
         for old in again:
             self.drop(old, f"{old.who}: replaced by its new connection", "replaced")

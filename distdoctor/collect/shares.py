@@ -46,6 +46,25 @@ def gone_line(n: int, cap: int, what: str, host: str) -> str:
             f"let go to make room for node {host}")
 
 
+def node_room(serving, link, host: str) -> bool:
+    """Where the nodes' connections are full (serving.MAX_NODES): one goes for `link`'s,
+    the least recently heard of the address that holds the most, where that address holds
+    more than the newcomer's would (a peer that opened them all keeps no node out). Said
+    in one line; False when none may go."""
+    by: dict[str, list] = {}
+    for other in serving.nodes:
+        if other.state == "node":
+            by.setdefault(other.address, []).append(other)
+    top = max(by.values(), key=len, default=[])
+    if len(top) <= len(by.get(link.address, ())) + 1:
+        return False
+    quiet = min(top, key=lambda other: other.node.last_frame_s)
+    why = (f"its address held {len(top)} of the collector's {len(serving.nodes)} node "
+           f"connections, the most: let go to make room for node {host} from {link.address}")
+    serving.drop(quiet, f"dropped {quiet.who}: {why}", "dropped", why)
+    return True
+
+
 MAX_GROUPS = 1 << 17  # group names over all nodes
 MAX_GROUP_MEMBERS = 1 << 23  # their members, summed: ~300 MiB at most
 

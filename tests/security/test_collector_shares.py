@@ -7,6 +7,7 @@ of a full cap goes (one line naming it), the real node's smaller share comes in.
 from __future__ import annotations
 
 import json
+import socket
 
 import pytest
 from simnode import CollectorProcess, connect_node, dropped, send, until
@@ -194,3 +195,47 @@ def test_nodes_that_fill_the_ranks_cap_go_for_a_real_nodes_ranks(tmp_path, monke
     again = Mirror(tmp_path / "copy")
     assert "hog0" not in again.owners.count and again.owners.of[1] == "real"
     again.close()
+
+
+@pytest.mark.timeout(60)
+def test_a_peer_holding_every_node_connection_keeps_no_real_node_out(tmp_path):
+    """A peer (127.0.0.2) opens MAX_NODES node connections under new host names: before,
+    every later node was refused ('1024 nodes connected already'); now the least recently
+    heard of the peer's goes for a real node, and the peer's own next is refused."""
+    import resource
+
+    from simnode import hello, reply
+    from test_collector_attacks import real_node_gets_in
+
+    from distdoctor.collect.serving import MAX_NODES
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    need = MAX_NODES + 256
+    if hard != resource.RLIM_INFINITY and hard < need:
+        pytest.skip(f"{need} open files needed (ulimit -Hn is {hard})")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, need), hard))
+    c = CollectorProcess(tmp_path / "copy", tmp_path / "collector.out")
+    socks = []
+    try:
+        c.started()
+        for n in range(MAX_NODES):
+            s = socket.create_connection(c.address, timeout=5,
+                                         source_address=("127.0.0.2", 0))
+            socks.append(s)
+            s.sendall(hello(f"peer{n}"))
+        for s in socks:
+            got = reply(s)
+            assert got is not None and got[0] == wire.WELCOME, c.text()[-2000:]
+        s = socket.create_connection(c.address, timeout=5, source_address=("127.0.0.2", 0))
+        socks.append(s)
+        s.sendall(hello("peer-more"))
+        assert reply(s)[0] == wire.REFUSED
+        ok, why = real_node_gets_in(c.address, tmp_path / "node", host="real")
+        assert ok, (why, c.text()[-2000:])
+        assert dropped(socks[0], 5)  # the least recently heard (its line: in the minute's
+        assert "Traceback" not in c.text()  # news, past the 200 lines of 1,024 connected)
+    finally:
+        for s in socks:
+            s.close()
+        c.stop()
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
