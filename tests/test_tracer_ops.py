@@ -86,6 +86,29 @@ def test_collective_seq_numbers_agree_across_ranks(all_ops):
     assert seqs == list(range(len(seqs)))
 
 
+def test_every_group_creation_is_recorded_at_its_line_in_order(all_ops):
+    """One implicit span per new_group on every rank that takes part, member or not, with
+    the new group's name and members: torch's counter names in one order on every rank;
+    a group made with use_local_synchronization only on its members, named by them."""
+    lines = marker_lines("all_ops.py")
+    made = {r: [(e.group, e.group_ranks, e.callsite["line"]) for e in evs
+                if e.kind == "span" and e.name == "new_group"]
+            for r, evs in sorted(all_ops.events.items())}
+    first = made[0]
+    counted = [m for m in first if m[0].isdigit()]
+    assert counted[0] == ("1", (0, 1), lines["new_group"]), first
+    assert [m[1] for m in counted[1:5]] == [(0,), (1,), (2,), (3,)], first  # new_subgroups
+    assert {m[2] for m in counted[1:5]} == {lines["new_subgroups"]}, first
+    assert counted[5] == ("6", (0, 1, 2, 3), lines["last_group"]), first
+    for rank, own in made.items():
+        assert [m for m in own if m[0].isdigit()] == counted, (rank, own)
+        local = [m for m in own if not m[0].isdigit()]
+        assert [(m[1], m[2]) for m in local] == [
+            (tuple(r for r in range(4) if r % 2 == rank % 2), lines["local_group"])], own
+    evs = all_ops.events[0]
+    assert all(e.t_end_ns and e.status == "ok" for e in evs if e.name == "new_group")
+
+
 def test_p2p_records_peer_and_pairs_by_seq(all_ops):
     run = all_ops
     for rank, events in run.events.items():

@@ -99,6 +99,11 @@ FLAG_ASYNC = 1  # the caller asked for async_op=True (or a C++ caller: DDP, func
 FLAG_OTHER_THREAD = 2  # issued off the main thread (autograd, pipelining)
 FLAG_ASYNC_UNKNOWN = 4  # issued from C++ or by a library: async flag not visible
 FLAG_IMPLICIT = 8  # a span the tracer opened itself (a training step, a batch wait)
+# the implicit span around the creation of a process group (new_group, new_subgroups,
+# DeviceMesh): its group fields are the new group's name and members, on every rank that
+# took part, member or not; torch names a group by a per-rank counter, so the ranks' lists
+# of these say whether they created their groups in one order
+SPAN_NEW_GROUP = "new_group"
 
 # op codes: position in this list. Append only: the code is part of the format.
 OPS = [

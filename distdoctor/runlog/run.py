@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from distdoctor.errors import UserError
+from distdoctor.runlog import format as F
 from distdoctor.runlog.incarnations import Incarnations
 from distdoctor.runlog.reader import Event, RankLog, RingHeader
 from distdoctor.runlog.rundir import (
@@ -151,7 +152,7 @@ def traced_summary(path) -> str:
 
 def span_name(ev) -> str:
     """A span's name as shown: the tracer's implicit steps carry their number in `seq`."""
-    if ev.implicit and ev.name and ev.name != "data":
+    if ev.implicit and ev.name and ev.name not in ("data", F.SPAN_NEW_GROUP):
         # "step 12", "batch 3", "global_step 25 (HF Trainer)": the count, its number, whose
         head, _, whose = ev.name.partition(" ")
         return f"{head} {ev.seq}" + (f" {whose}" if whose else "")

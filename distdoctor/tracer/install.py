@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 
 from distdoctor.runlog import rundir
-from distdoctor.tracer import backends, exits, state, support
+from distdoctor.tracer import backends, exits, groups, state, support
 
 _C10D = "torch.distributed.distributed_c10d"
 # Backend names traced beyond what torch's registry says (traced_backend_names); empty
@@ -116,11 +116,17 @@ def _patch(c10d=None) -> None:
         if not _traced(c10d, backend):
             return original(*args, **kwargs)  # custom Python backends stay untouched
         is_default = c10d.GroupMember.WORLD is None
+        rec = state.recorder
+        made = None if is_default or rec is None else groups.creation_begin(rec, args, kwargs)
         c10d.ProcessGroup = TracingProcessGroup
         try:
             pg, store = original(*args, **kwargs)
+        except BaseException:
+            groups.creation_end(rec, made, True)
+            raise
         finally:
             c10d.ProcessGroup = RealProcessGroup
+        groups.creation_end(rec, made, False)
         if is_default:  # a new default group (again, after destroy_process_group: a
             # test suite, a notebook) is a new incarnation of this rank, with a new log
             _start_session(pg, backend, args[4] if len(args) > 4 else kwargs.get("store"))

@@ -57,9 +57,17 @@ else:
 ops = [dist.P2POp(dist.isend, torch.ones(10), peer), dist.P2POp(dist.irecv, torch.empty(10), prev)]
 for w in dist.batch_isend_irecv(ops):  # expect: batch_isend_irecv
     w.wait()
-sub = dist.new_group([0, 1])
+# a group made by its members alone with use_local_synchronization=True: legal (named by
+# its members and by how many groups the rank belongs to, here the same on every rank)
+mine = [r for r in range(world) if r % 2 == rank % 2]
+side = dist.new_group(mine, use_local_synchronization=True)  # expect: local_group
+dist.all_reduce(torch.ones(12), group=side)  # expect: local_all_reduce
+sub = dist.new_group([0, 1])  # expect: new_group
 if rank in (0, 1):
     dist.all_reduce(torch.ones(11), group=sub)  # expect: subgroup_all_reduce
+singles, _ = dist.new_subgroups(group_size=1)  # expect: new_subgroups
+everyone = dist.new_group(list(range(world)))  # expect: last_group
+dist.all_reduce(torch.ones(13), group=everyone)  # expect: last_all_reduce
 dist.barrier()
 dist.destroy_process_group()
 # torch's own exit race (gloo's worker thread freeing a tensor while the interpreter

@@ -6,18 +6,21 @@ the state it reads (`open`, `found`, `ranks`, `gaps`, `group_names`, `policy`).
 
 from __future__ import annotations
 
-from distdoctor.diagnosis.hangs.group_order import group_order_finding
+from distdoctor.diagnosis.hangs.creations import counted, members_text
+from distdoctor.diagnosis.hangs.group_order import group_order_finding, skipped_finding
 from distdoctor.diagnosis.hangs.hang import RankView, hang_findings
+from distdoctor.diagnosis.hangs.progress import STALL_S
 from distdoctor.diagnosis.parting.parted import explain_hang
 from distdoctor.findings import Finding, site_text
 
 MAX_FOLDED = 64  # hang findings kept while folded into a group-order cause
+GROUP_ORDER = ("group_order",)  # one cause: every name that disagrees is said in it
 
 
 class HangPass:
     def _judge_hangs(self, views: dict[int, RankView], failed: set[int]) -> list[Finding]:
         """Put this pass's hang findings; return the hangs and deadlocks among them."""
-        folding = bool(self.group_names.conflicts())
+        folding = bool(self.group_names.conflicts()) or self.group_names.skip_known
         hangs = []
         for f in hang_findings(self.open.values(), views, self.policy, failed,
                                known=lambda rv: rv.reported, familiar=self._familiar,
@@ -65,23 +68,63 @@ class HangPass:
                     {"file": last[0], "line": last[1], "function": last[2]})
 
     def _judge_group_order(self, hangs: list[Finding]) -> None:
-        """One finding per group name that stands for different ranks on different ranks,
-        with the hangs that follow from it (said before it was known, they go)."""
+        """One finding for the group names that stand for different ranks on different
+        ranks, with the hangs that follow from it (said before it was known, they go); or, with
+        no such name, one for a hang whose ranks wait inside a group creation that
+        others never began."""
         names = self.group_names.conflicts()
         if not names:
+            self._judge_skipped(hangs)
             return
-        for key in [k for k in self.found if k[0] in ("hang", "deadlock")]:
-            self._folded.setdefault(key, self.found.pop(key))
+        self._fold_hangs()
         hangs = [f for f in hangs if f.kind in ("hang", "deadlock")] or [
             f for f in self._folded.values()]
         positions = self._positions()
         files = {cs.get("file") for cs in self.group_names.sites.values()}
         files |= {p[1] for p in positions.values() if p[1]}
-        for name in names:
-            f = group_order_finding(self.group_names, name, positions, hangs, files)
-            old = self.found.get(("group_order", name))
-            self._put(("group_order", name), f,
-                      quiet_update=old is not None and old.kind == f.kind)
+        inside = self._stuck_inside()
+        f = group_order_finding(self.group_names, names, positions, hangs, files,
+                                set(self.ranks), bool(inside))
+        old = self.found.get(GROUP_ORDER)
+        if f.kind == "hang" and not hangs and (old is None or old.kind != "hang"):
+            self._take_stacks(f)  # no hang said it: the ranks inside new_group
+        elif old is not None and old.stacks and not f.stacks:
+            f.stacks = old.stacks
+        self._put(GROUP_ORDER, f, quiet_update=old is not None and old.kind == f.kind)
+
+    def _fold_hangs(self) -> None:
+        for key in [k for k in self.found if k[0] in ("hang", "deadlock")]:
+            self._folded.setdefault(key, self.found.pop(key))
+
+    def _judge_skipped(self, hangs: list[Finding]) -> None:
+        """A rank a hang waits for is inside a group creation (counter-named) that ranks
+        of the job never began: the hang's cause is that creation, skipped by them."""
+        hangs = [f for f in hangs if f.kind in ("hang", "deadlock")] or [
+            f for f in self._folded.values()]
+        made, world = self.group_names.creations, set(self.ranks)
+        stuck = {}
+        for r in sorted({r for f in hangs for r in f.ranks}):
+            m = made.inside(r)
+            if m is not None and counted(m.name) and made.missing(m, world):
+                stuck[r] = m
+        if not stuck:
+            return
+        self.group_names.skip_known = True
+        self._fold_hangs()
+        f = skipped_finding(self.group_names, stuck, self._positions(), hangs, world)
+        self._put(GROUP_ORDER, f, quiet_update=GROUP_ORDER in self.found)
+
+    def _stuck_inside(self) -> list[int]:
+        """The ranks inside a group creation for longer than a creation that only waits
+        for slower ranks takes: a name already disagrees, so they will not get out."""
+        bound = self.policy.fixed_s if self.policy.fixed_s is not None else STALL_S
+        out = []
+        for r, st in self.ranks.items():
+            m = self.group_names.creations.inside(r)
+            now = self._now_ns(st, self._now_s) if m is not None else None
+            if now is not None and (now - m.t_enter_ns) / 1e9 >= bound:
+                out.append(r)
+        return out
 
     def _positions(self) -> dict[int, tuple[str, str | None, int | None]]:
         """Where each rank is now, in words: (text, sampled file, sampled line). The file
@@ -95,6 +138,10 @@ class HangPass:
             elif ev is not None and ev.t_end_ns is None:
                 site = site_text(ev.callsite)
                 out[r] = (f"in {ev.op} #{ev.seq} in group {ev.group}"
+                          + (f" at {site}" if site else ""), None, None)
+            elif (m := self.group_names.creations.inside(r)) is not None:
+                site = site_text(m.callsite)
+                out[r] = (f"in new_group({members_text(m.members)}) (its group {m.name})"
                           + (f" at {site}" if site else ""), None, None)
             elif (last := self.gaps.last.get(r)) is not None and last[0]:
                 out[r] = (f"at {site_text({'file': last[0], 'line': last[1]})}", last[0],

@@ -21,9 +21,10 @@ import ast
 import os
 from functools import lru_cache
 
+from distdoctor.diagnosis.hangs.creations import Creations, Made, members_text
 from distdoctor.diagnosis.parting import source as S
 from distdoctor.diagnosis.parting.conditions import kind_of
-from distdoctor.findings import Finding, who
+from distdoctor.findings import Finding, site_text, who
 
 MAX_NAMES = 4096  # group names followed (a job has a few; past this, no name is split)
 MAX_LISTS = 8  # member lists kept per name (the last one stands for any further ones)
@@ -47,6 +48,15 @@ class GroupNames:
         self.lists: dict[str, list[tuple[int, ...]]] = {}  # name -> member lists, in order seen
         self.users: dict[tuple[str, int], set[int]] = {}  # (name, list) -> ranks using it
         self.sites: dict[tuple[str, int], dict] = {}  # (name, list) -> a call site on it
+        self.creations = Creations()  # what each rank created, in order (creations.py)
+        self.skip_known = False  # a hang is said as a creation some member skipped
+
+    def created(self, ev) -> None:
+        """A group creation the tracer recorded: its name stands for its members on this
+        rank from the call on, before any op of the group (a rank may never get past it)."""
+        made = self.creations.see(ev)
+        if made is not None and made.members:
+            self.variant(made.name, made.members, ev.rank, made.callsite)
 
     def variant(self, name: str, members: tuple, rank: int, callsite: dict | None) -> int:
         """The number of the member list `name` stands for on `rank` (0: the first seen).
@@ -148,11 +158,6 @@ def _lines_text(lines: list[dict]) -> str:
     return "; ".join(f"{f}:{', '.join(map(str, sorted(set(ls))))}" for f, ls in by_file.items())
 
 
-def _members_text(members: tuple[int, ...]) -> str:
-    shown = ", ".join(map(str, members[:8]))
-    return f"[{shown}{', ...' if len(members) > 8 else ''}]"
-
-
 def _where(positions: dict[int, tuple], created: list[dict]) -> dict[int, str]:
     """Each rank's position in words; a rank sampled on a line that creates a group is
     inside that call ("in new_group at job.py:25")."""
@@ -165,43 +170,188 @@ def _where(positions: dict[int, tuple], created: list[dict]) -> dict[int, str]:
     return out
 
 
-def group_order_finding(names: GroupNames, name: str, positions: dict[int, tuple],
-                        hangs: list[Finding], files) -> Finding:
-    """The finding for a name that stands for several groups. `positions`: each rank's
+def guard_of(m: Made) -> dict | None:
+    """The innermost `if` on the rank's identity with the line that made `m` in an arm:
+    {file, line, condition, arm}; None where there is none (or no source)."""
+    cs = m.callsite or {}
+    src = S.read(cs.get("file")) if cs.get("file") else None
+    line = cs.get("line")
+    if src is None or not isinstance(line, int):
+        return None
+    found = None
+    for node in ast.walk(src.tree):
+        if isinstance(node, ast.If) and kind_of(src, node.test) == "rank":
+            arm = next((a for a, block in S.arms(node) if S.spans(block, line)), None)
+            if arm is not None and (found is None or node.lineno > found["line"]):
+                found = {"file": src.path, "line": node.lineno, "arm": arm,
+                         "condition": src.segment(node.test, 60)}
+    return found
+
+
+def guarded(m: Made) -> bool:
+    return guard_of(m) is not None
+
+
+def _said_guard(names: GroupNames, world: set[int], summary: str, details: dict) -> str:
+    """The first group that some ranks created and others did not, where its creation
+    stands under a condition on the rank's identity: that condition, and who took it."""
+    for members, made_by in sorted(names.creations.creators().items()):
+        if made_by >= world:
+            continue
+        first = next(m for r in sorted(made_by) for m in names.creations.order(r)
+                     if tuple(sorted(m.members)) == members)
+        guard = guard_of(first)
+        if guard is None:
+            continue
+        skipped = sorted(world - made_by)
+        details["branch"] = dict(guard, created_by=sorted(made_by)[:64],
+                                 skipped_by=skipped[:64])
+        return (summary + f"; new_group({members_text(members)}) at "
+                f"{site_text(first.callsite)} stands in the {guard['arm']} of `if "
+                f"{guard['condition']}:` ({os.path.basename(guard['file'])}:{guard['line']}),"
+                f" which {who(made_by)} took and {who(skipped)} did not")
+    return summary
+
+
+def _culprits(names: GroupNames, world: set[int]) -> tuple[list[int], bool]:
+    """The ranks whose group names part from the majority's; else those whose creations
+    do (a skipped or an extra one); (ranks, tie)."""
+    odd = names.odd_ranks()
+    return (odd, False) if odd else names.creations.culprits(world, guarded)
+
+
+def _said_orders(names: GroupNames, world: set[int], summary: str, details: dict) -> str:
+    """What each rank created, in order and where, into the summary and the details."""
+    made = names.creations
+    if not any(made.order(r) for r in world):
+        return summary
+    details["creations"] = made.details(world)
+    return summary + f"; {made.orders_text(world)}"
+
+
+def group_order_finding(names: GroupNames, conflicts: list[str], positions: dict[int, tuple],
+                        hangs: list[Finding], files, world: set[int] = frozenset(),
+                        stuck_inside: bool = False) -> Finding:
+    """The finding for the names that stand for several groups (`conflicts`, one cause:
+    the first name is said, the others in the details). `positions`: each rank's
     position now, (words, sampled file, sampled line) (engine/hangs.py); `hangs`: the
     hang findings that follow from it (folded in: the job hangs, and this is why);
-    `files`: the user's files the ops and samples name."""
+    `files`: the user's files the ops and samples name; `world`: the ranks of the job;
+    `stuck_inside`: a rank has been inside a group creation too long to be slow."""
+    conflicts = sorted(conflicts, key=lambda n: (not n.isdigit(), int(n) if n.isdigit()
+                                                 else 0, n))
+    name = conflicts[0]
     meanings = names.meanings(name)
-    said = "; ".join(f"{_members_text(m)} on {who(rs)}" for m, rs in meanings if rs)
+    said = "; ".join(f"{members_text(m)} on {who(rs)}" for m, rs in meanings if rs)
     created, split = creation_lines(files)
     where = _where(positions, created)
-    culprits = names.odd_ranks()
-    stuck = any(f.kind in ("hang", "deadlock") for f in hangs)
+    world = set(world) | {r for _, rs in meanings for r in rs}
+    culprits, tie = _culprits(names, world)
+    stuck = stuck_inside or any(f.kind in ("hang", "deadlock") for f in hangs)
     summary = ("the ranks created their process groups in different orders: "
                f"group {name} is {said} (torch names a group by how many groups the rank "
                "created before it, so every rank must create every group in the same order)")
+    details = {"reason": "group_creation_order", "group_name": name,
+               "meanings": [{"members": list(m), "ranks": rs} for m, rs in meanings],
+               "created_at": created, "where": {str(r): w for r, w in sorted(where.items())}}
+    if len(conflicts) > 1:
+        details["other_names"] = {n: [{"members": list(m), "ranks": rs}
+                                      for m, rs in names.meanings(n)] for n in conflicts[1:8]}
+    summary = _said_orders(names, world, summary, details)
+    if not split:
+        summary = _said_guard(names, world, summary, details)
     if split:
         summary += f"; the groups are created in the arms of {split}"
-    elif created:
+    elif created and "creations" not in details:
         summary += f"; the groups are created at {_lines_text(created)}"
     if stuck:
         summary = "the job hangs because " + summary
         if where:
             summary += "; now " + ", ".join(f"rank {r} {w}" for r, w in sorted(where.items()))
-    details = {"reason": "group_creation_order", "group_name": name,
-               "meanings": [{"members": list(m), "ranks": rs} for m, rs in meanings],
-               "created_at": created, "where": {str(r): w for r, w in sorted(where.items())}}
     if split:
         details["rank_condition"] = split
-    if not culprits:
+    if tie or not culprits:
         details["tie"] = True  # the ranks split evenly: neither order is the odd one
     if hangs:
         details["hangs"] = [f.summary for f in hangs][:8]
-    # the lines: a rank seen inside a call that creates a group, then each list's first op
-    sites = [{"rank": r, "file": file, "line": line, "source": "sample"}
-             for r, (_, file, line) in sorted(positions.items())
-             if any((c["file"], c["line"]) == (file, line) for c in created)]
+    sites = _sites(names, positions, created, culprits)
     sites += [dict(cs) for (n, _), cs in sorted(names.sites.items()) if n == name]
+    sites = _unique(sites)
     stacks = {r: s for f in hangs for r, s in f.stacks.items()}
     return Finding("hang" if stuck else "mismatch", "error", summary, culprits, name, None,
                    sites, stacks, details, REMEDY)
+
+
+def _sites(names: GroupNames, positions: dict[int, tuple], created: list[dict],
+           culprits: list[int]) -> list[dict]:
+    """The lines: the culprits' creations first, then the creations of groups that only
+    some ranks made, then a rank seen inside a call that creates a group (its creation in
+    the log, or its sampled line on one)."""
+    out = []
+    made = names.creations
+    world = set(made.by_rank)
+    for r in culprits[:8]:
+        for m in made.order(r)[:4]:
+            if m.callsite and m.callsite.get("file"):
+                out.append(dict(m.callsite, rank=r, source="new_group"))
+    # where the ranks differ: each creation of a group that only some ranks made
+    partial = {members for members, by in made.creators().items() if not by >= world}
+    for r in sorted(world)[:8]:
+        for m in made.order(r):
+            if tuple(sorted(m.members)) in partial and m.callsite and m.callsite.get("file"):
+                out.append(dict(m.callsite, rank=r, source="new_group"))
+    for r, (_, file, line) in sorted(positions.items()):
+        inside = names.creations.inside(r)
+        if inside is not None and inside.callsite and inside.callsite.get("file"):
+            out.append(dict(inside.callsite, rank=r, source="new_group"))
+        elif any((c["file"], c["line"]) == (file, line) for c in created):
+            out.append({"rank": r, "file": file, "line": line, "source": "sample"})
+    return out
+
+
+def _unique(sites: list[dict]) -> list[dict]:
+    seen, out = set(), []
+    for cs in sites:
+        key = (cs.get("rank"), cs.get("file"), cs.get("line"))
+        if key not in seen:
+            seen.add(key)
+            out.append(cs)
+    return out
+
+
+def skipped_finding(names: GroupNames, stuck: dict[int, Made], positions: dict[int, tuple],
+                    hangs: list[Finding], world: set[int]) -> Finding:
+    """The hang whose ranks wait inside a group creation that other ranks never began
+    (`stuck`: rank -> the creation it is inside): one group name, one member list on every
+    rank that made it, so no name disagrees; the others went on past it, or stopped
+    short of it, and wait elsewhere."""
+    m = next(iter(stuck.values()))
+    missing = names.creations.missing(m, world)
+    culprits, tie = names.creations.culprits(world, guarded)
+    members = [r for r in missing if r in m.members]
+    inside = ", ".join(f"rank {r} is inside new_group({members_text(x.members)}) at "
+                       f"{site_text(x.callsite) or 'an unknown line'} (its group {x.name})"
+                       for r, x in sorted(stuck.items())[:8])
+    elsewhere = ", ".join(f"rank {r} {positions[r][0]}" for r in missing[:8] if r in positions)
+    summary = (f"the job hangs because {inside}, which {who(missing)} never called"
+               + (f" ({who(members)} {'is a member' if len(members) == 1 else 'are members'}"
+                  " of it)" if members else "")
+               + ": torch requires every rank to call new_group() for every group, in the "
+               "same order")
+    details = {"reason": "group_creation_skipped", "group_name": m.name,
+               "members": list(m.members[:64]), "created_at": site_text(m.callsite),
+               "inside": {str(r): site_text(x.callsite) for r, x in sorted(stuck.items())},
+               "never_created": missing[:64],
+               "where": {str(r): p[0] for r, p in sorted(positions.items())}}
+    summary = _said_orders(names, world, summary, details)
+    summary = _said_guard(names, world, summary, details)
+    if elsewhere:
+        summary += f"; now {elsewhere}"
+    if tie or not culprits:
+        details["tie"] = True
+    if hangs:
+        details["hangs"] = [f.summary for f in hangs][:8]
+    sites = _unique(_sites(names, positions, [], culprits))
+    stacks = {r: s for f in hangs for r, s in f.stacks.items()}
+    return Finding("hang", "error", summary, culprits, m.name, None, sites, stacks, details,
+                   REMEDY)

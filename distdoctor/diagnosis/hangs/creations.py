@@ -1,0 +1,165 @@
+"""What each rank created: the process groups in the order the rank made them.
+
+The tracer writes one implicit span per group creation (tracer/groups.py), on every rank
+that takes part, member or not, with the new group's name and members. torch names a group
+made by `new_group()` by a per-rank counter ("1", "2", ...), so in a right program every
+rank's list of counter-named creations is the same list (a rank behind the others holds a
+prefix of it). Two lists that differ say which rank created which group where, and which
+never did; a creation that never ends while a member of it is elsewhere says why a job
+hangs though no traced op disagrees. Groups named by their members
+(`use_local_synchronization=True`, `split_group`) are created by their members alone, which
+is legal: only counter names are compared.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+from distdoctor.findings import who
+from distdoctor.runlog import format as F
+
+MAX_PER_RANK = 1024  # creations kept per rank (a job makes a few, a mesh some hundreds)
+MAX_RANKS = 65536
+SHOWN_ORDERS = 4  # distinct creation orders written into a summary
+SHOWN_STEPS = 4  # creations shown per order
+
+
+@dataclass
+class Made:
+    """One group creation on one rank."""
+
+    index: int  # the event's number in the rank's log (the order the rank made them)
+    name: str
+    members: tuple[int, ...]
+    callsite: dict | None
+    t_enter_ns: int
+    t_end_ns: int | None  # None: the rank is still inside the call
+    failed: bool = False
+
+
+def is_creation(ev) -> bool:
+    return ev.kind == "span" and ev.implicit and ev.name == F.SPAN_NEW_GROUP
+
+
+def counted(name: str) -> bool:
+    """A name torch gave by its counter (not a hash of the members, not a user's name)."""
+    return name.isdigit()
+
+
+class Creations:
+    def __init__(self):
+        self.by_rank: dict[int, dict[int, Made]] = {}
+
+    def see(self, ev) -> Made | None:
+        """Take a creation span (its start, or its end: the same event number)."""
+        made = self.by_rank.get(ev.rank)
+        if made is None:
+            if len(self.by_rank) >= MAX_RANKS:
+                return None
+            made = self.by_rank[ev.rank] = {}
+        old = made.get(ev.index)
+        if old is None and len(made) >= MAX_PER_RANK:
+            return None
+        m = made[ev.index] = Made(ev.index, ev.group, tuple(ev.group_ranks), ev.callsite,
+                                  ev.t_enter_ns, ev.t_end_ns, ev.status not in ("ok",
+                                                                                "in_flight"))
+        return m
+
+    def order(self, rank: int) -> list[Made]:
+        """The rank's counter-named creations, in the order it made them."""
+        made = self.by_rank.get(rank, {})
+        return [made[i] for i in sorted(made) if counted(made[i].name)]
+
+    def inside(self, rank: int) -> Made | None:
+        """The creation the rank is inside now, if any."""
+        made = self.by_rank.get(rank)
+        if not made:
+            return None
+        newest = made[max(made)]
+        return newest if newest.t_end_ns is None and not newest.failed else None
+
+    def creators(self) -> dict[tuple[int, ...], set[int]]:
+        """Each counter-named member list, with the ranks that created it."""
+        out: dict[tuple[int, ...], set[int]] = {}
+        for rank in self.by_rank:
+            for m in self.order(rank):
+                out.setdefault(tuple(sorted(m.members)), set()).add(rank)
+        return out
+
+    def missing(self, m: Made, world: set[int]) -> list[int]:
+        """The ranks of `world` that never began creating `m`'s group under its name."""
+        return sorted(r for r in world if not any(
+            x.name == m.name and sorted(x.members) == sorted(m.members)
+            for x in self.order(r)))
+
+    def culprits(self, world: set[int], guarded) -> tuple[list[int], bool]:
+        """(the ranks whose creations part from the majority's, tie): a member list that
+        most ranks created and some did not names those (they skipped it); one that few
+        created names its creators (they made an extra one). An even split is a tie,
+        broken by the program where `guarded(m)` says the creation stands in an arm of a
+        condition on the rank's identity: the ranks that made the guarded call."""
+        odd: set[int] = set()
+        tie = False
+        for members, made_by in self.creators().items():
+            if made_by >= world:
+                continue
+            if 2 * len(made_by) > len(world):
+                odd |= world - made_by
+            elif 2 * len(made_by) < len(world):
+                odd |= made_by
+            else:
+                first = next(m for r in sorted(made_by) for m in self.order(r)
+                             if tuple(sorted(m.members)) == members)
+                if guarded(first):
+                    odd |= made_by
+                else:
+                    tie = True
+        return sorted(odd), tie and not odd
+
+    def orders(self, ranks) -> list[tuple[list[int], list[Made]]]:
+        """The ranks grouped by the order of what they created (same lists and lines)."""
+        by: dict[tuple, tuple[list[int], list[Made]]] = {}
+        for r in sorted(ranks):
+            seq = self.order(r)
+            key = tuple((tuple(sorted(m.members)), _line(m)) for m in seq)
+            by.setdefault(key, ([], seq))[0].append(r)
+        return sorted(by.values(), key=lambda v: (-len(v[0]), v[0]))
+
+    def orders_text(self, ranks) -> str:
+        """"ranks 0, 1 created [0, 1] at job.py:25, then [2, 3] at job.py:26; rank 2
+        created [2, 3] at job.py:28 (still inside it)"."""
+        parts = []
+        for rs, seq in self.orders(ranks)[:SHOWN_ORDERS]:
+            if not seq:
+                parts.append(f"{who(rs)} created none")
+                continue
+            steps = [f"{members_text(m.members)} at {_site(m)}"
+                     + (" (still inside it)" if m.t_end_ns is None and not m.failed else "")
+                     for m in seq[:SHOWN_STEPS]]
+            more = f", and {len(seq) - SHOWN_STEPS} more" if len(seq) > SHOWN_STEPS else ""
+            parts.append(f"{who(rs)} created {', then '.join(steps)}{more}")
+        return "; ".join(parts)
+
+    def details(self, ranks) -> list[dict]:
+        return [{"ranks": rs[:64], "created": [
+            {"group": m.name, "members": list(m.members[:64]), "file": (m.callsite or {})
+             .get("file"), "line": (m.callsite or {}).get("line"),
+             "done": m.t_end_ns is not None} for m in seq[:32]]}
+            for rs, seq in self.orders(ranks)[:16]]
+
+
+def members_text(members) -> str:
+    members = sorted(members)
+    shown = ", ".join(map(str, members[:8]))
+    return f"[{shown}{', ...' if len(members) > 8 else ''}]"
+
+
+def _line(m: Made) -> tuple:
+    cs = m.callsite or {}
+    return cs.get("file"), cs.get("line")
+
+
+def _site(m: Made) -> str:
+    file, line = _line(m)
+    return f"{os.path.basename(file)}:{line}" if file else "an unknown line"

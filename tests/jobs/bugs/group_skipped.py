@@ -1,0 +1,32 @@
+"""Process groups that some ranks create and others skip (a user bug: torch requires every
+rank to call new_group() for every group, in the same order). Usage: group_skipped.py MODE
+
+  members  (3 ranks) only the tensor-parallel pair creates its group; then every rank creates
+           the shared one, which the pair names "2" and rank 2 names "1"
+  last     (2 ranks) rank 0 alone creates a group and waits inside new_group for rank 1, which
+           went on to the next collective
+"""
+import sys
+
+import torch
+import torch.distributed as dist
+
+sys.path.insert(0, __file__.rsplit("/", 1)[0])
+from _common import init  # noqa: E402
+
+rank, world = init()
+mode = sys.argv[1]
+t = torch.ones(4)
+dist.all_reduce(t)
+if mode == "members":
+    tp_ranks = [0, 1]
+    if rank in tp_ranks:
+        tp = dist.new_group(tp_ranks)  # expect: tp_guarded
+    everyone = dist.new_group(list(range(world)))  # expect: shared
+    dist.all_reduce(t, group=everyone)
+else:
+    if rank == 0:
+        pair = dist.new_group([0, 1])  # expect: rank0_guarded
+    dist.all_reduce(t)  # expect: next
+dist.barrier()
+dist.destroy_process_group()
