@@ -152,9 +152,9 @@ class DigestBuilder:
                 self._sig_rows[sig] = event_row(ev)
             ranks = arrivals.get((ev.group, ev.seq, sig))
             if ranks is None:
-                if len(arrivals) >= MAX_ARRIVALS:
-                    self.dropped += 1
-                    continue
+                if len(arrivals) >= MAX_ARRIVALS:  # no digest taken for long (a collector
+                    del arrivals[next(iter(arrivals))]  # slow or away): the oldest goes,
+                    self.dropped += 1  # the newest ops are the ones a live view needs
                 ranks = arrivals[(ev.group, ev.seq, sig)] = []
             ranks.append(ev.rank)
 

@@ -95,3 +95,30 @@ def test_a_collector_answering_a_byte_at_a_time_holds_neither_the_forwarder_nor_
     assert connections >= 2, text  # it tried again
     assert took < job_s + 6, f"run took {took:.1f} s for a {job_s} s job:\n{text}"
     assert "Traceback" not in text
+
+
+def test_while_no_digest_is_taken_the_oldest_arrivals_go_for_the_newest(monkeypatch):
+    """A collector slow or away takes no digest: the node's builder holds at most
+    MAX_ARRIVALS collectives (1,000 here, to stay quick), and past it the oldest go.
+    Before, the newest were dropped: the digest sent at reconnection reported the
+    collectives of long ago and none of those the ranks are in now."""
+    from distdoctor.collect import digest
+    from distdoctor.diagnosis.engine.core import Engine
+    from distdoctor.runlog.reader import Event
+
+    monkeypatch.setattr(digest, "MAX_ARRIVALS", 1000)
+
+    def op(seq: int) -> Event:
+        return Event(rank=0, index=seq, kind="collective", op="all_reduce",
+                     status="in_flight", group="0", group_desc="default_pg",
+                     group_ranks=(0, 1), seq=seq, peer=None, shapes=((64,),),
+                     dtypes=("float32",), device="cpu", numel_in=64, numel_out=64,
+                     reduce_op="sum", callsite=None, t_enter_ns=seq, t_end_ns=None,
+                     span_index=0, name=None, error=None, is_async=False,
+                     other_thread=False)
+
+    builder = digest.DigestBuilder()
+    builder.feed([op(seq) for seq in range(5000)])
+    runs = builder.take(Engine(), 0.0, "node")["arrivals"]
+    assert len(builder._arrivals) == 0 and builder.dropped == 4000
+    assert [(r[1], r[4]) for r in runs] == [(4000, 1000)]  # seqs 4000-4999
