@@ -27,6 +27,7 @@ MAX_GROUPS groups and MAX_GROUP_MEMBERS members are shared (shares.py): each nod
 holding is counted, and when one is full the nodes that hold more than a newcomer would
 go (their holding freed, their connection dropped with one line), so one peer that fills
 a cap never keeps the real nodes out; a node that holds the most itself is refused.
+The nodes' connections (serving.MAX_NODES) are shared so by address.
 
 Memory (the collector's Python objects, as measured with simulated nodes; a hostile
 node's JSON, made of the smallest objects JSON can name, costs up to ~25x its bytes):
