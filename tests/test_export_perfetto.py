@@ -132,7 +132,10 @@ def test_every_traced_op_is_one_slice_with_its_details(exported):
     assert (Counter((s["pid"], s["args"]["group"], s["args"]["seq"], s["args"]["op"])
                     for s in slices)
             == Counter((e.rank, e.group, e.seq, e.op) for e in ops))
-    assert len(_slices(trace, ("span",))) == sum(e.kind == "span" for e in events) == 6
+    spans = [e for e in events if e.kind == "span"]
+    assert len(_slices(trace, ("span",))) == len(spans)
+    # 3 steps x 2 ranks, and each rank's creation of `pair` (the tracer's new_group span)
+    assert sorted(e.name.split()[0] for e in spans) == ["new_group"] * 2 + ["step"] * 6
     by_line = defaultdict(list)
     for s in slices:
         a = s["args"]
