@@ -136,8 +136,9 @@ def rank_table(run_, rank: int, last: int | None):
     for col in ("group", "seq", "op", "tensors", "peer", "time", "span", "call site"):
         t.add_column(col, overflow="fold", no_wrap=col in ("seq", "op", "time"))
     for ev in events:
-        if ev.kind == "span":
-            t.add_row("", "", f"[cyan]span {for_rich(ev.name, 200)}[/]", "", "",
+        if ev.kind == "span":  # (a new_group span's group: the group it creates)
+            t.add_row(group_label(ev) if ev.group_ranks else "", "",
+                      f"[cyan]span {for_rich(ev.name, 200)}[/]", "", "",
                       fmt_duration(ev), for_rich(spans.get(ev.span_index, ""), 200),
                       fmt_callsite(ev))
             continue
