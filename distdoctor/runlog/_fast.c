@@ -1610,6 +1610,111 @@ static PyTypeObject TracedMethodType = {
     .tp_members = TracedMethod_members,
 };
 
+/* ------------------------------------------------------------------ shrink guard */
+/* A store into a log's shared map past the end of a file another process truncated is
+ * SIGBUS, and kills the rank (runlog/shrink.py). No unprivileged means keeps the file's
+ * size, and any check before a store leaves a window, so the fault itself is caught: in a
+ * registered log's map, the map becomes anonymous memory at the same address (one mmap,
+ * async-signal-safe as a system call) and the store runs again into it; the log ends
+ * there. Any other SIGBUS goes to the action that was there before, with the same
+ * arguments, as if this one were not installed (a kill()'s SIGBUS raised again under the
+ * default action). A handler installed after this one, that does not chain, is first:
+ * the rank is then as exposed as without distdoctor, never more. */
+#include <errno.h>
+#include <signal.h>
+#include <sys/mman.h>
+
+#define GUARD_MAPS 64
+static struct {
+    char *base; /* NULL: a free entry (atomic: the handler reads it on any thread) */
+    size_t size;
+    int hit;
+} guard_maps[GUARD_MAPS];
+static struct sigaction guard_prev;
+static int guard_installed;
+
+static void guard_on_bus(int sig, siginfo_t *info, void *ctx)
+{
+    int saved_errno = errno; /* (mmap may set it under the interrupted code) */
+    if (info != NULL && info->si_code > 0) { /* a fault, not a kill() */
+        char *addr = (char *)info->si_addr;
+        for (int i = 0; i < GUARD_MAPS; i++) {
+            char *base = __atomic_load_n(&guard_maps[i].base, __ATOMIC_ACQUIRE);
+            size_t size = guard_maps[i].size;
+            if (base != NULL && addr >= base && addr < base + size) {
+                if (mmap(base, size, PROT_READ | PROT_WRITE,
+                         MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0) != (void *)base)
+                    break;
+                __atomic_store_n(&guard_maps[i].hit, 1, __ATOMIC_RELEASE);
+                errno = saved_errno;
+                return;
+            }
+        }
+    }
+    if (guard_prev.sa_flags & SA_SIGINFO) {
+        guard_prev.sa_sigaction(sig, info, ctx);
+    } else if (guard_prev.sa_handler == SIG_DFL) {
+        struct sigaction dfl;
+        memset(&dfl, 0, sizeof dfl);
+        dfl.sa_handler = SIG_DFL;
+        sigaction(sig, &dfl, NULL); /* a fault comes again on return, and kills */
+        if (info == NULL || info->si_code <= 0)
+            raise(sig); /* (pending until this handler returns) */
+    } else if (guard_prev.sa_handler != SIG_IGN) {
+        guard_prev.sa_handler(sig);
+    }
+    errno = saved_errno;
+}
+
+/* guard_map(address, size) -> entry, or -1 (no room, or no handler) */
+static PyObject *module_guard_map(PyObject *mod, PyObject *args)
+{
+    unsigned long long addr, size;
+    if (!PyArg_ParseTuple(args, "KK", &addr, &size))
+        return NULL;
+    if (!guard_installed) {
+        struct sigaction sa;
+        memset(&sa, 0, sizeof sa);
+        sa.sa_sigaction = guard_on_bus;
+        sa.sa_flags = SA_SIGINFO | SA_ONSTACK | SA_RESTART;
+        sigemptyset(&sa.sa_mask);
+        if (sigaction(SIGBUS, &sa, &guard_prev) != 0)
+            return PyLong_FromLong(-1);
+        guard_installed = 1;
+    }
+    for (int i = 0; i < GUARD_MAPS; i++) {
+        if (guard_maps[i].base == NULL) {
+            guard_maps[i].size = (size_t)size;
+            guard_maps[i].hit = 0;
+            __atomic_store_n(&guard_maps[i].base, (char *)(uintptr_t)addr, __ATOMIC_RELEASE);
+            return PyLong_FromLong(i);
+        }
+    }
+    return PyLong_FromLong(-1);
+}
+
+/* guard_unmap(entry) -> whether a fault was caught in it; before the map is closed */
+static PyObject *module_guard_unmap(PyObject *mod, PyObject *args)
+{
+    int i;
+    if (!PyArg_ParseTuple(args, "i", &i))
+        return NULL;
+    if (i < 0 || i >= GUARD_MAPS)
+        Py_RETURN_FALSE;
+    __atomic_store_n(&guard_maps[i].base, NULL, __ATOMIC_RELEASE);
+    return PyBool_FromLong(__atomic_load_n(&guard_maps[i].hit, __ATOMIC_ACQUIRE));
+}
+
+/* guard_hit(entry) -> whether a fault was caught in it (the log ended there) */
+static PyObject *module_guard_hit(PyObject *mod, PyObject *args)
+{
+    int i;
+    if (!PyArg_ParseTuple(args, "i", &i))
+        return NULL;
+    return PyBool_FromLong(i >= 0 && i < GUARD_MAPS &&
+                           __atomic_load_n(&guard_maps[i].hit, __ATOMIC_ACQUIRE));
+}
+
 static PyObject *module_main_in_op(PyObject *mod, PyObject *unused)
 {
     return PyBool_FromLong(main_in_op > 0);
@@ -1618,6 +1723,12 @@ static PyObject *module_main_in_op(PyObject *mod, PyObject *unused)
 static PyMethodDef module_methods[] = {
     {"main_in_op", module_main_in_op, METH_NOARGS,
      "whether the main thread is inside a traced op's C call (TracedMethod)"},
+    {"guard_map", module_guard_map, METH_VARARGS,
+     "guard_map(address, size): a log's map whose SIGBUS ends the log (see _fast.c)"},
+    {"guard_unmap", module_guard_unmap, METH_VARARGS,
+     "guard_unmap(entry): before the map is closed; whether a fault was caught in it"},
+    {"guard_hit", module_guard_hit, METH_VARARGS,
+     "guard_hit(entry): whether a fault was caught in the map (the log ended there)"},
     {NULL},
 };
 

@@ -19,11 +19,13 @@ import json
 import mmap
 import os
 import secrets
+import sys
 import threading
 import time
 
 from distdoctor.runlog import format as F
 from distdoctor.runlog import reentry
+from distdoctor.runlog.shrink import ShrinkGuard
 from distdoctor.runlog.slots import make_slot_writer
 
 DEFAULT_RING_MIB = 60
@@ -38,7 +40,10 @@ class RingWriter:
 
     A log is always a new file (a new inode), built whole under a temporary name and then
     put in place: a reader of an older log at the same name keeps its file, and never
-    sees one shrink under its map (a read past the end of a shrunk map is SIGBUS)."""
+    sees one shrink under its map (a read past the end of a shrunk map is SIGBUS). One
+    that another process shrinks under this writer ends there (shrink.py)."""
+
+    _guard: ShrinkGuard | None = None  # (a collector's copy, ring_copy.py: none)
 
     def __init__(self, path: str, rank: int, ring_bytes: int, strings_bytes: int,
                  pid: int | None = None, launch: dict | None = None, log_number: int = 0):
@@ -104,6 +109,7 @@ class RingWriter:
         st = os.fstat(fd)
         self._identity = (st.st_dev, st.st_ino)  # a job may close our fd (see _our_fd)
         self._setup(capacity, strings_size, ring_offset, size)
+        self._guard = ShrinkGuard(self._mm, size, self._our_fd, self._shrunk)
         if not self._reserve(F.HEADER_SIZE + RESERVE_STRINGS_BYTES,
                              self.ring_offset + RESERVE_SLOTS_BYTES):
             self.close()
@@ -190,6 +196,8 @@ class RingWriter:
         """Keep disk reserved ahead of the writers: at least RESERVE_*_BYTES, and twice
         what was written since the last call. False when the disk is full."""
         self.wake.clear()
+        if not self.whole():
+            return True  # (space reserved now would grow the shrunk file again)
         if self._ring_ready >= self._ring_end and self._strings_ready >= self.ring_offset:
             return True
         head = F.U64.unpack_from(self._mm, F.OFF_HEAD)[0] + self.unrecorded
@@ -317,6 +325,8 @@ class RingWriter:
         F.U64.pack_into(mm, F.OFF_CLOSED, closed if closed in F.CLOSED_WORDS else 0)
 
     def close(self) -> None:
+        if self._guard is not None:
+            self._guard.stop()  # before the map goes: a swap must not land on what follows
         slots = getattr(self, "_slots", None)
         if slots is not None:
             slots.release()  # the C writer holds the map's buffer
@@ -335,8 +345,22 @@ class RingWriter:
         except OSError:
             return False
 
+    def whole(self) -> bool:
+        """False once the log was shrunk under its map: every store then lands in memory
+        nothing reads (shrink.py). An fstat (~1 us): the heartbeat and exit marks look."""
+        return self._guard is None or self._guard.check()
+
+    def _shrunk(self) -> None:
+        """The map was swapped out (shrink.py): no slot is written, no space reserved (it
+        would grow the file again), and the rank says so once, on the thread that saw it."""
+        self._ring_ready, self._starved = self._ring_end, True
+        print(f"distdoctor: this rank's event log {self.path} was shrunk by something other "
+              "than distdoctor: its events are no longer recorded (the job goes on)",
+              file=sys.stderr)
+
     # --- liveness ------------------------------------------------------------------
     def heartbeat(self) -> None:
+        self.whole()
         F.I64.pack_into(self._mm, F.OFF_HEARTBEAT_MONO, time.monotonic_ns())
         F.I64.pack_into(self._mm, F.OFF_HEARTBEAT_WALL, time.time_ns())
 
@@ -344,6 +368,7 @@ class RingWriter:
         """The process leaves through os._exit(status) (no exit hooks will mark it) or
         sys.exit(status); `call_id`: the string of the call's line. An uncaught exception
         already noted stays the cause."""
+        self.whole()
         if F.U64.unpack_from(self._mm, F.OFF_CLOSED)[0] != F.CLOSED_RAISED:
             F.I64.pack_into(self._mm, F.OFF_EXIT_CODE, status)
             F.U32.pack_into(self._mm, F.OFF_EXIT_ERROR, call_id)
@@ -352,6 +377,7 @@ class RingWriter:
     def mark_closed(self, exception_id: int = 0) -> None:
         """The process is exiting; `exception_id`: the uncaught exception that ends it (a
         later normal close at exit keeps that word, and a status sys.exit gave)."""
+        self.whole()
         if exception_id:
             F.U32.pack_into(self._mm, F.OFF_EXIT_ERROR, exception_id)
             F.U64.pack_into(self._mm, F.OFF_CLOSED, F.CLOSED_RAISED)

@@ -12,6 +12,7 @@ import threading
 
 from distdoctor.runlog import format as F
 from distdoctor.runlog.ring import _NOFOLLOW, RingWriter
+from distdoctor.runlog.shrink import ShrinkGuard
 
 
 def open_copy(path: str) -> RingWriter:
@@ -39,6 +40,9 @@ def open_copy(path: str) -> RingWriter:
     self._identity = (st.st_dev, st.st_ino)
     capacity, strings_size, ring_offset, size = layout
     self._setup(capacity, strings_size, ring_offset, size)
+    # a copy shrunk by another process under the collector ends there, as a rank's log
+    # does (shrink.py); never looked at by size: that would keep a descriptor open
+    self._guard = ShrinkGuard(self._mm, size, lambda: None, lambda: None)
     self.log_number = F.U64.unpack_from(self._mm, F.OFF_LOG_NUMBER)[0]
     self._strings_used = min(F.U64.unpack_from(self._mm, F.OFF_STRINGS_USED)[0],
                              strings_size)
