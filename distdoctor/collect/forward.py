@@ -24,7 +24,7 @@ from pathlib import Path
 
 from distdoctor.collect import auth, wire
 from distdoctor.collect.log_source import LogSource
-from distdoctor.collect.node_socket import recv_exactly, send_within, tls_why, where
+from distdoctor.collect.node_socket import reader, send_within, tls_why, where
 from distdoctor.collect.source_copies import SourceSender
 from distdoctor.errors import UserError
 from distdoctor.privatefiles import read_bounded
@@ -43,7 +43,7 @@ RETRY_S = (0.5, 1, 2, 5, 10, 30)  # waits between connection attempts; the last 
 STABLE_S = 30.0  # a connection that lasted this long resets the waits and the messages
 SEND_TIMEOUT_S = 5.0  # a connection attempt (with the collector's answer), or a frame
 PASS_S = 3 * SEND_TIMEOUT_S  # one pass's frames: past it the collector is too slow
-STOP_WAIT_S = 1.0  # at the end, for a pass in flight (then its socket is shut)
+STOP_WAIT_S = 1.0  # at the end, a pass in flight that sent no frame this long is cut
 
 
 class Forwarder:
@@ -98,8 +98,11 @@ class Forwarder:
         """A last pass (the final events and heartbeats), then the exit codes. Never
         raises: `distdoctor run` still writes its summary and exits with the job's code."""
         self._stop.set()
-        if self._thread.ident is not None:
-            self._thread.join(timeout=STOP_WAIT_S)
+        if self._thread.ident is not None:  # a pass in flight goes on while it sends frames
+            sent, end = -1, time.monotonic() + 2 * SEND_TIMEOUT_S
+            while self._thread.is_alive() and sent != self.sent_bytes and time.monotonic() < end:
+                sent = self.sent_bytes
+                self._thread.join(timeout=STOP_WAIT_S)
             if self._thread.is_alive() and self._talking is not None:  # a slow collector:
                 self._quiet = True  # its read or write ends now (how it fails: no news)
                 with contextlib.suppress(OSError):
@@ -108,7 +111,7 @@ class Forwarder:
                 self._quiet = False
         try:
             if not self._thread.is_alive():  # never two writers on one socket
-                self.tick(final=True, budget_s=SEND_TIMEOUT_S)
+                self.tick(final=True)
                 if exits and self._sock is not None:
                     self._send(wire.json_frame(wire.EXITS, {"processes": exits}))
         except OSError as exc:
@@ -143,9 +146,9 @@ class Forwarder:
         return DIGEST_SLOWER_S if world > DIGEST_SLOWER_PAST else DIGEST_INTERVAL_S
 
     # --- one pass ------------------------------------------------------------------
-    def tick(self, final: bool = False, budget_s: float = PASS_S) -> None:
-        """One pass: every frame sent within `budget_s` (TimeoutError past it)."""
-        self._deadline = time.monotonic() + budget_s
+    def tick(self, final: bool = False) -> None:
+        """One pass: every frame sent within PASS_S (TimeoutError past it)."""
+        self._deadline = time.monotonic() + PASS_S
         self._discover()
         if self._sock is None and not self._connect(final):
             return
@@ -294,10 +297,7 @@ class Forwarder:
         send_within(sock, wire.json_frame(wire.HELLO, {
             "format": wire.FORMAT, "version": wire.VERSION, "host": self.host,
             "instance": self.instance, "run": self.run_meta}), deadline)
-
-        def read(n: int) -> bytes:
-            return recv_exactly(sock, n, deadline)
-
+        read = reader(sock, deadline)
         got = wire.read_frame(read, wire.MAX_HELLO)
         if got is not None and got[0] == wire.CHALLENGE:
             answer = auth.answer(self.token, got[3], self.host) if self.token else None

@@ -31,6 +31,11 @@ def recv_exactly(sock: socket.socket, n: int, deadline: float) -> bytes:
     return bytes(got)
 
 
+def reader(sock: socket.socket, deadline: float):
+    """recv_exactly on `sock` by `deadline`, as wire.read_frame calls it."""
+    return lambda n: recv_exactly(sock, n, deadline)
+
+
 def send_within(sock: socket.socket, data: bytes, deadline: float) -> None:
     """All of `data`, or TimeoutError past `deadline`."""
     with memoryview(data) as view:
