@@ -46,6 +46,11 @@ def test_a_group_only_its_members_create_is_the_cause_of_the_hang(tmp_path):
     assert orders[(0, 1)] == [([0, 1], guarded), ([0, 1, 2], shared)], orders
     assert orders[(2,)] == [([0, 1, 2], shared)], orders
     assert "rank in tp_ranks" in f["summary"] and "different orders" in f["summary"]
+    # post-mortem, from the logs (which lack the ranks' last seconds): the same one cause
+    post = run_cli(["diagnose", str(tmp_path / "run"), "--json"], timeout=60)
+    causes = [g for g in json.loads(post.stdout)["findings"] if g["severity"] == "error"]
+    assert [(g["kind"], g["ranks"], g["details"]["reason"]) for g in causes] == [
+        ("hang", [2], "group_creation_order")], post.stdout
 
 
 @pytest.mark.timeout(90)

@@ -108,3 +108,44 @@ def test_a_cpu_allocation_that_fails_inside_the_mismatched_op_is_its_consequence
     assert len(said) == 1 and said[0].severity == "warning"
     assert said[0].details["consequence_of_mismatch"]
     assert "not host memory exhausted" in said[0].summary
+
+
+def _made(rank, index, name, ranks, line, done=True, t=0.0):
+    """The tracer's span around one group creation (tracer/groups.py)."""
+    return Event(rank=rank, index=index, kind="span", op="span",
+                 status="ok" if done else "in_flight", group=name, group_desc="",
+                 group_ranks=tuple(ranks), seq=0, peer=None, shapes=(), dtypes=(),
+                 device="", numel_in=0, numel_out=0, reduce_op=None,
+                 callsite={"file": "/nonexistent/job.py", "line": line, "function": "<module>"},
+                 t_enter_ns=int(t * S), t_end_ns=int((t + 0.001) * S) if done else None,
+                 span_index=0, name="new_group", error=None, is_async=False,
+                 other_thread=False, implicit=True)
+
+
+def test_creations_alone_show_a_group_its_non_members_skipped():
+    """4 ranks create two groups in one order and groups named by their members
+    (use_local_synchronization: created by the members alone, legal): nothing. Then 0, 1, 2
+    create [0, 1] (line 12) and [0, 1, 2, 3] (line 13); rank 3 skips the first, so its "3"
+    is everyone. No op ran: the creations say it, rank 3 is the odd one, and ranks inside
+    new_group for 6 s make it a hang."""
+    engine = Engine(hang_timeout_s=None)
+    for i, members in enumerate([(0, 1), (2, 3)]):
+        engine.ingest([_made(r, i, str(i + 1), members, 10 + i) for r in range(4)], 0.0)
+    engine.ingest([_made(r, 2, "9f2c" if r % 2 == 0 else "41ab", (0, 2) if r % 2 == 0
+                         else (1, 3), 20) for r in range(4)], 0.0)
+    engine.tick(0.5)
+    assert engine.findings() == []
+    engine.ingest([_made(r, 3, "3", (0, 1), 12) for r in (0, 1, 2)]
+                  + [_made(r, 4, "4", (0, 1, 2, 3), 13, done=False) for r in (0, 1, 2)]
+                  + [_made(3, 3, "3", (0, 1, 2, 3), 13, done=False)], 0.0)
+    engine.tick(1.0)
+    [f] = [f for f in engine.findings() if f.details.get("reason") == "group_creation_order"]
+    assert f.kind == "mismatch" and f.ranks == [3]
+    orders = {tuple(o["ranks"]): [c["line"] for c in o["created"]]
+              for o in f.details["creations"]}
+    assert orders == {(0, 1, 2): [10, 11, 12, 13], (3,): [10, 11, 13]}
+    for r in range(4):
+        engine.heartbeat(r, int(6 * S), 6.0)
+    engine.tick(6.0)
+    [f] = [f for f in engine.findings() if f.details.get("reason") == "group_creation_order"]
+    assert f.kind == "hang" and f.ranks == [3]

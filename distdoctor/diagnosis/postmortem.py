@@ -8,6 +8,7 @@ from pathlib import Path
 from distdoctor.diagnosis.crashes.crash import ExitInfo, merge_crashes
 from distdoctor.diagnosis.engine.boundary import exception_text, internal_finding, where_raised
 from distdoctor.diagnosis.engine.core import Engine
+from distdoctor.diagnosis.hangs.group_order import GROUP_CAUSES
 from distdoctor.diagnosis.hangs.progress import hang_timeout_s as timeout_of
 from distdoctor.diagnosis.mismatches.after_mismatch import alloc_in_mismatch
 from distdoctor.diagnosis.report import rank_ranges
@@ -197,6 +198,12 @@ def agree_with_live(found: list[Finding], written: list[Finding],
             for r in f.ranks}
     written = [f for f in written if not (f.kind == "hang" and f.ranks and set(f.ranks) <= slow
                                           and f.details.get("source") == "log")]
+    # groups created in different orders: where the live engine saw the ranks stuck, the
+    # log (which lacks their last seconds) may say the same cause as a mismatch: one cause
+    stuck = {f.details.get("incarnation") for f in written if f.kind == "hang"
+             and f.details.get("reason") in GROUP_CAUSES}
+    found = [f for f in found if not (f.kind == "mismatch" and f.details.get("reason")
+                                      in GROUP_CAUSES and f.details.get("incarnation") in stuck)]
     long_live = {where(f) for f in written if f.kind == "long_wait"}
     found = [f for f in found if not (f.kind == "hang" and f.seq is not None
                                       and where(f) in long_live)]

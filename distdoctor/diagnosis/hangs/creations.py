@@ -79,13 +79,23 @@ class Creations:
         newest = made[max(made)]
         return newest if newest.t_end_ns is None and not newest.failed else None
 
-    def creators(self) -> dict[tuple[int, ...], set[int]]:
-        """Each counter-named member list, with the ranks that created it."""
-        out: dict[tuple[int, ...], set[int]] = {}
+    def items(self) -> dict[tuple, dict[int, tuple[int, Made]]]:
+        """Each group creation as the ranks should all make it: (members, how many groups of
+        those members the rank made before) -> {rank: (its place in the rank's order, it)}.
+        The same members twice (a TP and a DP group over one pair) are two items."""
+        out: dict[tuple, dict[int, tuple[int, Made]]] = {}
         for rank in self.by_rank:
-            for m in self.order(rank):
-                out.setdefault(tuple(sorted(m.members)), set()).add(rank)
+            seen: dict[tuple, int] = {}
+            for place, m in enumerate(self.order(rank)):
+                members = tuple(sorted(m.members))
+                k = seen[members] = seen.get(members, -1) + 1
+                out.setdefault((members, k), {})[rank] = (place, m)
         return out
+
+    def partial(self, world: set[int]) -> list[tuple[tuple, dict[int, tuple[int, Made]]]]:
+        """The items that some ranks of `world` made and others did not, in order."""
+        return sorted(((item, by) for item, by in self.items().items()
+                       if not set(by) >= world), key=lambda pair: pair[0])
 
     def missing(self, m: Made, world: set[int]) -> list[int]:
         """The ranks of `world` that never began creating `m`'s group under its name."""
@@ -94,27 +104,34 @@ class Creations:
             for x in self.order(r)))
 
     def culprits(self, world: set[int], guarded) -> tuple[list[int], bool]:
-        """(the ranks whose creations part from the majority's, tie): a member list that
-        most ranks created and some did not names those (they skipped it); one that few
-        created names its creators (they made an extra one). An even split is a tie,
-        broken by the program where `guarded(m)` says the creation stands in an arm of a
-        condition on the rank's identity: the ranks that made the guarded call."""
+        """(the ranks whose creations part from the majority's, tie): a creation most ranks
+        made at another place of their order than these did; one that most ranks made and
+        these did not (they skipped it); one that few made (its makers made an extra one).
+        An even split is a tie, broken by the program where `guarded(m)` says the creation
+        stands in an arm of a condition on the rank's identity: the ranks that made the
+        guarded call."""
         odd: set[int] = set()
         tie = False
-        for members, made_by in self.creators().items():
+        for by in self.items().values():
+            places: dict[int, int] = {}
+            for place, _ in by.values():
+                places[place] = places.get(place, 0) + 1
+            top = max(places, key=places.get)
+            if len(places) > 1 and 2 * places[top] > len(by):
+                odd |= {r for r, (place, _) in by.items() if place != top}
+            made_by = set(by)
             if made_by >= world:
                 continue
             if 2 * len(made_by) > len(world):
                 odd |= world - made_by
             elif 2 * len(made_by) < len(world):
                 odd |= made_by
+            elif guarded(by[min(by)][1]):
+                odd |= made_by
             else:
-                first = next(m for r in sorted(made_by) for m in self.order(r)
-                             if tuple(sorted(m.members)) == members)
-                if guarded(first):
-                    odd |= made_by
-                else:
-                    tie = True
+                tie = True
+        if odd >= world:  # every rank parted from the others somewhere: nobody is odd
+            return [], True
         return sorted(odd), tie and not odd
 
     def orders(self, ranks) -> list[tuple[list[int], list[Made]]]:

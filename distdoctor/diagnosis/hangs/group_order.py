@@ -32,6 +32,7 @@ MAX_LISTS = 8  # member lists kept per name (the last one stands for any further
 CREATORS = {"new_group", "new_subgroups", "new_subgroups_by_enumeration", "split_group",
             "init_device_mesh", "DeviceMesh"}
 SHOWN_LINES = 8
+GROUP_CAUSES = ("group_creation_order", "group_creation_skipped")  # details.reason
 REMEDY = ("Create every process group on every rank, in the same order: torch's rule for "
           "new_group() is that every rank calls it for every group, also the groups it is not "
           "a member of (or pass use_local_synchronization=True, which names a group by its "
@@ -195,11 +196,9 @@ def guarded(m: Made) -> bool:
 def _said_guard(names: GroupNames, world: set[int], summary: str, details: dict) -> str:
     """The first group that some ranks created and others did not, where its creation
     stands under a condition on the rank's identity: that condition, and who took it."""
-    for members, made_by in sorted(names.creations.creators().items()):
-        if made_by >= world:
-            continue
-        first = next(m for r in sorted(made_by) for m in names.creations.order(r)
-                     if tuple(sorted(m.members)) == members)
+    for (members, _), by in names.creations.partial(world):
+        made_by = set(by)
+        first = by[min(by)][1]
         guard = guard_of(first)
         if guard is None:
             continue
@@ -214,10 +213,11 @@ def _said_guard(names: GroupNames, world: set[int], summary: str, details: dict)
 
 
 def _culprits(names: GroupNames, world: set[int]) -> tuple[list[int], bool]:
-    """The ranks whose group names part from the majority's; else those whose creations
-    do (a skipped or an extra one); (ranks, tie)."""
-    odd = names.odd_ranks()
-    return (odd, False) if odd else names.creations.culprits(world, guarded)
+    """(ranks, tie): the ranks whose creations part from the majority's; in a log with
+    no creations (before the tracer recorded them), those whose group names do."""
+    if names.creations.by_rank:  # what each rank created, in order: the whole story
+        return names.creations.culprits(world, guarded)
+    return names.odd_ranks(), False
 
 
 def _said_orders(names: GroupNames, world: set[int], summary: str, details: dict) -> str:
@@ -251,7 +251,7 @@ def group_order_finding(names: GroupNames, conflicts: list[str], positions: dict
     summary = ("the ranks created their process groups in different orders: "
                f"group {name} is {said} (torch names a group by how many groups the rank "
                "created before it, so every rank must create every group in the same order)")
-    details = {"reason": "group_creation_order", "group_name": name,
+    details = {"reason": GROUP_CAUSES[0], "group_name": name,
                "meanings": [{"members": list(m), "ranks": rs} for m, rs in meanings],
                "created_at": created, "where": {str(r): w for r, w in sorted(where.items())}}
     if len(conflicts) > 1:
@@ -295,10 +295,9 @@ def _sites(names: GroupNames, positions: dict[int, tuple], created: list[dict],
             if m.callsite and m.callsite.get("file"):
                 out.append(dict(m.callsite, rank=r, source="new_group"))
     # where the ranks differ: each creation of a group that only some ranks made
-    partial = {members for members, by in made.creators().items() if not by >= world}
-    for r in sorted(world)[:8]:
-        for m in made.order(r):
-            if tuple(sorted(m.members)) in partial and m.callsite and m.callsite.get("file"):
+    for _, by in made.partial(world)[:4]:
+        for r, (_, m) in sorted(by.items())[:8]:
+            if m.callsite and m.callsite.get("file"):
                 out.append(dict(m.callsite, rank=r, source="new_group"))
     for r, (_, file, line) in sorted(positions.items()):
         inside = names.creations.inside(r)
@@ -338,7 +337,7 @@ def skipped_finding(names: GroupNames, stuck: dict[int, Made], positions: dict[i
                   " of it)" if members else "")
                + ": torch requires every rank to call new_group() for every group, in the "
                "same order")
-    details = {"reason": "group_creation_skipped", "group_name": m.name,
+    details = {"reason": GROUP_CAUSES[1], "group_name": m.name,
                "members": list(m.members[:64]), "created_at": site_text(m.callsite),
                "inside": {str(r): site_text(x.callsite) for r, x in sorted(stuck.items())},
                "never_created": missing[:64],
