@@ -215,13 +215,18 @@ def launch_identity(store, world: int) -> dict:
 def _agree_run_dir(rank: int, store) -> str:
     """The run dir: given, from `distdoctor run`, or chosen by rank 0 and shared."""
     chosen = _config["run_dir"] or os.environ.get(rundir.ENV_RUN_DIR)
-    if chosen:
-        return chosen
     key = "distdoctor/run_dir"
     if rank == 0:
-        chosen = str(rundir.new_run_dir().resolve())
+        # shared even when given: a rank whose environment lacks it (a launcher that
+        # passes variables one by one) waited 10 s for rank 0's word, then traced elsewhere
+        chosen = chosen or str(rundir.new_run_dir().resolve())
         if store is not None:
-            store.set(key, chosen)
+            try:
+                store.set(key, chosen)
+            except Exception:  # the job's store: never an error of ours in its way
+                pass
+        return chosen
+    if chosen:
         return chosen
     try:  # bounded: a rank 0 without distdoctor must not stall this rank
         from datetime import timedelta

@@ -42,6 +42,20 @@ def test_a_process_that_makes_its_group_again_and_again_keeps_nothing_of_the_old
 
 
 @pytest.mark.timeout(120)
+def test_a_rank_without_the_run_dir_in_its_environment_joins_the_others(tmp_path):
+    """Rank 0 had the run dir from `run` and kept it to itself: the rank without it waited
+    10 s on the store for rank 0's word, then traced into a run dir of its own (run said '1
+    rank(s) traced')."""
+    res = run_job(f"{ODD}/rank_without_run_dir_env.py", 2, tmp_path / "run", timeout=100)
+    assert res.returncode == 0, res.stderr[-3000:]
+    for rank in (0, 1):
+        assert f"rank {rank}: sum 32" in res.stdout, res.stdout[-2000:]
+    assert "2 rank(s) traced" in res.stderr, res.stderr[-2000:]
+    assert sorted(p.name for p in (tmp_path / "run" / "ranks").glob("*.ring")) == [
+        "rank-00000.ring", "rank-00001.ring"]
+
+
+@pytest.mark.timeout(120)
 def test_a_signal_handler_that_issues_a_collective_never_waits_on_the_tracer(tmp_path):
     """A handler runs between two bytecodes of distdoctor's own code too: one that issued
     an op while the rank was inside the string table's lock waited on it for ever (the
