@@ -149,3 +149,17 @@ def test_creations_alone_show_a_group_its_non_members_skipped():
     engine.tick(6.0)
     [f] = [f for f in engine.findings() if f.details.get("reason") == "group_creation_order"]
     assert f.kind == "hang" and f.ranks == [3]
+
+
+def test_a_rank_whose_log_lost_its_first_creations_is_not_blamed_for_them():
+    """Rank 2 skips [2, 3] (its "2" is everyone's "3"); rank 3's ring wrapped and kept
+    only its creations from "2" on: it made [0, 1] like the others, the log lost it."""
+    engine = Engine(hang_timeout_s=None)
+    lists = [(0, 1), (2, 3), (0, 1, 2, 3)]
+    engine.ingest([_made(r, i, str(i + 1), m, 10 + i) for r in (0, 1)
+                   for i, m in enumerate(lists)], 0.0)
+    engine.ingest([_made(2, 0, "1", lists[0], 10), _made(2, 1, "2", lists[2], 12)], 0.0)
+    engine.ingest([_made(3, 7, "2", lists[1], 11), _made(3, 8, "3", lists[2], 12)], 0.0)
+    engine.tick(1.0)
+    [f] = [f for f in engine.findings() if f.details.get("reason") == "group_creation_order"]
+    assert f.ranks == [2] and f.details["group_name"] == "2"

@@ -79,12 +79,19 @@ class Creations:
         newest = made[max(made)]
         return newest if newest.t_end_ns is None and not newest.failed else None
 
+    def whole(self, world: set[int]) -> set[int]:
+        """The ranks of `world` whose log holds every creation they made: the first is
+        their group "1" (a ring that wrapped lost the first ones: such a rank would look
+        as if it skipped them), or they made none."""
+        return {r for r in world if not (made := self.order(r)) or made[0].name == "1"}
+
     def items(self) -> dict[tuple, dict[int, tuple[int, Made]]]:
         """Each group creation as the ranks should all make it: (members, how many groups of
-        those members the rank made before) -> {rank: (its place in the rank's order, it)}.
-        The same members twice (a TP and a DP group over one pair) are two items."""
+        those members the rank made before) -> {rank: (its place in the rank's order, it)},
+        over the ranks whose log holds all they made. The same members twice (a TP and a DP
+        group over one pair) are two items."""
         out: dict[tuple, dict[int, tuple[int, Made]]] = {}
-        for rank in self.by_rank:
+        for rank in self.whole(set(self.by_rank)):
             seen: dict[tuple, int] = {}
             for place, m in enumerate(self.order(rank)):
                 members = tuple(sorted(m.members))
@@ -94,6 +101,7 @@ class Creations:
 
     def partial(self, world: set[int]) -> list[tuple[tuple, dict[int, tuple[int, Made]]]]:
         """The items that some ranks of `world` made and others did not, in order."""
+        world = self.whole(world)
         return sorted(((item, by) for item, by in self.items().items()
                        if not set(by) >= world), key=lambda pair: pair[0])
 
@@ -112,6 +120,7 @@ class Creations:
         guarded call."""
         odd: set[int] = set()
         tie = False
+        world = self.whole(world)
         for by in self.items().values():
             places: dict[int, int] = {}
             for place, _ in by.values():

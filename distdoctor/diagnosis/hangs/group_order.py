@@ -202,7 +202,7 @@ def _said_guard(names: GroupNames, world: set[int], summary: str, details: dict)
         guard = guard_of(first)
         if guard is None:
             continue
-        skipped = sorted(world - made_by)
+        skipped = sorted(names.creations.whole(world) - made_by)
         details["branch"] = dict(guard, created_by=sorted(made_by)[:64],
                                  skipped_by=skipped[:64])
         return (summary + f"; new_group({members_text(members)}) at "
