@@ -258,12 +258,12 @@ def group_order_finding(names: GroupNames, conflicts: list[str], positions: dict
         details["other_names"] = {n: [{"members": list(m), "ranks": rs}
                                       for m, rs in names.meanings(n)] for n in conflicts[1:8]}
     summary = _said_orders(names, world, summary, details)
-    if not split:
-        summary = _said_guard(names, world, summary, details)
     if split:
         summary += f"; the groups are created in the arms of {split}"
-    elif created and "creations" not in details:
-        summary += f"; the groups are created at {_lines_text(created)}"
+    else:
+        summary = _said_guard(names, world, summary, details)
+        if created and "creations" not in details:  # a log without creations
+            summary += f"; the groups are created at {_lines_text(created)}"
     if stuck:
         summary = "the job hangs because " + summary
         if where:
