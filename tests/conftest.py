@@ -307,6 +307,20 @@ EXTENDED = (
     "test_framework_compiled.py::test_compiled_branch_mismatch_names_the_users_lines[inductor]",
     # rank 0 leaving by sys.exit (CI: rank 1 the same, under torchrun and spawned)
     "test_run_and_rundir.py::test_a_rank_that_calls_sys_exit_mid_training_is_named_at_that_line[0-nproc]",
+    # every fixture log with 5,000-digit numbers (CI: a launcher's table, the reports and
+    # DDP's counts with them, the parsers that raised)
+    "security/test_log_hostile.py::test_every_fixture_log_with_numbers_of_5000_digits_is_read",
+    # the step words before blanks in 64 files (CI: every log regex on a hostile line in
+    # linear time)
+    "security/test_log_hostile.py::test_step_words_before_a_run_of_blanks_in_many_files",
+    # real ranks' dumps torn by chance, up to 8 runs (CI: torn dumps read from recorded
+    # logs, and two real ranks' dumps through torchrun's tee)
+    "test_logs_dumps.py::test_two_real_ranks_dumping_at_once_never_name_a_frame_they_were_not_in",
+    # exec'd collectives with named code objects (CI: the same unnamed)
+    "security/test_tracer_hostile.py::test_collectives_run_through_exec_of_a_string_leave_no_memory_behind[named]",
+    # an onset straggler without spans (CI: slow data loading and logging without spans;
+    # the corpus's h14 onset case)
+    "test_stragglers.py::test_straggler_without_spans_is_found_with_its_cause[onset_extra_compute.py]",
 )
 
 
