@@ -151,6 +151,21 @@ def test_creations_alone_show_a_group_its_non_members_skipped():
     assert f.kind == "hang" and f.ranks == [3]
 
 
+def test_counter_names_from_2_as_torch_2_15_gives_them_still_say_who_skipped():
+    """torch 2.15 numbers a group named by its members too: a job whose first group is
+    made with use_local_synchronization names its next ones "2", "3", ... on every rank.
+    Read as logs that lost their group "1", every rank was left out and rank 2's skip of
+    [0, 1] went unsaid (CI's version matrix: all_ops.py's first counter name was "2")."""
+    engine = Engine(hang_timeout_s=None)
+    engine.ingest([_made(r, 0, "9f2c", (0, 1, 2), 9) for r in range(3)], 0.0)
+    engine.ingest([_made(r, 1, "2", (0, 1), 10) for r in (0, 1)]
+                  + [_made(r, 2, "3", (0, 1, 2), 11, done=False) for r in (0, 1)]
+                  + [_made(2, 1, "2", (0, 1, 2), 11, done=False)], 0.0)
+    engine.tick(1.0)
+    [f] = [f for f in engine.findings() if f.details.get("reason") == "group_creation_order"]
+    assert f.ranks == [2], f.summary
+
+
 def test_a_rank_whose_log_lost_its_first_creations_is_not_blamed_for_them():
     """Rank 2 skips [2, 3] (its "2" is everyone's "3"); rank 3's ring wrapped and kept
     only its creations from "2" on: it made [0, 1] like the others, the log lost it."""

@@ -47,6 +47,13 @@ def counted(name: str) -> bool:
     return name.isdigit()
 
 
+def _number(name: str) -> tuple[int, str]:
+    """A counter name's order as a number, without int() (a log's name may be 5,000
+    digits long)."""
+    digits = name.lstrip("0") or "0"
+    return len(digits), digits
+
+
 class Creations:
     def __init__(self):
         self.by_rank: dict[int, dict[int, Made]] = {}
@@ -80,10 +87,14 @@ class Creations:
         return newest if newest.t_end_ns is None and not newest.failed else None
 
     def whole(self, world: set[int]) -> set[int]:
-        """The ranks of `world` whose log holds every creation they made: the first is
-        their group "1" (a ring that wrapped lost the first ones: such a rank would look
-        as if it skipped them), or they made none."""
-        return {r for r in world if not (made := self.order(r)) or made[0].name == "1"}
+        """The ranks of `world` whose log holds every creation they made: their first
+        counter name is the least any rank's first is (a ring that wrapped lost the first
+        ones: such a rank would look as if it skipped them), or they made none. The least,
+        not "1": torch 2.15 gives a counter number to a group named by its members too, so
+        a job that makes one of those first starts its counter names at "2"."""
+        firsts = {r: _number(made[0].name) for r in world if (made := self.order(r))}
+        least = min(firsts.values(), default=None)
+        return {r for r in world if firsts.get(r, least) == least}
 
     def items(self) -> dict[tuple, dict[int, tuple[int, Made]]]:
         """Each group creation as the ranks should all make it: (members, how many groups of
