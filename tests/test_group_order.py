@@ -42,6 +42,21 @@ def test_one_name_for_two_member_lists_is_never_one_rendezvous():
     assert "group 1 is [0, 1] on rank 1; [2, 3] on ranks 2, 3" in cause[0].summary
 
 
+def test_group_names_of_5000_digits_in_conflict_are_the_cause_not_an_internal_error():
+    """A log's counter names past int()'s 4,300 digits: two of them in conflict are
+    ordered as numbers without int() (creations.counter_order), and said as the cause.
+    Before: ValueError in the sort, an internal finding instead."""
+    big, bigger = "9" * 5000, "1" + "0" * 5000
+    engine = Engine(hang_timeout_s=5.0)
+    engine.ingest([_op(0, 0, (0, 1), group=big), _op(2, 0, (2, 3), group=big, index=0),
+                   _op(1, 0, (0, 1), group=bigger), _op(3, 0, (2, 3), group=bigger)], 0.0)
+    engine.tick(1.0)
+    assert not [f for f in engine.findings() if f.kind == "internal"], engine.findings()
+    [cause] = [f for f in engine.findings()
+               if f.details.get("reason") == "group_creation_order"]
+    assert cause.details["group_name"] == big and bigger in cause.details["other_names"]
+
+
 def test_the_rank_that_calls_a_group_by_another_name_is_the_odd_one():
     """8 ranks; rank 7 alone creates [4..7] before [0..3]: its "1" is [4..7], which
     ranks 4, 5, 6 call "2"."""

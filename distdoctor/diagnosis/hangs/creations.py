@@ -13,10 +13,9 @@ is legal: only counter names are compared.
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
-from distdoctor.findings import who
+from distdoctor.findings import site_text, who
 from distdoctor.runlog import format as F
 
 MAX_PER_RANK = 1024  # creations kept per rank (a job makes a few, a mesh some hundreds)
@@ -47,7 +46,7 @@ def counted(name: str) -> bool:
     return name.isdigit()
 
 
-def _number(name: str) -> tuple[int, str]:
+def counter_order(name: str) -> tuple[int, str]:
     """A counter name's order as a number, without int() (a log's name may be 5,000
     digits long)."""
     digits = name.lstrip("0") or "0"
@@ -92,7 +91,7 @@ class Creations:
         ones: such a rank would look as if it skipped them), or they made none. The least,
         not "1": torch 2.15 gives a counter number to a group named by its members too, so
         a job that makes one of those first starts its counter names at "2"."""
-        firsts = {r: _number(made[0].name) for r in world if (made := self.order(r))}
+        firsts = {r: counter_order(made[0].name) for r in world if (made := self.order(r))}
         least = min(firsts.values(), default=None)
         return {r for r in world if firsts.get(r, least) == least}
 
@@ -171,7 +170,8 @@ class Creations:
             if not seq:
                 parts.append(f"{who(rs)} created none")
                 continue
-            steps = [f"{members_text(m.members)} at {_site(m)}"
+            steps = [f"{members_text(m.members)} at "
+                     f"{site_text(m.callsite) or 'an unknown line'}"
                      + (" (still inside it)" if m.t_end_ns is None and not m.failed else "")
                      for m in seq[:SHOWN_STEPS]]
             more = f", and {len(seq) - SHOWN_STEPS} more" if len(seq) > SHOWN_STEPS else ""
@@ -195,8 +195,3 @@ def members_text(members) -> str:
 def _line(m: Made) -> tuple:
     cs = m.callsite or {}
     return cs.get("file"), cs.get("line")
-
-
-def _site(m: Made) -> str:
-    file, line = _line(m)
-    return f"{os.path.basename(file)}:{line}" if file else "an unknown line"

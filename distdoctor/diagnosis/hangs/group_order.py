@@ -21,7 +21,7 @@ import ast
 import os
 from functools import lru_cache
 
-from distdoctor.diagnosis.hangs.creations import Creations, Made, members_text
+from distdoctor.diagnosis.hangs.creations import Creations, Made, counter_order, members_text
 from distdoctor.diagnosis.parting import source as S
 from distdoctor.diagnosis.parting.conditions import kind_of
 from distdoctor.findings import Finding, site_text, who
@@ -238,8 +238,8 @@ def group_order_finding(names: GroupNames, conflicts: list[str], positions: dict
     hang findings that follow from it (folded in: the job hangs, and this is why);
     `files`: the user's files the ops and samples name; `world`: the ranks of the job;
     `stuck_inside`: a rank has been inside a group creation too long to be slow."""
-    conflicts = sorted(conflicts, key=lambda n: (not n.isdigit(), int(n) if n.isdigit()
-                                                 else 0, n))
+    conflicts = sorted(conflicts, key=lambda n: (not n.isdigit(), counter_order(n)
+                                                 if n.isdigit() else (0, ""), n))
     name = conflicts[0]
     meanings = names.meanings(name)
     said = "; ".join(f"{members_text(m)} on {who(rs)}" for m, rs in meanings if rs)
