@@ -22,6 +22,7 @@ from distdoctor.diagnosis.engine.boundary import Boundary, detector_of
 from distdoctor.diagnosis.engine.hangs import HangPass
 from distdoctor.diagnosis.engine.ranks import RankState
 from distdoctor.diagnosis.engine.waits import WaitJudge
+from distdoctor.diagnosis.hangs.creations import is_creation
 from distdoctor.diagnosis.hangs.group_order import GroupNames
 from distdoctor.diagnosis.hangs.hang import RankView
 from distdoctor.diagnosis.hangs.progress import Policy, ProgressTracker
@@ -38,7 +39,6 @@ from distdoctor.diagnosis.rendezvous import Rendezvous, key_of
 from distdoctor.diagnosis.stragglers.steptime import StepTimes
 from distdoctor.diagnosis.stragglers.straggler import StragglerTracker
 from distdoctor.findings import Finding
-from distdoctor.runlog.format import SPAN_NEW_GROUP
 from distdoctor.runlog.reader import Event
 from distdoctor.runlog.run import span_name
 
@@ -135,7 +135,7 @@ class Engine(FindingBook, WaitJudge, HangPass):
         if t > st.max_t_ns:
             st.max_t_ns = t
         if kind == "span":
-            if ev.implicit and ev.name == SPAN_NEW_GROUP:  # hangs/creations.py
+            if is_creation(ev):
                 return self.group_names.created(ev)
             name = span_name(ev)
             if len(st.spans) < MAX_SPANS:

@@ -77,8 +77,7 @@ class HangPass:
             self._judge_skipped(hangs)
             return
         self._fold_hangs()
-        hangs = [f for f in hangs if f.kind in ("hang", "deadlock")] or [
-            f for f in self._folded.values()]
+        hangs = self._hangs_or_folded(hangs)
         positions = self._positions()
         files = {cs.get("file") for cs in self.group_names.sites.values()}
         files |= {p[1] for p in positions.values() if p[1]}
@@ -92,6 +91,11 @@ class HangPass:
             f.stacks = old.stacks
         self._put(GROUP_ORDER, f, quiet_update=old is not None and old.kind == f.kind)
 
+    def _hangs_or_folded(self, hangs: list[Finding]) -> list[Finding]:
+        """This pass's hangs and deadlocks; else those folded into the cause before."""
+        return [f for f in hangs if f.kind in ("hang", "deadlock")] or list(
+            self._folded.values())
+
     def _fold_hangs(self) -> None:
         for key in [k for k in self.found if k[0] in ("hang", "deadlock")]:
             self._folded.setdefault(key, self.found.pop(key))
@@ -99,8 +103,7 @@ class HangPass:
     def _judge_skipped(self, hangs: list[Finding]) -> None:
         """A rank a hang waits for is inside a group creation (counter-named) that ranks
         of the job never began: the hang's cause is that creation, skipped by them."""
-        hangs = [f for f in hangs if f.kind in ("hang", "deadlock")] or [
-            f for f in self._folded.values()]
+        hangs = self._hangs_or_folded(hangs)
         made, world = self.group_names.creations, set(self.ranks)
         stuck = {}
         for r in sorted({r for f in hangs for r in f.ranks}):
