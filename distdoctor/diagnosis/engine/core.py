@@ -14,7 +14,6 @@ import re
 from collections import deque
 from collections.abc import Callable
 from dataclasses import replace
-from itertools import islice
 
 from distdoctor.diagnosis.crashes.crash import ExitInfo, crash_findings
 from distdoctor.diagnosis.engine.book import FindingBook
@@ -27,12 +26,8 @@ from distdoctor.diagnosis.hangs.group_order import GroupNames
 from distdoctor.diagnosis.hangs.hang import RankView
 from distdoctor.diagnosis.hangs.progress import Policy, ProgressTracker
 from distdoctor.diagnosis.hangs.waits import Gaps
-from distdoctor.diagnosis.mismatches.mismatch import (
-    habit,
-    mismatch_finding,
-    p2p_signature,
-    signature,
-)
+from distdoctor.diagnosis.mismatches.habits import Habits
+from distdoctor.diagnosis.mismatches.mismatch import mismatch_finding, p2p_signature, signature
 from distdoctor.diagnosis.mismatches.threads import ThreadUse
 from distdoctor.diagnosis.parting.parted import explain_mismatch
 from distdoctor.diagnosis.rendezvous import Rendezvous, key_of
@@ -47,7 +42,6 @@ SPLIT = ("steps", "wall_ms", "collective_ms", "data_ms", "compute_ms")
 
 MAX_OPEN = 200_000  # open rendezvous kept; the oldest go first past this
 MAX_SPANS = 4096  # span names remembered per rank
-MAX_HABITS = 256  # (op, line) pairs remembered per group
 MAX_SAMPLES = 3600  # probe samples kept (an hour at 1 Hz on one node)
 SETTLE_S = 1.0  # how long a disagreement waits for more ranks before it is reported
 # how often the ranks' lateness is scored while a job runs: a straggler is a verdict over
@@ -89,7 +83,7 @@ class Engine(FindingBook, WaitJudge, HangPass):
         self._mismatch_groups: dict[str, int] = {}  # group -> mismatches after the first
         self._errors: dict[str, list[Event]] = {}
         self._held: list[tuple[Finding, float | None]] = []  # (log mismatch, since): add_finding
-        self._habits: dict[str, set] = {}  # group -> habit()s of agreeing collectives
+        self.habits = Habits()  # what agreeing ranks do on each group
         self.thread_use = ThreadUse()  # groups that user threads take turns on
         # probe samples (GPU clocks, reasons) and the detector that joins them to the
         # stragglers: injected by the front end, so the engine does not import the probes
@@ -238,11 +232,7 @@ class Engine(FindingBook, WaitJudge, HangPass):
             if rv.mismatch_since_s is not None:
                 self._report_mismatch(rv)
             elif key[0] != "p":  # not p2p
-                habits = self._habits.get(rv.group)
-                if habits is None:
-                    habits = self._habits[rv.group] = set()
-                if len(habits) < MAX_HABITS:  # a sample: agreeing ranks mostly share lines
-                    habits.update(map(habit, islice(rv.arrivals.values(), 8)))
+                self.habits.agreed(rv)
 
     def heartbeat(self, rank: int, hb_ns: int, now_s: float) -> None:
         st = self._rank(rank)
@@ -371,7 +361,7 @@ class Engine(FindingBook, WaitJudge, HangPass):
             f.details["later_mismatches_in_group"] = self._mismatch_groups[rv.group]
             return
         first = next(iter(rv.arrivals.values()))
-        f = mismatch_finding(rv, self.span_of(first), self._habits.get(rv.group, set()))
+        f = mismatch_finding(rv, self.span_of(first), self.habits.on(rv.group))
         if f is not None:  # the plain finding stands where its explanation fails
             self._put(("mismatch", rv.group, rv.seq), self.boundary.call(
                 "parted", explain_mismatch, f, rv, self._histories(), self.span_of,
@@ -379,9 +369,6 @@ class Engine(FindingBook, WaitJudge, HangPass):
 
     def _histories(self) -> dict:
         return {r: st.recent for r, st in self.ranks.items()}
-
-    def _familiar(self, ev: Event) -> bool:
-        return habit(ev) in self._habits.get(ev.group, ())
 
     def _annotate_spans(self, f: Finding) -> None:
         """Which span (e.g. "step 12") each culprit's newest op was issued in."""

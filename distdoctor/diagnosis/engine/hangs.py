@@ -23,7 +23,7 @@ class HangPass:
         folding = bool(self.group_names.conflicts()) or self.group_names.skip_known
         hangs = []
         for f in hang_findings(self.open.values(), views, self.policy, failed,
-                               known=lambda rv: rv.reported, familiar=self._familiar,
+                               known=lambda rv: rv.reported, familiar=self.habits.familiar,
                                judge=self.judge, normal=self.normal_wait):
             self._annotate_spans(f)
             if f.kind == "long_wait":
