@@ -8,7 +8,8 @@ prefix of it). Two lists that differ say which rank created which group where, a
 never did; a creation that never ends while a member of it is elsewhere says why a job
 hangs though no traced op disagrees. Groups named by their members
 (`use_local_synchronization=True`, `split_group`) are created by their members alone, which
-is legal: only counter names are compared.
+is legal: only counter names are compared here (member_names.py compares those names
+between the members).
 """
 
 from __future__ import annotations
@@ -190,6 +191,17 @@ def members_text(members) -> str:
     members = sorted(members)
     shown = ", ".join(map(str, members[:8]))
     return f"[{shown}{', ...' if len(members) > 8 else ''}]"
+
+
+def unique_sites(sites: list[dict]) -> list[dict]:
+    """The call sites, each (rank, file, line) once, in their order."""
+    seen, out = set(), []
+    for cs in sites:
+        key = (cs.get("rank"), cs.get("file"), cs.get("line"))
+        if key not in seen:
+            seen.add(key)
+            out.append(cs)
+    return out
 
 
 def _line(m: Made) -> tuple:

@@ -21,7 +21,15 @@ import ast
 import os
 from functools import lru_cache
 
-from distdoctor.diagnosis.hangs.creations import Creations, Made, counter_order, members_text
+from distdoctor.diagnosis.hangs.creations import (
+    Creations,
+    Made,
+    counter_order,
+    members_text,
+    unique_sites,
+)
+from distdoctor.diagnosis.hangs.member_names import REASON as MEMBER_NAMES
+from distdoctor.diagnosis.hangs.member_names import MemberNames, member_names_finding
 from distdoctor.diagnosis.parting import source as S
 from distdoctor.diagnosis.parting.conditions import kind_of
 from distdoctor.findings import Finding, site_text, who
@@ -32,7 +40,7 @@ MAX_LISTS = 8  # member lists kept per name (the last one stands for any further
 CREATORS = {"new_group", "new_subgroups", "new_subgroups_by_enumeration", "split_group",
             "init_device_mesh", "DeviceMesh"}
 SHOWN_LINES = 8
-GROUP_CAUSES = ("group_creation_order", "group_creation_skipped")  # details.reason
+GROUP_CAUSES = ("group_creation_order", "group_creation_skipped", MEMBER_NAMES)  # .reason
 REMEDY = ("Create every process group on every rank, in the same order: torch's rule for "
           "new_group() is that every rank calls it for every group, also the groups it is not "
           "a member of (or pass use_local_synchronization=True, which names a group by its "
@@ -50,12 +58,15 @@ class GroupNames:
         self.users: dict[tuple[str, int], set[int]] = {}  # (name, list) -> ranks using it
         self.sites: dict[tuple[str, int], dict] = {}  # (name, list) -> a call site on it
         self.creations = Creations()  # what each rank created, in order (creations.py)
+        self.member_names = MemberNames()  # groups named by their members (member_names.py)
         self.skip_known = False  # a hang is said as a creation some member skipped
 
     def created(self, ev) -> None:
         """A group creation the tracer recorded: its name stands for its members on this
         rank from the call on, before any op of the group (a rank may never get past it)."""
         made = self.creations.see(ev)
+        if made is not None:
+            self.member_names.see(made, ev.rank)
         if made is not None and made.members:
             self.variant(made.name, made.members, ev.rank, made.callsite)
 
@@ -79,8 +90,10 @@ class GroupNames:
         return i
 
     def conflicts(self) -> list[str]:
-        """The names that stand for more than one member list."""
-        return [n for n, lists in self.lists.items() if len(lists) > 1]
+        """The names that stand for more than one member list; else those of a group named
+        by its members that its members named apart (member_names.py)."""
+        return ([n for n, lists in self.lists.items() if len(lists) > 1]
+                or self.member_names.names())
 
     def meanings(self, name: str) -> list[tuple[tuple[int, ...], list[int]]]:
         """Each member list of `name`, with the ranks that used the name for it."""
@@ -238,6 +251,10 @@ def group_order_finding(names: GroupNames, conflicts: list[str], positions: dict
     hang findings that follow from it (folded in: the job hangs, and this is why);
     `files`: the user's files the ops and samples name; `world`: the ranks of the job;
     `stuck_inside`: a rank has been inside a group creation too long to be slow."""
+    splits = names.member_names.splits()
+    if splits and not any(len(names.lists.get(n, ())) > 1 for n in conflicts):
+        return member_names_finding(names.creations, splits, positions, hangs, world,
+                                    stuck_inside, guard_of)
     conflicts = sorted(conflicts, key=lambda n: (not n.isdigit(), counter_order(n)
                                                  if n.isdigit() else (0, ""), n))
     name = conflicts[0]
@@ -276,7 +293,7 @@ def group_order_finding(names: GroupNames, conflicts: list[str], positions: dict
         details["hangs"] = [f.summary for f in hangs][:8]
     sites = _sites(names, positions, created, culprits)
     sites += [dict(cs) for (n, _), cs in sorted(names.sites.items()) if n == name]
-    sites = _unique(sites)
+    sites = unique_sites(sites)
     stacks = {r: s for f in hangs for r, s in f.stacks.items()}
     return Finding("hang" if stuck else "mismatch", "error", summary, culprits, name, None,
                    sites, stacks, details, REMEDY)
@@ -305,16 +322,6 @@ def _sites(names: GroupNames, positions: dict[int, tuple], created: list[dict],
             out.append(dict(inside.callsite, rank=r, source="new_group"))
         elif any((c["file"], c["line"]) == (file, line) for c in created):
             out.append({"rank": r, "file": file, "line": line, "source": "sample"})
-    return out
-
-
-def _unique(sites: list[dict]) -> list[dict]:
-    seen, out = set(), []
-    for cs in sites:
-        key = (cs.get("rank"), cs.get("file"), cs.get("line"))
-        if key not in seen:
-            seen.add(key)
-            out.append(cs)
     return out
 
 
@@ -350,7 +357,7 @@ def skipped_finding(names: GroupNames, stuck: dict[int, Made], positions: dict[i
         details["tie"] = True
     if hangs:
         details["hangs"] = [f.summary for f in hangs][:8]
-    sites = _unique(_sites(names, positions, [], culprits))
+    sites = unique_sites(_sites(names, positions, [], culprits))
     stacks = {r: s for f in hangs for r, s in f.stacks.items()}
     return Finding("hang", "error", summary, culprits, m.name, None, sites, stacks, details,
                    REMEDY)

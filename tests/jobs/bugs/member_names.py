@@ -1,0 +1,46 @@
+"""Groups named by their members (`new_group(..., use_local_synchronization=True)`): only the
+members call new_group, and torch salts the name with a count the rank keeps (2.13: the
+groups it is a member of; 2.15: the groups it has created), so members that made different
+numbers of groups before name one group differently and wait on different store keys.
+Usage: member_names.py MODE (4 ranks)
+
+Both modes first make what looks like it and is right: subgroups by new_subgroups, then a
+member-named group per pair across them; a ring of member-named pairs made in orders that
+differ between non-members; many member-named groups of one pair; a collective on each.
+  healthy  only that
+  diverge  then ranks 0 and 1 create their pair once more (inside `if rank < 2`), and
+           [0, 2], [1, 3] again: rank 0 names [0, 2] after one group more than rank 2 does
+"""
+import sys
+
+import torch
+import torch.distributed as dist
+
+sys.path.insert(0, __file__.rsplit("/", 1)[0])
+from _common import init  # noqa: E402
+
+rank, world = init()
+mode = sys.argv[1]
+t = torch.ones(4)
+dist.all_reduce(t)
+# every rank in one subgroup of two: each is in as many groups as the others
+mine, _ = dist.new_subgroups(2)  # expect: subgroups
+cross = dist.new_group([0, 2] if rank % 2 == 0 else [1, 3], use_local_synchronization=True)
+dist.all_reduce(t, group=cross)
+# a ring of pairs, each rank in two, made in orders that differ between non-members (rank 0
+# makes [0, 1] first, rank 3 makes [2, 3] first)
+for ranks in {0: ([0, 1], [0, 3]), 1: ([0, 1], [1, 2]), 2: ([2, 3], [1, 2]),
+              3: ([2, 3], [0, 3])}[rank]:
+    g = dist.new_group(ranks, use_local_synchronization=True)  # expect: ring
+    dist.all_reduce(t, group=g)
+for _ in range(12):  # many groups of one pair
+    g = dist.new_group([0, 1] if rank < 2 else [2, 3], use_local_synchronization=True)
+    dist.all_reduce(t, group=g)
+if mode == "diverge":
+    if rank < 2:
+        pair = dist.new_group([0, 1], use_local_synchronization=True)  # expect: extra
+    ranks = [0, 2] if rank % 2 == 0 else [1, 3]
+    cross = dist.new_group(ranks, use_local_synchronization=True)  # expect: diverged
+    dist.all_reduce(t, group=cross)
+dist.barrier()
+dist.destroy_process_group()
