@@ -1,5 +1,5 @@
 """The files of the collector's copy (mirror.py): each rank log's copy, opened only while
-it is in use, who owns each rank, and the nodes' probe samples.
+it is in use, and the nodes' probe samples (who owns each rank: owners.py).
 
 - `Copy`: one (rank, log)'s copy file. Its writer (2 descriptors: the file and the map's
   own) and its reader (1) are opened on demand and closed when `OpenCopies` needs the
@@ -8,8 +8,6 @@ it is in use, who owns each rank, and the nodes' probe samples.
 - `OpenCopies`: the open copies, least recently used first; past the budget
   (limits.copy_fd_budget) the oldest are closed. A copy in use on another thread (its
   lock held) is skipped, never closed under its writer.
-- `Owners`: rank -> the host that sent it first, appended to RUN_DIR/owners.jsonl so a
-  collector started again on its copy keeps them.
 - `append_samples`: a node's probe samples, appended through a file opened per frame.
 
 Files are created with O_NOFOLLOW (and O_EXCL where new): names come from a node's host,
@@ -26,10 +24,7 @@ from collections import OrderedDict
 from contextlib import contextmanager
 from pathlib import Path
 
-from distdoctor.collect.limits import MAX_RANKS
-
 _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
-OWNERS_FILE = "owners.jsonl"
 
 
 class Copy:
@@ -138,76 +133,6 @@ class OpenCopies:
             copies = list(self._lru.values())
         for copy in copies:
             self.forget(copy)
-
-
-class Owners:
-    """rank -> the host that sent it first, kept in RUN_DIR/owners.jsonl."""
-
-    def __init__(self, run_dir: Path):
-        self.path = run_dir / OWNERS_FILE
-        self.of: dict[int, str] = {}
-        self.count: dict[str, int] = {}  # host -> ranks it owns
-        self._load()
-
-    def _load(self) -> None:
-        """The owners a collector before us wrote (lines it cut short are skipped)."""
-        try:
-            fd = os.open(self.path, os.O_RDONLY | os.O_CLOEXEC | _NOFOLLOW)
-        except OSError:
-            return
-        with os.fdopen(fd, "rb") as f:
-            for line in f:
-                try:
-                    item = json.loads(line)
-                    host, ranks = item["host"], item.get("ranks")
-                except (ValueError, KeyError, TypeError, AttributeError):
-                    continue
-                if isinstance(host, str) and item.get("released") is True:
-                    self._release(host)
-                elif isinstance(host, str) and isinstance(ranks, list):
-                    self._take(host, [r for r in ranks if isinstance(r, int)
-                                      and not isinstance(r, bool)])
-
-    def _take(self, host: str, ranks: list[int]) -> None:
-        for r in ranks:
-            if r not in self.of and len(self.of) < MAX_RANKS:
-                self.of[r] = host
-                self.count[host] = self.count.get(host, 0) + 1
-
-    def claim(self, host: str, ranks: list[int]) -> None:
-        """Give `host` the ranks it is the first to send, and write them down."""
-        new = [r for r in dict.fromkeys(ranks) if r not in self.of]
-        if not new:
-            return
-        self._take(host, new)
-        self._write({"host": host, "ranks": new})
-
-    def release(self, host: str) -> list[int]:
-        """`host`'s ranks set free (shares.py: let go to make room), and written down."""
-        ranks = self._release(host)
-        self._write({"host": host, "released": True})
-        return ranks
-
-    def _release(self, host: str) -> list[int]:
-        ranks = [r for r, h in self.of.items() if h == host]
-        for r in ranks:
-            del self.of[r]
-        self.count.pop(host, None)
-        return ranks
-
-    def _write(self, item: dict) -> None:
-        line = json.dumps(item, separators=(",", ":")) + "\n"
-        try:
-            fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC
-                         | _NOFOLLOW, 0o644)
-        except OSError:
-            return  # (kept in memory: only a collector started again would miss them)
-        try:
-            os.write(fd, line.encode())
-        except OSError:
-            pass
-        finally:
-            os.close(fd)
 
 
 def append_samples(path: Path, host: str, text: str, max_bytes: int) -> None:

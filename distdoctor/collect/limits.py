@@ -7,10 +7,12 @@ Per node:
 - numbers: every number a node sends is an int within 64 bits or a finite float, each
   field within its range, checked as its frame is read (peer_numbers.py; a digest's
   fields: digest_fields.py): a frame with one that is not is refused whole.
-- ranks: MAX_RANKS_PER_NODE (its logs' copies, metadata, exits, digest positions); a
-  rank belongs to the node (host) that sent it first, for the life of the copy (unless
-  that node is let go, below): another host's META, OPEN, EXITS or DIGEST for it is
-  refused (mirror.Owners).
+- ranks: MAX_RANKS_PER_NODE (its logs' copies, metadata, exits, digest positions, and
+  the ranks of other nodes it sends, set aside); a rank belongs to the node (host) that
+  sent it first while that node runs it (owners.py: it passes to another once its owner
+  is gone for it, or to a newer launch of the job; a claim while the owner runs it is set
+  aside, and two that both run it are a conflict, said), at most MAX_LOG_NUMBER logs a
+  rank in the copy (a moved rank's numbered after its old owner's).
 - exit entries: only for its own ranks, each checked (distdoctor.exits.exit_entry), at
   most MAX_EXITS_FRAMES EXITS frames a connection.
 - findings: MAX_FINDINGS_PER_FRAME a frame, each one's text bounded and made printable
@@ -72,7 +74,8 @@ MAX_HELD_DIGEST_BYTES = 8 << 20
 MAX_ISSUED_GROUPS = 1024  # groups a rank's position counts ops in
 
 # a node has a few GPUs (each may start again); the caps bound one node's share of disk
-MAX_LOGS_PER_NODE = 1024  # open at once
+MAX_LOGS_PER_NODE = 1024  # open at once (and set aside: owners.py)
+MAX_LOG_NUMBER = 1 << 20  # a rank's log numbers in the copy, over its owners
 MAX_COPIES_PER_NODE = 16 * MAX_RANKS_PER_NODE  # log copies, in the copy's life
 MAX_FINISHED = 1 << 16
 MAX_STRINGS_BYTES = 64 << 20

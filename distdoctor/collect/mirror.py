@@ -6,7 +6,9 @@ as they read a local run, with no code of their own for it.
 Every frame is checked whole before any of it is written: a node that sends what no
 forwarder sends, or more than a node may (limits.py: ranks, exits, findings, digests),
 is dropped (WireError) and what it sent before stays; the other nodes go on. A rank
-belongs to the host that sent it first: another host's frames for it are refused.
+belongs to the host that sent it first while that host runs it; another host's frames
+for it are set aside, and it passes to that host once its owner is gone for it, or for a
+newer launch of the job (owners.py says what is believed, and why).
 
 Bounds (limits.py states them, and the memory they make): per node at most
 MAX_RANKS_PER_NODE ranks and MAX_COPIES_PER_NODE log copies, ~40 MiB for a hostile node
@@ -24,27 +26,31 @@ codes, findings and rank owners already written.
 from __future__ import annotations
 
 import threading
+import time
 from pathlib import Path
 
 from distdoctor.collect import wire
-from distdoctor.collect.copies import Copy, OpenCopies, Owners
+from distdoctor.collect.copies import Copy, OpenCopies
 from distdoctor.collect.limits import (
     MAX_COPIES_PER_NODE,
     MAX_FINDINGS_BYTES,
     MAX_FINDINGS_BYTES_PER_NODE,
     MAX_HOSTS,
+    MAX_LOG_NUMBER,
     MAX_NEW_FINDINGS,
     MAX_RANKS,
     MAX_RANKS_PER_NODE,
     copy_fd_budget,
 )
+from distdoctor.collect.lost import LOST_S
 from distdoctor.collect.node_mirror import HOST_NAME, NodeMirror  # noqa: F401 (server's)
+from distdoctor.collect.owners import Claims, Owners, newer
 from distdoctor.collect.shares import gone_line, who_goes
 from distdoctor.collect.source_copies import SourceCopies
 from distdoctor.runlog import format as F
 from distdoctor.runlog.ring import RingWriter
 from distdoctor.runlog.ring_copy import open_copy
-from distdoctor.runlog.rundir import ring_path, write_json_atomic
+from distdoctor.runlog.rundir import rank_meta_path, ring_path, write_json_atomic
 
 EARLIER = "(before the collector started again)"  # findings.json's, at the start
 
@@ -68,8 +74,9 @@ class Mirror:
         (self.run_dir / "ranks").mkdir(parents=True, exist_ok=True)
         self._lock = threading.Lock()
         self.owners = Owners(self.run_dir)  # rank -> its host (a collector's before too)
+        self.claims = Claims(self.owners)  # who may send which rank, and the news of it
         self.copies = OpenCopies(copy_fd_budget())
-        self._senders: dict[int, NodeMirror] = {}  # rank -> the node that sends it
+        self._senders = self.claims.senders  # rank -> the node that sends it
         self._rings: dict[tuple[int, int], Copy] = {}  # (rank, log number) -> its copy
         self._copies_of: dict[str, int] = {}  # host -> log copies it made
         self._exits: dict[int, dict] = _earlier_exits(self.run_dir)
@@ -79,21 +86,33 @@ class Mirror:
         self._findings_bytes: dict[str, int] = {}  # host -> its findings' JSON bytes
         self.sources = SourceCopies(self.run_dir)  # the nodes' kept sources, merged
 
-    def claim(self, node: NodeMirror, ranks) -> None:
-        """`node` sends these ranks: refused (WireError) when another host owns one, or
-        when they would take the node past MAX_RANKS_PER_NODE or the copy past
-        MAX_RANKS; else the new ones are the node's."""
+    def claim(self, node: NodeMirror, ranks, launch: tuple | None = None) -> list[int]:
+        """The ranks of `ranks` that `node` may write now: its own, new ones, and those
+        whose owner is gone for them or that it sends of a newer launch of the job
+        (`launch`: owners.incarnation of its log; the move said once). The others are
+        set aside (said once; a conflict where `node` shows them running too). WireError
+        when they would take the node past MAX_RANKS_PER_NODE, or the copy past
+        MAX_RANKS."""
         with self._lock:
-            owners, new = self.owners, []
-            for r in ranks:
+            claims, owners, now = self.claims, self.owners, time.monotonic()
+            mine, new, moves = [], [], {}
+            for r in dict.fromkeys(ranks):
                 owner = owners.of.get(r)
                 if owner is None:
                     new.append(r)
-                elif owner != node.host:
-                    raise wire.WireError(f"rank {r} belongs to node {owner}")
-            if new:
-                new = list(dict.fromkeys(new))
-                if owners.count.get(node.host, 0) + len(new) > MAX_RANKS_PER_NODE:
+                elif owner == node.host:
+                    mine.append(r)
+                else:
+                    why = ("it sends an older launch of the job"
+                           if newer(launch, claims.launched.get(r))
+                           else claims.gone_why(owner, r, now))
+                    if why is None:
+                        self._aside(node, owner, r, launch, now)
+                    else:
+                        moves.setdefault(owner, ([], why))[0].append(r)
+            moved = [r for rs, _ in moves.values() for r in rs]
+            if new or moved:
+                if owners.count.get(node.host, 0) + len(new) + len(moved) > MAX_RANKS_PER_NODE:
                     raise wire.WireError(f"more than {MAX_RANKS_PER_NODE:,} ranks from one "
                                          f"node")
                 if len(owners.of) + len(new) > MAX_RANKS:  # full: the nodes holding more go
@@ -101,9 +120,68 @@ class Mirror:
                                           "ranks"):
                         self._let_go(other, node.host)
                 owners.claim(node.host, new)
-            for r in ranks:
+                for owner, (rs, why) in moves.items():
+                    owners.move(node.host, {r: self._next_log(r) for r in rs}, owner)
+                    self.fleet.forget(rs)
+                    claims.note("moved", owner, node.host, rs, why)
+            granted = mine + new + moved
+            for r in granted:
                 self._senders[r] = node
-        node.ranks.update(ranks)
+                node.aside.pop(r, None)
+                if launch is not None and not newer(claims.launched.get(r), launch):
+                    claims.launched[r] = launch
+        node.ranks.update(granted)
+        return granted
+
+    def _aside(self, node: NodeMirror, owner: str, rank: int, launch, now: float) -> None:
+        """`node`'s claim of `owner`'s rank, set aside (caller: _lock); a conflict where
+        both move it."""
+        if rank not in node.aside and len(node.aside) >= MAX_RANKS_PER_NODE:
+            raise wire.WireError(f"more than {MAX_RANKS_PER_NODE:,} ranks from one node")
+        node.aside[rank] = launch
+        self.claims.note("aside", owner, node.host, [rank])
+        self._both_move(node, rank, now)
+
+    def moved_elsewhere(self, node: NodeMirror, rank: int) -> None:
+        """`node` moves a rank of its log that passed to another node (its own copy of
+        the log goes on): a conflict where the new owner moves it too (a node cut off
+        from its job's launcher whose ranks run on, or a claim of a forged launch)."""
+        with self._lock:
+            self._both_move(node, rank, time.monotonic())
+
+    def _both_move(self, node: NodeMirror, rank: int, now: float) -> None:
+        owner = self.owners.of.get(rank)
+        if (owner is not None and owner != node.host
+                and now - node.moving.get(rank, now - LOST_S) < LOST_S
+                and self.claims.moving(owner, rank, now)):
+            self.claims.conflict(owner, node.host, rank)
+
+    def _next_log(self, rank: int) -> int:
+        """The first log number of `rank` the copy has no file of (a moved rank's new
+        owner numbers its logs from there: the old owner's copies stay whole)."""
+        n = 0
+        while n < MAX_LOG_NUMBER and (ring_path(self.run_dir, rank, n).exists()
+                                      or rank_meta_path(self.run_dir, rank, n).exists()):
+            n += 1
+        return n
+
+    def copy_log(self, rank: int, log: int) -> int:
+        """The copy's number of its owner's log `log` of `rank` (after an old owner's)."""
+        n = log + self.owners.base.get(rank, 0)
+        if n > MAX_LOG_NUMBER:
+            raise wire.WireError(f"rank {rank} has more than {MAX_LOG_NUMBER:,} logs in the "
+                                 f"copy")
+        return n
+
+    def news(self) -> list[str]:
+        """What changed hands since the last call, a line each (said once), and the
+        conflicts' findings into findings.json when they changed."""
+        with self._lock:
+            lines = self.claims.lines()
+            found = self.claims.findings() if self.claims.conflicts_changed else None
+        if found is not None:
+            self.set_findings("(owners)", found)
+        return lines
 
     def _let_go(self, host: str, newcomer: str) -> None:
         """`host`'s ranks set free for `newcomer`'s (shares.py), their positions forgotten
@@ -111,19 +189,25 @@ class Mirror:
         ranks = self.owners.release(host)
         for r in ranks:
             self._senders.pop(r, None)
+            self.claims.launched.pop(r, None)
         self.fleet.forget(ranks)
         self.evicted[host] = gone_line(len(ranks), MAX_RANKS, "ranks", newcomer)
 
     def ring_for(self, rank: int, log: int, node: NodeMirror, layout: tuple[int, int, int],
-                 launch: dict | None = None) -> Copy:
+                 launch: dict | None = None) -> Copy | None:
         """The copy of `rank`'s log number `log` that `node` writes, under the log's own
-        name. A node that reconnects (or a collector started again) writes on into the
-        same file (readers keep their place); a log whose layout changed gets a new
-        file, put in place whole (never truncated under a reader)."""
+        name (numbered after an old owner's: copy_log); None when the rank is set aside.
+        A node that reconnects (or a collector started again) writes on into the same
+        file (readers keep their place); a log whose layout changed gets a new file, put
+        in place whole (never truncated under a reader)."""
+        from distdoctor.collect.owners import incarnation
+
         capacity, strings_size, pid = layout
         layout = (min(capacity, wire.MIRROR_SLOTS), strings_size, pid)
-        self.claim(node, [rank])
+        if not self.claim(node, [rank], incarnation(launch)):
+            return None
         with self._lock:
+            log = self.copy_log(rank, log)
             have = self._rings.get((rank, log))
             if have is not None and have.layout == layout:
                 return have
@@ -217,7 +301,8 @@ class Mirror:
         ranks, as the live view did. A node that comes back sends its real ones."""
         self.add_exits([{"rank": r, "pid": None, "exit_code": None, "signal": None,
                          "stopped_by_distdoctor": False, "lost_with_node": node.host}
-                        for r in sorted(node.ranks) if r not in self._exits])
+                        for r in sorted(node.ranks) if r not in self._exits
+                        and self.owners.of.get(r) == node.host])
 
     def add_exits(self, processes: list[dict]) -> None:
         """Checked entries (peer_data.node_exits) of ranks their node owns (claimed)."""

@@ -1,7 +1,12 @@
 """One node's connection to the collector: its frames applied to the copy (mirror.py),
 each checked whole first, within the bounds of limits.py (past one: WireError, and the
 server drops the node with one line). Its log copies are written through the Mirror's
-open-file budget (copies.OpenCopies): a copy let go is reopened where it was."""
+open-file budget (copies.OpenCopies): a copy let go is reopened where it was.
+
+Frames of ranks another node owns are set aside (owners.py), and their signs of the rank
+running are still read (a log opened, its head or heartbeat moving, its digest position
+moving): the rank passes to this node when its owner is gone for it (a log's frames:
+then the node is dropped once, so that its reconnection sends the rank's logs whole)."""
 
 from __future__ import annotations
 
@@ -19,6 +24,7 @@ from distdoctor.collect.limits import (
     MAX_LOGS_PER_NODE,
     MAX_META_BYTES,
     MAX_RANK,
+    MAX_RANKS_PER_NODE,
     MAX_STRINGS_BYTES,
 )
 from distdoctor.collect.peer_data import node_exits, node_findings
@@ -54,6 +60,16 @@ class NodeMirror:
         # the STATE frame after them has counted the strings they name
         self._completed: dict[tuple[int, int], list[int]] = {}
         self.digests = HeldDigests()
+        self.closed_s = 0.0  # when the connection ended
+        # rank -> when it last showed the rank running (owners.py: what its claim rests
+        # on): a log opened, a rank first in a digest, or as `moving`; and when the rank's
+        # head, heartbeat or digest clock last moved (a conflict is two claims that move)
+        self.alive: dict[int, float] = {}
+        self.moving: dict[int, float] = {}
+        self.aside: dict[int, tuple | None] = {}  # rank set aside -> its launch (incarnation)
+        self.aside_logs: dict[tuple[int, int], tuple | None] = {}  # their logs, the same
+        self._words: dict[tuple[int, int], tuple] = {}  # log -> its last (head, heartbeat)
+        self._clocks: dict[int, object] = {}  # rank -> its digest position's clock
 
     def apply(self, kind: int, rank: int, arg: int, payload: bytes, log: int = 0) -> None:
         self.last_frame_s = time.monotonic()
@@ -83,9 +99,42 @@ class NodeMirror:
             self._open(rank, log, payload)
         else:
             copy = self.rings.get((rank, log))
-            if copy is None:
+            if copy is not None:
+                self._log_frame(kind, copy, rank, arg, payload, log)
+            elif (rank, log) in self.aside_logs:
+                self._set_aside(kind, rank, log, payload)
+            else:
                 raise wire.WireError(f"{wire.NAMES[kind]} frame for rank {rank} before OPEN")
-            self._log_frame(kind, copy, rank, arg, payload, log)
+
+    def _sign(self, rank: int, log: int, payload: bytes) -> None:
+        """A STATE frame whose head or heartbeat moved: the rank runs here."""
+        if len(payload) == wire.STATE_BODY.size:
+            words = wire.STATE_BODY.unpack(payload)
+        elif len(payload) == wire.STATE_BODY_V2.size:
+            words = wire.STATE_BODY_V2.unpack(payload)
+        else:
+            return  # (refused as it is applied; ignored while set aside)
+        now = (words[0], words[4])
+        moved = self._words.get((rank, log), now) != now
+        self._words[(rank, log)] = now
+        if moved:
+            self.alive[rank] = self.moving[rank] = time.monotonic()
+            if (rank, log) in self.rings and self.mirror.owners.of.get(rank) != self.host:
+                self.mirror.moved_elsewhere(self, rank)
+
+    def _set_aside(self, kind: int, rank: int, log: int, payload: bytes) -> None:
+        """A frame of a log set aside: its signs read, and its claim tried again; once the
+        rank passes here, every rank of this node set aside that may pass goes with it,
+        and the node is dropped, to send their logs again whole as it reconnects."""
+        if kind != wire.STATE:
+            return
+        self._sign(rank, log, payload)
+        if not self.mirror.claim(self, [rank], self.aside_logs[(rank, log)]):
+            return
+        for r, launch in list(self.aside.items()):
+            self.mirror.claim(self, [r], launch)
+        raise wire.WireError(f"rank {rank} passed to it: it sends the rank's logs again "
+                             f"whole as it reconnects")
 
     def _log_frame(self, kind: int, copy: Copy, rank: int, arg: int, payload: bytes,
                    log: int) -> None:
@@ -104,6 +153,7 @@ class NodeMirror:
             raise wire.WireError(f"cannot write the copy of rank {rank}'s log: "
                                  f"{exc.strerror or exc}") from None
         if kind == wire.STATE:
+            self._sign(rank, log, payload)
             self._read_completed(rank, log)
             if closed:
                 self._finish((rank, log))
@@ -119,9 +169,11 @@ class NodeMirror:
         if meta.get("rank") != rank:
             raise wire.WireError(f"META frame of rank {rank} describes rank "
                                  f"{meta.get('rank')!r}")
-        self.mirror.claim(self, [rank])
+        if not self.mirror.claim(self, [rank]):
+            return  # another node's rank (set aside)
         try:
-            write_json_atomic(rank_meta_path(self.mirror.run_dir, rank, log), meta)
+            write_json_atomic(rank_meta_path(self.mirror.run_dir, rank,
+                                             self.mirror.copy_log(rank, log)), meta)
         except OSError as exc:
             raise wire.WireError(f"cannot write rank {rank}'s metadata: "
                                  f"{exc.strerror or exc}") from None
@@ -131,7 +183,8 @@ class NodeMirror:
         if self.exits_frames > MAX_EXITS_FRAMES:
             raise wire.WireError(f"more than {MAX_EXITS_FRAMES} EXITS frames")
         entries = node_exits(payload)
-        self.mirror.claim(self, [p["rank"] for p in entries])
+        own = set(self.mirror.claim(self, [p["rank"] for p in entries]))
+        entries = [p for p in entries if p["rank"] in own]  # (others' ranks: set aside)
         self.ended = True
         self.mirror.add_exits(entries)
 
@@ -139,7 +192,20 @@ class NodeMirror:
         digest = wire.json_payload(wire.DIGEST, payload)
         digest["host"] = self.host  # the node speaks for itself only
         ranks = digest_ranks(digest)
-        self.mirror.claim(self, ranks)
+        now = time.monotonic()
+        for item in digest["ranks"]:  # a position whose clock moved: the rank runs here
+            r, clock = item[0], item[4] if len(item) > 4 else None
+            if r not in self._clocks:
+                self.alive[r] = now
+            elif self._clocks[r] != clock:
+                self.alive[r] = self.moving[r] = now
+            self._clocks[r] = clock
+        self._prune()
+        granted = self.mirror.claim(self, ranks)
+        if len(granted) < len(ranks):  # other nodes' ranks: set aside
+            own = set(granted)
+            digest["ranks"] = [item for item in digest["ranks"] if item[0] in own]
+            ranks = granted
         self.digests.check(ranks, len(payload))
         self.mirror.fleet.apply(digest, members_of=self.mirror.owners.of)
         self.digests.hold(ranks, len(payload))
@@ -148,6 +214,7 @@ class NodeMirror:
         """Let a log's copy go: the file stays, this connection writes no more of it."""
         self.rings.pop(key, None)
         self._completed.pop(key, None)
+        self._words.pop(key, None)
         self.finished[key] = None
         while len(self.finished) > MAX_FINISHED:
             del self.finished[next(iter(self.finished))]
@@ -165,8 +232,27 @@ class NodeMirror:
             raise wire.WireError(f"OPEN frame of rank {rank} with an impossible layout")
         if (rank, log) not in self.rings and len(self.rings) >= MAX_LOGS_PER_NODE:
             self._finish(next(iter(self.rings)))  # the oldest: long finished, most likely
-        self.rings[(rank, log)] = self.mirror.ring_for(
-            rank, log, self, (capacity, strings_size, pid), launch)
+        self.alive[rank] = time.monotonic()  # a log opened: the rank runs here
+        copy = self.mirror.ring_for(rank, log, self, (capacity, strings_size, pid), launch)
+        if copy is not None:
+            self.rings[(rank, log)] = copy
+            return
+        if len(self.aside_logs) >= MAX_LOGS_PER_NODE:
+            oldest = next(iter(self.aside_logs))
+            del self.aside_logs[oldest]
+            self._words.pop(oldest, None)
+        self.aside_logs[(rank, log)] = self.aside.get(rank)
+        self._prune()
+
+    def _prune(self) -> None:
+        """The signs of ranks this node no longer owns nor sends set aside forgotten, once
+        they are more than a few nodes' worth (ranks that moved away, again and again)."""
+        if len(self.alive) + len(self._clocks) <= 4 * MAX_RANKS_PER_NODE:
+            return
+        of, host = self.mirror.owners.of, self.host
+        for signs in (self.alive, self.moving, self._clocks):
+            for r in [r for r in signs if of.get(r) != host and r not in self.aside]:
+                del signs[r]
 
     def _slots(self, ring: RingWriter, rank: int, first: int, payload: bytes,
                log: int) -> None:
@@ -251,4 +337,5 @@ class NodeMirror:
     def close(self) -> None:
         """The connection ended; the copies of its logs stay (the Mirror closes them)."""
         self.closed = True
+        self.closed_s = time.monotonic()
         self.rings.clear()

@@ -7,7 +7,8 @@ node proves it holds the token by answering a challenge (auth.py), so the token 
 crosses the wire. A node that sends a malformed frame, a wrong answer, or nothing for
 IDLE_S is dropped with one line (refusals summed per peer and minute), and what it sent
 before stays. One more thread for what only the collector sees: the digests' findings,
-slow links between nodes (links.py) and nodes lost while the others wait (lost.py).
+slow links between nodes (links.py), nodes lost while the others wait (lost.py), and ranks
+that pass from one node to another or that two nodes send (owners.py).
 """
 
 from __future__ import annotations
@@ -31,7 +32,8 @@ LOST_CHECK_S = 1.0  # while a node is silent: how often the others' positions ar
 BACKLOG = 1024  # connections the kernel holds for accept(): a burst waits, not refused
 _PARTS = {"_digests_pass": "the digests' findings", "_find_lost_nodes": "lost nodes",
           "_collector_pass": "slow links and lost nodes",
-          "_let_go_evicted": "nodes let go to make room"}
+          "_let_go_evicted": "nodes let go to make room",
+          "_owners_pass": "ranks that changed hands"}
 __all__ = ["AUTH_S", "IDLE_S", "MAX_NODES", "MAX_PENDING", "Collector", "is_loopback",
            "listen", "parse_address"]
 
@@ -152,7 +154,7 @@ class Collector:
         while not self._stopping:
             time.sleep(FLEET_TICK_S)
             for part in (self._digests_pass, self._find_lost_nodes, self._collector_pass,
-                         self._let_go_evicted):
+                         self._let_go_evicted, self._owners_pass):
                 try:
                     part()
                 except Exception as exc:  # a bug of ours must not end the collection
@@ -161,6 +163,12 @@ class Collector:
                         failed.add(key)
                         self.say(f"the collector's diagnosis failed ({_PARTS[key[0]]}): "
                                  f"{exc!r}; it goes on (said once)")
+
+    def _owners_pass(self) -> None:
+        """Ranks set aside, moved from one node to another, or sent by two (owners.py):
+        a line each, said once; the conflicts also as findings."""
+        for line in self.mirror.news():
+            self.say(line)
 
     def _let_go_evicted(self) -> None:
         """Nodes whose holdings went to make room for another's in a collector-wide cap

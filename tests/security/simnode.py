@@ -247,3 +247,17 @@ def until(predicate, timeout_s: float = 15, what: str = "condition") -> None:
 
 def read_json(path: Path):
     return json.loads(path.read_text())
+
+
+def head_of(path) -> int:
+    """The head of the rank log at `path` (a copy's), -1 while it cannot be read."""
+    from distdoctor.runlog.reader import RankLog
+
+    try:
+        log = RankLog(path)
+    except Exception:
+        return -1
+    try:
+        return log.header().head
+    finally:
+        log.close()

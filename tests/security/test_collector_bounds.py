@@ -89,25 +89,35 @@ def test_a_bad_exit_code_is_refused_and_diagnose_keeps_the_others(collector, tmp
 @pytest.mark.timeout(60)
 def test_a_node_cannot_rewrite_another_nodes_rank(collector, tmp_path):
     """Any node could rewrite another's rank-N.json (META had no owner check) and, once
-    the owner's connection ended, its log copy: a rank belongs to the host that sent it
-    first."""
+    the owner's connection ended, its log copy. Another host's frames for a rank are set
+    aside while its owner may come back (owners.py); once the rank passes to that host,
+    its logs are numbered after the owner's, whose copy stays whole."""
+    from distdoctor.collect.owners import RECONNECT_S
+
     copy = tmp_path / "copy"
     owner = connect_node(collector.address, "owner")
     assert send(owner, meta(5, "owner", local_rank=1), open_log(5), state(5))
     until(lambda: (copy / "ranks" / "rank-00005.ring").exists(), what="rank 5's copy")
     before = (copy / "ranks" / "rank-00005.json").read_bytes()
-    owner.close()  # its connection ends: the rank is still its own
+    ring = (copy / "ranks" / "rank-00005.ring").read_bytes()
+    owner.close()  # its connection ends: the rank waits for it a while
     time.sleep(0.5)
-    for frame in (meta(5, "thief", local_rank=9), open_log(5, capacity=64),
-                  exits([_entry(5, 0)])):
-        thief = connect_node(collector.address, "thief")
-        send(thief, frame)
-        assert dropped(thief)
-    collector.wait_for("rank 5 belongs to node owner")
+    thief = connect_node(collector.address, "thief")
+    send(thief, meta(5, "thief", local_rank=9), open_log(5, capacity=64), exits([_entry(5, 0)]))
+    collector.wait_for("node thief sends rank 5 of node owner: its frames for it are set "
+                       "aside")
     assert (copy / "ranks" / "rank-00005.json").read_bytes() == before
     # (the owner's stream ended without its exit codes: its rank is written as lost)
     assert [(p["rank"], p["exit_code"], p.get("lost_with_node")) for p in json.loads(
         (copy / "exits.json").read_text())["processes"]] == [(5, None, "owner")]
+    time.sleep(RECONNECT_S)  # the owner did not come back: the rank passes
+    assert send(thief, meta(5, "thief", local_rank=9), open_log(5, capacity=64))
+    collector.wait_for("rank 5 moved from node owner to node thief")
+    until(lambda: (copy / "ranks" / "rank-00005.1.ring").exists(), what="thief's copy")
+    assert (copy / "ranks" / "rank-00005.json").read_bytes() == before
+    assert (copy / "ranks" / "rank-00005.ring").read_bytes() == ring
+    assert json.loads((copy / "ranks" / "rank-00005.1.json").read_text())["host"] == "thief"
+    thief.close()
     assert "Traceback" not in collector.text()
 
 

@@ -11,7 +11,7 @@ import time
 
 import pytest
 from conftest import run_cli
-from simnode import CollectorProcess, connect_node, dropped, exits, meta, send, until
+from simnode import CollectorProcess, connect_node, exits, head_of, meta, send, until
 
 from distdoctor.collect import wire
 from distdoctor.runlog import format as F
@@ -45,17 +45,6 @@ def _log_frames(node_log: str, first: int, upto: int) -> list[bytes]:
     return frames
 
 
-def _head(path) -> int:
-    try:
-        log = RankLog(path)
-    except Exception:
-        return -1
-    try:
-        return log.header().head
-    finally:
-        log.close()
-
-
 @pytest.mark.timeout(60)
 def test_a_collector_started_again_on_its_copy_picks_the_node_up(tmp_path):
     node_dir, copy = tmp_path / "node", tmp_path / "copy"
@@ -70,7 +59,7 @@ def test_a_collector_started_again_on_its_copy_picks_the_node_up(tmp_path):
         assert send(other, meta(7, "other"), exits([{"rank": 7, "pid": 9, "exit_code": 3,
                                                       "signal": None,
                                                       "stopped_by_distdoctor": False}]))
-        until(lambda: _head(ring_path(copy, 0)) == 10 and (copy / "exits.json").exists(),
+        until(lambda: head_of(ring_path(copy, 0)) == 10 and (copy / "exits.json").exists(),
               what="the first collector's copy")
         node.close()
         other.close()
@@ -93,7 +82,7 @@ def test_a_collector_started_again_on_its_copy_picks_the_node_up(tmp_path):
         assert send(node, meta(0, "node"), *_log_frames(str(ring_path(node_dir, 0)), 10, 15),
                     exits([{"rank": 0, "pid": 5, "exit_code": 0, "signal": None,
                             "stopped_by_distdoctor": False}]))
-        until(lambda: _head(ring_path(copy, 0)) == 15, what="the copy going on")
+        until(lambda: head_of(ring_path(copy, 0)) == 15, what="the copy going on")
         assert os.stat(ring_path(copy, 0)).st_ino == inode  # the same file, written on
         assert [e.seq for e in reader.read(10)] == list(range(10, 15))
         until(lambda: len(json.loads((copy / "exits.json").read_text())["processes"]) == 2,
@@ -101,10 +90,13 @@ def test_a_collector_started_again_on_its_copy_picks_the_node_up(tmp_path):
         codes = {p["rank"]: p["exit_code"]
                  for p in json.loads((copy / "exits.json").read_text())["processes"]}
         assert codes == {0: 0, 7: 3}
+        meta0 = (copy / "ranks" / "rank-00000.json").read_bytes()
         thief = connect_node(second.address, "thief")  # the owners are kept too
         send(thief, meta(0, "thief"))
-        assert dropped(thief)
-        second.wait_for("rank 0 belongs to node node")
+        second.wait_for("node thief sends rank 0 of node node: its frames for it are set "
+                        "aside")
+        assert (copy / "ranks" / "rank-00000.json").read_bytes() == meta0
+        thief.close()
         node.close()
         assert "Traceback" not in second.text()
     finally:

@@ -1,0 +1,211 @@
+"""Who sends a rank to the collector, and when it passes to another node (owners.py): a
+real collector process (`watch --listen` on loopback), real node forwarders over real
+rank logs whose heartbeats move, and peers that speak the wire protocol themselves.
+
+A rank belonged to the first host that sent it, for good (and across a restart of the
+collector, owners.jsonl): a replacement node, or a node renamed after a reboot, was
+refused for the rest of the run ("rank 0 belongs to node node-a", and dropped with all
+its ranks), and a peer that claimed ranks it does not run kept the real node out."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+
+import pytest
+from simnode import CollectorProcess, connect_node, head_of, send, state, until
+
+from distdoctor.collect import wire
+from distdoctor.collect.forward import Forwarder
+from distdoctor.runlog import format as F
+from distdoctor.runlog.ring import RingWriter
+from distdoctor.runlog.rundir import ring_path
+
+RUN = {"torchelastic_run_id": "job7", "world": 32}
+
+
+class Node:
+    """A node's run dir of rank logs that run (events and heartbeats), forwarded by a real
+    Forwarder that names `host`."""
+
+    def __init__(self, tmp_path, host: str, ranks, address, restart: int | None = None):
+        self.dir = tmp_path / host
+        (self.dir / "ranks").mkdir(parents=True)
+        launch = None if restart is None else {**RUN, "torchelastic_restart_count": str(restart)}
+        self.writers = {r: RingWriter(str(ring_path(self.dir, r)), r, 64 * F.SLOT_SIZE, 4096,
+                                      pid=4000 + r, launch=launch) for r in ranks}
+        self.seq = 0
+        self.halted: set[int] = set()  # ranks whose process stopped (no event, no heartbeat)
+        self.step()
+        self.forwarder = Forwarder(self.dir, address)
+        self.forwarder.host = host
+        self.forwarder.start()
+
+    def step(self) -> None:
+        for w in [w for r, w in self.writers.items() if r not in self.halted]:
+            e = w.append(F.KIND_COLLECTIVE, F.OP_CODE["all_reduce"], 0, 0, 0, 0, self.seq, -1,
+                         0, 1, 1, 1000 + self.seq, 0, 0)
+            w.complete(e, F.STATUS_OK, 2000 + self.seq)
+            w.heartbeat()
+        self.seq += 1
+
+    def stop(self) -> None:
+        self.forwarder.stop()
+        for w in self.writers.values():
+            w.close()
+
+
+class Running:
+    """Every node's ranks run (a step and a heartbeat every 0.2 s) until the block ends."""
+
+    def __init__(self, *nodes):
+        self.nodes = list(nodes)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.wait(0.2):
+            for node in list(self.nodes):
+                node.step()
+
+    def __enter__(self) -> Running:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+
+
+class Squatter:
+    """A peer that claims ranks it does not run: OPEN and STATE of each (or a DIGEST),
+    then, with `moving`, a STATE (a DIGEST) whose heartbeat moves every 0.25 s."""
+
+    def __init__(self, address, host: str, ranks, digest: bool = False, moving: bool = False,
+                 launch: dict | None = None):
+        self.sock = connect_node(address, host)
+        self.host, self.ranks, self.digest, self.launch = host, list(ranks), digest, launch
+        self._stop = threading.Event()
+        self.send()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        if moving:
+            self._thread.start()
+
+    def send(self) -> bool:
+        if self.digest:
+            now = time.monotonic_ns()
+            return send(self.sock, wire.json_frame(wire.DIGEST, {
+                "host": self.host, "groups": {}, "sigs": {}, "arrivals": [], "waits": [],
+                "ranks": [[r, None, None, {}, now, None, False] for r in self.ranks]}))
+        extra = json.dumps(self.launch).encode() if self.launch else b""
+        frames = [f for r in self.ranks for f in (
+            wire.frame(wire.OPEN, wire.OPEN_BODY.pack(16, 4096, 9000 + r) + extra, r),
+            state(r, head=0))]
+        return send(self.sock, *frames)
+
+    def _run(self) -> None:
+        while not self._stop.wait(0.25):
+            if self.digest:
+                self.send()
+            else:
+                send(self.sock, *[state(r, head=0) for r in self.ranks])
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=5)
+        self.sock.close()
+
+
+@pytest.fixture
+def collector(tmp_path):
+    c = CollectorProcess(tmp_path / "copy", tmp_path / "collector.out").started()
+    yield c
+    c.stop()
+
+
+@pytest.mark.timeout(60)
+def test_ranks_pass_to_a_new_node_once_their_owner_is_gone(collector, tmp_path):
+    """A node that died, replaced by another host running its ranks; a squatter (logs,
+    then digests) that went quiet, and the node that runs the ranks: each rank passes to
+    the node where it runs, with one line, the old owner's copy kept whole."""
+    copy, address = tmp_path / "copy", collector.address
+    a = Node(tmp_path, "node-a", [0, 1], address)
+    until(lambda: head_of(ring_path(copy, 1)) >= 1, what="node-a's copies")
+    squat = Squatter(address, "squat", [4, 5])
+    dsquat = Squatter(address, "dsquat", [10, 11], digest=True)
+    a_head = head_of(ring_path(copy, 0))
+    a.stop()  # the node dies: its stream ends without its exit codes
+    b = Node(tmp_path, "node-b", [0, 1], address)  # its replacement, same ranks
+    real = Node(tmp_path, "real", [4, 5], address)
+    dreal = Squatter(address, "dreal", [10, 11], digest=True, moving=True)
+    try:
+        with Running(b, real):
+            collector.wait_for("ranks 0-1 moved from node node-a to node node-b")
+            until(lambda: head_of(ring_path(copy, 0, 1)) > 3, what="node-b's copy of rank 0")
+            collector.wait_for("ranks 10-11 moved from node dsquat to node dreal")
+            collector.wait_for("ranks 4-5 moved from node squat to node real")
+            until(lambda: head_of(ring_path(copy, 4, 1)) > 3, what="real's copy of rank 4")
+    finally:
+        for n in (b, real):
+            n.stop()
+        for s in (squat, dsquat, dreal):
+            s.close()
+    assert head_of(ring_path(copy, 0)) == a_head  # node-a's own copy, whole
+    text = collector.text()
+    assert "(node-a: its stream ended" in text and "(squat: no sign of the rank" in text
+    from distdoctor.collect.owners import Owners
+
+    owners = Owners(copy)  # as a collector started again on the copy reads them
+    assert {r: (owners.of[r], owners.base.get(r, 0)) for r in (0, 1, 4, 5, 10, 11)} == {
+        0: ("node-b", 1), 1: ("node-b", 1), 4: ("real", 1), 5: ("real", 1),
+        10: ("dreal", 0), 11: ("dreal", 0)}
+    assert "Traceback" not in text
+
+
+@pytest.mark.timeout(60)
+def test_a_live_owner_keeps_its_ranks_and_two_live_claims_are_a_conflict(collector,
+                                                                         tmp_path):
+    """A node that runs its ranks keeps them: another's claim is set aside, said once, and
+    that node's own ranks go on; a newer launch of the job takes them at once; a peer
+    that keeps moving ranks the real node also runs (and a node that runs ranks of
+    another: rank 20; a forged newer launch, which takes the rank at once: rank 23) is a
+    conflict, said with both hosts and the ranks, once, and written as a finding."""
+    copy, address = tmp_path / "copy", collector.address
+    owner = Node(tmp_path, "owner", [20, 21, 23], address, restart=0)
+    squat = Squatter(address, "squat", [6, 7], moving=True)
+    until(lambda: head_of(ring_path(copy, 21)) >= 1, what="owner's copies")
+    other = Node(tmp_path, "other", [20, 22], address)
+    owner.halted.add(21)  # torchrun stopped rank 21 and restarted it on another node
+    restarted = Node(tmp_path, "restarted", [21], address, restart=1)
+    real = Node(tmp_path, "real", [6, 7, 8], address)
+    forger = Squatter(address, "forger", [23], moving=True,  # a launch it does not run
+                      launch={**RUN, "torchelastic_restart_count": "9"})
+    try:
+        with Running(owner, other, restarted, real):
+            collector.wait_for("rank 21 moved from node owner to node restarted (owner: it "
+                               "sends an older launch of the job)")
+            collector.wait_for("node other sends rank 20 of node owner: its frames for it "
+                               "are set aside while node owner runs it")
+            collector.wait_for("rank conflict: node squat and node real both send ranks 6-7")
+            collector.wait_for("rank conflict: node forger and node owner both send rank 23")
+            until(lambda: head_of(ring_path(copy, 22)) > 3 and head_of(ring_path(copy, 8)) > 3,
+                  what="the claimants' own ranks")
+            time.sleep(2.0)  # dozens of frames of the ranks set aside: no line more
+    finally:
+        for n in (owner, other, restarted, real):
+            n.stop()
+        squat.close()
+        forger.close()
+    text = collector.text()
+    assert text.count("node other sends rank 20") == 1, text
+    assert text.count("rank conflict: node squat and node real") == 1, text
+    assert text.count("node real sends ranks 6-7 of node squat") == 1, text
+    assert "dropped" not in text, text  # set aside, never dropped: their other ranks go on
+    found = [f for f in json.loads((copy / "findings.json").read_text())["findings"]
+             if f["details"].get("reason") == "rank_conflict"]
+    assert sorted((f["ranks"], f["details"]["hosts"]) for f in found) == [
+        ([6, 7], ["squat", "real"]), ([20], ["owner", "other"]), ([23], ["forger", "owner"])]
+    assert "Traceback" not in text
+
