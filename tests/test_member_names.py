@@ -68,6 +68,46 @@ def test_members_that_made_different_numbers_of_groups_name_one_group_apart(tmp_
         ("hang", [0, 1], "group_member_names")], post.stdout
 
 
+@pytest.mark.timeout(60)
+@pytest.mark.skipif(not hasattr(c10d, "_hash_ranks_to_str"),
+                    reason="this torch names a member-named group without a count")
+def test_a_member_that_never_calls_a_member_named_group_is_said(tmp_path):
+    """After the healthy part, rightly: [1, 3] made by rank 1 at once and by rank 3 after 6 s
+    of work while rank 0 waits for rank 1 (inside new_group), [0, 2] by its members at
+    different times (none said, the progress rule deciding); then rank 0 alone makes [0, 2]
+    inside `if rank == 0` and rank 2 goes on to all_reduce. Before: the late member's wait
+    was a hang blaming rank 1 (the job stopped there), and the skipped group a plain hang
+    blaming rank 0 that never said rank 2 never called it."""
+    run_dir = tmp_path / "run"
+    proc = run_cli(["run", "--nproc", "4", "--run-dir", str(run_dir), "--grace", "2",
+                    "--on-hang", "kill", "--", str(JOB), "skip"], timeout=45, run_dir=run_dir)
+    findings = json.loads((run_dir / "findings.json").read_text())["findings"]
+    described = "\n".join(f"{f['kind']} {f['ranks']} {f['summary']}" for f in findings)
+    assert proc.returncode != 0 and "stopping the job (--on-hang kill)" in proc.stderr, (
+        described + proc.stderr[-2000:])
+    [f] = findings  # the late member said nothing
+    marks = marker_sets(JOB)
+    (skipped,), (went_on,) = marks["skipped"], marks["went_on"]
+    d = f["details"]
+    assert (f["kind"], f["ranks"], d["reason"]) == ("hang", [0], "group_member_skipped"), described
+    assert (d["members"], d["created_by"], d["never_created"]) == ([0, 2], [0], [2]), d
+    assert d["recipe"] == "salted", d  # torch 2.13 and 2.15: the members and a count
+    assert d["branch"]["condition"] == "rank == 0" and d["branch"]["arm"] == "body", d
+    assert (d["branch"]["created_by"], d["branch"]["skipped_by"]) == ([0], [2]), d
+    lines = {(c["rank"], c["line"]) for c in f["callsites"]}
+    assert {(0, skipped), (2, went_on)} <= lines, f["callsites"]
+    for words in (f"rank 0 is inside new_group([0, 2]) at member_names.py:{skipped}",
+                  "which rank 2, a member of it, never called",
+                  f"rank 2 went on to all_reduce #1 in group 0 at member_names.py:{went_on}",
+                  "`if rank == 0:`"):
+        assert words in f["summary"], f["summary"]
+    assert "on every member of the group" in f["remedy"] and "rank == 0" in f["remedy"]
+    post = run_cli(["diagnose", str(run_dir), "--json"], timeout=30)
+    causes = [g for g in json.loads(post.stdout)["findings"] if g["severity"] == "error"]
+    assert [(g["kind"], g["ranks"], g["details"]["reason"]) for g in causes] == [
+        ("hang", [0], "group_member_skipped")], post.stdout
+
+
 def _salted(members, n):  # torch 2.13 and 2.15: the members and the rank's count
     return hashlib.sha1(f"{'_'.join(map(str, members))}_{n}".encode()).hexdigest()
 
@@ -110,6 +150,7 @@ def test_torch_2_13_counts_the_groups_a_rank_is_a_member_of():
     assert f.details["counted"] == "member", f.details
     assert [(n["ranks"], n["count"]) for n in f.details["names"]] == [([0], 2), ([2], 1)]
     assert "[0, 1] at job.py:10, which rank 2 also made but is not a member of" in f.summary
+    assert "create it without use_local_synchronization=True" in f.remedy, f.remedy
     for r in range(4):
         engine.heartbeat(r, 6 * S, 6.0)
     engine.tick(6.0)
@@ -133,6 +174,21 @@ def test_torch_2_15_counts_the_groups_a_rank_created():
     [e] = f.details["earlier"]
     assert (e["line"], e["counts"]) == (11, {"0": 1, "2": 0}), e
     assert "which ranks 0, 1 made and ranks 2, 3 did not" in f.summary, f.summary
+    # not "create it without local synchronization": ranks 0, 1's own [0, 1] advanced the
+    # counter that names a plain new_group() on them alone (torch 2.15), so that hangs too
+    assert "make the earlier groups named above on every rank" in f.remedy, f.remedy
+    assert "does not cure it alone" in f.remedy, f.remedy
+
+
+def test_a_rank_dependent_creation_order_is_not_told_to_use_local_synchronization():
+    """Counter name "1" stands for [0, 1] on rank 0 and [0, 2] on rank 2 (made in different
+    orders): the remedy says every rank, same order, and that local synchronization does
+    not help there (before: it recommended it, which names such groups apart)."""
+    engine = Engine(hang_timeout_s=None)
+    engine.ingest([_made(0, 0, "1", (0, 1), 10), _made(2, 0, "1", (0, 2), 11)], 0.0)
+    engine.tick(1.0)
+    [f] = [f for f in engine.findings() if f.details.get("reason") == "group_creation_order"]
+    assert "no way out of a rank-dependent order" in f.remedy, f.remedy
 
 
 def test_each_torchs_recipe_is_read_back_from_the_name():
@@ -183,3 +239,43 @@ def test_members_at_different_points_of_one_group_are_no_split(case):
     engine.ingest([_made(0, 0, new, (0, 2), 11), _made(2, 0, old, (0, 2), 11)], 0.0)
     engine.tick(1.0)
     assert len(_cause(engine)) == 1
+
+
+def _op(rank, index, seq, done, line=30):
+    """An all_reduce on the default group of 4 ranks."""
+    return Event(rank=rank, index=index, kind="collective", op="all_reduce",
+                 status="ok" if done else "in_flight", group="0", group_desc="",
+                 group_ranks=(0, 1, 2, 3), seq=seq, peer=None, shapes=((8,),),
+                 dtypes=("float32",), device="cpu", numel_in=8, numel_out=8, reduce_op="sum",
+                 callsite={"file": "/nonexistent/job.py", "line": line, "function": "<module>"},
+                 t_enter_ns=S // 2, t_end_ns=S // 2 + 1000 if done else None, span_index=0,
+                 name=None, error=None, is_async=False, other_thread=False)
+
+
+def _skip_engine(rank3_waits: bool) -> Engine:
+    """Rank 1 inside new_group([1, 3]); ranks 0, 2 (and 3) in all_reduce #1 for 5 s."""
+    engine = Engine(hang_timeout_s=3)
+    engine.ingest([_op(r, 0, 0, True) for r in range(4)], 0.0)
+    engine.ingest([_made(1, 1, _salted((1, 3), 2), (1, 3), 20, done=False)]
+                  + [_op(r, 1, 1, False, line=31) for r in ((0, 2, 3) if rank3_waits
+                                                             else (0, 2))], 0.0)
+    for r in range(4):
+        engine.heartbeat(r, 5 * S, 5.0)
+    engine.tick(5.0)
+    return engine
+
+
+def test_a_member_is_said_to_skip_a_member_named_group_only_where_it_cannot_come():
+    """Rank 1 is inside new_group([1, 3]) (named by its members); ranks 0, 2 wait for it in
+    all_reduce #1 past --hang-timeout 3. Rank 3, the other member, in no collective
+    (computing, say): it may yet call it, so nothing says it skipped it, the hang stays a
+    plain one. Rank 3 waiting in that all_reduce too, for rank 1: it never called the group
+    and cannot come to it (said, with its line)."""
+    engine = _skip_engine(rank3_waits=False)
+    said = [f for f in engine.findings() if f.details.get("reason") == "group_member_skipped"]
+    assert said == [] and any(f.kind == "hang" for f in engine.findings())
+    engine = _skip_engine(rank3_waits=True)
+    [f] = [f for f in engine.findings() if f.details.get("reason") == "group_member_skipped"]
+    assert (f.kind, f.details["members"], f.details["never_created"]) == ("hang", [1, 3], [3])
+    assert "rank 3 went on to all_reduce #1 in group 0 at job.py:31" in f.summary, f.summary
+    assert f.ranks == [] and f.details["tie"], f.summary  # one each, no rank condition known

@@ -7,8 +7,9 @@ the state it reads (`open`, `found`, `ranks`, `gaps`, `group_names`, `policy`).
 from __future__ import annotations
 
 from distdoctor.diagnosis.hangs.creations import counted, members_text
-from distdoctor.diagnosis.hangs.group_order import group_order_finding, skipped_finding
+from distdoctor.diagnosis.hangs.group_order import group_order_finding, guard_of, skipped_finding
 from distdoctor.diagnosis.hangs.hang import RankView, hang_findings
+from distdoctor.diagnosis.hangs.member_skipped import skipped_by_members_finding, skippers
 from distdoctor.diagnosis.hangs.progress import STALL_S
 from distdoctor.diagnosis.parting.parted import explain_hang
 from distdoctor.findings import Finding, site_text
@@ -32,6 +33,8 @@ class HangPass:
                 self._place_busy(f)
                 self._put(("long_wait", f.group, f.seq), f, quiet_update=True)
                 continue
+            if f.kind == "hang" and self._waits_on_busy(f, views):
+                continue  # a rank inside new_group waits for a member on its way to it
             key = (f.kind, f.group, f.seq) if f.kind == "hang" else (f.kind, tuple(f.ranks))
             lw = self.found.get(("long_wait", f.group, f.seq))
             if lw is not None and lw.details.get("in_flight"):
@@ -54,6 +57,33 @@ class HangPass:
             else:
                 self._put(key, f, quiet_update=True)
         return hangs
+
+    def _waits_on_busy(self, f: Finding, views: dict[int, RankView]) -> bool:
+        """Every rank the hang blames is inside a group creation that a rank which has not
+        begun it yet keeps waiting while it computes (in no collective, not judged hung by
+        its progress): a rank slow to reach new_group, which it may yet call."""
+        made, world = self.group_names.creations, set(self.ranks)
+        rv = next((rv for rv in self.open.values() if (rv.group, rv.seq) == (f.group, f.seq)),
+                  None)
+        if rv is None or not f.ranks:
+            return False
+        waited = max((views[r].waited_s(ev) for r, ev in rv.arrivals.items() if r in views),
+                     default=0.0)
+        for r in f.ranks:
+            m = made.inside(r)
+            if m is None:
+                return False
+            late = made.missing(m, world) if counted(m.name) else skippers(made, m, r, world)
+            if not any(self._computing(x) and self.judge(x, rv, waited).state != "hang"
+                       for x in late):
+                return False
+        return True
+
+    def _computing(self, rank: int) -> bool:
+        st = self.ranks.get(rank)
+        return (st is not None and st.exit is None and self.progress.progress(rank).busy
+                and (st.latest is None or st.latest.t_end_ns is not None)
+                and self.group_names.creations.inside(rank) is None)
 
     def _place_by_samples(self, f: Finding) -> None:
         """A rank still computing when the job's timeout fired: the line its sampler last
@@ -101,21 +131,55 @@ class HangPass:
             self._folded.setdefault(key, self.found.pop(key))
 
     def _judge_skipped(self, hangs: list[Finding]) -> None:
-        """A rank a hang waits for is inside a group creation (counter-named) that ranks
-        of the job never began: the hang's cause is that creation, skipped by them."""
+        """A rank a hang waits for is inside a group creation that ranks of the job never
+        began: the hang's cause is that creation, skipped by them. Counter-named: any rank
+        of the job that never began it; named by its members: a member that never began it
+        and can no longer come to it (member_skipped.py)."""
         hangs = self._hangs_or_folded(hangs)
         made, world = self.group_names.creations, set(self.ranks)
-        stuck = {}
+        stuck, by_members, gone = {}, {}, {}
         for r in sorted({r for f in hangs for r in f.ranks}):
             m = made.inside(r)
-            if m is not None and counted(m.name) and made.missing(m, world):
-                stuck[r] = m
-        if not stuck:
+            if m is None:
+                continue
+            if counted(m.name):
+                if made.missing(m, world):
+                    stuck[r] = m
+            elif went := {x: g for x in skippers(made, m, r, world)
+                          if (g := self._went_on(x, r)) is not None}:
+                by_members[r] = m
+                gone.update(went)
+        if not stuck and not by_members:
             return
         self.group_names.skip_known = True
         self._fold_hangs()
-        f = skipped_finding(self.group_names, stuck, self._positions(), hangs, world)
+        if stuck:
+            f = skipped_finding(self.group_names, stuck, self._positions(), hangs, world)
+        else:
+            f = skipped_by_members_finding(made, by_members, gone, self._positions(), hangs,
+                                           guard_of)
         self._put(GROUP_ORDER, f, quiet_update=GROUP_ORDER in self.found)
+
+    def _went_on(self, rank: int, inside: int) -> dict | None:
+        """Where `rank` went instead of a creation `inside` waits in for it, if it can no
+        longer come to it: in a collective that `inside` never joined (each waits for the
+        other), or ended (a clean exit; a crash is its own finding). None: it may yet come
+        (computing, or waiting on others)."""
+        st = self.ranks.get(rank)
+        if st is None:
+            return None
+        if st.exit is not None and st.exit.how != "stopped":
+            if st.exit.failed:
+                return None
+            return {"text": st.exit.describe(), "callsite": None}
+        for rv in self.open.values():
+            ev = rv.arrivals.get(rank)
+            if ev is not None and ev.t_end_ns is None and inside in rv.missing:
+                site = site_text(ev.callsite)
+                return {"text": f"went on to {ev.op} #{ev.seq} in group {ev.group}"
+                                + (f" at {site}" if site else "") + f" and waits there for "
+                                f"rank {inside}", "callsite": ev.callsite}
+        return None
 
     def _stuck_inside(self) -> list[int]:
         """The ranks inside a group creation for longer than a creation that only waits

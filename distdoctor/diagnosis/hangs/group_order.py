@@ -30,6 +30,7 @@ from distdoctor.diagnosis.hangs.creations import (
 )
 from distdoctor.diagnosis.hangs.member_names import REASON as MEMBER_NAMES
 from distdoctor.diagnosis.hangs.member_names import MemberNames, member_names_finding
+from distdoctor.diagnosis.hangs.member_skipped import REASON as MEMBER_SKIPPED
 from distdoctor.diagnosis.parting import source as S
 from distdoctor.diagnosis.parting.conditions import kind_of
 from distdoctor.findings import Finding, site_text, who
@@ -40,11 +41,23 @@ MAX_LISTS = 8  # member lists kept per name (the last one stands for any further
 CREATORS = {"new_group", "new_subgroups", "new_subgroups_by_enumeration", "split_group",
             "init_device_mesh", "DeviceMesh"}
 SHOWN_LINES = 8
-GROUP_CAUSES = ("group_creation_order", "group_creation_skipped", MEMBER_NAMES)  # .reason
+GROUP_CAUSES = ("group_creation_order", "group_creation_skipped", MEMBER_NAMES,  # .reason
+                MEMBER_SKIPPED)
 REMEDY = ("Create every process group on every rank, in the same order: torch's rule for "
           "new_group() is that every rank calls it for every group, also the groups it is not "
-          "a member of (or pass use_local_synchronization=True, which names a group by its "
-          "members, so that only the members call it).")
+          "a member of. use_local_synchronization=True is no way out of a rank-dependent "
+          "order: torch names such a group from its members and a count each member keeps "
+          "(the groups it made or belongs to before it), which such an order makes differ "
+          "between members, so they name one group apart and hang inside new_group().")
+SKIPPED_REMEDY = (
+    "Call new_group() on every rank for every group, in the same order, also on the ranks "
+    "that are not members of it (torch's rule: the name comes from a counter all ranks "
+    "advance together). use_local_synchronization=True, which lets only the members call "
+    "it, is safe only where every member made the same groups before it (torch names such "
+    "a group from its members and a count each member keeps), and where torch counts the "
+    "groups a rank created (2.15) it advances the counter that names every later "
+    "new_group() on the members alone: a later group made by all ranks then gets different "
+    "names on members and non-members, and hangs.")
 
 
 class GroupNames:
@@ -360,4 +373,4 @@ def skipped_finding(names: GroupNames, stuck: dict[int, Made], positions: dict[i
     sites = unique_sites(_sites(names, positions, [], culprits))
     stacks = {r: s for f in hangs for r, s in f.stacks.items()}
     return Finding("hang", "error", summary, culprits, m.name, None, sites, stacks, details,
-                   REMEDY)
+                   SKIPPED_REMEDY)

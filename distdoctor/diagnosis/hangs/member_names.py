@@ -52,12 +52,24 @@ COUNTS = {"member": "the number of groups the rank was a member of, the default 
           "created": "the number of groups the rank had created, the default one included",
           "both": "the number of groups the rank had made, the default one included",
           "chained": "the number of groups of these members the rank held"}
-REMEDY = ("Give a member-named group the same count on all its members: create it without "
-          "use_local_synchronization=True (every rank calls new_group() and the name comes "
-          "from a counter all ranks share), or create the member-named groups before any "
-          "group that only some of their members make or belong to. torch 2.15 salts the "
-          "name with the groups a rank created, which new_group() without local "
-          "synchronization advances on every rank.")
+# what to try, by the way the count was counted (a rank's count must equal its members')
+SAME = "Give a member-named group the same count on all its members: "
+REMEDIES = {
+    "member": SAME + "create it without use_local_synchronization=True (every rank calls "
+    "new_group() and the name comes from a counter all ranks share), or create the "
+    "member-named groups before any group that only some of their members belong to.",
+    "created": SAME + "make the earlier groups named above on every rank, in the same "
+    "order (without use_local_synchronization=True), or create the member-named groups "
+    "before them. Creating this group without use_local_synchronization=True does not cure "
+    "it alone: a group its members made alone also advanced on them only the counter that "
+    "names every later new_group(), so a plain new_group() gets different names too.",
+    "chained": SAME + "every member must hold as many groups of these members when it "
+    "creates it: make, and destroy, the groups of these members on all of them alike, or "
+    "create it without use_local_synchronization=True.",
+    None: SAME + "make the groups before it alike on all its members (the same groups, "
+    "made or joined, in the same order), or create them all without "
+    "use_local_synchronization=True, on every rank in the same order."}
+REMEDIES["both"] = REMEDIES["created"]
 
 
 @dataclass
@@ -332,7 +344,7 @@ def member_names_finding(made: Creations, splits: list[Split], positions: dict[i
             sites.append(dict(x.callsite, rank=e["more_on"], source="new_group"))
     stacks = {r: st for f in hangs for r, st in f.stacks.items()}
     return Finding("hang" if stuck else "mismatch", "error", summary, culprits, first.sides[0][0],
-                   None, unique_sites(sites), stacks, details, REMEDY)
+                   None, unique_sites(sites), stacks, details, REMEDIES[rule])
 
 
 def _culprits(made: Creations, splits: list[Split], guard_of) -> tuple[list[int], bool]:

@@ -4,14 +4,19 @@ groups it is a member of; 2.15: the groups it has created), so members that made
 numbers of groups before name one group differently and wait on different store keys.
 Usage: member_names.py MODE (4 ranks)
 
-Both modes first make what looks like it and is right: subgroups by new_subgroups, then a
+Every mode first makes what looks like it and is right: subgroups by new_subgroups, then a
 member-named group per pair across them; a ring of member-named pairs made in orders that
 differ between non-members; many member-named groups of one pair; a collective on each.
   healthy  only that
   diverge  then ranks 0 and 1 create their pair once more (inside `if rank < 2`), and
            [0, 2], [1, 3] again: rank 0 names [0, 2] after one group more than rank 2 does
+  skip     then, rightly, member-named groups whose members reach them at different times
+           (one after 6 s of work, while a rank waits for a member inside new_group); then
+           rank 0 alone creates [0, 2] (inside `if rank == 0`): it waits inside new_group for
+           rank 2, a member, which never calls it and went on to all_reduce
 """
 import sys
+import time
 
 import torch
 import torch.distributed as dist
@@ -42,5 +47,24 @@ if mode == "diverge":
     ranks = [0, 2] if rank % 2 == 0 else [1, 3]
     cross = dist.new_group(ranks, use_local_synchronization=True)  # expect: diverged
     dist.all_reduce(t, group=cross)
+if mode == "skip":
+    # right, and it looks like the bug: [1, 3] made by rank 1 at once and by rank 3 after
+    # 6 s of work (rank 0 waits for rank 1 meanwhile), [0, 2] by rank 2 at once and by rank 0
+    # only after that
+    if rank == 3:  # a member slow to reach [1, 3]: busy, past the stall bound
+        end = time.monotonic() + 6
+        while time.monotonic() < end:
+            torch.mm(torch.ones(64, 64), torch.ones(64, 64))
+    if rank % 2 == 1:
+        cross = dist.new_group([1, 3], use_local_synchronization=True)  # expect: late
+        dist.all_reduce(t, group=cross)
+    if rank < 2:
+        dist.all_reduce(t, group=mine)
+    cross = dist.new_group([0, 2] if rank % 2 == 0 else [1, 3], use_local_synchronization=True)
+    dist.all_reduce(t, group=cross)
+    # the bug: rank 0 alone makes [0, 2] again; rank 2, a member, went on to all_reduce
+    if rank == 0:
+        cross = dist.new_group([0, 2], use_local_synchronization=True)  # expect: skipped
+    dist.all_reduce(t)  # expect: went_on
 dist.barrier()
 dist.destroy_process_group()
