@@ -80,6 +80,7 @@ MAX_COPIES_PER_NODE = 16 * MAX_RANKS_PER_NODE  # log copies, in the copy's life
 MAX_FINISHED = 1 << 16
 MAX_STRINGS_BYTES = 64 << 20
 MAX_META_BYTES = 64 << 10  # a rank's metadata is about a kilobyte
+MAX_HELD_META_BYTES = 16 * MAX_META_BYTES  # a node's META of others' ranks, till their OPEN
 MAX_COMPLETED = 1 << 16  # completed collectives of a log awaiting its next STATE frame
 
 COPY_FILES_CAP = 256  # descriptors the open copies hold at most (2 a writer, 1 a reader)

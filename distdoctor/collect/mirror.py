@@ -42,7 +42,6 @@ from distdoctor.collect.limits import (
     MAX_RANKS_PER_NODE,
     copy_fd_budget,
 )
-from distdoctor.collect.lost import LOST_S
 from distdoctor.collect.node_mirror import HOST_NAME, NodeMirror  # noqa: F401 (server's)
 from distdoctor.collect.owners import Claims, Owners, newer
 from distdoctor.collect.shares import gone_line, who_goes
@@ -50,9 +49,10 @@ from distdoctor.collect.source_copies import SourceCopies
 from distdoctor.runlog import format as F
 from distdoctor.runlog.ring import RingWriter
 from distdoctor.runlog.ring_copy import open_copy
-from distdoctor.runlog.rundir import rank_meta_path, ring_path, write_json_atomic
+from distdoctor.runlog.rundir import ring_path, write_json_atomic
 
 EARLIER = "(before the collector started again)"  # findings.json's, at the start
+BY_LAUNCH = "it sends an older launch of the job"  # why a rank passed at once
 
 
 class Mirror:
@@ -86,7 +86,8 @@ class Mirror:
         self._findings_bytes: dict[str, int] = {}  # host -> its findings' JSON bytes
         self.sources = SourceCopies(self.run_dir)  # the nodes' kept sources, merged
 
-    def claim(self, node: NodeMirror, ranks, launch: tuple | None = None) -> list[int]:
+    def claim(self, node: NodeMirror, ranks, launch: tuple | None = None,
+              log: int | None = None) -> list[int]:
         """The ranks of `ranks` that `node` may write now: its own, new ones, and those
         whose owner is gone for them or that it sends of a newer launch of the job
         (`launch`: owners.incarnation of its log; the move said once). The others are
@@ -102,9 +103,10 @@ class Mirror:
                     new.append(r)
                 elif owner == node.host:
                     mine.append(r)
+                elif owners.stale(node.host, r, log):  # its log of the rank's past, sent
+                    self._both_move(node, r, now)  # again: no claim (a conflict if it runs)
                 else:
-                    why = ("it sends an older launch of the job"
-                           if newer(launch, claims.launched.get(r))
+                    why = (BY_LAUNCH if newer(launch, claims.launched.get(r))
                            else claims.gone_why(owner, r, now))
                     if why is None:
                         self._aside(node, owner, r, launch, now)
@@ -121,10 +123,14 @@ class Mirror:
                         self._let_go(other, node.host)
                 owners.claim(node.host, new)
                 for owner, (rs, why) in moves.items():
-                    owners.move(node.host, {r: self._next_log(r) for r in rs}, owner)
+                    (claims.by_launch.update if why == BY_LAUNCH
+                     else claims.by_launch.difference_update)(rs)
+                    owners.move(node.host, {r: owners.next_log(r) for r in rs}, owner)
                     self.fleet.forget(rs)
                     claims.note("moved", owner, node.host, rs, why)
             granted = mine + new + moved
+            if moved:
+                claims.retract(node.host, moved)
             for r in granted:
                 self._senders[r] = node
                 node.aside.pop(r, None)
@@ -142,6 +148,13 @@ class Mirror:
         self.claims.note("aside", owner, node.host, [rank])
         self._both_move(node, rank, now)
 
+    def held(self, node: NodeMirror, owner: str, rank: int, log: int) -> None:
+        """`node`'s META of `owner`'s rank, held for its log's OPEN: set aside unless the
+        OPEN takes the rank (then not said: Claims.retract), or of its past (stale)."""
+        with self._lock:
+            if not self.owners.stale(node.host, rank, log):
+                self.claims.note("aside", owner, node.host, [rank])
+
     def moved_elsewhere(self, node: NodeMirror, rank: int) -> None:
         """`node` moves a rank of its log that passed to another node (its own copy of
         the log goes on): a conflict where the new owner moves it too (a node cut off
@@ -151,19 +164,9 @@ class Mirror:
 
     def _both_move(self, node: NodeMirror, rank: int, now: float) -> None:
         owner = self.owners.of.get(rank)
-        if (owner is not None and owner != node.host
-                and now - node.moving.get(rank, now - LOST_S) < LOST_S
-                and self.claims.moving(owner, rank, now)):
+        if owner is not None and owner != node.host and self.claims.both_run(owner, node,
+                                                                              rank, now):
             self.claims.conflict(owner, node.host, rank)
-
-    def _next_log(self, rank: int) -> int:
-        """The first log number of `rank` the copy has no file of (a moved rank's new
-        owner numbers its logs from there: the old owner's copies stay whole)."""
-        n = 0
-        while n < MAX_LOG_NUMBER and (ring_path(self.run_dir, rank, n).exists()
-                                      or rank_meta_path(self.run_dir, rank, n).exists()):
-            n += 1
-        return n
 
     def copy_log(self, rank: int, log: int) -> int:
         """The copy's number of its owner's log `log` of `rank` (after an old owner's)."""
@@ -190,6 +193,7 @@ class Mirror:
         for r in ranks:
             self._senders.pop(r, None)
             self.claims.launched.pop(r, None)
+            self.claims.by_launch.discard(r)
         self.fleet.forget(ranks)
         self.evicted[host] = gone_line(len(ranks), MAX_RANKS, "ranks", newcomer)
 
@@ -204,7 +208,7 @@ class Mirror:
 
         capacity, strings_size, pid = layout
         layout = (min(capacity, wire.MIRROR_SLOTS), strings_size, pid)
-        if not self.claim(node, [rank], incarnation(launch)):
+        if not self.claim(node, [rank], incarnation(launch), log):
             return None
         with self._lock:
             log = self.copy_log(rank, log)
@@ -218,6 +222,7 @@ class Mirror:
                     raise wire.WireError(f"more than {MAX_COPIES_PER_NODE:,} logs from one "
                                          f"node")
                 writer = _new_copy(path, rank, log, layout, launch)
+                self.owners.made(rank, log)
                 self._copies_of[node.host] = self._copies_of.get(node.host, 0) + 1
             copy = Copy((rank, log), path, layout, writer)
             if have is not None:

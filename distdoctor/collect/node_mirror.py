@@ -21,12 +21,14 @@ from distdoctor.collect.limits import (
     MAX_COMPLETED,
     MAX_EXITS_FRAMES,
     MAX_FINISHED,
+    MAX_HELD_META_BYTES,
     MAX_LOGS_PER_NODE,
     MAX_META_BYTES,
     MAX_RANK,
     MAX_RANKS_PER_NODE,
     MAX_STRINGS_BYTES,
 )
+from distdoctor.collect.lost import LOST_S
 from distdoctor.collect.peer_data import node_exits, node_findings
 from distdoctor.collect.peer_numbers import lines_within, numbers_within
 from distdoctor.errors import UserError
@@ -66,10 +68,12 @@ class NodeMirror:
         # head, heartbeat or digest clock last moved (a conflict is two claims that move)
         self.alive: dict[int, float] = {}
         self.moving: dict[int, float] = {}
+        self.since: dict[int, float] = {}  # rank -> when its current run of moves began
         self.aside: dict[int, tuple | None] = {}  # rank set aside -> its launch (incarnation)
         self.aside_logs: dict[tuple[int, int], tuple | None] = {}  # their logs, the same
         self._words: dict[tuple[int, int], tuple] = {}  # log -> its last (head, heartbeat)
         self._clocks: dict[int, object] = {}  # rank -> its digest position's clock
+        self._held_meta: dict[tuple[int, int], tuple[dict, int]] = {}  # (_hold_meta)
 
     def apply(self, kind: int, rank: int, arg: int, payload: bytes, log: int = 0) -> None:
         self.last_frame_s = time.monotonic()
@@ -118,9 +122,17 @@ class NodeMirror:
         moved = self._words.get((rank, log), now) != now
         self._words[(rank, log)] = now
         if moved:
-            self.alive[rank] = self.moving[rank] = time.monotonic()
+            self._moved(rank, time.monotonic())
             if (rank, log) in self.rings and self.mirror.owners.of.get(rank) != self.host:
                 self.mirror.moved_elsewhere(self, rank)
+
+    def _moved(self, rank: int, now: float) -> None:
+        """The rank moved here: a run of moves begins after LOST_S without one (owners.py:
+        a conflict is two runs that overlap, not a rank that stopped here and started
+        there)."""
+        if now - self.moving.get(rank, now - LOST_S) >= LOST_S:
+            self.since[rank] = now
+        self.alive[rank] = self.moving[rank] = now
 
     def _set_aside(self, kind: int, rank: int, log: int, payload: bytes) -> None:
         """A frame of a log set aside: its signs read, and its claim tried again; once the
@@ -129,7 +141,7 @@ class NodeMirror:
         if kind != wire.STATE:
             return
         self._sign(rank, log, payload)
-        if not self.mirror.claim(self, [rank], self.aside_logs[(rank, log)]):
+        if not self.mirror.claim(self, [rank], self.aside_logs[(rank, log)], log):
             return
         for r, launch in list(self.aside.items()):
             self.mirror.claim(self, [r], launch)
@@ -169,11 +181,27 @@ class NodeMirror:
         if meta.get("rank") != rank:
             raise wire.WireError(f"META frame of rank {rank} describes rank "
                                  f"{meta.get('rank')!r}")
-        if not self.mirror.claim(self, [rank]):
-            return  # another node's rank (set aside)
+        owner = self.mirror.owners.of.get(rank)
+        if owner not in (None, self.host) and (rank, log) not in self.rings:
+            self.mirror.held(self, owner, rank, log)
+            return self._hold_meta((rank, log), meta, len(payload))
+        if self.mirror.claim(self, [rank]):  # (else another node's rank: set aside)
+            self._write_meta(rank, log, meta)
+
+    def _hold_meta(self, key: tuple[int, int], meta: dict, size: int) -> None:
+        """Another node's rank: a forwarder sends a log's META before its OPEN, and the
+        OPEN's launch decides (a newer launch passes at once): held for it, the oldest
+        let go past MAX_HELD_META_BYTES."""
+        self._held_meta.pop(key, None)
+        self._held_meta[key] = (meta, size)
+        while sum(n for _, n in self._held_meta.values()) > MAX_HELD_META_BYTES:
+            del self._held_meta[next(iter(self._held_meta))]
+
+    def _write_meta(self, rank: int, log: int, meta: dict) -> None:
+        n = self.mirror.copy_log(rank, log)
         try:
-            write_json_atomic(rank_meta_path(self.mirror.run_dir, rank,
-                                             self.mirror.copy_log(rank, log)), meta)
+            write_json_atomic(rank_meta_path(self.mirror.run_dir, rank, n), meta)
+            self.mirror.owners.made(rank, n)
         except OSError as exc:
             raise wire.WireError(f"cannot write rank {rank}'s metadata: "
                                  f"{exc.strerror or exc}") from None
@@ -198,7 +226,7 @@ class NodeMirror:
             if r not in self._clocks:
                 self.alive[r] = now
             elif self._clocks[r] != clock:
-                self.alive[r] = self.moving[r] = now
+                self._moved(r, now)
             self._clocks[r] = clock
         self._prune()
         granted = self.mirror.claim(self, ranks)
@@ -236,6 +264,9 @@ class NodeMirror:
         copy = self.mirror.ring_for(rank, log, self, (capacity, strings_size, pid), launch)
         if copy is not None:
             self.rings[(rank, log)] = copy
+            held = self._held_meta.pop((rank, log), None)
+            if held is not None:
+                self._write_meta(rank, log, held[0])
             return
         if len(self.aside_logs) >= MAX_LOGS_PER_NODE:
             oldest = next(iter(self.aside_logs))
@@ -250,7 +281,7 @@ class NodeMirror:
         if len(self.alive) + len(self._clocks) <= 4 * MAX_RANKS_PER_NODE:
             return
         of, host = self.mirror.owners.of, self.host
-        for signs in (self.alive, self.moving, self._clocks):
+        for signs in (self.alive, self.moving, self.since, self._clocks):
             for r in [r for r in signs if of.get(r) != host and r not in self.aside]:
                 del signs[r]
 

@@ -18,13 +18,15 @@ one of the job's nodes, a client certificate its host name; nothing on the wire 
 which ranks it runs. So a claim is believed by what the rank does in it: its log opened,
 its log's head or heartbeat moving (a rank's heartbeat moves once a second while its
 process lives), its digest position moving. A squatter that goes quiet, or repeats what it
-sent, loses the ranks to the node where they run. Two claims that both move are a
-conflict no frame settles: the owner keeps the ranks (moving them to and fro would mix
-two hosts' events in one log), and the conflict is said and written as a finding that
-names both hosts and the ranks, for a person to settle (who launched what, where). A
-newer launch is believed at once (an elastic restart stops the old ranks before it starts
-the new ones), though it too is the claimant's word: an old owner whose rank still moves
-after it is the same conflict.
+sent, loses the ranks to the node where they run. Two claims that move together for
+OVERLAP_S are a conflict no frame settles (a rank stopped on one host and started on
+another moved on both within seconds, never at once): the owner keeps the ranks, and the
+conflict is said and written as a finding that names both hosts and the ranks, for a
+person to settle (who launched what, where). A newer launch is believed at once (an
+elastic restart stops the old ranks before it starts the new ones; a log's META, sent
+before its OPEN, waits for it), though it too is the claimant's word: an old owner whose
+rank still moves after it is the same conflict. A former owner's logs of the rank
+("past") are the rank's past whenever they are sent again, never a claim.
 
 A moved rank's logs from its new owner are numbered after those in the copy already
 (`base`): the old owner's copy (the crash of the node replaced) is kept whole.
@@ -39,11 +41,16 @@ from collections import OrderedDict
 
 from distdoctor.collect.limits import MAX_LOG_NUMBER, MAX_RANKS, MAX_RANKS_PER_NODE
 from distdoctor.collect.lost import LOST_S
+from distdoctor.runlog.rundir import rank_meta_path, ring_path
 
 OWNERS_FILE = "owners.jsonl"
 # A forwarder whose connection broke is back within its first retries (forward.RETRY_S:
 # 0.5 s, then 1 s): its ranks wait for it this long before another node may take them
 RECONNECT_S = 2.0
+# Two runs of a rank's moves, on two nodes, that overlap this long are a conflict: longer
+# than a slow node's stream lags behind another's (its forwarder's passes, a backlog)
+OVERLAP_S = LOST_S
+MAX_FORMERS = 4  # a rank's former owners whose old logs are known as such (stale)
 MAX_PAIRS = 64  # pairs of hosts whose conflicts the finding names (ranks: a node's worth)
 MAX_NEWS = 256  # lines waiting to be said (a few seconds' worth)
 # A line waits until its ranks stop coming this long (or NEWS_WAIT_S at most): a node's
@@ -62,6 +69,9 @@ class Owners:
         self.of: dict[int, str] = {}
         self.count: dict[str, int] = {}  # host -> ranks it owns
         self.base: dict[int, int] = {}  # a moved rank -> the copy's number of its log 0
+        self.run_dir = run_dir
+        self._top: dict[int, int] = {}  # rank -> past its newest log in the copy (next_log)
+        self.past: dict[int, dict[str, int]] = {}  # rank -> its former owners' old logs (stale)
         self._lines = 0
         self._load()
 
@@ -77,6 +87,7 @@ class Owners:
                 try:
                     item = json.loads(line)
                     host, ranks, base = item["host"], item.get("ranks"), item.get("base")
+                    old, past = item.get("from"), item.get("past")
                 except (ValueError, KeyError, TypeError, AttributeError):
                     continue
                 if not isinstance(host, str):
@@ -90,7 +101,9 @@ class Owners:
                 if base is None:
                     self._take(host, ranks)
                 elif type(base) is int and 0 <= base <= MAX_LOG_NUMBER:
-                    self._give(host, ranks, base)
+                    sound = isinstance(old, str) and type(past) is int \
+                        and 0 <= past <= MAX_LOG_NUMBER
+                    self._give(host, ranks, base, *((old, past) if sound else ()))
 
     def _take(self, host: str, ranks: list[int]) -> None:
         for r in ranks:
@@ -98,11 +111,19 @@ class Owners:
                 self.of[r] = host
                 self.count[host] = self.count.get(host, 0) + 1
 
-    def _give(self, host: str, ranks: list[int], base: int) -> None:
+    def _give(self, host: str, ranks: list[int], base: int, former: str | None = None,
+              past: int = 0) -> None:
         for r in ranks:
             old = self.of.get(r)
             if old is None and len(self.of) >= MAX_RANKS:
                 continue
+            self.past.get(r, {}).pop(host, None)  # (its own now)
+            if former is not None and former != host:
+                formers = self.past.setdefault(r, {})
+                formers.pop(former, None)
+                formers[former] = past
+                while len(formers) > MAX_FORMERS:
+                    del formers[next(iter(formers))]
             if old is not None:
                 self._uncount(old)
             self.of[r] = host
@@ -127,13 +148,46 @@ class Owners:
             self._write({"host": host, "ranks": new})
 
     def move(self, host: str, bases: dict[int, int], old: str) -> None:
-        """`old`'s ranks passed to `host`, its logs numbered from `bases[rank]` on."""
-        by_base: dict[int, list[int]] = {}
+        """`old`'s ranks passed to `host`, its logs numbered from `bases[rank]` on; `old`'s
+        logs of them so far ("past": those numbered below it) are the rank's past."""
+        groups: dict[tuple[int, int], list[int]] = {}
         for r, base in bases.items():
-            by_base.setdefault(base, []).append(r)
-        for base, ranks in by_base.items():
-            self._give(host, ranks, base)
-            self._write({"host": host, "ranks": ranks, "base": base, "from": old})
+            groups.setdefault((base, max(0, base - self.base.get(r, 0))), []).append(r)
+        for (base, past), ranks in groups.items():
+            self._give(host, ranks, base, old, past)
+            self._write({"host": host, "ranks": ranks, "base": base, "from": old,
+                         "past": past})
+
+    def stale(self, host: str, rank: int, log: int | None) -> bool:
+        """Whether `host`'s log `log` of `rank` is one it sent before the rank passed from
+        it to another node: a log of the rank's past, sent again (a reconnection, a
+        collector started again), never a claim of the rank now. A node whose rank was
+        restarted elsewhere keeps its old log (not closed when the rank was killed) and
+        sends it whenever it connects: it took the rank back whenever the owner had not
+        reconnected yet (a collector's restart: forwarders come back over up to 30 s)."""
+        return log is not None and log < self.past.get(rank, {}).get(host, 0)
+
+    def next_log(self, rank: int) -> int:
+        """A log number of `rank` past every file of it in the copy (a moved rank's new
+        owner numbers its logs from there: the old owner's copies stay whole). Read from
+        the disk once a rank, from its owner's base on, then kept (made): a scan from 0
+        each move cost a stat per log the copy has of the rank, so a peer moving a rank to
+        and fro (2 hosts, forged launches) made each move slower than the last, on the
+        collector's event loop."""
+        n = self._top.get(rank)
+        if n is None:
+            n = self.base.get(rank, 0)
+            while n < MAX_LOG_NUMBER and (ring_path(self.run_dir, rank, n).exists()
+                                          or rank_meta_path(self.run_dir, rank, n).exists()):
+                n += 1
+        self._top[rank] = n
+        return n
+
+    def made(self, rank: int, n: int) -> None:
+        """The copy has a file of `rank`'s log `n` (kept once next_log has read the disk
+        for the rank: before, files a collector before us made may lie past `n`)."""
+        if n >= self._top.get(rank, MAX_LOG_NUMBER + 1):
+            self._top[rank] = n + 1
 
     def release(self, host: str) -> list[int]:
         """`host`'s ranks set free (shares.py: let go to make room), and written down."""
@@ -146,6 +200,8 @@ class Owners:
         for r in ranks:
             del self.of[r]
             self.base.pop(r, None)
+            self._top.pop(r, None)
+            self.past.pop(r, None)
         self.count.pop(host, None)
         return ranks
 
@@ -168,12 +224,13 @@ class Owners:
 
     def _rewrite(self) -> None:
         """The file made anew from what it holds now, put in place whole."""
-        groups: dict[tuple[str, int], list[int]] = {}
+        groups: dict[tuple, list[int]] = {}
         for r, host in self.of.items():
-            groups.setdefault((host, self.base.get(r, 0)), []).append(r)
-        text = "".join(json.dumps({"host": h, "ranks": rs, "base": b},
-                                  separators=(",", ":")) + "\n"
-                       for (h, b), rs in groups.items())
+            for former in [None, *self.past.get(r, {}).items()]:
+                groups.setdefault((host, self.base.get(r, 0), former), []).append(r)
+        text = "".join(json.dumps({"host": h, "ranks": rs, "base": b, **(
+            {"from": f[0], "past": f[1]} if f else {})}, separators=(",", ":")) + "\n"
+                       for (h, b, f), rs in groups.items())
         temp = self.path.with_name(f".{OWNERS_FILE}.{os.getpid()}")
         try:
             fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC
@@ -213,6 +270,8 @@ class Claims:
         self.owners = owners
         self.senders: dict[int, object] = {}  # rank -> the NodeMirror that sends it
         self.launched: dict[int, tuple] = {}  # rank -> its owner's newest incarnation
+        self.by_launch: set[int] = set()  # ranks their owner took by a newer launch
+        self.launch_pairs: set[tuple[str, str]] = set()  # conflicts of such an owner
         self.started_s = time.monotonic()
         self.conflicts: OrderedDict[tuple[str, str], set[int]] = OrderedDict()
         self.conflicts_changed = False
@@ -235,11 +294,19 @@ class Claims:
         quiet = now - seen
         return f"no sign of the rank running for {quiet:.0f} s" if quiet >= LOST_S else None
 
-    def moving(self, owner: str, rank: int, now: float) -> bool:
-        """Whether `owner`'s stream moved `rank` (head, heartbeat, digest clock) of late."""
+    def both_run(self, owner: str, other, rank: int, now: float) -> bool:
+        """Whether `owner`'s stream and `other` (a NodeMirror) both move `rank` (head,
+        heartbeat, digest clock) now, and have for OVERLAP_S together. A rank handed over
+        (stopped on one host, started on another: a replacement, a relaunch) moved on both
+        within LOST_S but never at once, but for the lag between the two streams; two
+        nodes that both run it go on moving it together."""
         node = self.senders.get(rank)
-        return (node is not None and node.host == owner and not node.closed
-                and now - node.moving.get(rank, now - LOST_S) < LOST_S)
+        if node is None or node.host != owner or node.closed:
+            return False
+        runs = [(n.since.get(rank), n.moving.get(rank)) for n in (node, other)]
+        if any(last is None or first is None or now - last >= LOST_S for first, last in runs):
+            return False
+        return min(last for _, last in runs) - max(first for first, _ in runs) >= OVERLAP_S
 
     def note(self, what: str, old: str, new: str, ranks, why: str = "") -> None:
         """News for the next say(): `what` is aside or moved."""
@@ -253,12 +320,22 @@ class Claims:
             entry[0].update(ranks)
             entry[3] = now
 
+    def retract(self, host: str, ranks) -> None:
+        """`host`'s ranks passed to it before their set-aside line was said (a META held
+        for its OPEN, a claim whose owner went): not said."""
+        for key in [k for k in self._news if k[0] == "aside" and k[2] == host]:
+            self._news[key][0].difference_update(ranks)
+            if not self._news[key][0]:
+                del self._news[key]
+
     def conflict(self, owner: str, other: str, rank: int) -> None:
         ranks = self.conflicts.get((owner, other))
         if ranks is None:
             if len(self.conflicts) >= MAX_PAIRS:
                 return
             ranks = self.conflicts[(owner, other)] = set()
+            if rank in self.by_launch:  # (the summary says how the owner came to hold it)
+                self.launch_pairs.add((owner, other))
         if rank not in ranks and len(ranks) < MAX_RANKS_PER_NODE:
             ranks.add(rank)
             self.conflicts_changed = True  # (said as the finding is: the viewer prints it)
@@ -294,7 +371,8 @@ class Claims:
         from distdoctor.findings import Finding
 
         self.conflicts_changed = False
-        return [Finding("host", "warning", conflict_summary(owner, other, ranks),
+        return [Finding("host", "warning", conflict_summary(
+                            owner, other, ranks, (owner, other) in self.launch_pairs),
                         sorted(ranks), details={"reason": "rank_conflict",
                                                 "hosts": [owner, other], "kept": owner},
                         remedy=CONFLICT_REMEDY)
@@ -308,11 +386,15 @@ CONFLICT_REMEDY = ("Two nodes send the same ranks and both show them running: on
                    "the other's `distdoctor run --forward`.")
 
 
-def conflict_summary(owner: str, other: str, ranks) -> str:
+def conflict_summary(owner: str, other: str, ranks, by_launch: bool = False) -> str:
+    """`by_launch`: the owner took the ranks from `other` by a newer launch, which `other`
+    goes on running: that launch is the word in doubt (it had them first, said before)."""
     from distdoctor.diagnosis.report import rank_ranges
 
     s = "s" if len(ranks) > 1 else ""
+    them = "them" if s else "it"
+    how = (f"it sent a newer launch of the job, node {other} runs {them} on"
+           if by_launch else f"it had {them} first, node {other}'s are set aside")
     return (f"rank conflict: node {owner} and node {other} both send rank{s} "
-            f"{rank_ranges(ranks)} and both show {'them' if s else 'it'} running; the "
-            f"copy keeps node {owner}'s (it had {'them' if s else 'it'} first), node "
-            f"{other}'s are set aside")
+            f"{rank_ranges(ranks)} and both show {them} running; the copy shows node "
+            f"{owner}'s ({how})")
