@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import random
 import socket
 from pathlib import Path
 
@@ -36,10 +37,44 @@ def traced_env(run_dir: str | os.PathLike, base: dict | None = None) -> dict:
     return env
 
 
+# Ports handed to a job's store (MASTER_PORT) are drawn from below the kernel's ephemeral
+# range: the port is free when drawn, but the rank binds it seconds later (after importing
+# torch), and every outgoing connection of the machine (gloo opens dozens per rank) and
+# every bind to port 0 takes its port from the ephemeral range meanwhile. A port from that
+# range was taken in between (EADDRINUSE at the store, the job dead before its first op)
+# on a busy machine; below it, only a listener that asks for that very port can.
+LOW_PORTS = (10_000, 32_768)  # the draw, where the ephemeral range leaves room below it
+DRAWS = 64
+EPHEMERAL = "/proc/sys/net/ipv4/ip_local_port_range"
+
+
 def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
+    """A TCP port free on every address of this machine for a job's store to listen on."""
+    lo, hi = LOW_PORTS
+    try:
+        with open(EPHEMERAL) as f:
+            hi = min(hi, int(f.read().split()[0]))
+    except (OSError, ValueError, IndexError):
+        pass  # (no /proc: the usual range's floor)
+    rng = random.SystemRandom()
+    for _ in range(DRAWS if hi > lo else 0):
+        port = rng.randrange(lo, hi)
+        if _bindable(port):
+            return port
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:  # the kernel's choice
+        s.bind(("", 0))
         return s.getsockname()[1]
+
+
+def _bindable(port: int) -> bool:
+    """Nothing listens on, or holds, `port` on any IPv4 address (a socket in TIME_WAIT
+    there counts as held: the store may not use SO_REUSEADDR)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        try:
+            s.bind(("", port))
+        except OSError:
+            return False
+    return True
 
 
 def rank_env(env: dict, rank: int, world: int, master_port: int) -> dict:
