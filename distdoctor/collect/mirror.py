@@ -42,8 +42,9 @@ from distdoctor.collect.limits import (
     MAX_RANKS_PER_NODE,
     copy_fd_budget,
 )
+from distdoctor.collect.lost import LOST_S
 from distdoctor.collect.node_mirror import HOST_NAME, NodeMirror  # noqa: F401 (server's)
-from distdoctor.collect.owners import Claims, Owners, newer
+from distdoctor.collect.owners import Claims, Owners, incarnation, newer
 from distdoctor.collect.shares import gone_line, who_goes
 from distdoctor.collect.source_copies import SourceCopies
 from distdoctor.runlog import format as F
@@ -87,13 +88,14 @@ class Mirror:
         self.sources = SourceCopies(self.run_dir)  # the nodes' kept sources, merged
 
     def claim(self, node: NodeMirror, ranks, launch: tuple | None = None,
-              log: int | None = None) -> list[int]:
+              log: int | None = None, past: bool = False) -> list[int]:
         """The ranks of `ranks` that `node` may write now: its own, new ones, and those
         whose owner is gone for them or that it sends of a newer launch of the job
-        (`launch`: owners.incarnation of its log; the move said once). The others are
-        set aside (said once; a conflict where `node` shows them running too). WireError
-        when they would take the node past MAX_RANKS_PER_NODE, or the copy past
-        MAX_RANKS."""
+        (`launch`: owners.incarnation of its log `log`; the move said once). The others
+        are set aside (said once; a conflict where `node` shows them running too).
+        `past`: exit codes, a digest's positions: no sign of running the rank now unless
+        it moves, so no rank taken from another without. WireError past
+        MAX_RANKS_PER_NODE ranks of the node, or MAX_RANKS of the copy."""
         with self._lock:
             claims, owners, now = self.claims, self.owners, time.monotonic()
             mine, new, moves = [], [], {}
@@ -105,6 +107,8 @@ class Mirror:
                     mine.append(r)
                 elif owners.stale(node.host, r, log):  # its log of the rank's past, sent
                     self._both_move(node, r, now)  # again: no claim (a conflict if it runs)
+                elif past and now - node.moving.get(r, now - LOST_S) >= LOST_S:
+                    continue  # (its exit code, its rank's place: kept out, unsaid)
                 else:
                     why = (BY_LAUNCH if newer(launch, claims.launched.get(r))
                            else claims.gone_why(owner, r, now))
@@ -149,8 +153,8 @@ class Mirror:
         self._both_move(node, rank, now)
 
     def held(self, node: NodeMirror, owner: str, rank: int, log: int) -> None:
-        """`node`'s META of `owner`'s rank, held for its log's OPEN: set aside unless the
-        OPEN takes the rank (then not said: Claims.retract), or of its past (stale)."""
+        """`node`'s META of `owner`'s rank, held for its OPEN: set aside unless that takes
+        the rank (then unsaid: Claims.retract), or of the rank's past (stale)."""
         with self._lock:
             if not self.owners.stale(node.host, rank, log):
                 self.claims.note("aside", owner, node.host, [rank])
@@ -164,8 +168,7 @@ class Mirror:
 
     def _both_move(self, node: NodeMirror, rank: int, now: float) -> None:
         owner = self.owners.of.get(rank)
-        if owner is not None and owner != node.host and self.claims.both_run(owner, node,
-                                                                              rank, now):
+        if owner not in (None, node.host) and self.claims.both_run(owner, node, rank, now):
             self.claims.conflict(owner, node.host, rank)
 
     def copy_log(self, rank: int, log: int) -> int:
@@ -204,8 +207,6 @@ class Mirror:
         A node that reconnects (or a collector started again) writes on into the same
         file (readers keep their place); a log whose layout changed gets a new file, put
         in place whole (never truncated under a reader)."""
-        from distdoctor.collect.owners import incarnation
-
         capacity, strings_size, pid = layout
         layout = (min(capacity, wire.MIRROR_SLOTS), strings_size, pid)
         if not self.claim(node, [rank], incarnation(launch), log):

@@ -211,7 +211,7 @@ class NodeMirror:
         if self.exits_frames > MAX_EXITS_FRAMES:
             raise wire.WireError(f"more than {MAX_EXITS_FRAMES} EXITS frames")
         entries = node_exits(payload)
-        own = set(self.mirror.claim(self, [p["rank"] for p in entries]))
+        own = set(self.mirror.claim(self, [p["rank"] for p in entries], past=True))
         entries = [p for p in entries if p["rank"] in own]  # (others' ranks: set aside)
         self.ended = True
         self.mirror.add_exits(entries)
@@ -229,8 +229,8 @@ class NodeMirror:
                 self._moved(r, now)
             self._clocks[r] = clock
         self._prune()
-        granted = self.mirror.claim(self, ranks)
-        if len(granted) < len(ranks):  # other nodes' ranks: set aside
+        granted = self.mirror.claim(self, ranks, past=True)
+        if len(granted) < len(ranks):  # other nodes' ranks: set aside, or their past
             own = set(granted)
             digest["ranks"] = [item for item in digest["ranks"] if item[0] in own]
             ranks = granted

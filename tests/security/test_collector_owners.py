@@ -259,6 +259,14 @@ def test_a_healthy_handover_is_no_conflict_and_no_set_aside(collector, tmp_path)
                 h1 = head_of(ring_path(copy, 1))
                 until(lambda: head_of(ring_path(copy, 1)) > h1 + 3, what="node-a back")
                 time.sleep(RECONNECT_S + 0.5)
+                # node-a's job ends first: its exit codes name its killed rank 0 too (an
+                # exit code is the rank's past: on d926bc1 it took rank 0 from node-b)
+                a.forwarder.stop(exits=[
+                    {"rank": 0, "pid": 4000, "exit_code": -9, "signal": "SIGKILL",
+                     "stopped_by_distdoctor": False},
+                    {"rank": 1, "pid": 4001, "exit_code": 0, "signal": None,
+                     "stopped_by_distdoctor": False}])
+                again.wait_for("finished")
                 h0 = head_of(ring_path(copy, 0, 1))
                 b.forwarder = Forwarder(b.dir, again.address)
                 b.forwarder.host = "node-b"
@@ -273,6 +281,8 @@ def test_a_healthy_handover_is_no_conflict_and_no_set_aside(collector, tmp_path)
     after = again.text()
     assert "moved" not in after and "sends rank" not in after, after
     assert not ring_path(copy, 0, 2).exists()
+    assert [p["rank"] for p in json.loads((copy / "exits.json").read_text())["processes"]
+            if p["signal"] == "SIGKILL"] == []
     assert "rank conflict" not in text and "sends rank 0" not in text, text
     found = json.loads((copy / "findings.json").read_text())["findings"] \
         if (copy / "findings.json").exists() else []
