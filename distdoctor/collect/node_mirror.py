@@ -74,6 +74,7 @@ class NodeMirror:
         self._words: dict[tuple[int, int], tuple] = {}  # log -> its last (head, heartbeat)
         self._clocks: dict[int, object] = {}  # rank -> its digest position's clock
         self._held_meta: dict[tuple[int, int], tuple[dict, int]] = {}  # (_hold_meta)
+        self._held_bytes = 0
 
     def apply(self, kind: int, rank: int, arg: int, payload: bytes, log: int = 0) -> None:
         self.last_frame_s = time.monotonic()
@@ -192,10 +193,11 @@ class NodeMirror:
         """Another node's rank: a forwarder sends a log's META before its OPEN, and the
         OPEN's launch decides (a newer launch passes at once): held for it, the oldest
         let go past MAX_HELD_META_BYTES."""
-        self._held_meta.pop(key, None)
-        self._held_meta[key] = (meta, size)
-        while sum(n for _, n in self._held_meta.values()) > MAX_HELD_META_BYTES:
-            del self._held_meta[next(iter(self._held_meta))]
+        held = self._held_meta
+        self._held_bytes += size - held.pop(key, (None, 0))[1]
+        held[key] = (meta, size)
+        while self._held_bytes > MAX_HELD_META_BYTES or len(held) > MAX_LOGS_PER_NODE:
+            self._held_bytes -= held.pop(next(iter(held)))[1]
 
     def _write_meta(self, rank: int, log: int, meta: dict) -> None:
         n = self.mirror.copy_log(rank, log)
@@ -266,6 +268,7 @@ class NodeMirror:
             self.rings[(rank, log)] = copy
             held = self._held_meta.pop((rank, log), None)
             if held is not None:
+                self._held_bytes -= held[1]
                 self._write_meta(rank, log, held[0])
             return
         if len(self.aside_logs) >= MAX_LOGS_PER_NODE:
