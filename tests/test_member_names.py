@@ -151,10 +151,15 @@ def test_torch_2_13_counts_the_groups_a_rank_is_a_member_of():
     assert [(n["ranks"], n["count"]) for n in f.details["names"]] == [([0], 2), ([2], 1)]
     assert "[0, 1] at job.py:10, which rank 2 also made but is not a member of" in f.summary
     assert "create it without use_local_synchronization=True" in f.remedy, f.remedy
-    for r in range(4):
+    _said_hung_after_6_s(engine, 4, _cause)
+
+
+def _said_hung_after_6_s(engine, world, cause):
+    """Every rank still inside new_group 6 s on: the cause is said as a hang."""
+    for r in range(world):
         engine.heartbeat(r, 6 * S, 6.0)
     engine.tick(6.0)
-    [f] = _cause(engine)
+    [f] = cause(engine)
     assert f.kind == "hang" and f.summary.startswith("the job hangs because"), f.summary
 
 
@@ -279,3 +284,84 @@ def test_a_member_is_said_to_skip_a_member_named_group_only_where_it_cannot_come
     assert (f.kind, f.details["members"], f.details["never_created"]) == ("hang", [1, 3], [3])
     assert "rank 3 went on to all_reduce #1 in group 0 at job.py:31" in f.summary, f.summary
     assert f.ranks == [] and f.details["tie"], f.summary  # one each, no rank condition known
+
+
+def _counter_cause(engine):
+    return [f for f in engine.findings() if f.details.get("reason") == "group_counter_names"]
+
+
+def _plain_after_member_named(plain_name):
+    """3 ranks: 0 and 1 make [0, 1] by its members (line 10, inside `if rank < 2`), then
+    all three call a plain new_group([0, 1, 2]) (line 12) and stay inside it.
+    `plain_name(rank)`: the counter name torch gives it there."""
+    engine = Engine(hang_timeout_s=None)
+    engine.ingest([_made(r, 0, _salted((0, 1), 1), (0, 1), 10) for r in (0, 1)], 0.0)
+    engine.ingest([_made(r, 1 if r < 2 else 0, plain_name(r), (0, 1, 2), 12, done=False)
+                   for r in range(3)], 0.0)
+    engine.tick(1.0)
+    return engine
+
+
+def test_torch_2_15_numbers_a_plain_group_after_a_member_named_one_apart():
+    """Torch 2.15 advances the counter that names a plain group on every creation, also on
+    one made by its members alone: ranks 0, 1 name the plain group "2", rank 2 names it "1",
+    and all wait inside new_group. Said as that cause (the earlier creation, who made it,
+    the counter); rank 2 is never said to have skipped it. Before: nothing at all while
+    they were inside; a hang blaming them was said as a creation rank 2 "never called"."""
+    engine = _plain_after_member_named(lambda r: "2" if r < 2 else "1")
+    [f] = _counter_cause(engine)
+    d = f.details
+    assert f.kind == "mismatch" and f.ranks == [0, 1], (f.ranks, f.summary)
+    assert d["members"] == [0, 1, 2] and d["counted"] == "created", d
+    assert [(n["name"], n["ranks"]) for n in d["names"]] == [("2", [0, 1]), ("1", [2])], d
+    [e] = d["earlier"]
+    assert (e["members"], e["line"], e["counts"]) == ([0, 1], 10, {"0": 1, "2": 0}), e
+    for words in ("ranks 0, 1 named it 2, rank 2 named it 1",
+                  "[0, 1] at job.py:10, which ranks 0, 1 made and rank 2 did not"):
+        assert words in f.summary, f.summary
+    assert "group_desc does not name the group" in f.remedy, f.remedy
+    assert not [g for g in engine.findings() if g.details.get("reason") in (
+        "group_creation_skipped", "group_creation_order")], [g.summary for g in engine.findings()]
+    _said_hung_after_6_s(engine, 3, _counter_cause)
+
+
+def test_torch_2_13_numbers_only_plain_groups_and_the_same_program_is_quiet():
+    """Torch 2.13 gives a member-named group no number: all three name the plain group
+    "1" (the same program works there)."""
+    engine = _plain_after_member_named(lambda r: "1")
+    assert engine.findings() == [], [f.summary for f in engine.findings()]
+
+
+@pytest.mark.timeout(60)
+def test_a_plain_group_after_a_member_named_one_hangs_only_where_torch_numbers_both(tmp_path):
+    """The real job, on the torch running the tests: after the healthy part, ranks 0, 1
+    make [0, 1] by its members inside `if rank < 2`, then all four call a plain
+    new_group([0, 1, 2, 3]). Torch 2.13 and 2.4 give the member-named group no number: the
+    job ends, quiet. Torch 2.15 numbers it on ranks 0, 1 only: they name the plain group
+    one past ranks 2, 3 and all wait inside new_group; said as that cause and stopped.
+    Before (2.15): no finding, the job stopped only by a timeout."""
+    run_dir = tmp_path / "run"
+    proc = run_cli(["run", "--nproc", "4", "--run-dir", str(run_dir), "--grace", "2",
+                    "--on-hang", "kill", "--", str(JOB), "plain"], timeout=45, run_dir=run_dir)
+    findings = json.loads((run_dir / "findings.json").read_text())["findings"]
+    described = "\n".join(f"{f['kind']} {f['ranks']} {f['summary']}" for f in findings)
+    if proc.returncode == 0:  # this torch numbers plain groups only
+        assert findings == [], described
+        return
+    assert "stopping the job (--on-hang kill)" in proc.stderr, described + proc.stderr[-2000:]
+    [f] = findings
+    marks = marker_sets(JOB)
+    (local,), (plain,) = marks["local"], marks["plain"]
+    d = f["details"]
+    assert (f["kind"], f["ranks"], d["reason"]) == ("hang", [0, 1], "group_counter_names"), (
+        described)
+    assert [n["ranks"] for n in d["names"]] == [[0, 1], [2, 3]], d
+    assert int(d["names"][0]["name"]) == int(d["names"][1]["name"]) + 1, d["names"]
+    [e] = d["earlier"]
+    assert (e["members"], e["line"], e["counts"]) == ([0, 1], local, {"0": 1, "2": 0}), e
+    assert d["branch"]["condition"] == "rank < 2", d
+    lines = {(c["rank"], c["line"]) for c in f["callsites"]}
+    assert {(0, plain), (2, plain), (0, local)} <= lines, f["callsites"]
+    for words in (f"member_names.py:{local}, which ranks 0, 1 made and ranks 2, 3 did not",
+                  "`if rank < 2:`"):
+        assert words in f["summary"], f["summary"]

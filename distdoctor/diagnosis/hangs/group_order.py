@@ -21,6 +21,8 @@ import ast
 import os
 from functools import lru_cache
 
+from distdoctor.diagnosis.hangs.counter_names import REASON as COUNTER_NAMES
+from distdoctor.diagnosis.hangs.counter_names import CounterNames, counter_names_finding
 from distdoctor.diagnosis.hangs.creations import (
     Creations,
     Made,
@@ -42,7 +44,7 @@ CREATORS = {"new_group", "new_subgroups", "new_subgroups_by_enumeration", "split
             "init_device_mesh", "DeviceMesh"}
 SHOWN_LINES = 8
 GROUP_CAUSES = ("group_creation_order", "group_creation_skipped", MEMBER_NAMES,  # .reason
-                MEMBER_SKIPPED)
+                MEMBER_SKIPPED, COUNTER_NAMES)
 REMEDY = ("Create every process group on every rank, in the same order: torch's rule for "
           "new_group() is that every rank calls it for every group, also the groups it is not "
           "a member of. use_local_synchronization=True is no way out of a rank-dependent "
@@ -72,6 +74,7 @@ class GroupNames:
         self.sites: dict[tuple[str, int], dict] = {}  # (name, list) -> a call site on it
         self.creations = Creations()  # what each rank created, in order (creations.py)
         self.member_names = MemberNames()  # groups named by their members (member_names.py)
+        self.counter_names = CounterNames(self.creations)  # counter_names.py
         self.skip_known = False  # a hang is said as a creation some member skipped
 
     def created(self, ev) -> None:
@@ -104,9 +107,10 @@ class GroupNames:
 
     def conflicts(self) -> list[str]:
         """The names that stand for more than one member list; else those of a group named
-        by its members that its members named apart (member_names.py)."""
+        by its members that its members named apart (member_names.py); else those of a
+        group all ranks make that a counter of every creation named apart (counter_names.py)."""
         return ([n for n, lists in self.lists.items() if len(lists) > 1]
-                or self.member_names.names())
+                or self.member_names.names() or self.counter_names.names())
 
     def meanings(self, name: str) -> list[tuple[tuple[int, ...], list[int]]]:
         """Each member list of `name`, with the ranks that used the name for it."""
@@ -268,6 +272,10 @@ def group_order_finding(names: GroupNames, conflicts: list[str], positions: dict
     if splits and not any(len(names.lists.get(n, ())) > 1 for n in conflicts):
         return member_names_finding(names.creations, splits, positions, hangs, world,
                                     stuck_inside, guard_of)
+    counter = names.counter_names.splits()
+    if counter and not any(len(names.lists.get(n, ())) > 1 for n in conflicts):
+        return counter_names_finding(names.creations, counter, positions, hangs, world,
+                                     stuck_inside, guard_of)
     conflicts = sorted(conflicts, key=lambda n: (not n.isdigit(), counter_order(n)
                                                  if n.isdigit() else (0, ""), n))
     name = conflicts[0]

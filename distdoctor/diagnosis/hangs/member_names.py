@@ -218,7 +218,7 @@ def _per_line(ms: list[Made]) -> dict[tuple, list[Made]]:
     return out
 
 
-def _earlier(made: Creations, split: Split, rule: str | None) -> list[dict]:
+def raised_lines(made: Creations, split: Split, rule: str | None) -> list[dict]:
     """Where the count differs between the first two names' ranks: the lines of the
     earlier creations counted more times on one than on the other (a line each rank
     counts as often, whatever its members, explains nothing: every rank is in one of
@@ -240,9 +240,9 @@ def _earlier(made: Creations, split: Split, rule: str | None) -> list[dict]:
     return sorted(out, key=lambda e: e["made"].index)
 
 
-def _earlier_text(e: dict, split: Split, world: set[int], made: Creations,
+def raised_text(e: dict, split: Split, world: set[int], made: Creations,
                   guard_of) -> tuple[str, dict]:
-    """The words for one line of `_earlier`, and its rank condition (with who took it)."""
+    """The words for one line of `raised_lines`, and its rank condition (with who took it)."""
     x, hi, lo = e["made"], e["more_on"], e["fewer_on"]
     hi_side = next(rs for _, rs in split.sides if hi in rs)
     text = f"{members_text(x.members)} at {site_text(x.callsite) or 'an unknown line'}"
@@ -294,30 +294,15 @@ def member_names_finding(made: Creations, splits: list[Split], positions: dict[i
                "store keys")
     if rule is not None:
         summary += f" (torch names such a group from its members and {COUNTS[rule]})"
-    earlier, details_earlier, branch = _earlier(made, first, rule), [], None
-    said = []
-    for e in earlier[:SHOWN]:
-        text, guard = _earlier_text(e, first, world, made, guard_of)
-        said.append(text)
-        x = e["made"]
-        details_earlier.append({"members": list(x.members[:64]), "group": x.name,
-                                "file": (x.callsite or {}).get("file"),
-                                "line": (x.callsite or {}).get("line"),
-                                "counts": {str(r): n for r, n in e["counts"].items()},
-                                "branch": guard or None})
-        if guard and branch is None:
-            branch = guard
+    said, details_earlier, branch = earlier_said(made, first, rule, world, guard_of)
     if said:
         summary += ("; the counts differ because of the groups made before it: "
                     if rule else "; the ranks made other groups before it: ") + "; ".join(said)
     for s in splits[1:SHOWN]:
         summary += f"; also {members_text(s.members)}: {_names_text(s)}"
     if stuck:
-        summary = "the job hangs because " + summary
-        if positions:
-            summary += "; now " + ", ".join(f"rank {r} {p[0]}"
-                                            for r, p in sorted(positions.items())[:8])
-    culprits, tie = _culprits(made, splits, guard_of)
+        summary = hung_text(summary, positions)
+    culprits, tie = split_culprits(made, splits, guard_of)
     details = {"reason": REASON, "group_name": first.sides[0][0],
                "members": list(first.members[:64]), "counted": rule,
                "names": [{"name": n, "ranks": rs[:64], "count": (_count(first.made[rs[0]])
@@ -325,12 +310,50 @@ def member_names_finding(made: Creations, splits: list[Split], positions: dict[i
                          for n, rs in first.sides],
                "earlier": details_earlier,
                "where": {str(r): p[0] for r, p in sorted(positions.items())}}
+    sites, stacks = split_evidence(made, splits, lambda s: _rule(made, s), hangs, details,
+                                   branch, tie or not culprits)
+    return Finding("hang" if stuck else "mismatch", "error", summary, culprits, first.sides[0][0],
+                   None, sites, stacks, details, REMEDIES[rule])
+
+
+def earlier_said(made: Creations, split: Split, rule: str | None, world: set[int],
+                 guard_of) -> tuple[list[str], list[dict], dict | None]:
+    """(words, details, the first rank condition) for the earlier creations that raised
+    one side's count (`raised_lines`)."""
+    said, details, branch = [], [], None
+    for e in raised_lines(made, split, rule)[:SHOWN]:
+        text, guard = raised_text(e, split, world, made, guard_of)
+        said.append(text)
+        x = e["made"]
+        details.append({"members": list(x.members[:64]), "group": x.name,
+                        "file": (x.callsite or {}).get("file"),
+                        "line": (x.callsite or {}).get("line"),
+                        "counts": {str(r): n for r, n in e["counts"].items()},
+                        "branch": guard or None})
+        branch = branch or guard or None
+    return said, details, branch
+
+
+def hung_text(summary: str, positions: dict[int, tuple]) -> str:
+    """The summary of a split the ranks are stuck on, with where each is now."""
+    summary = "the job hangs because " + summary
+    if positions:
+        summary += "; now " + ", ".join(f"rank {r} {p[0]}"
+                                        for r, p in sorted(positions.items())[:8])
+    return summary
+
+
+def split_evidence(made: Creations, splits: list[Split], rule_of, hangs: list[Finding],
+                   details: dict, branch: dict | None, tie: bool) -> tuple[list[dict], dict]:
+    """Put the further groups, the rank condition, the tie and the hangs into `details`;
+    return (call sites: each side's creation and the earlier ones that raised a count,
+    stacks of the hangs). `rule_of(split)`: how its counts were counted."""
     if branch:
         details["branch"] = branch
     if len(splits) > 1:
         details["other_groups"] = [{"members": list(s.members[:64]), "names": [
             {"name": n, "ranks": rs[:64]} for n, rs in s.sides]} for s in splits[1:16]]
-    if tie or not culprits:
+    if tie:
         details["tie"] = True
     if hangs:
         details["hangs"] = [f.summary for f in hangs][:8]
@@ -338,16 +361,14 @@ def member_names_finding(made: Creations, splits: list[Split], positions: dict[i
     for s in splits[:SHOWN]:
         sites += [dict(m.callsite, rank=r, source="new_group")
                   for r, m in sorted(s.made.items())[:16] if (m.callsite or {}).get("file")]
-    for e in [e for s in splits[:SHOWN] for e in _earlier(made, s, _rule(made, s))[:SHOWN]]:
+    for e in [e for s in splits[:SHOWN] for e in raised_lines(made, s, rule_of(s))[:SHOWN]]:
         x = e["made"]  # the earlier creations that raised a count, each group's
         if (x.callsite or {}).get("file"):
             sites.append(dict(x.callsite, rank=e["more_on"], source="new_group"))
-    stacks = {r: st for f in hangs for r, st in f.stacks.items()}
-    return Finding("hang" if stuck else "mismatch", "error", summary, culprits, first.sides[0][0],
-                   None, unique_sites(sites), stacks, details, REMEDIES[rule])
+    return unique_sites(sites), {r: st for f in hangs for r, st in f.stacks.items()}
 
 
-def _culprits(made: Creations, splits: list[Split], guard_of) -> tuple[list[int], bool]:
+def split_culprits(made: Creations, splits: list[Split], guard_of) -> tuple[list[int], bool]:
     """(ranks, tie): per group, the ranks of a name fewer of its members gave than most
     did; where the names split evenly, the ranks whose count an earlier creation under a
     rank condition raised (the guarded call is the fault, as for a guarded collective);
@@ -359,7 +380,7 @@ def _culprits(made: Creations, splits: list[Split], guard_of) -> tuple[list[int]
         if 2 * len(s.sides[0][1]) > total:
             odd |= {r for _, rs in s.sides[1:] for r in rs}
             continue
-        raised = {r for e in _earlier(made, s, _rule(made, s)) if guard_of(e["made"])
+        raised = {r for e in raised_lines(made, s, _rule(made, s)) if guard_of(e["made"])
                   for name, rs in s.sides if e["more_on"] in rs for r in rs}
         if raised:
             odd |= raised

@@ -14,6 +14,10 @@ differ between non-members; many member-named groups of one pair; a collective o
            (one after 6 s of work, while a rank waits for a member inside new_group); then
            rank 0 alone creates [0, 2] (inside `if rank == 0`): it waits inside new_group for
            rank 2, a member, which never calls it and went on to all_reduce
+  plain    then ranks 0 and 1 make [0, 1] by its members (inside `if rank < 2`), then every
+           rank calls a plain new_group([0, 1, 2, 3]): torch 2.15 names it by a counter that
+           the member-named group advanced on ranks 0, 1 only ("n+1" there, "n" on 2, 3), so
+           it hangs; torch 2.13 and 2.4 count only plain groups there: healthy
 """
 import sys
 import time
@@ -66,5 +70,11 @@ if mode == "skip":
     if rank == 0:
         cross = dist.new_group([0, 2], use_local_synchronization=True)  # expect: skipped
     dist.all_reduce(t)  # expect: went_on
+if mode == "plain":
+    if rank < 2:
+        pair = dist.new_group([0, 1], use_local_synchronization=True)  # expect: local
+        dist.all_reduce(t, group=pair)
+    every = dist.new_group([0, 1, 2, 3])  # expect: plain
+    dist.all_reduce(t, group=every)
 dist.barrier()
 dist.destroy_process_group()
