@@ -18,7 +18,9 @@ thousands of ranks, followed live without reading every event of every rank.
   from `lost_positions`).
 
 What it keeps is bounded: one position per rank (position.py), and the collectives still
-open (each forgotten once every member reported it, or past MAX_OPEN, oldest first).
+open (each forgotten once every member reported it). The signatures and the open
+collectives are shared by the nodes (shares.py): past MAX_SIGNATURES or MAX_OPEN the
+node that holds the most goes, or, where that is the node itself, its own oldest.
 """
 
 from __future__ import annotations
@@ -34,30 +36,37 @@ from distdoctor.collect.lateness import WINDOW_S, FleetLateness
 from distdoctor.collect.limits import MAX_RANKS
 from distdoctor.collect.position import RankPosition, finished_callsites
 from distdoctor.collect.reports import MORE, NodeReports, sent_progress
-from distdoctor.collect.shares import MAX_GROUP_MEMBERS, MAX_GROUPS, GroupShares
+from distdoctor.collect.shares import (
+    MAX_GROUP_MEMBERS,
+    MAX_GROUPS,
+    MAX_OPEN,
+    MAX_SIGNATURES,
+    MAX_SIGS_PER_NODE,
+    GroupShares,
+    SigShares,
+    open_room,
+)
 from distdoctor.collect.wire import WireError
 from distdoctor.diagnosis.hangs.hang import RankView, hang_findings
 from distdoctor.diagnosis.hangs.progress import UNKNOWN, Policy, Verdict
-from distdoctor.diagnosis.mismatches.mismatch import mismatch_finding, signature
+from distdoctor.diagnosis.mismatches.mismatch import mismatch_finding
 from distdoctor.diagnosis.rendezvous import Rendezvous, key_of
 from distdoctor.findings import Finding
 
 SETTLE_S = 1.0
 STALE_S = 10.0  # a node silent this long: its ranks' clocks are no longer moved on
 AHEAD_S = 2.0  # a rank's clock is moved on at most this far past its node's report
-MAX_OPEN = 200_000
 MAX_RUN = 1 << 16  # collectives in one run of a digest
-MAX_SIGS_PER_NODE = 1 << 17
-MAX_SIGNATURES = 1 << 17  # distinct signatures over all nodes (shapes that keep changing)
-__all__ = ["MAX_GROUPS", "MAX_GROUP_MEMBERS", "FleetEngine"]  # (the caps: shares.py)
+__all__ = ["MAX_GROUPS", "MAX_GROUP_MEMBERS", "MAX_OPEN", "MAX_SIGNATURES", "FleetEngine"]
 
 
 class _Open:
     """One collective as the nodes reported it: signature -> the ranks that entered."""
 
-    __slots__ = ("sigs", "count", "since_s", "reported")
+    __slots__ = ("host", "sigs", "count", "since_s", "reported")
 
-    def __init__(self):
+    def __init__(self, host: str):
+        self.host = host  # the node that opened it: its share of MAX_OPEN
         self.sigs: dict[int, list[int]] = {}  # signature number -> ranks
         self.count = 0
         self.since_s: float | None = None  # when two signatures were first seen
@@ -83,10 +92,7 @@ class FleetEngine:
         self.evicted = self.book.evicted  # nodes let go to make room (shares.py)
         # a node numbers its signatures; the collector numbers the distinct ones
         # (mismatch.signature), so equal signatures from different nodes are one number
-        self.node_sigs: dict[tuple, int] = {}  # (host, node's number) -> ours
-        self._sig_count: dict[str, int] = {}
-        self.signatures: dict[tuple, int] = {}  # signature -> ours
-        self.sig_events: dict[int, object] = {}  # ours -> an Event with that signature
+        self.sigs = SigShares(self.evicted)
         self.positions: dict[int, RankPosition] = {}
         self.open: dict[tuple, _Open] = {}
         self.found: dict[tuple, Finding] = {}
@@ -124,20 +130,21 @@ class FleetEngine:
         for row in sig_rows.values():
             fields.check_row(row)
         with self.lock:
+            self.sigs.room(host, sig_rows)
             self.book.take(host, new_groups)
-            new_sigs = {(host, n): row_event(-1, row, self.groups)
-                        for n, row in sig_rows.items()}
+            new_sigs = {n: row_event(-1, row, self.groups) for n, row in sig_rows.items()}
             positions = {}
             for rank, latest, last_done, issued, now_ns, exit_, stopped, state in items:
                 positions[rank] = RankPosition(host, rank, latest, last_done, issued, now_ns,
                                                now_s, exit_, stopped, self.groups, state)
-            self._add_sigs(host, new_sigs)
+            self.sigs.add(host, new_sigs)
             self.positions.update(positions)
+            mine = self.sigs.of.get(host, {})
             for group, seq, sig, rs, count in runs:  # runs: digest.runs
-                number = self.node_sigs.get((host, sig))
+                number = mine.get(sig)
                 if number is None or count > MAX_RUN:
                     continue  # a signature this collector no longer holds
-                self._arrive_run(group, seq, count, number, rs, now_s)
+                self._arrive_run(host, group, seq, count, number, rs, now_s)
             self.lateness.add(host, waits, self.sizes, now_s, self.groups,
                               finished_callsites(positions.values()) if waits else None)
             self._count_steps(positions.values(), now_s)
@@ -184,33 +191,8 @@ class FleetEngine:
                 done.append(hist[-1][1] - before[-1])
         return sum(done) / len(done) if done else 0.0
 
-    def _add_sigs(self, host: str, new: dict) -> None:
-        if len(self.signatures) + len(new) > MAX_SIGNATURES:
-            self._forget_signatures()
-        for key, ev in new.items():
-            sig = signature(ev)
-            number = self.signatures.get(sig)
-            if number is None:
-                number = self.signatures[sig] = len(self.sig_events)
-                while number in self.sig_events:
-                    number += 1
-                self.sig_events[number] = ev
-            self.node_sigs[key] = number
-        n = self._sig_count[host] = self._sig_count.get(host, 0) + len(new)
-        if n > MAX_SIGS_PER_NODE:  # the node's table started over long ago: drop its oldest
-            for key in [k for k in self.node_sigs if k[0] == host][:n - MAX_SIGS_PER_NODE]:
-                del self.node_sigs[key]
-            self._sig_count[host] = MAX_SIGS_PER_NODE
-
-    def _forget_signatures(self) -> None:
-        """Shapes that never repeat: keep only the signatures open collectives use."""
-        used = {n for entry in self.open.values() for n in entry.sigs}
-        self.sig_events = {n: ev for n, ev in self.sig_events.items() if n in used}
-        self.signatures = {sig: n for sig, n in self.signatures.items() if n in used}
-        self.node_sigs = {k: n for k, n in self.node_sigs.items() if n in used}
-
-    def _arrive_run(self, group: str, seq: int, count: int, sig: int, ranks: list[int],
-                    now_s: float) -> None:
+    def _arrive_run(self, host: str, group: str, seq: int, count: int, sig: int,
+                    ranks: list[int], now_s: float) -> None:
         """`count` collectives of `group` from `seq` on, entered by `ranks`: one open entry
         each. A run of the whole group is complete and agrees: only collectives already
         open are gone through. The loop is written out, with the group's size looked up
@@ -226,9 +208,9 @@ class FleetEngine:
         for key in keys:
             entry = opened.get(key)
             if entry is None:
-                if len(opened) >= MAX_OPEN:  # the oldest goes: one a member never came to
-                    del opened[next(iter(opened))]
-                entry = opened[key] = _Open()
+                if len(opened) >= MAX_OPEN:  # full: the biggest holder goes (shares.py)
+                    open_room(opened, host, self.evicted)
+                entry = opened[key] = _Open(host)
             known = entry.sigs.get(sig)
             if known is None:
                 entry.sigs[sig] = known = []
@@ -343,7 +325,7 @@ class FleetEngine:
         desc, members = self.groups.get(group, ("", ()))
         rv = Rendezvous(("c", group, seq), group, desc, seq, members, now_s)
         for sig, ranks in entry.sigs.items():
-            ev = self.sig_events.get(sig)
+            ev = self.sigs.events.get(sig)
             if ev is None:
                 continue
             for r in ranks:

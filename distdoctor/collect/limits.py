@@ -25,10 +25,12 @@ Per node:
   that had it; a frame's bytes count while any rank's position comes from it).
 
 Over all nodes, MAX_RANKS ranks, MAX_FINDINGS_BYTES of findings and the fleet engine's
-MAX_GROUPS groups and MAX_GROUP_MEMBERS members are shared (shares.py): each node's
-holding is counted, and when one is full the nodes that hold more than a newcomer would
-go (their holding freed, their connection dropped with one line), so one peer that fills
-a cap never keeps the real nodes out; a node that holds the most itself is refused.
+MAX_GROUPS groups, MAX_GROUP_MEMBERS members, MAX_SIGNATURES signatures and MAX_OPEN open
+collectives are shared (shares.py): each node's holding is counted, and when one is
+full the nodes that hold more than a newcomer would go (their holding freed, their
+connection dropped with one line), so one peer that fills a cap never keeps the real
+nodes out; a node that holds the most itself is refused (of the open collectives: its
+own oldest go).
 The nodes' connections (serving.MAX_NODES) are shared so by address.
 
 Memory (the collector's Python objects, as measured with simulated nodes; a hostile

@@ -11,7 +11,10 @@ the cap. A node that holds the most itself is refused, as before.
 
 from __future__ import annotations
 
+from itertools import islice
+
 from distdoctor.collect.wire import WireError
+from distdoctor.diagnosis.mismatches.mismatch import signature
 
 
 def who_goes(held: dict[str, int], host: str, more: int, cap: int, what: str,
@@ -122,3 +125,95 @@ class GroupShares:
         self.evicted[host] = why
         for g in [g for g, h in self._charged.items() if h == host]:
             del self._charged[g], self.groups[g], self.sizes[g]
+
+
+MAX_SIGNATURES = 1 << 19  # the nodes' signatures held, summed (distinct ones: fewer)
+MAX_SIGS_PER_NODE = 1 << 17  # (a node's table starts over at digest.MAX_SIGS)
+MAX_OPEN = 200_000  # collectives open across nodes
+OPEN_BATCH = MAX_OPEN // 16  # a node's own oldest that go at once where it holds the most
+
+
+class SigShares:
+    """The nodes' signature numbers, each node's counted against MAX_SIGNATURES, and the
+    collector's own numbers of the distinct signatures (mismatch.signature): equal ones
+    from different nodes are one number, forgotten once no node holds it. Numbers are
+    never reused (an open collective may still name a forgotten one)."""
+
+    def __init__(self, evicted: dict[str, str]):
+        self.of: dict[str, dict[int, int]] = {}  # host -> its number -> ours
+        self.numbers: dict[tuple, int] = {}  # signature -> ours
+        self.events: dict[int, object] = {}  # ours -> an Event with that signature
+        self.evicted = evicted
+        self.total = 0
+        self._refs: dict[int, int] = {}  # ours -> the nodes' numbers that map to it
+        self._next = 0
+
+    def room(self, host: str, numbers) -> None:
+        """Room for `host`'s new `numbers`: the nodes that hold more go, else WireError."""
+        mine = self.of.get(host, {})
+        more = sum(int(n) not in mine for n in numbers)
+        if self.total + more <= MAX_SIGNATURES:
+            return
+        held = {h: len(m) for h, m in self.of.items()}
+        for other in who_goes(held, host, more, MAX_SIGNATURES, "signatures"):
+            self.let_go(other, gone_line(held[other], MAX_SIGNATURES, "signatures", host))
+
+    def add(self, host: str, new: dict) -> None:
+        """`new`: the node's number -> an Event of it (room() made room for them)."""
+        mine = self.of.setdefault(host, {})
+        for n, ev in new.items():
+            sig = signature(ev)
+            ours = self.numbers.get(sig)
+            if ours is None:
+                ours = self.numbers[sig] = self._next
+                self._next += 1
+                self.events[ours], self._refs[ours] = ev, 0
+            was = mine.get(n)
+            if was == ours:
+                continue  # sent again (a new connection)
+            if was is not None:
+                self._unref(was)
+            else:
+                self.total += 1
+            mine[n] = ours
+            self._refs[ours] += 1
+        if len(mine) > MAX_SIGS_PER_NODE:  # the node's table started over long ago
+            for n in list(islice(mine, len(mine) - MAX_SIGS_PER_NODE)):
+                self._unref(mine.pop(n))
+                self.total -= 1
+
+    def let_go(self, host: str, why: str) -> None:
+        for ours in self.of.pop(host, {}).values():
+            self._unref(ours)
+            self.total -= 1
+        self.evicted[host] = why
+
+    def _unref(self, ours: int) -> None:
+        left = self._refs[ours] = self._refs[ours] - 1
+        if not left:
+            del self._refs[ours]
+            self.numbers.pop(signature(self.events.pop(ours)), None)
+
+
+def open_room(opened: dict, host: str, evicted: dict[str, str]) -> None:
+    """The open collectives (key -> an entry naming the `host` that opened it) are full:
+    the nodes that hold more than `host` would go (their entries with them, one line
+    each); where none does, `host`'s own oldest go (ones a member never came to),
+    OPEN_BATCH at once. The holdings are counted here, only when full: nothing is added
+    to each collective's way through (the collector's hot path)."""
+    held: dict[str, int] = {}
+    for entry in opened.values():
+        held[entry.host] = held.get(entry.host, 0) + 1
+    try:
+        gone = set(who_goes(held, host, 1, MAX_OPEN, "open collectives"))
+    except WireError:
+        gone = set()
+    for other in gone:
+        evicted[other] = gone_line(held[other], MAX_OPEN, "open collectives", host)
+    if gone:
+        for key in [k for k, e in opened.items() if e.host in gone]:
+            del opened[key]
+        return
+    own = list(islice((k for k, e in opened.items() if e.host == host), OPEN_BATCH))
+    for key in own or [next(iter(opened))]:
+        del opened[key]

@@ -14,7 +14,7 @@ from simnode import CollectorProcess, connect_node, dropped, send, until
 
 from distdoctor.collect import wire
 from distdoctor.collect.digest import DigestBuilder
-from distdoctor.collect.fleet import MAX_GROUPS
+from distdoctor.collect.fleet import MAX_GROUPS, MAX_OPEN
 from distdoctor.collect.limits import MAX_DIGEST_GROUPS, MAX_FINDINGS_BYTES_PER_NODE
 from distdoctor.diagnosis.engine.core import Engine
 from distdoctor.findings import Finding
@@ -28,20 +28,20 @@ def collector(tmp_path):
     c.stop()
 
 
-def _op(rank: int, seq: int, ranks: tuple) -> Event:
+def _op(rank: int, seq: int, ranks: tuple, numel: int = 64) -> Event:
     return Event(rank=rank, index=seq, kind="collective", op="all_reduce", status="ok",
                  group="0", group_desc="default_pg", group_ranks=ranks, seq=seq, peer=None,
-                 shapes=((64,),), dtypes=("float32",), device="cpu", numel_in=64,
-                 numel_out=64, reduce_op="sum",
+                 shapes=((numel,),), dtypes=("float32",), device="cpu", numel_in=numel,
+                 numel_out=numel, reduce_op="sum",
                  callsite={"file": "/job/t.py", "line": 9, "function": "f"},
                  t_enter_ns=seq * 10**6, t_end_ns=seq * 10**6 + 1000, span_index=0,
                  name=None, error=None, is_async=False, other_thread=False)
 
 
-def _real_payload(host: str, ranks: tuple) -> dict:
+def _real_payload(host: str, ranks: tuple, numel: int = 64) -> dict:
     """A node's digest as its `run --forward-digest` makes it: its ranks' positions, its
     group (named for the first time) and the collectives they entered."""
-    events = [_op(r, seq, (0, 1, 2, 3)) for seq in range(3) for r in ranks]
+    events = [_op(r, seq, (0, 1, 2, 3), numel) for seq in range(3) for r in ranks]
     engine, builder = Engine(), DigestBuilder()
     engine.ingest(events, 1.0)
     builder.feed(events)
@@ -50,8 +50,8 @@ def _real_payload(host: str, ranks: tuple) -> dict:
     return json.loads(json.dumps(payload))  # (as the collector reads it)
 
 
-def _real_digest(host: str, ranks: tuple) -> bytes:
-    return wire.frame(wire.DIGEST, json.dumps(_real_payload(host, ranks)).encode())
+def _real_digest(host: str, ranks: tuple, numel: int = 64) -> bytes:
+    return wire.frame(wire.DIGEST, json.dumps(_real_payload(host, ranks, numel)).encode())
 
 
 def _groups_frame(first: int, n: int) -> bytes:
@@ -239,3 +239,77 @@ def test_a_peer_holding_every_node_connection_keeps_no_real_node_out(tmp_path):
             s.close()
         c.stop()
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+def _open_flood(host: str, rank: int, first: int, row: list) -> bytes:
+    """MAX_OPEN collectives on a group of the peer's own no other node enters, each
+    half-joined (its one rank of two): they stay open."""
+    runs = [[host, first + k * 50_000, 0, [rank], 50_000] for k in range(MAX_OPEN // 50_000)]
+    return wire.json_frame(wire.DIGEST, {
+        "host": host, "groups": {host: ["", [rank, rank + 1]]}, "sigs": {"0": row},
+        "ranks": [[rank, None, None, {}, None, None, False]], "arrivals": runs})
+
+
+@pytest.mark.timeout(30)
+def test_a_peer_that_fills_the_open_collectives_goes_and_a_mismatch_is_found(
+        collector, tmp_path):
+    """A peer keeps MAX_OPEN collectives open on a group of its own: before, each of its
+    floods pushed the real nodes' open collectives out (the oldest went), and node-b's
+    differing shape met nothing of node-a's: no mismatch, nothing said. Now the peer,
+    which holds the most, goes with one line, and the mismatch is found."""
+    row = _real_payload("x", (0, 1))["sigs"]["0"]
+    hog = connect_node(collector.address, "hog")
+    assert send(hog, _open_flood("hog", 100, 0, row))
+    _read_by_collector(hog)
+    a = connect_node(collector.address, "node-a")
+    assert send(a, _real_digest("node-a", (0, 1)))
+    _read_by_collector(a)
+    send(hog, _open_flood("hog", 100, MAX_OPEN, row))  # (refused now: it was let go)
+    b = connect_node(collector.address, "node-b", timeout_s=20)  # (after the flood)
+    assert send(b, _real_digest("node-b", (2, 3), numel=65))
+    copy = tmp_path / "copy" / "findings.json"
+    until(lambda: copy.exists() and '"mismatch"' in copy.read_text(), timeout_s=8,
+          what=f"the nodes' mismatch: {collector.text()[-1500:]}")
+    text = collector.text()
+    lines = [line for line in text.splitlines() if "hog" in line and "open collectives" in line]
+    assert len(lines) == 1 and "200,000" in lines[0], text[-2000:]
+    assert dropped(hog, 5) and _kept(a) and _kept(b), text[-2000:]
+    assert "Traceback" not in text
+    for s in (a, b):
+        s.close()
+
+
+def test_nodes_that_fill_the_signatures_cap_go_and_a_real_nodes_signatures_stay(
+        monkeypatch):
+    """Hosts of many distinct signatures (shapes that never repeat) fill MAX_SIGNATURES
+    (4,096 here, to stay quick): before, the table kept only what open collectives used,
+    and a real node's signature, sent once, was forgotten: its next collectives were
+    dropped and a mismatch of them went unseen. Now the biggest holder goes, with one
+    line, the total within the cap, and the real node's collectives still meet."""
+    from distdoctor.collect.fleet import FleetEngine
+
+    for where in ("shares", "fleet"):  # (fleet: where the code before shares.py had it)
+        monkeypatch.setattr(f"distdoctor.collect.{where}.MAX_SIGNATURES", 4096,
+                            raising=False)
+    fleet = FleetEngine(settle_s=0.0)
+    first = _real_payload("node-a", (0, 1))
+    fleet.apply(first, now_s=1.0)
+    fleet.apply(_real_payload("node-b", (2, 3)), now_s=1.0)  # seq 0-2: met and agreed
+    row = first["sigs"]["0"]
+    for h, many in enumerate((1400, 1300, 1200, 1100)):
+        sigs = {str(n): [*row[:9], n + 10_000 * (h + 1), n + 10_000 * (h + 1), *row[11:]]
+                for n in range(many)}
+        fleet.apply({"host": f"hog{h}", "groups": {}, "sigs": sigs, "ranks": [],
+                     "arrivals": []}, now_s=1.0)
+    later = {**first, "groups": {}, "sigs": {},
+             "arrivals": [["0", 7, 0, [0, 1], 1]]}  # (its signature: sent in `first`)
+    fleet.apply(later, now_s=2.0)
+    other = _real_payload("node-b", (2, 3), numel=65)
+    other.update(groups={}, sigs={"1": other["sigs"]["0"]},
+                 arrivals=[["0", 7, 1, [2, 3], 1]])
+    fleet.apply(other, now_s=2.0)
+    found = fleet.tick(now_s=3.0)
+    assert [(f.kind, f.seq) for f in found] == [("mismatch", 7)], found
+    assert list(fleet.evicted) == ["hog0"], fleet.evicted
+    assert "1,400 of the collector's 4,096 signatures" in fleet.evicted["hog0"]
+    assert fleet.sigs.total <= 4096 and len(fleet.sigs.events) <= 4096
