@@ -89,7 +89,8 @@ def test_a_member_that_never_calls_a_member_named_group_is_said(tmp_path):
     marks = marker_sets(JOB)
     (skipped,), (went_on,) = marks["skipped"], marks["went_on"]
     d = f["details"]
-    assert (f["kind"], f["ranks"], d["reason"]) == ("hang", [0], "group_member_skipped"), described
+    assert (f["kind"], f["ranks"], d.get("reason")) == ("hang", [0], "group_member_skipped"), (
+        described)
     assert (d["members"], d["created_by"], d["never_created"]) == ([0, 2], [0], [2]), d
     assert d["recipe"] == "salted", d  # torch 2.13 and 2.15: the members and a count
     assert d["branch"]["condition"] == "rank == 0" and d["branch"]["arm"] == "body", d
@@ -365,3 +366,22 @@ def test_a_plain_group_after_a_member_named_one_hangs_only_where_torch_numbers_b
     for words in (f"member_names.py:{local}, which ranks 0, 1 made and ranks 2, 3 did not",
                   "`if rank < 2:`"):
         assert words in f["summary"], f["summary"]
+
+
+def test_a_computing_member_read_twice_within_a_clock_tick_is_still_computing():
+    """Rank 3 computes at a full core, read twice a second, then once more 5 ms after its
+    last reading: no CPU tick in that newest interval. It is computing (active within the
+    last second), so the ranks waiting inside a creation for it are no hang; by the newest
+    interval alone it read as idle (a healthy job's late member called hung in a full run)."""
+    from distdoctor.probes.progress import Reading
+
+    engine = Engine(hang_timeout_s=None)
+    engine.ingest([_op(3, 0, 0, done=True)], 1.0)
+    cpu = 0.0
+    for k in range(6):
+        cpu = k / 2  # a full core
+        engine.progress.add(3, Reading(100 + k / 2, cpu, 0.0, cpu, 0, "R"))
+    engine.progress.add(3, Reading(100 + 2.5 + 0.005, cpu, 0.0, cpu, 0, "R"))
+    assert engine._computing(3)
+    engine.progress.add(3, Reading(100 + 4.0, cpu, 0.0, cpu, 0, "S"))  # then idle 1.5 s
+    assert not engine._computing(3)

@@ -14,6 +14,8 @@ from distdoctor.diagnosis.hangs.progress import STALL_S
 from distdoctor.diagnosis.parting.parted import explain_hang
 from distdoctor.findings import Finding, site_text
 
+ACTIVE_RECENT_S = 1.0  # a rank active this recently is computing, on its way to an op
+
 MAX_FOLDED = 64  # hang findings kept while folded into a group-order cause
 GROUP_ORDER = ("group_order",)  # one cause: every name that disagrees is said in it
 
@@ -80,8 +82,15 @@ class HangPass:
         return True
 
     def _computing(self, rank: int) -> bool:
+        """Alive, in no op nor creation, and active within the last second by its progress
+        readings: not by the newest interval alone, which two readings taken close
+        together make too short to see a CPU tick in (a computing member read as idle, and
+        the ranks waiting for it called hung, once in a full test run)."""
         st = self.ranks.get(rank)
-        return (st is not None and st.exit is None and self.progress.progress(rank).busy
+        if st is None or st.exit is not None:
+            return False
+        p = self.progress.progress(rank)
+        return (p.known and p.idle_s < ACTIVE_RECENT_S
                 and (st.latest is None or st.latest.t_end_ns is not None)
                 and self.group_names.creations.inside(rank) is None)
 
