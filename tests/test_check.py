@@ -326,9 +326,11 @@ def test_sigterm_stops_the_checks_ranks_and_removes_their_folder(tmp_path):
 
 
 def _with_tmpdir(tmpdir: Path) -> list[int]:
-    """Live processes (zombies left out) whose environment has TMPDIR=tmpdir."""
-    entry = f"TMPDIR={tmpdir}".encode()
-    return [pid for pid, env, _ in live_processes() if entry in env.split(b"\0")]
+    """Live processes (zombies left out) whose environment has TMPDIR=tmpdir, or a folder
+    inside it (the check's launcher has one in the check's folder)."""
+    entry, inside = f"TMPDIR={tmpdir}".encode(), f"TMPDIR={tmpdir}/".encode()
+    return [pid for pid, env, _ in live_processes()
+            if any(v == entry or v.startswith(inside) for v in env.split(b"\0"))]
 
 
 @pytest.mark.timeout(120)
@@ -366,3 +368,40 @@ def test_sigterm_amid_the_checks_cleanup_finishes_it(tmp_path, event, which, arg
     assert not left, left
     assert not list(tmpdir.glob("distdoctor-check-*"))
     assert "Traceback" not in r.stderr, r.stderr
+
+
+@pytest.mark.timeout(60)
+def test_a_launcher_slow_to_end_leaves_no_folder_in_the_temp_dir(tmp_path):
+    """A torchrun that does not end within the stop's grace (killed, it cannot remove its
+    torchelastic_* folder): its temp dirs were in the user's temp dir, left there; now in
+    the check's folder, removed with it."""
+    import signal
+    import time
+
+    tmpdir, bin_dir = tmp_path / "tmp", tmp_path / "bin"
+    tmpdir.mkdir()
+    bin_dir.mkdir()
+    torchrun = bin_dir / "torchrun"  # makes its folder, then ignores SIGTERM
+    torchrun.write_text(
+        f"#!{sys.executable}\nimport os, signal, tempfile, time\n"
+        "signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+        "tempfile.mkdtemp(prefix='torchelastic_')\nprint('up', flush=True)\ntime.sleep(60)\n")
+    torchrun.chmod(0o755)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "distdoctor", "check", "--no-sweep", "--", str(torchrun),
+         "--nproc-per-node", "1", "train.py"],
+        env=_env(TMPDIR=str(tmpdir)), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 30
+        while not list(tmpdir.rglob("torchelastic_*")):
+            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+            time.sleep(0.1)
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 128 + signal.SIGTERM, (out, err)
+    assert not list(tmpdir.iterdir()), list(tmpdir.rglob("*"))

@@ -48,6 +48,11 @@ def _run_in(tmp: str, nproc: int | None, launcher: list[str] | None,
     if checkpoint_dir:
         env[CHECKPOINT_ENV] = os.path.abspath(checkpoint_dir)
     if launcher is not None:
+        # the launcher's temp dirs (torchrun's torchelastic_*) inside the check's folder, so
+        # they go with it: torchrun removes them on SIGTERM only if it ends within the stop's
+        # grace, and one slow to end was killed and left its folder in the user's temp dir
+        env["TMPDIR"] = str(Path(tmp) / "tmp")
+        os.mkdir(env["TMPDIR"], 0o700)
         commands = [(launcher, env)]
     else:
         port = free_port()
