@@ -298,31 +298,44 @@ def test_sigterm_stops_the_checks_ranks_and_removes_their_folder(tmp_path):
     tmpdir = tmp_path / "tmp"
     tmpdir.mkdir()
     port = free_port()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "distdoctor", "check", "--no-sweep", "--", "torchrun",
-         "--nnodes", "2", "--node-rank", "0", "--nproc-per-node", "1", "--master-addr",
-         "127.0.0.1", "--master-port", str(port), "train.py"],
-        env=_env(TMPDIR=str(tmpdir)), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE, text=True)
-    waiting = []
+    # torchrun, in the rendezvous; the signal well inside it
+    proc, out, err, waiting = _check_stopped_by_sigterm(
+        ["torchrun", "--nnodes", "2", "--node-rank", "0", "--nproc-per-node", "1",
+         "--master-addr", "127.0.0.1", "--master-port", str(port), "train.py"], tmpdir,
+        lambda pid: [p for p in _with_tmpdir(tmpdir) if p != pid], 60, settle_s=1)
+    assert proc.returncode == 128 + signal.SIGTERM, (out, err)
+    assert not list(tmpdir.iterdir())  # its folder, and torchrun's own (torchelastic_*)
+    time.sleep(0.5)
+    assert not set(waiting) & set(_with_tmpdir(tmpdir)), waiting
+    assert "Traceback" not in err, err
+
+
+def _check_stopped_by_sigterm(cmd: list[str], tmpdir: Path, ready, within_s: float,
+                              settle_s: float = 0.0):
+    """`distdoctor check --no-sweep -- CMD` with TMPDIR=tmpdir, sent SIGTERM once `ready(its
+    pid)` gives something (and `settle_s` after): (the process, its output, its error
+    output, what `ready` gave). Killed if it outlives the test."""
+    import signal
+    import time
+
+    proc = subprocess.Popen([sys.executable, "-m", "distdoctor", "check", "--no-sweep", "--",
+                             *cmd], env=_env(TMPDIR=str(tmpdir)), stdin=subprocess.DEVNULL,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        deadline = time.monotonic() + 60
-        while not waiting and proc.poll() is None:  # torchrun, in the rendezvous
-            assert time.monotonic() < deadline, "torchrun never started"
+        deadline, got = time.monotonic() + within_s, None
+        while not got:
+            assert proc.poll() is None and time.monotonic() < deadline, (
+                "never ready", proc.poll())
             time.sleep(0.1)
-            waiting = [p for p in _with_tmpdir(tmpdir) if p != proc.pid]
-        time.sleep(1)  # well inside the rendezvous
+            got = ready(proc.pid)
+        time.sleep(settle_s)
         proc.send_signal(signal.SIGTERM)
         out, err = proc.communicate(timeout=30)
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
-    assert proc.returncode == 128 + signal.SIGTERM, (out, err)
-    assert not list(tmpdir.iterdir())  # its folder, and torchrun's own (torchelastic_*)
-    time.sleep(0.5)
-    assert not set(waiting) & set(_with_tmpdir(tmpdir)), waiting
-    assert "Traceback" not in err, err
+    return proc, out, err, got
 
 
 def _with_tmpdir(tmpdir: Path) -> list[int]:
@@ -376,7 +389,6 @@ def test_a_launcher_slow_to_end_leaves_no_folder_in_the_temp_dir(tmp_path):
     torchelastic_* folder): its temp dirs were in the user's temp dir, left there; now in
     the check's folder, removed with it."""
     import signal
-    import time
 
     tmpdir, bin_dir = tmp_path / "tmp", tmp_path / "bin"
     tmpdir.mkdir()
@@ -387,21 +399,8 @@ def test_a_launcher_slow_to_end_leaves_no_folder_in_the_temp_dir(tmp_path):
         "signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
         "tempfile.mkdtemp(prefix='torchelastic_')\nprint('up', flush=True)\ntime.sleep(60)\n")
     torchrun.chmod(0o755)
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "distdoctor", "check", "--no-sweep", "--", str(torchrun),
-         "--nproc-per-node", "1", "train.py"],
-        env=_env(TMPDIR=str(tmpdir)), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE, text=True)
-    try:
-        deadline = time.monotonic() + 30
-        while not list(tmpdir.rglob("torchelastic_*")):
-            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
-            time.sleep(0.1)
-        proc.send_signal(signal.SIGTERM)
-        out, err = proc.communicate(timeout=30)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+    proc, out, err, _ = _check_stopped_by_sigterm(
+        [str(torchrun), "--nproc-per-node", "1", "train.py"], tmpdir,
+        lambda pid: list(tmpdir.rglob("torchelastic_*")), 30)
     assert proc.returncode == 128 + signal.SIGTERM, (out, err)
     assert not list(tmpdir.iterdir()), list(tmpdir.rglob("*"))
