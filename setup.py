@@ -1,9 +1,10 @@
-"""The optional C hot path of the tracer and the event log's slot writer
-(distdoctor/runlog/_fast.c).
+"""The optional C hot paths: the tracer's and the event log's slot writer
+(distdoctor/runlog/_fast.c), and the readers' slot decoder (distdoctor/runlog/_decode.c).
 
-Everything else is in pyproject.toml. The extension is optional: without a compiler or
-Python headers the build goes on and the tracer runs its pure-Python path, which records
-the same events (tests/test_native.py holds the two to the same bytes).
+Everything else is in pyproject.toml. The extensions are optional: without a compiler or
+Python headers the build goes on and the tracer and the readers run their pure-Python
+paths, which record and read the same events (tests/test_native.py holds the writers to the
+same bytes, tests/test_native_decode.py the readers to the same events).
 """
 
 import platform
@@ -13,6 +14,7 @@ from setuptools import Extension, setup
 
 native = sys.implementation.name == "cpython" and sys.version_info >= (3, 11) and (
     platform.system() != "Windows")
-setup(ext_modules=[Extension("distdoctor.runlog._fast", ["distdoctor/runlog/_fast.c"],
-                             extra_compile_args=["-O2", "-Wall"], optional=True)]
-      if native else [])
+setup(ext_modules=[Extension(f"distdoctor.runlog.{name}", [f"distdoctor/runlog/{name}.c"],
+                             depends=["distdoctor/runlog/slot_layout.h"],
+                             extra_compile_args=["-O2", "-Wall"], optional=True)
+                   for name in ("_fast", "_decode")] if native else [])

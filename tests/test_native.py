@@ -3,7 +3,8 @@
 The Python path is the reference and the fallback where no compiler was at hand at
 install; DISTDOCTOR_PURE_PYTHON=1 selects it. Both are held to the same bytes (the slot
 writer) and the same decoded events (real gloo jobs, every op family, DDP/FSDP2/DTensor/
-pipelining from autograd's threads).
+pipelining from autograd's threads), and those jobs' logs read by the C and the Python
+slot decoders (runlog/_decode.c) to the same events.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import sysconfig
 
 import pytest
 from conftest import run_job
+from test_native_decode import read_both
 
 from distdoctor.runlog import format as F
 from distdoctor.runlog.run import read_run
@@ -133,6 +135,9 @@ def test_c_and_python_paths_record_the_same_events(tmp_path, job, nproc):
         assert res.returncode == 0, res.stderr
         assert "tracing continues without it" not in res.stderr, res.stderr
         runs[name] = _decoded(run_dir)
+        for log in sorted((run_dir / "ranks").glob("*.ring")):  # and read both ways
+            by_c, by_python = read_both(log)
+            assert by_c == by_python and len(by_c) > 10, log.name
     assert runs["c"].keys() == runs["python"].keys()
     for rank in runs["c"]:
         c, py = runs["c"][rank], runs["python"][rank]

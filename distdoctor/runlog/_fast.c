@@ -37,30 +37,7 @@
 #if PY_VERSION_HEX < 0x030B0000
 #error "the native tracer needs CPython 3.11 or newer (PyFrame_GetLasti)"
 #endif
-#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
-#error "the event log is little-endian; this build uses the Python path"
-#endif
-
-/* Slot layout: runlog/format.py, SLOT ("<QBBBBBBHIIQiIqqqqQII"), 128 bytes a slot. */
-#define SLOT_SIZE 128
-#define OFF_HEAD 128
-#define S_KIND 8
-#define S_STATUS 9
-#define S_OP 10
-#define S_REDOP 11
-#define S_FLAGS 12
-#define S_GROUP 16
-#define S_CALLSITE 20
-#define S_SEQ 24
-#define S_PEER 32
-#define S_TENSORS 36
-#define S_NUMEL_IN 40
-#define S_NUMEL_OUT 48
-#define S_ENTER 56
-#define S_END 64
-#define S_SPAN 72
-#define S_NAME 80
-#define S_ERROR 84
+#include "slot_layout.h"
 
 static inline void put_u64_release(char *p, uint64_t v)
 {

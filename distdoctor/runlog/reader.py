@@ -30,54 +30,14 @@ from distdoctor.errors import UserError
 from distdoctor.privatefiles import NotRegularFile, open_regular
 from distdoctor.runlog import format as F
 from distdoctor.runlog import values as V
+from distdoctor.runlog.event import Event
+from distdoctor.runlog.slots import native_decoder
 from distdoctor.runlog.values import READ_BYTES, READ_SLOTS
 
 # a read of this many slots or more is first asked whether it lies in a hole of a sparse
 # file (one lseek): a live poll's few new slots are read without asking
 HOLE_CHECK_SLOTS = 512
 MAX_STRING_BYTES = 16 << 20  # a string of the table (the tracer's whole table: 4 MiB)
-
-
-@dataclass(slots=True)
-class Event:
-    """One traced op (or span) on one rank, decoded."""
-
-    rank: int
-    index: int  # event number on this rank (0-based, never reused)
-    kind: str  # collective | p2p | span | sample
-    op: str
-    status: str  # in_flight | ok | error | timeout
-    group: str  # process group name ("0" is the default group)
-    group_desc: str
-    group_ranks: tuple[int, ...]  # global ranks of the group, in group-rank order
-    seq: int  # per group (collectives) or per group+direction+peer (p2p)
-    peer: int | None  # root (rooted collectives) or peer (p2p), as a group rank
-    shapes: tuple
-    dtypes: tuple
-    device: str
-    numel_in: int
-    numel_out: int
-    reduce_op: str | None
-    callsite: dict | None  # {"file", "line", "function"} of the user's code
-    t_enter_ns: int  # CLOCK_MONOTONIC of the rank's host
-    t_end_ns: int | None  # None while in flight
-    span_index: int  # event number + 1 of the innermost open span, 0 for none
-    name: str | None  # span name
-    error: str | None
-    is_async: bool | None  # None when the caller's async flag was not visible
-    other_thread: bool
-    implicit: bool = False  # a span the tracer opened itself: "step" (seq: its number), "data"
-
-    @property
-    def duration_ms(self) -> float | None:
-        return None if self.t_end_ns is None else (self.t_end_ns - self.t_enter_ns) / 1e6
-
-    @property
-    def peer_global(self) -> int | None:
-        """The root/peer as a global rank, when the group's ranks are known."""
-        if self.peer is None or not (0 <= self.peer < len(self.group_ranks)):
-            return self.peer
-        return self.group_ranks[self.peer]
 
 
 @dataclass
@@ -133,6 +93,7 @@ class RankLog:
         # rank share a handful of them, and decoding is most of the cost of reading one
         self._groups: dict[int, tuple] = {}
         self._tensors: dict[int, tuple] = {}
+        self._texts: dict[int, str] = {}  # string id -> a span name or error text
 
     def _open(self) -> tuple[int, os.stat_result]:
         try:
@@ -304,6 +265,15 @@ class RankLog:
             data = self._read(at, n * F.SLOT_SIZE)
             if V.is_zeros(data):
                 out += [None] * n
+            elif _native is not None:
+                evs, misses = _native.decode(data, start, self.rank, self._groups,
+                                             self._tensors, _codes_by_word,
+                                             self._strings.values, self._texts, Event)
+                if misses:  # events naming what is not cached yet: decoded here
+                    for i, ev in enumerate(evs):
+                        if type(ev) is int:
+                            evs[i] = decode(ev, _unpack_slot(data, i * F.SLOT_SIZE))
+                out += evs
             else:
                 e = start
                 for rec in _iter_slots(data):
@@ -326,7 +296,14 @@ class RankLog:
             return False
 
     def read_one(self, e: int) -> Event | None:
-        rec = _unpack_slot(self.raw_slot(e))
+        data = self.raw_slot(e)
+        if _native is not None:
+            (ev,), misses = _native.decode(data, e, self.rank, self._groups, self._tensors,
+                                           _codes_by_word, self._strings.values, self._texts,
+                                           Event)
+            if not misses:
+                return ev
+        rec = _unpack_slot(data)
         if rec[0] != e + 1:
             return None  # not written yet, being rewritten, or overwritten
         return self._decode(e, rec)
@@ -352,10 +329,20 @@ class RankLog:
             self.rank, e, codes[0], codes[1], codes[2], *group, seq,
             None if peer < 0 else peer, *tensors, numel_in, numel_out, codes[3],
             callsite, t_enter, t_end or None, span_index,
-            V.text(string(name_id)) if name_id else None,
-            V.text(string(error_id)) if error_id else None,
+            self._text(name_id) if name_id else None,
+            self._text(error_id) if error_id else None,
             codes[4], codes[5], codes[6],
         )
+
+    def _text(self, sid: int) -> str | None:
+        """A span name or error text; cached once the string is readable."""
+        out = self._texts.get(sid)
+        if out is None:
+            value = self.string(sid)
+            out = V.text(value)
+            if value is not None:
+                self._texts[sid] = out
+        return out
 
     def _group(self, sid: int) -> tuple:
         """(name, desc, ranks) of a group string; cached once the string is readable. A
@@ -389,6 +376,8 @@ class RankLog:
 
 # bound once: read_one runs for every event the live engine sees
 _unpack_slot = F.SLOT.unpack_from
+_native = native_decoder()
+_codes_by_word = V.codes_by_word
 _iter_slots = struct.Struct(F.SLOT.format + f"{F.SLOT_SIZE - F.SLOT.size}x").iter_unpack
 _IN_FLIGHT = F.STATUS_IN_FLIGHT
 _decoded_codes, _decode_codes = V.decoded_codes, V.decode_codes

@@ -16,15 +16,31 @@ import os
 from distdoctor.runlog import format as F
 
 
+def pure_python() -> bool:
+    """DISTDOCTOR_PURE_PYTHON set: the C paths are not used."""
+    return os.environ.get("DISTDOCTOR_PURE_PYTHON", "") not in ("", "0")
+
+
 def native_module():
     """distdoctor.runlog._fast, or None (not built, or DISTDOCTOR_PURE_PYTHON set)."""
-    if os.environ.get("DISTDOCTOR_PURE_PYTHON", "") not in ("", "0"):
+    if pure_python():
         return None
     try:
         from distdoctor.runlog import _fast
     except ImportError:
         return None
     return _fast
+
+
+def native_decoder():
+    """distdoctor.runlog._decode, the readers' slot decoder, or None (as native_module)."""
+    if pure_python():
+        return None
+    try:
+        from distdoctor.runlog import _decode
+    except ImportError:
+        return None
+    return _decode
 
 
 class PySlotWriter:

@@ -55,8 +55,10 @@ def launch_of(head: bytes) -> dict:
     return value if isinstance(value, dict) else {}
 
 
-# a slot's codes in words, memoized: read_one decodes every event the live engine sees
+# a slot's codes in words, memoized: read_one decodes every event the live engine sees;
+# by their five bytes as one word too, which the C decoder (runlog/_decode.c) looks up
 decoded_codes: dict[tuple, tuple] = {}
+codes_by_word: dict[int, tuple] = {}
 
 
 def decode_codes(kind, op, status, redop, flags) -> tuple:
@@ -69,4 +71,5 @@ def decode_codes(kind, op, status, redop, flags) -> tuple:
            bool(flags & F.FLAG_OTHER_THREAD), bool(flags & F.FLAG_IMPLICIT))
     if len(decoded_codes) < 4096:  # bounded even for a corrupt log's random codes
         decoded_codes[(kind, op, status, redop, flags)] = out
+        codes_by_word[kind | op << 8 | status << 16 | redop << 24 | flags << 32] = out
     return out
