@@ -91,3 +91,37 @@ def test_what_changed_is_judged_at_once_between_slow_checks(tmp_path, monkeypatc
     assert counted.ticks == 2 and live.engine.ranks[1].exit is not None
     assert live.engine.ranks[0].exit is None
     live.close()
+
+
+def test_after_a_pass_that_found_nothing_the_next_waits_for_the_slow_checks(
+        tmp_path, monkeypatch):
+    """The loop's own cadence: an idle job is looked at when the time-driven checks are
+    due (twice a second), not at every poll (four times); a job that brings events is
+    looked at every poll."""
+    import time
+
+    ranks = [_writer(tmp_path, r) for r in range(2)]
+    for w in ranks:
+        w.complete(_op(w, 0), F.STATUS_OK, 2000)
+    live = LiveDiagnosis(tmp_path, hang_timeout_s=60, owner=False)
+    live._step(time.monotonic())
+    assert live.follower.pace.quiet_for(time.monotonic()) is None  # it read events
+    live._step(time.monotonic())
+    assert 0 < live.follower.pace.quiet_for(time.monotonic()) <= SLOW_S  # nothing new
+    passes = []
+    step = live._step
+    monkeypatch.setattr(live, "_step", lambda now_s, **k: (passes.append(now_s),
+                                                           step(now_s, **k)))
+    live.start()
+    time.sleep(3.1)
+    idle = len(passes)
+    seq = 1
+    while len(passes) < idle + 12:  # now events on every look
+        for w in ranks:
+            w.complete(_op(w, seq), F.STATUS_OK, 2000 + seq)
+        seq += 1
+        time.sleep(0.02)
+    live.leave()
+    assert 4 <= idle <= 7, passes  # ~2 a second (at every poll: 12)
+    gaps = [b - a for a, b in zip(passes[idle:], passes[idle + 1:])]
+    assert sorted(gaps)[len(gaps) // 2] < 0.4, gaps  # busy: every poll (0.25 s)

@@ -40,7 +40,11 @@ from distdoctor.runlog.follow import RunFollower
 from distdoctor.runlog.reader import Event
 from distdoctor.safetext import printable
 
-POLL_S = 0.25  # the follower's look at the logs; the rest at the job's pace (runlog.pace)
+# The follower's look at the logs; the rest at the job's pace (runlog.pace). After a pass
+# that found nothing new but the ranks' samples (an idle job, or one between bursts) the
+# next waits for the time-driven checks (every 0.5 s): a look that finds nothing still
+# reads every log's header and samples, ~0.3 ms at 2 ranks, half of an idle job's cost.
+POLL_S = 0.25
 # The loop's CPU budget: after a pass that took `c` seconds of CPU it waits at least c /
 # CPU_SHARE (at most MAX_WAIT_S) before the next. Passes have a fixed cost (liveness
 # checks, findings.json), so a heavier job gets fewer, larger passes: the diagnosis may
@@ -246,13 +250,15 @@ class LiveDiagnosis(RankWatch):
         lower_this_thread()
         wait = POLL_S
         while not self._stop.wait(wait):
-            cpu = time.thread_time()
+            cpu, quiet = time.thread_time(), None
             try:
                 with self._lock:
                     self._step(time.monotonic())
+                    quiet = self.follower.pace.quiet_for(time.monotonic())
             except Exception as exc:  # never take the launcher (and the job) down
                 self._pass_failed(exc)
-            wait = min(MAX_WAIT_S, max(POLL_S, (time.thread_time() - cpu) / CPU_SHARE))
+            wait = min(MAX_WAIT_S, max(POLL_S, quiet or 0.0,
+                                       (time.thread_time() - cpu) / CPU_SHARE))
 
     def _pass_failed(self, exc: Exception) -> None:
         """A pass that raised outside the detectors' boundary (reading the run dir, the
