@@ -123,5 +123,5 @@ def test_after_a_pass_that_found_nothing_the_next_waits_for_the_slow_checks(
         time.sleep(0.02)
     live.leave()
     assert 4 <= idle <= 7, passes  # ~2 a second (at every poll: 12)
-    gaps = [b - a for a, b in zip(passes[idle:], passes[idle + 1:])]
+    gaps = [b - a for a, b in zip(passes[idle:-1], passes[idle + 1:], strict=True)]
     assert sorted(gaps)[len(gaps) // 2] < 0.4, gaps  # busy: every poll (0.25 s)
