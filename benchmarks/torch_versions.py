@@ -2,7 +2,7 @@
 
 For each virtual environment given (each with its own torch and this project installed
 editable: `pip install torch==X` then `pip install -e ".[test]"`), runs the smoke set
-(`pytest -m matrix`, tests/conftest.py) and the reference trainer's parallel modes, each
+(`pytest -m matrix`, tests/tiers.py) and the reference trainer's parallel modes, each
 for 3 steps under `distdoctor run` (2 or 4 gloo ranks), and prints one Markdown table:
 feature x torch -> works / n/a (this torch lacks it, with the trainer's own one line) /
 FAIL. What docs/torch-versions.md's table shows.

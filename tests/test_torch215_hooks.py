@@ -1,5 +1,5 @@
 """torch 2.15's ProcessGroup hooks see every op traced as bare, and every NCCL name torch
-builds is traced (issue 51). In the version matrix's smoke set (tests/conftest.py).
+builds is traced (issue 51). In the version matrix's smoke set (tests/tiers.py).
 
 Expectations, and the torch source each comes from (torch 2.15.0):
 - pre/post hooks fire from the c10d dispatcher kernels, around every op, with the op's
