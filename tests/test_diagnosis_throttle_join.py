@@ -5,7 +5,7 @@ GPU on this machine), replayed through the live probe's code; the finding says s
 
 from __future__ import annotations
 
-from test_diagnosis_units import _steps
+from eventstreams import _steps
 from test_probes_sampler_throttle import replayed_run
 
 from distdoctor.diagnosis.engine.core import Engine
