@@ -26,7 +26,8 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
-from scenarios import SCENARIOS, Scenario  # noqa: E402
+from scenario_spec import Scenario  # noqa: E402
+from scenarios import SCENARIOS  # noqa: E402
 from scenarios_wide import SCENARIOS_WIDE  # noqa: E402
 
 SCENARIOS = SCENARIOS + SCENARIOS_WIDE

@@ -3,7 +3,7 @@ restarts with --max-restarts, DDP's "marked as ready twice", a distributed check
 cannot be written, a torch.compile backend that raises, Ray actors that die or raise. The
 ground truth for each, as in scenarios.py."""
 
-from scenarios import TORCHRUN, Scenario, crash
+from scenario_spec import TORCHRUN, Scenario, crash
 
 WIDE = "tests/jobs/logfail/wide_worker.py"
 RAY = "tests/jobs/logfail/ray_job.py"
