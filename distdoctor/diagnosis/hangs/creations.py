@@ -57,6 +57,16 @@ def counter_order(name: str) -> tuple[int, str]:
 class Creations:
     def __init__(self):
         self.by_rank: dict[int, dict[int, Made]] = {}
+        # rank -> the number of its first event that was read (0: its log from its start)
+        self.first: dict[int, int] = {}
+
+    def began(self, rank: int, index: int) -> None:
+        """The first event of `rank` that was read (the engine's, of any kind: a sample or
+        a collective as often as a creation). Readers take a rank's events in their order,
+        so a number past 0 means the oldest were gone when it was first read: its ring had
+        wrapped (a long job read post-mortem), or a viewer joined late (`watch`'s backlog)."""
+        if rank not in self.first and len(self.first) < MAX_RANKS:
+            self.first[rank] = index
 
     def see(self, ev) -> Made | None:
         """Take a creation span (its start, or its end: the same event number)."""

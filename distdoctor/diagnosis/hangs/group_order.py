@@ -86,6 +86,11 @@ class GroupNames:
         if made is not None and made.members:
             self.variant(made.name, made.members, ev.rank, made.callsite)
 
+    def began(self, rank: int, index: int) -> None:
+        """The number of the first event of `rank` the engine read: whether its log still
+        held its first creations (Creations.whole)."""
+        self.creations.began(rank, index)
+
     def variant(self, name: str, members: tuple, rank: int, callsite: dict | None) -> int:
         """The number of the member list `name` stands for on `rank` (0: the first seen).
         Called once per rank and name (the engine keeps the answer), never per op."""
