@@ -124,6 +124,8 @@ class Engine(FindingBook, WaitJudge, HangPass):
         if ev.group_desc == "undefined":  # torch's name for a group made without a
             ev.group_desc = ""  # description: a word of its code, not of the job's
         st = self.ranks.get(ev.rank) or self._rank(ev.rank)
+        if not st.max_t_ns:  # its first event read: whether its log lost its oldest ones
+            self.group_names.began(ev.rank, ev.index)
         t_end, kind = ev.t_end_ns, ev.kind
         t = t_end or ev.t_enter_ns
         if t > st.max_t_ns:
