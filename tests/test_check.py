@@ -2,7 +2,7 @@
 this machine allows it (a taken port, a missing interface, one node's different NCCL
 variable, a duplicated CUDA_VISIBLE_DEVICES, a 64 MB tmpfs as /dev/shm, a full
 checkpoint directory, an address nobody answers at), and the GPU checks through the
-replayed NVML path (no GPU here)."""
+replayed NVML path (no GPU here). A check stopped by SIGTERM: test_check_sigterm.py."""
 
 from __future__ import annotations
 
@@ -14,31 +14,12 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import live_processes, run_cli, small_disk
+from checkruns import _env, check, rows_of
+from conftest import run_cli, small_disk
 
 from distdoctor.launch.env import free_port
 
 FIXTURES = Path(__file__).parent / "fixtures" / "nvml"
-
-
-def check(args: list[str], env: dict | None = None, timeout: float = 120):
-    proc = run_cli(["check", "--json", *args], timeout=timeout, env=env)
-    try:
-        return proc, json.loads(proc.stdout)
-    except ValueError:
-        pytest.fail(f"no JSON (exit {proc.returncode}): {proc.stdout[-2000:]} "
-                    f"{proc.stderr[-2000:]}")
-
-
-def rows_of(report: dict, status: str | None = None) -> list[dict]:
-    return [r for r in report["rows"] if status is None or r["status"] == status]
-
-
-def _env(**extra) -> dict:
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("NCCL_", "GLOO_", "TORCH_NCCL_", "MASTER_"))
-           and k != "CUDA_VISIBLE_DEVICES"}
-    return {**env, **extra}
 
 
 @pytest.mark.timeout(150)
@@ -284,123 +265,3 @@ def test_when_the_checks_own_ranks_fail_the_log_diagnosis_names_the_cause(monkey
     assert job is None
     assert failure.startswith("the check's ranks failed: GLOO_SOCKET_IFNAME=nosuchif0"), failure
     assert "enforce fail" not in failure and "GLOO_SOCKET_IFNAME" in remedy
-
-
-@pytest.mark.timeout(120)
-def test_sigterm_stops_the_checks_ranks_and_removes_their_folder(tmp_path):
-    """A two-node check cancelled on the node that waits for the other (a scheduler's
-    SIGTERM): torchrun and its folder went with it. Before, the check ended alone and
-    torchrun waited on in its own session, its folder left in the temp dir; and a check
-    that stopped torchrun did it with SIGKILL, which left torchrun's own folder."""
-    import signal
-    import time
-
-    tmpdir = tmp_path / "tmp"
-    tmpdir.mkdir()
-    port = free_port()
-    # torchrun, in the rendezvous; the signal well inside it
-    proc, out, err, waiting = _check_stopped_by_sigterm(
-        ["torchrun", "--nnodes", "2", "--node-rank", "0", "--nproc-per-node", "1",
-         "--master-addr", "127.0.0.1", "--master-port", str(port), "train.py"], tmpdir,
-        lambda pid: [p for p in _with_tmpdir(tmpdir) if p != pid], 60, settle_s=1)
-    assert proc.returncode == 128 + signal.SIGTERM, (out, err)
-    assert not list(tmpdir.iterdir())  # its folder, and torchrun's own (torchelastic_*)
-    time.sleep(0.5)
-    assert not set(waiting) & set(_with_tmpdir(tmpdir)), waiting
-    assert "Traceback" not in err, err
-
-
-def _check_stopped_by_sigterm(cmd: list[str], tmpdir: Path, ready, within_s: float,
-                              settle_s: float = 0.0):
-    """`distdoctor check --no-sweep -- CMD` with TMPDIR=tmpdir, sent SIGTERM once `ready(its
-    pid)` gives something (and `settle_s` after): (the process, its output, its error
-    output, what `ready` gave). Killed if it outlives the test."""
-    import signal
-    import time
-
-    proc = subprocess.Popen([sys.executable, "-m", "distdoctor", "check", "--no-sweep", "--",
-                             *cmd], env=_env(TMPDIR=str(tmpdir)), stdin=subprocess.DEVNULL,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        deadline, got = time.monotonic() + within_s, None
-        while not got:
-            assert proc.poll() is None and time.monotonic() < deadline, (
-                "never ready", proc.poll())
-            time.sleep(0.1)
-            got = ready(proc.pid)
-        time.sleep(settle_s)
-        proc.send_signal(signal.SIGTERM)
-        out, err = proc.communicate(timeout=30)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-    return proc, out, err, got
-
-
-def _with_tmpdir(tmpdir: Path) -> list[int]:
-    """Live processes (zombies left out) whose environment has TMPDIR=tmpdir, or a folder
-    inside it (the check's launcher has one in the check's folder)."""
-    entry, inside = f"TMPDIR={tmpdir}".encode(), f"TMPDIR={tmpdir}/".encode()
-    return [pid for pid, env, _ in live_processes()
-            if any(v == entry or v.startswith(inside) for v in env.split(b"\0"))]
-
-
-@pytest.mark.timeout(120)
-@pytest.mark.parametrize("event, which, args", [
-    ("os.killpg", "True", ["--nproc", "2", "--timeout", "1"]),  # the ranks' stop (hung)
-    ("shutil.rmtree", "'distdoctor-check-' in str(args[0])", ["--nproc", "1"]),  # folder
-])
-def test_sigterm_amid_the_checks_cleanup_finishes_it(tmp_path, event, which, args):
-    """The signal lands as the cleanup starts: it cut the cleanup short, and the ranks
-    after the one being stopped ran on (in their own sessions), or the rest of the folder
-    stayed in the temp dir."""
-    import signal
-
-    tmpdir = tmp_path / "tmp"
-    tmpdir.mkdir()
-    code = ("import os, runpy, signal, sys\n"
-            "def hook(event, args):\n"
-            f"    if event == {event!r} and {which}:\n"
-            "        os.kill(os.getpid(), signal.SIGTERM)\n"
-            "sys.addaudithook(hook)\n"
-            "sys.argv = ['distdoctor', 'check', '--no-sweep', *sys.argv[1:]]\n"
-            "runpy.run_module('distdoctor', run_name='__main__')\n")
-    try:
-        r = subprocess.run([sys.executable, "-c", code, *args], capture_output=True,
-                           text=True, env=_env(TMPDIR=str(tmpdir)),
-                           stdin=subprocess.DEVNULL, timeout=90)
-    finally:
-        left = _with_tmpdir(tmpdir)
-        for pid in left:  # (never past the test, whatever it finds)
-            try:
-                os.killpg(pid, signal.SIGKILL)
-            except OSError:
-                pass
-    assert r.returncode == 128 + signal.SIGTERM, (r.stdout, r.stderr)
-    assert not left, left
-    assert not list(tmpdir.glob("distdoctor-check-*"))
-    assert "Traceback" not in r.stderr, r.stderr
-
-
-@pytest.mark.timeout(60)
-def test_a_launcher_slow_to_end_leaves_no_folder_in_the_temp_dir(tmp_path):
-    """A torchrun that does not end within the stop's grace (killed, it cannot remove its
-    torchelastic_* folder): its temp dirs were in the user's temp dir, left there; now in
-    the check's folder, removed with it."""
-    import signal
-
-    tmpdir, bin_dir = tmp_path / "tmp", tmp_path / "bin"
-    tmpdir.mkdir()
-    bin_dir.mkdir()
-    torchrun = bin_dir / "torchrun"  # makes its folder, then ignores SIGTERM
-    torchrun.write_text(
-        f"#!{sys.executable}\nimport os, signal, tempfile, time\n"
-        "signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
-        "tempfile.mkdtemp(prefix='torchelastic_')\nprint('up', flush=True)\ntime.sleep(60)\n")
-    torchrun.chmod(0o755)
-    proc, out, err, _ = _check_stopped_by_sigterm(
-        [str(torchrun), "--nproc-per-node", "1", "train.py"], tmpdir,
-        lambda pid: list(tmpdir.rglob("torchelastic_*")), 30)
-    assert proc.returncode == 128 + signal.SIGTERM, (out, err)
-    assert not list(tmpdir.iterdir()), list(tmpdir.rglob("*"))
