@@ -223,7 +223,10 @@ class CollectorProcess:
              copy, "--hang-timeout", hang_timeout],
             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
             env=dict(os.environ, PYTHONUNBUFFERED="1", **(env or {})),
-            start_new_session=True)
+            # run from the copy's folder: `python -m` puts its folder first on the path,
+            # and from inside a checkout that checkout's distdoctor would be the one run
+            # (collector_scale.py --old's copy was not)
+            cwd=copy, start_new_session=True)
         self.lines: list[tuple[float, str]] = []
         threading.Thread(target=self._read, daemon=True).start()
         self.ps = psutil.Process(self.proc.pid)

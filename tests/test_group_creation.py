@@ -7,9 +7,23 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch.distributed.distributed_c10d as c10d
 from conftest import JOBS, marker_sets, run_cli
 
 JOB = JOBS / "bugs" / "group_skipped.py"
+
+
+def _numbers_member_named_groups() -> bool:
+    """Whether this torch advances the counter that names plain groups when it names a
+    group by its members (2.15), asked of torch itself (its counter put back)."""
+    try:
+        before = c10d._world.group_count
+        c10d._process_group_name([0, 1], use_hashed_name=True)
+        after = c10d._world.group_count
+        c10d._world.group_count = before
+    except Exception:
+        return False
+    return after != before
 
 
 def _run(mode: str, nproc: int, tmp_path):
@@ -66,3 +80,35 @@ def test_a_rank_inside_new_group_that_its_peer_skipped_is_the_cause(tmp_path):
     assert {c["line"] for c in f["callsites"] if c["rank"] == 0} & marks["rank0_guarded"], described
     assert f["details"]["branch"]["condition"] == "rank == 0", f["details"]
     assert "which rank 1 never called" in f["summary"], f["summary"]
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.skipif(not _numbers_member_named_groups(),
+                    reason="this torch numbers plain groups only: the job's shared group "
+                    "is named apart there, another cause (group_creation_order)")
+def test_a_rank_that_made_a_member_named_group_first_is_judged_with_the_others(tmp_path):
+    """Torch 2.15: ranks 0, 1 make their pair by its members, ranks 2, 3 theirs by a plain
+    new_group only they call; the shared group is "2" on every rank, so the plain names
+    start at "2" on ranks 0, 1 and at "1" on ranks 2, 3. Then rank 0 alone calls
+    new_group([0, 1]) inside `if rank == 0`, as in `last`. Before: ranks 0, 1 were taken
+    for logs that lost their first creations and left out: no culprit (a tie), the rank
+    condition unsaid."""
+    f, described = _run("local_first", 4, tmp_path)
+    marks = marker_sets(JOB)
+    d = f["details"]
+    assert (f["kind"], f["ranks"], d["reason"]) == ("hang", [0], "group_creation_skipped"), (
+        described)
+    assert "tie" not in d and d["never_created"] == [1, 2, 3] and d["members"] == [0, 1], d
+    assert d["branch"]["condition"] == "rank == 0", d
+    assert (d["branch"]["created_by"], d["branch"]["skipped_by"]) == ([0], [1, 2, 3]), d
+    (guarded,), (next_op,) = marks["rank0_after_local"], marks["next_after_local"]
+    lines = {(c["rank"], c["line"]) for c in f["callsites"]}
+    assert (0, guarded) in lines, f["callsites"]
+    for words in ("which rank 0 took and ranks 1, 2, 3 did not",
+                  f"rank 1 in all_reduce #1 in group 0 at group_skipped.py:{next_op}"):
+        assert words in f["summary"], f["summary"]
+    # post-mortem, from the logs: read from their first events, the same one cause
+    post = run_cli(["diagnose", str(tmp_path / "run"), "--json"], timeout=60)
+    causes = [g for g in json.loads(post.stdout)["findings"] if g["severity"] == "error"]
+    assert [(g["kind"], g["ranks"], g["details"]["reason"]) for g in causes] == [
+        ("hang", [0], "group_creation_skipped")], post.stdout

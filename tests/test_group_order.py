@@ -6,6 +6,8 @@ the mismatch's consequence."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from distdoctor.diagnosis.engine.core import Engine
 from distdoctor.diagnosis.hangs.group_order import GroupNames
 from distdoctor.findings import Finding
@@ -193,3 +195,66 @@ def test_a_rank_whose_log_lost_its_first_creations_is_not_blamed_for_them():
     engine.tick(1.0)
     [f] = [f for f in engine.findings() if f.details.get("reason") == "group_creation_order"]
     assert f.ranks == [2] and f.details["group_name"] == "2"
+
+
+def _sample(rank, index, t=0.0):
+    """The tracer's look at the main thread between ops (a rank's first event as often as
+    not: it samples from its start)."""
+    return Event(rank=rank, index=index, kind="sample", op="sample", status="ok", group="",
+                 group_desc="", group_ranks=(), seq=0, peer=None, shapes=(), dtypes=(),
+                 device="", numel_in=0, numel_out=0, reduce_op=None,
+                 callsite={"file": "/nonexistent/job.py", "line": 5, "function": "<module>"},
+                 t_enter_ns=int(t * S), t_end_ns=None, span_index=0, name=None, error=None,
+                 is_async=False, other_thread=False)
+
+
+def _rank0_alone_in(creations: dict[int, list], first_read: dict[int, int]) -> Engine:
+    """4 ranks: each makes `creations[rank]` (events of _made with their index from 0),
+    after a sample and an all_reduce of the default group; then rank 0 alone begins
+    [0, 1] "3" (line 12) and stays inside, and ranks 1, 2, 3 wait for it in all_reduce #1.
+    `first_read`: rank -> the number of its first event read (the sample; past 0: the
+    ring wrapped before it was read, and `creations[rank]` is what it still held)."""
+    engine = Engine(hang_timeout_s=5.0)
+    engine.same_clock.update(range(4))
+    for r in range(4):
+        at = first_read.get(r, 0)
+        engine.ingest([_sample(r, at, 0.1), _op(r, 0, range(4), group="0", index=at + 1,
+                                                 t=0.2)], 0.0)
+        engine.ingest([replace(m, rank=r, index=at + 2 + i, t_enter_ns=int((0.3 + i) * S),
+                               t_end_ns=int((0.4 + i) * S))
+                       for i, m in enumerate(creations[r])], 0.0)
+    engine.ingest([_made(0, first_read.get(0, 0) + 9, "3", (0, 1), 12, done=False, t=5.0)]
+                  + [_op(r, 1, range(4), group="0", index=first_read.get(r, 0) + 9,
+                         t=5.0, done=False) for r in (1, 2, 3)], 0.0)
+    engine.tick(5.0)
+    engine.tick(15.0)
+    return engine
+
+
+def test_a_rank_whose_counter_names_start_later_is_no_log_that_lost_creations():
+    """torch 2.15's names: ranks 0, 1 make [0, 1] by its members first (line 9), ranks 2,
+    3 make [2, 3] by a plain new_group "1" (line 10), all make [0, 1, 2, 3] "2" (line 11):
+    plain names from "2" on ranks 0, 1 and from "1" on ranks 2, 3, every log read from its
+    first event. Rank 0, alone in a creation the others skipped, is the culprit. Before:
+    ranks 0, 1 were read as logs that lost their group "1" and left out of the judgement
+    (no culprit, a tie)."""
+    made = {r: [_made(r, 0, "9f2c", (0, 1), 9) if r < 2 else _made(r, 0, "1", (2, 3), 10),
+                _made(r, 0, "2", range(4), 11)] for r in range(4)}
+    engine = _rank0_alone_in(made, {})
+    [f] = [f for f in engine.findings() if f.details.get("reason") == "group_creation_skipped"]
+    assert (f.kind, f.ranks) == ("hang", [0]) and "tie" not in f.details, f.summary
+    assert f.details["never_created"] == [1, 2, 3], f.details
+    assert engine.group_names.creations.whole(set(range(4))) == {0, 1, 2, 3}
+
+
+def test_a_rank_whose_log_was_read_from_a_later_event_may_have_lost_creations():
+    """All make [0, 1] "1" and [0, 1, 2, 3] "2"; rank 3's ring wrapped before it was read:
+    its first event read (a sample) is number 40, and it holds "2" only. What it created
+    before is unknown: it is never said to have skipped [0, 1] "1"."""
+    made = {r: [_made(r, 0, "1", (0, 1), 10), _made(r, 0, "2", range(4), 11)]
+            for r in range(3)}
+    made[3] = made[2][1:]
+    engine = _rank0_alone_in(made, {3: 40})
+    assert engine.group_names.creations.whole(set(range(4))) == {0, 1, 2}
+    [f] = [f for f in engine.findings() if f.details.get("reason") == "group_creation_skipped"]
+    assert (f.kind, f.ranks) == ("hang", [0]) and "tie" not in f.details, f.summary

@@ -97,14 +97,13 @@ class Creations:
         return newest if newest.t_end_ns is None and not newest.failed else None
 
     def whole(self, world: set[int]) -> set[int]:
-        """The ranks of `world` whose log holds every creation they made: their first
-        counter name is the least any rank's first is (a ring that wrapped lost the first
-        ones: such a rank would look as if it skipped them), or they made none. The least,
-        not "1": torch 2.15 gives a counter number to a group named by its members too, so
-        a job that makes one of those first starts its counter names at "2"."""
-        firsts = {r: counter_order(made[0].name) for r in world if (made := self.order(r))}
-        least = min(firsts.values(), default=None)
-        return {r for r in world if firsts.get(r, least) == least}
+        """The ranks of `world` whose log holds every creation they made: it was read from
+        its first event on. One whose oldest events were gone may have lost creations with
+        them, and would look as if it skipped those. Never told from the names: torch 2.15
+        numbers a member-named creation too, so a rank that made one first starts its
+        counter names at "2" while others start at "1", all of them whole. A rank none of
+        whose events was read made none that anyone saw: whole (it skipped them)."""
+        return {r for r in world if not self.first.get(r, 0)}
 
     def items(self) -> dict[tuple, dict[int, tuple[int, Made]]]:
         """Each group creation as the ranks should all make it: (members, how many groups of

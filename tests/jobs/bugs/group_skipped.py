@@ -5,6 +5,13 @@ rank to call new_group() for every group, in the same order). Usage: group_skipp
            the shared one, which the pair names "2" and rank 2 names "1"
   last     (2 ranks) rank 0 alone creates a group and waits inside new_group for rank 1, which
            went on to the next collective
+  local_first  (4 ranks) each pair makes its own group first, [0, 1] by its members
+           (use_local_synchronization=True), [2, 3] by a plain new_group only they call;
+           then every rank makes the same group, and rank 0 alone creates [0, 1] as in
+           `last`. torch 2.15 numbers every creation: the shared group is "2" everywhere,
+           the pair's plain names start at "2" on ranks 0, 1 and at "1" on ranks 2, 3.
+           torch 2.13 numbers plain groups only: the shared group is "1" on ranks 0, 1
+           and "2" on ranks 2, 3 (a name for two member lists)
 """
 import sys
 
@@ -24,6 +31,15 @@ if mode == "members":
         tp = dist.new_group(tp_ranks)  # expect: tp_guarded
     everyone = dist.new_group(list(range(world)))  # expect: shared
     dist.all_reduce(t, group=everyone)
+elif mode == "local_first":
+    mine = [0, 1] if rank < 2 else [2, 3]
+    pair = dist.new_group(mine, use_local_synchronization=rank < 2)  # expect: own_pair
+    dist.all_reduce(t, group=pair)
+    everyone = dist.new_group(list(range(world)))  # expect: everyone
+    dist.all_reduce(t, group=everyone)
+    if rank == 0:
+        again = dist.new_group([0, 1])  # expect: rank0_after_local
+    dist.all_reduce(t)  # expect: next_after_local
 else:
     if rank == 0:
         pair = dist.new_group([0, 1])  # expect: rank0_guarded
