@@ -160,7 +160,7 @@ EXTENDED = (
     # their cause and line)
     "test_stragglers.py::test_a_line_no_peer_runs_is_named_though_the_sampler_looked_seldom",
     # a forked child leaving by os._exit (CI: the same leaving by sys.exit)
-    "test_chaos_processes.py::test_a_rank_that_forks_is_traced_as_the_parent[_exit]",
+    "test_chaos_rank_fork.py::test_a_rank_that_forks_is_traced_as_the_parent[_exit]",
     # a size that does not fit, skipped (CI: the sweep's every op at 2 ranks, a corrupted
     # result counted)
     "test_nccl_test_runs.py::test_a_size_that_does_not_fit_is_skipped_and_the_sweep_goes_on",

@@ -1,4 +1,4 @@
-"""A steady job for distdoctor's own processes to die beside (tests/test_chaos_processes.py):
+"""A steady job for distdoctor's own processes to die beside (tests/test_chaos_sigkill.py):
 all_reduces on gloo, CHAOS_SLEEP_MS apart, CHAOS_OPS of them, or fewer when CHAOS_STOP
 names a file: the job stops once rank 0 sees it (the ranks agree through the all_reduce
 itself), then a barrier. Each rank prints how many all_reduces it did and the sum it
