@@ -8,6 +8,8 @@ it is in use, and the nodes' probe samples (who owns each rank: owners.py).
 - `OpenCopies`: the open copies, least recently used first; past the budget
   (limits.copy_fd_budget) the oldest are closed. A copy in use on another thread (its
   lock held) is skipped, never closed under its writer.
+- `reopen_copy`, `new_copy`: a log's copy file as a collector before us left it (to
+  write on into), or made anew.
 - `append_samples`: a node's probe samples, appended through a file opened per frame.
 
 Files are created with O_NOFOLLOW (and O_EXCL where new): names come from a node's host,
@@ -24,16 +26,27 @@ from collections import OrderedDict
 from contextlib import contextmanager
 from pathlib import Path
 
+from distdoctor.collect import wire
+from distdoctor.runlog import format as F
+from distdoctor.runlog.ring import RingWriter
+from distdoctor.runlog.ring_copy import open_copy
+
 _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 
 
 class Copy:
     """One rank log's copy: its path and layout, and its files while they are open."""
 
-    __slots__ = ("key", "path", "layout", "lock", "writer", "reader", "ready", "files")
+    __slots__ = ("key", "path", "layout", "lock", "writer", "reader", "ready", "files",
+                 "lived", "made_s", "aside")
 
-    def __init__(self, key: tuple[int, int], path: Path, layout: tuple, writer):
+    def __init__(self, key: tuple[int, int], path: Path, layout: tuple, writer,
+                 lived: bool = False):
         self.key, self.path, self.layout = key, path, layout
+        # whether it shows its rank ran (an event, its close, its heartbeat moving; or
+        # not known: a copy a collector before us made), since when it is written, and
+        # whether it was set aside (set_aside.py: no node writes it again)
+        self.lived, self.made_s, self.aside = lived, time.monotonic(), False
         self.lock = threading.Lock()  # held while written or read (OpenCopies skips it)
         self.writer, self.reader = writer, None
         self.ready = None  # (strings, ring) reserved on disk, kept across a reopen
@@ -62,8 +75,6 @@ class OpenCopies:
     @contextmanager
     def writing(self, copy: Copy):
         """The copy's writer, open (reopened if it was let go), while the block runs."""
-        from distdoctor.runlog.ring_copy import open_copy
-
         with copy.lock:
             if copy.writer is None:
                 copy.writer = open_copy(str(copy.path))
@@ -133,6 +144,29 @@ class OpenCopies:
             copies = list(self._lru.values())
         for copy in copies:
             self.forget(copy)
+
+
+def reopen_copy(path: Path, layout: tuple) -> RingWriter | None:
+    """The copy a collector before us made at `path`, when it has this layout."""
+    try:
+        writer = open_copy(str(path))
+    except OSError:
+        return None
+    pid = F.HEADER_STATIC.unpack_from(writer._mm, 0)[-1]
+    if (writer.capacity, writer.strings_size, pid) == layout:
+        return writer
+    writer.close()
+    return None
+
+
+def new_copy(path: Path, rank: int, log: int, layout: tuple, launch) -> RingWriter:
+    capacity, strings_size, pid = layout
+    try:
+        return RingWriter(str(path), rank, capacity * F.SLOT_SIZE, strings_size, pid=pid,
+                          launch=launch, log_number=log)
+    except OSError as exc:  # a full disk: refused now, in again once there is room
+        raise wire.WireError(f"cannot make the copy of rank {rank}'s log in "
+                             f"{path.parent}: {exc.strerror or exc}") from None
 
 
 def append_samples(path: Path, host: str, text: str, max_bytes: int) -> None:

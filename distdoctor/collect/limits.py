@@ -9,7 +9,7 @@ Per node:
   fields: digest_fields.py): a frame with one that is not is refused whole.
 - ranks: MAX_RANKS_PER_NODE (its logs' copies, metadata, exits, digest positions, and
   the ranks of other nodes it sends, set aside); a rank belongs to the node (host) that
-  sent it first while that node runs it (owners.py: it passes to another once its owner
+  sent it first while that node runs it (claims.py: it passes to another once its owner
   is gone for it, or to a newer launch of the job; a claim while the owner runs it is set
   aside, and two that both run it are a conflict, said), at most MAX_LOG_NUMBER logs a
   rank in the copy (a moved rank's numbered after its old owner's).
@@ -76,7 +76,7 @@ MAX_HELD_DIGEST_BYTES = 8 << 20
 MAX_ISSUED_GROUPS = 1024  # groups a rank's position counts ops in
 
 # a node has a few GPUs (each may start again); the caps bound one node's share of disk
-MAX_LOGS_PER_NODE = 1024  # open at once (and set aside: owners.py)
+MAX_LOGS_PER_NODE = 1024  # open at once (and set aside: claims.py)
 MAX_LOG_NUMBER = 1 << 20  # a rank's log numbers in the copy, over its owners
 MAX_COPIES_PER_NODE = 16 * MAX_RANKS_PER_NODE  # log copies, in the copy's life
 MAX_FINISHED = 1 << 16

@@ -8,7 +8,7 @@ forwarder sends, or more than a node may (limits.py: ranks, exits, findings, dig
 is dropped (WireError) and what it sent before stays; the other nodes go on. A rank
 belongs to the host that sent it first while that host runs it; another host's frames
 for it are set aside, and it passes to that host once its owner is gone for it, or for a
-newer launch of the job (owners.py says what is believed, and why).
+newer launch of the job (claims.py says what is believed, and why).
 
 Bounds (limits.py states them, and the memory they make): per node at most
 MAX_RANKS_PER_NODE ranks and MAX_COPIES_PER_NODE log copies, ~40 MiB for a hostile node
@@ -30,7 +30,9 @@ import time
 from pathlib import Path
 
 from distdoctor.collect import wire
-from distdoctor.collect.copies import Copy, OpenCopies
+from distdoctor.collect.claims import BY_LAUNCH, RAN_ON, Claims
+from distdoctor.collect.copies import Copy, OpenCopies, new_copy, reopen_copy
+from distdoctor.collect.copy_exits import CopyExits
 from distdoctor.collect.limits import (
     MAX_COPIES_PER_NODE,
     MAX_FINDINGS_BYTES,
@@ -44,16 +46,13 @@ from distdoctor.collect.limits import (
 )
 from distdoctor.collect.lost import LOST_S
 from distdoctor.collect.node_mirror import HOST_NAME, NodeMirror  # noqa: F401 (server's)
-from distdoctor.collect.owners import Claims, Owners, incarnation, newer
+from distdoctor.collect.owners import Owners, incarnation
+from distdoctor.collect.set_aside import put_aside
 from distdoctor.collect.shares import gone_line, who_goes
 from distdoctor.collect.source_copies import SourceCopies
-from distdoctor.runlog import format as F
-from distdoctor.runlog.ring import RingWriter
-from distdoctor.runlog.ring_copy import open_copy
-from distdoctor.runlog.rundir import ring_path, write_json_atomic
+from distdoctor.runlog.rundir import ring_path
 
 EARLIER = "(before the collector started again)"  # findings.json's, at the start
-BY_LAUNCH = "it sends an older launch of the job"  # why a rank passed at once
 
 
 class Mirror:
@@ -80,7 +79,7 @@ class Mirror:
         self._senders = self.claims.senders  # rank -> the node that sends it
         self._rings: dict[tuple[int, int], Copy] = {}  # (rank, log number) -> its copy
         self._copies_of: dict[str, int] = {}  # host -> log copies it made
-        self._exits: dict[int, dict] = _earlier_exits(self.run_dir)
+        self.exits = CopyExits(self.run_dir)  # exits.json (a collector's before too)
         self._findings: dict[str, list] = _earlier_findings(self.run_dir)  # host -> its own
         self._told: set[tuple] = {(None, _ident(f)) for f in self._findings.get(EARLIER, [])}
         self._told_by: dict[str, int] = {}  # host -> findings told
@@ -109,9 +108,14 @@ class Mirror:
                     self._both_move(node, r, now)  # again: no claim (a conflict if it runs)
                 elif past and now - node.moving.get(r, now - LOST_S) >= LOST_S:
                     continue  # (its exit code, its rank's place: kept out, unsaid)
-                else:
-                    why = (BY_LAUNCH if newer(launch, claims.launched.get(r))
-                           else claims.gone_why(owner, r, now))
+                else:  # (a rank its owner finished passes by a relaunch only)
+                    finished = self.exits.finished(r)
+                    if finished and r not in claims.launched:  # (a collector before us's)
+                        claims.granted(r, self.exits.launch_of(r, ring_path(
+                            self.run_dir, r, max(0, owners.next_log(r) - 1))))
+                    why = claims.launch_why(launch, r)
+                    if why is None and (not finished or claims.relaunched(launch, r)):
+                        why = claims.gone_why(owner, r, now)
                     if why is None:
                         self._aside(node, owner, r, launch, now)
                     else:
@@ -127,9 +131,12 @@ class Mirror:
                         self._let_go(other, node.host)
                 owners.claim(node.host, new)
                 for owner, (rs, why) in moves.items():
-                    (claims.by_launch.update if why == BY_LAUNCH
-                     else claims.by_launch.difference_update)(rs)
-                    owners.move(node.host, {r: owners.next_log(r) for r in rs}, owner)
+                    to = {r: owners.next_log(r) for r in rs}
+                    claims.took(rs, why, owner, {r: owners.base.get(r, 0) for r in rs}, to,
+                                now)
+                    if why != BY_LAUNCH:  # (a launch is believed at once: no proof)
+                        self._put_aside(self._never_ran(rs, now))
+                    owners.move(node.host, to, owner)
                     self.fleet.forget(rs)
                     claims.note("moved", owner, node.host, rs, why)
             granted = mine + new + moved
@@ -138,8 +145,7 @@ class Mirror:
             for r in granted:
                 self._senders[r] = node
                 node.aside.pop(r, None)
-                if launch is not None and not newer(claims.launched.get(r), launch):
-                    claims.launched[r] = launch
+                claims.granted(r, launch)
         node.ranks.update(granted)
         return granted
 
@@ -149,7 +155,8 @@ class Mirror:
         if rank not in node.aside and len(node.aside) >= MAX_RANKS_PER_NODE:
             raise wire.WireError(f"more than {MAX_RANKS_PER_NODE:,} ranks from one node")
         node.aside[rank] = launch
-        self.claims.note("aside", owner, node.host, [rank])
+        self.claims.note("finished" if self.exits.finished(rank) else "aside", owner,
+                         node.host, [rank])
         self._both_move(node, rank, now)
 
     def held(self, node: NodeMirror, owner: str, rank: int, log: int) -> None:
@@ -157,7 +164,8 @@ class Mirror:
         the rank (then unsaid: Claims.retract), or of the rank's past (stale)."""
         with self._lock:
             if not self.owners.stale(node.host, rank, log):
-                self.claims.note("aside", owner, node.host, [rank])
+                self.claims.note("finished" if self.exits.finished(rank) else "aside",
+                                 owner, node.host, [rank])
 
     def moved_elsewhere(self, node: NodeMirror, rank: int) -> None:
         """`node` moves a rank of its log that passed to another node (its own copy of
@@ -168,12 +176,47 @@ class Mirror:
 
     def _both_move(self, node: NodeMirror, rank: int, now: float) -> None:
         owner = self.owners.of.get(rank)
-        if owner not in (None, node.host) and self.claims.both_run(owner, node, rank, now):
-            self.claims.conflict(owner, node.host, rank)
+        if owner in (None, node.host) or not self.claims.both_run(owner, node, rank, now):
+            return
+        taken = self.claims.ran_through(node, rank)
+        if taken is None:
+            return self.claims.conflict(owner, node.host, rank)
+        # `node` ran the rank on through the launch that took it: that launch was
+        # `owner`'s word alone; the rank is node's again as it was, owner's logs aside
+        self._put_aside(self._copies_since([rank], taken.first))
+        self.owners.give_back(node.host, rank, taken.base, owner, taken.first)
+        self.claims.gave_back(rank, taken)
+        self.claims.kept_on(node.host, owner, rank)
+        self.claims.note("moved", owner, node.host, [rank], RAN_ON.format(node.host))
+        self._senders[rank] = node
+        node.ranks.add(rank)
+        self.fleet.forget([rank])
+
+    def _copies_since(self, ranks, first: int | None = None) -> list[Copy]:
+        """The copies of `ranks`' logs from `first` on (default: those their owner sent,
+        from its base on)."""
+        owners = self.owners
+        return [self._rings[(r, n)] for r in ranks
+                for n in range(owners.base.get(r, 0) if first is None else first,
+                               owners.next_log(r)) if (r, n) in self._rings]
+
+    def _never_ran(self, ranks, now: float) -> list[Copy]:
+        """The copies of `ranks` by their owner that show no event, no close and no move
+        in LOST_S of its stream (a live rank's heartbeat moves each second): no rank's."""
+        return [c for c in self._copies_since(ranks) if not c.lived
+                and now - c.made_s >= LOST_S]
+
+    def _put_aside(self, copies: list[Copy]) -> None:
+        """Copies of a claim disproven: no rank's logs (set_aside.py); no node writes them
+        again (NodeMirror sets its frames of them aside)."""
+        for copy in copies:
+            copy.aside = True
+            del self._rings[copy.key]
+            put_aside(copy, self.copies, self.run_dir)
 
     def copy_log(self, rank: int, log: int) -> int:
         """The copy's number of its owner's log `log` of `rank` (after an old owner's)."""
-        n = log + self.owners.base.get(rank, 0)
+        n = self.owners.number(rank, log)
         if n > MAX_LOG_NUMBER:
             raise wire.WireError(f"rank {rank} has more than {MAX_LOG_NUMBER:,} logs in the "
                                  f"copy")
@@ -193,10 +236,7 @@ class Mirror:
         """`host`'s ranks set free for `newcomer`'s (shares.py), their positions forgotten
         (their copies stay on disk); the server drops `host`."""
         ranks = self.owners.release(host)
-        for r in ranks:
-            self._senders.pop(r, None)
-            self.claims.launched.pop(r, None)
-            self.claims.by_launch.discard(r)
+        self.claims.forget(ranks)
         self.fleet.forget(ranks)
         self.evicted[host] = gone_line(len(ranks), MAX_RANKS, "ranks", newcomer)
 
@@ -217,15 +257,16 @@ class Mirror:
             if have is not None and have.layout == layout:
                 return have
             path = ring_path(self.run_dir, rank, log)
-            writer = _reopen(path, layout) if have is None else None
+            writer = reopen_copy(path, layout) if have is None else None
+            lived = writer is not None or (have is not None and have.lived)
             if writer is None:
                 if self._copies_of.get(node.host, 0) >= MAX_COPIES_PER_NODE:
                     raise wire.WireError(f"more than {MAX_COPIES_PER_NODE:,} logs from one "
                                          f"node")
-                writer = _new_copy(path, rank, log, layout, launch)
+                writer = new_copy(path, rank, log, layout, launch)
                 self.owners.made(rank, log)
                 self._copies_of[node.host] = self._copies_of.get(node.host, 0) + 1
-            copy = Copy((rank, log), path, layout, writer)
+            copy = Copy((rank, log), path, layout, writer, lived)
             if have is not None:
                 self.copies.forget(have)
             self._rings[(rank, log)] = copy
@@ -302,62 +343,16 @@ class Mirror:
         self.sources.close()
 
     def lost_node(self, node: NodeMirror) -> None:
-        """A node whose stream ended without its exit codes: its ranks are written as gone
-        (no exit code), so a post-mortem of the copy takes their unclosed logs for dead
-        ranks, as the live view did. A node that comes back sends its real ones."""
-        self.add_exits([{"rank": r, "pid": None, "exit_code": None, "signal": None,
-                         "stopped_by_distdoctor": False, "lost_with_node": node.host}
-                        for r in sorted(node.ranks) if r not in self._exits
-                        and self.owners.of.get(r) == node.host])
+        """A node whose stream ended without its exit codes: its ranks written as gone
+        (copy_exits.py)."""
+        with self._lock:
+            self.exits.lost(node.host, [r for r in node.ranks
+                                        if self.owners.of.get(r) == node.host])
 
     def add_exits(self, processes: list[dict]) -> None:
         """Checked entries (peer_data.node_exits) of ranks their node owns (claimed)."""
         with self._lock:
-            changed = False
-            for p in processes:
-                if self._exits.get(p["rank"]) != p:
-                    self._exits[p["rank"]] = p
-                    changed = True
-            if not changed:
-                return
-            write_json_atomic(self.run_dir / "exits.json", {
-                "stopped_by_distdoctor": any(p.get("stopped_by_distdoctor")
-                                             for p in self._exits.values()),
-                "processes": [self._exits[r] for r in sorted(self._exits)]}, indent=None)
-
-
-def _reopen(path: Path, layout: tuple) -> RingWriter | None:
-    """The copy a collector before us made at `path`, when it has this layout."""
-    try:
-        writer = open_copy(str(path))
-    except OSError:
-        return None
-    pid = F.HEADER_STATIC.unpack_from(writer._mm, 0)[-1]
-    if (writer.capacity, writer.strings_size, pid) == layout:
-        return writer
-    writer.close()
-    return None
-
-
-def _new_copy(path: Path, rank: int, log: int, layout: tuple, launch) -> RingWriter:
-    capacity, strings_size, pid = layout
-    try:
-        return RingWriter(str(path), rank, capacity * F.SLOT_SIZE, strings_size, pid=pid,
-                          launch=launch, log_number=log)
-    except OSError as exc:  # a full disk: refused now, in again once there is room
-        raise wire.WireError(f"cannot make the copy of rank {rank}'s log in "
-                             f"{path.parent}: {exc.strerror or exc}") from None
-
-
-def _earlier_exits(run_dir: Path) -> dict[int, dict]:
-    """exits.json's entries as a collector before us wrote them (those still sound)."""
-    from distdoctor.exits import read_exit_entries
-
-    try:
-        _, entries, _ = read_exit_entries(run_dir / "exits.json")
-    except (OSError, ValueError):
-        return {}
-    return {p["rank"]: p for p in entries[:MAX_RANKS] if p["rank"] is not None}
+            self.exits.add(processes)
 
 
 def _earlier_findings(run_dir: Path) -> dict[str, list]:

@@ -3,7 +3,7 @@ each checked whole first, within the bounds of limits.py (past one: WireError, a
 server drops the node with one line). Its log copies are written through the Mirror's
 open-file budget (copies.OpenCopies): a copy let go is reopened where it was.
 
-Frames of ranks another node owns are set aside (owners.py), and their signs of the rank
+Frames of ranks another node owns are set aside (claims.py), and their signs of the rank
 running are still read (a log opened, its head or heartbeat moving, its digest position
 moving): the rank passes to this node when its owner is gone for it (a log's frames:
 then the node is dropped once, so that its reconnection sends the rank's logs whole)."""
@@ -63,7 +63,7 @@ class NodeMirror:
         self._completed: dict[tuple[int, int], list[int]] = {}
         self.digests = HeldDigests()
         self.closed_s = 0.0  # when the connection ended
-        # rank -> when it last showed the rank running (owners.py: what its claim rests
+        # rank -> when it last showed the rank running (claims.py: what its claim rests
         # on): a log opened, a rank first in a digest, or as `moving`; and when the rank's
         # head, heartbeat or digest clock last moved (a conflict is two claims that move)
         self.alive: dict[int, float] = {}
@@ -104,6 +104,9 @@ class NodeMirror:
             self._open(rank, log, payload)
         else:
             copy = self.rings.get((rank, log))
+            if copy is not None and copy.aside:  # a claim shown false (claims.py)
+                self._aside_log((rank, log))
+                copy = None
             if copy is not None:
                 self._log_frame(kind, copy, rank, arg, payload, log)
             elif (rank, log) in self.aside_logs:
@@ -124,11 +127,14 @@ class NodeMirror:
         self._words[(rank, log)] = now
         if moved:
             self._moved(rank, time.monotonic())
-            if (rank, log) in self.rings and self.mirror.owners.of.get(rank) != self.host:
-                self.mirror.moved_elsewhere(self, rank)
+            copy = self.rings.get((rank, log))
+            if copy is not None:
+                copy.lived = True  # (a log that never ran is no rank's: claims.py)
+                if self.mirror.owners.of.get(rank) != self.host:
+                    self.mirror.moved_elsewhere(self, rank)
 
     def _moved(self, rank: int, now: float) -> None:
-        """The rank moved here: a run of moves begins after LOST_S without one (owners.py:
+        """The rank moved here: a run of moves begins after LOST_S without one (claims.py:
         a conflict is two runs that overlap, not a rank that stopped here and started
         there)."""
         if now - self.moving.get(rank, now - LOST_S) >= LOST_S:
@@ -162,6 +168,7 @@ class NodeMirror:
                     self._slots(ring, rank, arg, payload, log)
                 elif kind == wire.STATE:
                     closed = self._state(ring, rank, payload)
+                    copy.lived = copy.lived or closed or ring.head() > 0  # (claims.py)
         except OSError as exc:  # a full disk, the copy removed under us
             raise wire.WireError(f"cannot write the copy of rank {rank}'s log: "
                                  f"{exc.strerror or exc}") from None
@@ -271,12 +278,18 @@ class NodeMirror:
                 self._held_bytes -= held[1]
                 self._write_meta(rank, log, held[0])
             return
+        self._aside_log((rank, log))
+        self._prune()
+
+    def _aside_log(self, key: tuple[int, int]) -> None:
+        """A log of this node's set aside: its frames' signs read, nothing written."""
+        self.rings.pop(key, None)
+        self._completed.pop(key, None)
         if len(self.aside_logs) >= MAX_LOGS_PER_NODE:
             oldest = next(iter(self.aside_logs))
             del self.aside_logs[oldest]
             self._words.pop(oldest, None)
-        self.aside_logs[(rank, log)] = self.aside.get(rank)
-        self._prune()
+        self.aside_logs[key] = self.aside.get(key[0])
 
     def _prune(self) -> None:
         """The signs of ranks this node no longer owns nor sends set aside forgotten, once

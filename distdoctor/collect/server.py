@@ -8,7 +8,7 @@ crosses the wire. A node that sends a malformed frame, a wrong answer, or nothin
 IDLE_S is dropped with one line (refusals summed per peer and minute), and what it sent
 before stays. One more thread for what only the collector sees: the digests' findings,
 slow links between nodes (links.py), nodes lost while the others wait (lost.py), and ranks
-that pass from one node to another or that two nodes send (owners.py).
+that pass from one node to another or that two nodes send (claims.py).
 """
 
 from __future__ import annotations
@@ -165,7 +165,7 @@ class Collector:
                                  f"{exc!r}; it goes on (said once)")
 
     def _owners_pass(self) -> None:
-        """Ranks set aside, moved from one node to another, or sent by two (owners.py):
+        """Ranks set aside, moved from one node to another, or sent by two (claims.py):
         a line each, said once; the conflicts also as findings."""
         for line in self.mirror.news():
             self.say(line)

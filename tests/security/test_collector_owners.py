@@ -18,8 +18,9 @@ import pytest
 from simnode import CollectorProcess, connect_node, head_of, send, state, until
 
 from distdoctor.collect import wire
+from distdoctor.collect.claims import NEWS_QUIET_S
 from distdoctor.collect.forward import Forwarder
-from distdoctor.collect.owners import NEWS_QUIET_S, RECONNECT_S
+from distdoctor.collect.owners import RECONNECT_S
 from distdoctor.runlog import format as F
 from distdoctor.runlog.ring import RingWriter
 from distdoctor.runlog.rundir import rank_meta_path, ring_path, write_json_atomic
@@ -55,10 +56,13 @@ class Node:
             w.heartbeat()
         self.seq += 1
 
-    def stop(self) -> None:
-        self.forwarder.stop()
+    def stop(self, exits: list[dict] | None = None) -> None:
+        """The node's job ends (with its exit codes, where given): once."""
+        if self.writers:
+            self.forwarder.stop(exits=exits)
         for w in self.writers.values():
             w.close()
+        self.writers = {}
 
 
 class Running:

@@ -1,0 +1,111 @@
+"""Claims the collector knows to be false (claims.py): a real collector process (`watch
+--listen` on loopback, its viewer's findings printed), real node forwarders over rank logs
+whose heartbeats move, and peers that speak the wire protocol themselves.
+
+On 23bbc3e: a peer's forged newer launch took a rank its node ran on and kept it after
+the conflict was proven (the node's frames were its copy's no more); a peer's claim took
+a rank its node had finished, and its exit codes replaced the node's in exits.json; and
+the logs of a squatter (the forger's, one that never ran the rank it claimed first) stayed
+in the copy's ranks/, where the viewer took them for the rank and said it crashed."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+from simnode import CollectorProcess, exits, head_of, send, until
+from test_collector_owners import RUN, Node, Running, Squatter
+
+from distdoctor.collect.owners import RECONNECT_S, Owners
+from distdoctor.runlog.rundir import ring_path
+
+DONE = [{"rank": r, "pid": 4000 + r, "exit_code": 0, "signal": None,
+         "stopped_by_distdoctor": False} for r in (0, 1, 3)]
+UNHEARD_S = 11  # the viewer says a rank whose heartbeat stopped this long died (10 s)
+
+
+@pytest.mark.timeout(60)
+def test_a_peer_takes_no_running_nor_finished_rank_and_its_logs_are_no_rank(tmp_path):
+    """Rank 23 runs on node owner when node forger claims it by a newer launch it does
+    not run: once both have moved it for 5 s, the rank is owner's again, as it was, and
+    forger's log is out of ranks/. Node done finishes ranks 0-1 and 3 (its exit codes,
+    then its stream ends): thief's claim of rank 0 is set aside, its exit code never in
+    exits.json; rank 1's elastic restart elsewhere (a newer launch) still takes it, and
+    then rank 3 on a replacement node whose fresh agent counts from 0 again. Node
+    squat claims rank 2 first and never runs it: its log goes once real2 takes it. No
+    finding of the viewer names any of these ranks."""
+    copy = tmp_path / "copy"
+    collector = CollectorProcess(copy, tmp_path / "collector.out").started()
+    address, nodes, peers = collector.address, [], []
+    try:
+        owner = Node(tmp_path, "owner", [23], address, restart=0)
+        nodes.append(owner)
+        done = Node(tmp_path, "done", [0, 1, 3], address, restart=0)
+        nodes.append(done)
+        peers.append(Squatter(address, "squat", [2]))
+        until(lambda: min(head_of(ring_path(copy, r)) for r in (0, 1, 2, 23)) >= 0,
+              what="the first copies")
+        with Running(owner) as running:
+            time.sleep(1.0)  # owner's rank runs
+            done.stop(exits=DONE)
+            forger = Squatter(address, "forger", [23], moving=True,
+                              launch={**RUN, "torchelastic_restart_count": "9"})
+            peers.append(forger)
+            time.sleep(RECONNECT_S + 0.5)  # done's ranks would pass now, were it not done
+            thief = Squatter(address, "thief", [0], moving=True)
+            peers.append(thief)
+            relaunched = Node(tmp_path, "relaunched", [1], address, restart=1)
+            real2 = Node(tmp_path, "real2", [2], address)
+            nodes += [relaunched, real2]
+            running.nodes += [relaunched, real2]
+            time.sleep(0.5)  # (the thief's rank moves: its exit codes are a claim)
+            assert send(thief.sock, exits([{**DONE[0], "exit_code": -9, "pid": 9000,
+                                            "signal": "SIGKILL"}]))
+            collector.wait_for("rank 1 moved from node done to node relaunched")
+            fresh = Node(tmp_path, "fresh", [3], address, restart=0)
+            nodes.append(fresh)
+            running.nodes.append(fresh)
+            collector.wait_for("rank 23 moved from node forger to node owner (forger: its "
+                               "newer launch is its word alone")
+            forger.close()
+            head = head_of(ring_path(copy, 23))
+            collector.wait_for("rank 2 moved from node squat to node real2")
+            collector.wait_for("rank 3 moved from node done to node fresh (done: its stream")
+            until(lambda: head_of(ring_path(copy, 23)) > head + 3, what="owner's copy")
+            time.sleep(UNHEARD_S)  # (the forger's log is quiet, the squatter's never ran)
+            running.nodes.remove(relaunched)
+            time.sleep(0.3)  # (past the runner's step of it)
+            relaunched.stop(exits=[{**DONE[1], "pid": 5001}])
+            until(lambda: _exits(copy)[1] == (5001, 0), what="relaunched's exit code")
+    finally:
+        for n in nodes:
+            n.stop()
+        for s in peers:
+            s.close()
+        collector.stop()
+    text = collector.text()
+    assert "CRASH" not in text and "Traceback" not in text, text
+    assert text.count("node thief sends rank 0 of node done: its frames for it are set "
+                      "aside: node done finished it") == 1, text
+    owners = Owners(copy)  # as a collector started again on the copy reads them
+    assert (owners.of[23], owners.base.get(23, 0)) == ("owner", 0)
+    # owner's log 0 writes on into its copy; its next log goes past the forger's number
+    assert (owners.number(23, 0), owners.number(23, 1)) == (0, 2)
+    assert [owners.of[r] for r in range(4)] == ["done", "relaunched", "real2", "fresh"]
+    assert sorted(p.name for p in (copy / "set-aside").iterdir()) == [
+        "rank-00002.ring", "rank-00023.1.ring"]
+    assert not ring_path(copy, 23, 1).exists() and head_of(ring_path(copy, 2, 1)) > 3
+    got = _exits(copy)  # (those of 2 and 23: lost, their nodes end here without theirs)
+    assert (got[0], got[1], got[3]) == ((4000, 0), (5001, 0), (4003, 0))
+    found = [f for f in json.loads((copy / "findings.json").read_text())["findings"]
+             if f["details"].get("reason") == "rank_conflict"]
+    assert [(f["ranks"], f["details"]["hosts"]) for f in found] == [([23], ["owner", "forger"])]
+    assert "it ran it without a break through node forger's newer launch" in found[0]["summary"]
+
+
+def _exits(copy) -> dict[int, tuple]:
+    """exits.json of the copy: rank -> (pid, exit code)."""
+    return {p["rank"]: (p["pid"], p["exit_code"])
+            for p in json.loads((copy / "exits.json").read_text())["processes"]}
+
