@@ -21,12 +21,15 @@ import time
 import uuid
 from pathlib import Path
 
+import pytest
 from conftest import JOBS, live_processes
 
 from distdoctor.runlog.run import read_incarnations
 
 CHAOS = JOBS / "chaos"
 TAG = "CHAOS_TAG"
+# every chaos test module's pytestmark: the clean-up finds processes through /proc
+NEEDS_PROC = pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="needs /proc")
 
 
 # --- processes ---------------------------------------------------------------------------
@@ -146,6 +149,14 @@ def chaos_procs(base: Path):
         yield procs
     finally:
         procs.cleanup()
+
+
+@pytest.fixture(name="procs")
+def procs_fixture(tmp_path):
+    """`procs` in a test: what it starts, SIGKILLed at its end. Imported by the modules
+    whose tests take it (named apart so that the parameter does not shadow the import)."""
+    with chaos_procs(tmp_path) as p:
+        yield p
 
 
 # --- helpers -----------------------------------------------------------------------------

@@ -12,25 +12,20 @@ from pathlib import Path
 import pytest
 from chaosprocs import (
     CHAOS,
+    NEEDS_PROC,
     _diagnose,
     _done_lines,
     _errors,
     _no_traceback,
     _op_counts,
     _until,
-    chaos_procs,
+    procs_fixture,  # noqa: F401  (the procs fixture)
 )
 from distdoctor.probes import stacks
 
 from distdoctor.runlog.rundir import rank_meta_path
 
-pytestmark = pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="needs /proc")
-
-
-@pytest.fixture
-def procs(tmp_path):
-    with chaos_procs(tmp_path) as p:
-        yield p
+pytestmark = NEEDS_PROC
 
 
 CLOSE_OPS = 300

@@ -7,13 +7,13 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import re
 from types import SimpleNamespace
 
 import pytest
 from chaosprocs import (
     CHAOS,
+    NEEDS_PROC,
     _diagnose_any,
     _done_lines,
     _errors,
@@ -27,7 +27,7 @@ from distdoctor.runlog.reader import RankLog
 from distdoctor.runlog.run import read_incarnations
 from distdoctor.runlog.rundir import rank_meta_path, ring_path
 
-pytestmark = pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="needs /proc")
+pytestmark = NEEDS_PROC
 
 
 FORK_BEFORE = 50

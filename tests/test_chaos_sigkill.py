@@ -18,6 +18,7 @@ from types import SimpleNamespace
 import pytest
 from chaosprocs import (
     CHAOS,
+    NEEDS_PROC,
     Proc,
     Procs,
     _diagnose,
@@ -28,6 +29,7 @@ from chaosprocs import (
     _op_counts,
     _until,
     chaos_procs,
+    procs_fixture,  # noqa: F401  (the procs fixture)
 )
 
 from distdoctor.launch.env import free_port
@@ -35,13 +37,7 @@ from distdoctor.runlog.reader import RankLog
 from distdoctor.runlog.run import read_incarnations
 from distdoctor.runlog.rundir import rank_meta_path, ring_path
 
-pytestmark = pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="needs /proc")
-
-
-@pytest.fixture
-def procs(tmp_path):
-    with chaos_procs(tmp_path) as p:
-        yield p
+pytestmark = NEEDS_PROC
 
 
 def _events(run_dir: Path, rank: int) -> int:
