@@ -17,6 +17,7 @@ MATRIX_SMOKE = (
     "test_member_names.py::test_members_that_made_different_numbers_of_groups_name_one_group",
     "test_member_names.py::test_each_torchs_recipe_is_read_back_from_the_name",
     "test_member_names.py::test_a_plain_group_after_a_member_named_one_hangs_only_where_torch",
+    "test_counter_names.py::test_the_real_job_whose_non_members_name_a_plain_group_apart",
     # runs where torch numbers member-named groups too (2.15), skipped elsewhere
     "test_group_creation.py::test_a_rank_that_made_a_member_named_group_first",
     "test_diagnosis_corpus.py::test_bug_is_diagnosed[shape_mismatch]",

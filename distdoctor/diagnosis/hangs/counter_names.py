@@ -15,9 +15,12 @@ counter name, or the count in its salted member name (sha1 of the members and th
 2.15; member_names.read_count reads it back). A rank whose numbers run 1, 2, 3, ... across both kinds
 holds all its creations in its log and counts every creation; where such a run holds a
 member-named creation next to a counter-named one, the job's torch counts them (2.13's
-numbers never run on from a counter name across a member-named creation and back). What tells: two such ranks that gave the
-k-th creation of one member list, made after as many counter-named creations, different
-counter names: only the member-named creations before it differ (said with their lines,
+numbers never run on from a counter name across a member-named creation and back). What tells: two such ranks, members of
+the group, that gave the k-th creation of one member list, made after as many counter-named
+creations, different counter names (a non-member's name for it is never used: torch's
+store-based barrier over every rank that would use it is off by default since 2.1, and a
+job that turns it on and hangs there is said as a hang): only the member-named creations
+before it differ (said with their lines,
 who made them and the rank condition around them, member_names.raised_lines).
 """
 
@@ -123,14 +126,19 @@ def _splits(made: Creations, ranks: list[int]) -> list[Split]:
             items.setdefault((key, k), {})[r] = (place, m)
     out = []
     for (members, _), by in sorted(items.items()):
-        for place in sorted({p for p, _ in by.values()}):
+        # only the members wait on the group's store keys: the others' names for it are
+        # never used (torch gives them a placeholder group), so a non-member whose counter
+        # is ahead changes nothing (a healthy 2.15 job: ranks 0, 1 make a member-named pair,
+        # then all call new_group([2, 3]): "2" on 0, 1 and "1" on 2, 3, and it works)
+        on = {r: pm for r, pm in by.items() if r in members}
+        for place in sorted({p for p, _ in on.values()}):
             sides: dict[str, list[int]] = {}
-            for r, (p, m) in sorted(by.items()):
+            for r, (p, m) in sorted(on.items()):
                 if p == place:  # another place: a rank that skipped one (group_order.py)
                     sides.setdefault(m.name, []).append(r)
             if len(sides) > 1:
                 kept = sorted(sides.items(), key=lambda s: (-len(s[1]), s[1]))
-                out.append(Split(members, kept, {r: by[r][1] for _, rs in kept for r in rs}))
+                out.append(Split(members, kept, {r: on[r][1] for _, rs in kept for r in rs}))
     return out
 
 

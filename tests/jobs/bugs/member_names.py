@@ -18,6 +18,9 @@ differ between non-members; many member-named groups of one pair; a collective o
            rank calls a plain new_group([0, 1, 2, 3]): torch 2.15 names it by a counter that
            the member-named group advanced on ranks 0, 1 only ("n+1" there, "n" on 2, 3), so
            it hangs; torch 2.13 and 2.4 count only plain groups there: healthy
+  nonmember  then ranks 0 and 1 make [0, 1] by its members, then every rank calls a plain
+           new_group([2, 3]) and its members use it: torch 2.15 names it one apart on ranks
+           0, 1, which are no members and never use the name: healthy on every torch
 """
 import sys
 import time
@@ -76,5 +79,12 @@ if mode == "plain":
         dist.all_reduce(t, group=pair)
     every = dist.new_group([0, 1, 2, 3])  # expect: plain
     dist.all_reduce(t, group=every)
+if mode == "nonmember":
+    if rank < 2:
+        pair = dist.new_group([0, 1], use_local_synchronization=True)
+        dist.all_reduce(t, group=pair)
+    other = dist.new_group([2, 3])  # expect: nonmember
+    if rank >= 2:
+        dist.all_reduce(t, group=other)
 dist.barrier()
 dist.destroy_process_group()
