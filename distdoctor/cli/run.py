@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import signal
 import sys
-import time
 from collections import Counter
 from pathlib import Path
 
@@ -165,7 +164,7 @@ def run(args) -> int:
                     job.stop()
                     stopped_for_hang = True
                     break
-                time.sleep(0.1)
+                job.wait()
         except _Terminated as exc:
             terminated = exc.signum
         gate.close()
@@ -208,7 +207,7 @@ def _run_untraced(cmd: list[str], args) -> int:
     try:
         gate.arm(job.stop)
         while job.poll():
-            time.sleep(0.1)
+            job.wait()
     except _Terminated as exc:
         if exc.signum != signal.SIGINT:
             return 128 + exc.signum
