@@ -77,7 +77,9 @@ class Mirror:
         self.claims = Claims(self.owners)  # who may send which rank, and the news of it
         self.copies = OpenCopies(copy_fd_budget())
         self._senders = self.claims.senders  # rank -> the node that sends it
-        self._rings: dict[tuple[int, int], Copy] = {}  # (rank, log number) -> its copy
+        # rank -> log number -> its copy (by rank: a move looks at the rank's copies, never
+        # at every number up to its newest, which a peer's log number puts 65,535 on)
+        self._rings: dict[int, dict[int, Copy]] = {}
         self._copies_of: dict[str, int] = {}  # host -> log copies it made
         self.exits = CopyExits(self.run_dir)  # exits.json (a collector's before too)
         self._findings: dict[str, list] = _earlier_findings(self.run_dir)  # host -> its own
@@ -195,10 +197,9 @@ class Mirror:
     def _copies_since(self, ranks, first: int | None = None) -> list[Copy]:
         """The copies of `ranks`' logs from `first` on (default: those their owner sent,
         from its base on)."""
-        owners = self.owners
-        return [self._rings[(r, n)] for r in ranks
-                for n in range(owners.base.get(r, 0) if first is None else first,
-                               owners.next_log(r)) if (r, n) in self._rings]
+        base = self.owners.base
+        return [c for r in ranks for n, c in self._rings.get(r, {}).items()
+                if n >= (base.get(r, 0) if first is None else first)]
 
     def _never_ran(self, ranks, now: float) -> list[Copy]:
         """The copies of `ranks` by their owner that show no event, no close and no move
@@ -211,7 +212,7 @@ class Mirror:
         again (NodeMirror sets its frames of them aside)."""
         for copy in copies:
             copy.aside = True
-            del self._rings[copy.key]
+            del self._rings[copy.key[0]][copy.key[1]]
             put_aside(copy, self.copies, self.run_dir)
 
     def copy_log(self, rank: int, log: int) -> int:
@@ -253,7 +254,7 @@ class Mirror:
             return None
         with self._lock:
             log = self.copy_log(rank, log)
-            have = self._rings.get((rank, log))
+            have = self._rings.get(rank, {}).get(log)
             if have is not None and have.layout == layout:
                 return have
             path = ring_path(self.run_dir, rank, log)
@@ -269,7 +270,7 @@ class Mirror:
             copy = Copy((rank, log), path, layout, writer, lived)
             if have is not None:
                 self.copies.forget(have)
-            self._rings[(rank, log)] = copy
+            self._rings.setdefault(rank, {})[log] = copy
         self.copies.added(copy)
         return copy
 
@@ -281,12 +282,8 @@ class Mirror:
     def newest_logs(self) -> dict[int, tuple[int, str]]:
         """rank -> (the number of its newest log in the copy, the node that sends it)."""
         with self._lock:
-            out: dict[int, tuple[int, str]] = {}
-            for rank, log in self._rings:
-                node = self._senders.get(rank)
-                if node is not None and (rank not in out or log > out[rank][0]):
-                    out[rank] = (log, node.host)
-            return out
+            return {rank: (max(logs), self._senders[rank].host)
+                    for rank, logs in self._rings.items() if logs and rank in self._senders}
 
     def set_findings(self, host: str, findings: list) -> None:
         """The copy's findings.json: every node's own, which the viewer merges with the

@@ -14,7 +14,7 @@ import json
 import time
 
 import pytest
-from simnode import CollectorProcess, exits, head_of, send, until
+from simnode import CollectorProcess, connect_node, exits, head_of, open_log, send, until
 from test_collector_owners import RUN, Node, Running, Squatter
 
 from distdoctor.collect.owners import RECONNECT_S, Owners
@@ -109,3 +109,43 @@ def _exits(copy) -> dict[int, tuple]:
     return {p["rank"]: (p["pid"], p["exit_code"])
             for p in json.loads((copy / "exits.json").read_text())["processes"]}
 
+
+
+@pytest.mark.timeout(60)
+def test_a_peers_log_numbers_cost_a_move_nothing(tmp_path):
+    """A rank's move looks at the copies of the rank's logs (which of them never ran),
+    whatever their numbers: on bef3fac it looked at every number from the owner's first
+    to its newest, and a peer that opened log 65,535 (the wire's highest) of 1,024 ranks
+    made their next move hold the collector's loop 6 s (0.34 s for small numbers), longer
+    than a rank's silence takes to say it lost, every time a pair of peers hands them
+    over."""
+    copy, n = tmp_path / "copy", 1024
+    collector = CollectorProcess(copy, tmp_path / "collector.out").started()
+    try:
+        first = connect_node(collector.address, "first")
+        assert send(first, *[open_log(r) for r in range(n)])
+        until(lambda: ring_path(copy, n - 1).exists(), what="first's copies")
+        first.close()  # (its ranks pass to the next node to claim them, RECONNECT_S on)
+        time.sleep(RECONNECT_S + 0.3)
+        second = connect_node(collector.address, "second")
+        small = _moved(second, copy, n, log=0, number=1)
+        assert send(second, *[open_log(r, log=65535) for r in range(n)])
+        until(lambda: ring_path(copy, n - 1, 65536).exists(), what="second's log 65,535")
+        second.close()
+        time.sleep(RECONNECT_S + 0.3)
+        again = connect_node(collector.address, "first")
+        big = _moved(again, copy, n, log=1, number=65538)
+        again.close()
+    finally:
+        collector.stop()
+    assert big < 2 * small + 1.0, (small, big)
+    assert "Traceback" not in collector.text()
+
+
+def _moved(sock, copy, n: int, log: int, number: int) -> float:
+    """Seconds until the collector has moved `n` ranks to the node on `sock` by its OPEN
+    of `log` (each copy numbered `number`)."""
+    start = time.monotonic()
+    assert send(sock, *[open_log(r, log=log) for r in range(n)])
+    until(lambda: ring_path(copy, n - 1, number).exists(), timeout_s=30, what="the move")
+    return time.monotonic() - start
