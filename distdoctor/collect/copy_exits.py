@@ -58,10 +58,21 @@ class CopyExits:
                 self.entries[p["rank"]] = p
                 changed = True
         if changed:
-            write_json_atomic(self.path, {
-                "stopped_by_distdoctor": any(p.get("stopped_by_distdoctor")
-                                             for p in self.entries.values()),
-                "processes": [self.entries[r] for r in sorted(self.entries)]}, indent=None)
+            self._write()
+
+    def unlost(self, rank: int, host: str) -> None:
+        """`rank`'s entry as lost with `host` dropped: the rank was never host's (a claim
+        shown false, claims.py), and its owner goes on running it."""
+        entry = self.entries.get(rank)
+        if entry is not None and entry.get("lost_with_node") == host:
+            del self.entries[rank]
+            self._write()
+
+    def _write(self) -> None:
+        write_json_atomic(self.path, {
+            "stopped_by_distdoctor": any(p.get("stopped_by_distdoctor")
+                                         for p in self.entries.values()),
+            "processes": [self.entries[r] for r in sorted(self.entries)]}, indent=None)
 
     def lost(self, host: str, ranks) -> None:
         """`host`'s stream ended without its exit codes: its ranks (those it owns) are

@@ -178,25 +178,34 @@ class Mirror:
 
     def _both_move(self, node: NodeMirror, rank: int, now: float) -> None:
         owner = self.owners.of.get(rank)
-        if owner in (None, node.host) or not self.claims.both_run(owner, node, rank, now):
+        if owner in (None, node.host):
             return
+        # `node` ran the rank on through the launch that took it: owner's word alone, shown
+        # so once owner runs it too (a conflict), or is gone for it and never ran it
         taken = self.claims.ran_through(node, rank)
+        if taken is not None and self.claims.gone_why(owner, rank, now) is not None and \
+                not any(c.lived for c in self._copies_since([rank], taken.first)):
+            return self._give_back(node, owner, rank, taken)
+        if not self.claims.both_run(owner, node, rank, now):
+            return
         if taken is None:
             return self.claims.conflict(owner, node.host, rank)
-        # `node` ran the rank on through the launch that took it: that launch was
-        # `owner`'s word alone; the rank is node's again as it was, owner's logs aside
+        self._give_back(node, owner, rank, taken)
+        self.claims.kept_on(node.host, owner, rank)
+
+    def _give_back(self, node: NodeMirror, owner: str, rank: int, taken) -> None:
+        """`rank` is node's again as it was; owner's logs and lost entry of it set aside."""
         self._put_aside(self._copies_since([rank], taken.first))
         self.owners.give_back(node.host, rank, taken.base, owner, taken.first)
         self.claims.gave_back(rank, taken)
-        self.claims.kept_on(node.host, owner, rank)
+        self.exits.unlost(rank, owner)
         self.claims.note("moved", owner, node.host, [rank], RAN_ON.format(node.host))
         self._senders[rank] = node
         node.ranks.add(rank)
         self.fleet.forget([rank])
 
     def _copies_since(self, ranks, first: int | None = None) -> list[Copy]:
-        """The copies of `ranks`' logs from `first` on (default: those their owner sent,
-        from its base on)."""
+        """The copies of `ranks`' logs from `first` on (default: their owner's base)."""
         base = self.owners.base
         return [c for r in ranks for n, c in self._rings.get(r, {}).items()
                 if n >= (base.get(r, 0) if first is None else first)]
@@ -208,8 +217,7 @@ class Mirror:
                 and now - c.made_s >= LOST_S]
 
     def _put_aside(self, copies: list[Copy]) -> None:
-        """Copies of a claim disproven: no rank's logs (set_aside.py); no node writes them
-        again (NodeMirror sets its frames of them aside)."""
+        """Copies of a claim disproven: no rank's logs, no node writes them (set_aside.py)."""
         for copy in copies:
             copy.aside = True
             del self._rings[copy.key[0]][copy.key[1]]

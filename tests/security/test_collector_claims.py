@@ -104,6 +104,41 @@ def test_a_peer_takes_no_running_nor_finished_rank_and_its_logs_are_no_rank(tmp_
     assert "it ran it without a break through node forger's newer launch" in found[0]["summary"]
 
 
+
+@pytest.mark.timeout(40)
+def test_a_launch_sent_and_left_gives_the_rank_back(tmp_path):
+    """Node forger sends a newer launch of rank 23, which node owner runs, and leaves
+    without running it (one STATE, then its stream ends): once forger is gone for it the
+    rank is owner's again, forger's log out of ranks/ and its lost-node entry out of
+    exits.json. On bef3fac the rank stayed forger's for good, its dead log the rank's
+    newest in the copy (the viewer: "CRASH ... rank 23 has not been heard from"), while
+    owner's frames went on into a copy no reader took for the rank."""
+    copy = tmp_path / "copy"
+    collector = CollectorProcess(copy, tmp_path / "collector.out").started()
+    owner = Node(tmp_path, "owner", [23], collector.address, restart=0)
+    try:
+        until(lambda: head_of(ring_path(copy, 23)) >= 0, what="owner's copy")
+        with Running(owner):
+            time.sleep(1.0)  # owner's rank runs
+            forger = Squatter(collector.address, "forger", [23],
+                              launch={**RUN, "torchelastic_restart_count": "9"})
+            collector.wait_for("rank 23 moved from node owner to node forger")
+            forger.close()
+            collector.wait_for("rank 23 moved from node forger to node owner (forger: its "
+                               "newer launch is its word alone", timeout_s=10)
+            until(lambda: 23 not in _exits(copy), what="forger's lost entry gone")
+            head = head_of(ring_path(copy, 23))
+            until(lambda: head_of(ring_path(copy, 23)) > head + 3, what="owner's copy")
+        owner.stop(exits=[{**DONE[0], "rank": 23, "pid": 4023}])
+    finally:
+        owner.stop()
+        collector.stop()
+    text = collector.text()
+    assert "CRASH" not in text and "Traceback" not in text and "conflict" not in text, text
+    assert Owners(copy).of[23] == "owner" and _exits(copy)[23] == (4023, 0)
+    assert [p.name for p in (copy / "set-aside").iterdir()] == ["rank-00023.1.ring"]
+
+
 def _exits(copy) -> dict[int, tuple]:
     """exits.json of the copy: rank -> (pid, exit code)."""
     return {p["rank"]: (p["pid"], p["exit_code"])
