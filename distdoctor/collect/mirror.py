@@ -114,7 +114,7 @@ class Mirror:
                     finished = self.exits.finished(r)
                     if finished and r not in claims.launched:  # (a collector before us's)
                         claims.granted(r, self.exits.launch_of(r, ring_path(
-                            self.run_dir, r, max(0, owners.next_log(r) - 1))))
+                            self.run_dir, r, owners.newest(r))))
                     why = claims.launch_why(launch, r)
                     if why is None and (not finished or claims.relaunched(launch, r)):
                         why = claims.gone_why(owner, r, now)

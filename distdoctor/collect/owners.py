@@ -174,6 +174,15 @@ class Owners:
             return jump[0] + number - jump[1]
         return number - self.base.get(rank, 0)
 
+    def newest(self, rank: int) -> int:
+        """The copy's number of the newest log of `rank` its owner sent: where the owner
+        got the rank back over a claim shown false and sent no log since (jump), the
+        newest numbers are that claim's, in set-aside/, and its own come before them."""
+        top, jump = self.next_log(rank) - 1, self.jump.get(rank)
+        if jump is not None and top < jump[1]:
+            top = self.base.get(rank, 0) + jump[0] - 1
+        return max(0, top)
+
     def next_log(self, rank: int) -> int:
         """A log number of `rank` past every file of it in the copy (a moved rank's new
         owner numbers its logs from there: the old owner's copies stay whole). Read from

@@ -18,6 +18,8 @@ from simnode import CollectorProcess, connect_node, exits, head_of, open_log, se
 from test_collector_owners import RUN, Node, Running, Squatter
 
 from distdoctor.collect.owners import RECONNECT_S, Owners
+from distdoctor.runlog import format as F
+from distdoctor.runlog.ring import RingWriter
 from distdoctor.runlog.rundir import ring_path
 
 DONE = [{"rank": r, "pid": 4000 + r, "exit_code": 0, "signal": None,
@@ -137,6 +139,41 @@ def test_a_launch_sent_and_left_gives_the_rank_back(tmp_path):
     assert "CRASH" not in text and "Traceback" not in text and "conflict" not in text, text
     assert Owners(copy).of[23] == "owner" and _exits(copy)[23] == (4023, 0)
     assert [p.name for p in (copy / "set-aside").iterdir()] == ["rank-00023.1.ring"]
+
+
+
+@pytest.mark.timeout(40)
+def test_a_collector_started_again_reads_a_given_back_ranks_launch(tmp_path):
+    """A copy as a collector left it: rank 23 given back to node owner over node
+    forger's log 1 (in set-aside/, owners.jsonl's "jump"), then finished by owner (its
+    exit code). Started again on it, the collector reads the launch owner finished from
+    owner's newest log, so the job's next elastic restart takes the rank at once. On
+    bef3fac it read the copy's newest number, forger's log, gone from ranks/: no launch
+    known, and the restart's frames were set aside for good ("node owner finished it")."""
+    copy = tmp_path / "copy"
+    (copy / "ranks").mkdir(parents=True)
+    (copy / "set-aside").mkdir()
+    for path, count, n in ((ring_path(copy, 23), "0", 0),
+                           (copy / "set-aside" / ring_path(copy, 23, 1).name, "9", 1)):
+        RingWriter(str(path), 23, 64 * F.SLOT_SIZE, 4096, pid=4023,
+                   launch={**RUN, "torchelastic_restart_count": count}, log_number=n).close()
+    (copy / "owners.jsonl").write_text(
+        '{"host":"owner","ranks":[23]}\n'
+        '{"host":"forger","ranks":[23],"base":1,"from":"owner","past":1}\n'
+        '{"host":"owner","ranks":[23],"base":0,"from":"forger","past":1,"jump":[1,2]}\n')
+    (copy / "exits.json").write_text(json.dumps({"stopped_by_distdoctor": False, "processes": [
+        {**DONE[0], "rank": 23, "pid": 4023}]}))
+    collector = CollectorProcess(copy, tmp_path / "collector.out").started()
+    node = Node(tmp_path, "relaunched", [23], collector.address, restart=1)
+    try:
+        with Running(node):
+            collector.wait_for("rank 23 moved from node owner to node relaunched (owner: it "
+                               "sends an older launch of the job)", timeout_s=10)
+            until(lambda: head_of(ring_path(copy, 23, 2)) > 3, what="relaunched's copy")
+    finally:
+        node.stop()
+        collector.stop()
+    assert "set aside" not in collector.text(), collector.text()
 
 
 def _exits(copy) -> dict[int, tuple]:
