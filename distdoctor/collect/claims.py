@@ -33,7 +33,7 @@ A newer launch is believed at once (an elastic restart stops the old ranks befor
 starts the new ones; a log's META, sent before its OPEN, waits for it), though it too is
 the claimant's word. The restart it claims stops the rank it replaces: a former owner
 that ran the rank without a break from before that launch until the conflict is proven
-(or until the claimant, which never showed the rank running, is gone for it) shows the
+(or until the claimant is gone for it: one that sent the launch and left) shows the
 launch false (forged, or a node that does not know its own rank numbers), so
 the rank goes back to it as it was (its logs' numbers), the claimant's logs of it go to
 set-aside/, and no launch takes that rank at once again (a real restart still takes it

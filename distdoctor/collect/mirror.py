@@ -181,10 +181,9 @@ class Mirror:
         if owner in (None, node.host):
             return
         # `node` ran the rank on through the launch that took it: owner's word alone, shown
-        # so once owner runs it too (a conflict), or is gone for it and never ran it
+        # so once owner runs it too (a conflict) or is gone for it (sent it and left)
         taken = self.claims.ran_through(node, rank)
-        if taken is not None and self.claims.gone_why(owner, rank, now) is not None and \
-                not any(c.lived for c in self._copies_since([rank], taken.first)):
+        if taken is not None and self.claims.gone_why(owner, rank, now) is not None:
             return self._give_back(node, owner, rank, taken)
         if not self.claims.both_run(owner, node, rank, now):
             return

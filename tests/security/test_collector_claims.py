@@ -109,10 +109,10 @@ def test_a_peer_takes_no_running_nor_finished_rank_and_its_logs_are_no_rank(tmp_
 
 @pytest.mark.timeout(40)
 def test_a_launch_sent_and_left_gives_the_rank_back(tmp_path):
-    """Node forger sends a newer launch of rank 23, which node owner runs, and leaves
-    without running it (one STATE, then its stream ends): once forger is gone for it the
-    rank is owner's again, forger's log out of ranks/ and its lost-node entry out of
-    exits.json. On bef3fac the rank stayed forger's for good, its dead log the rank's
+    """Node forger sends a newer launch of rank 23, which node owner runs on, moves it
+    for 1.5 s (less than a conflict takes to prove) and leaves: once forger is gone for
+    it the rank is owner's again, forger's log out of ranks/ and its lost-node entry out
+    of exits.json. On bef3fac the rank stayed forger's for good, its dead log the rank's
     newest in the copy (the viewer: "CRASH ... rank 23 has not been heard from"), while
     owner's frames went on into a copy no reader took for the rank."""
     copy = tmp_path / "copy"
@@ -122,10 +122,10 @@ def test_a_launch_sent_and_left_gives_the_rank_back(tmp_path):
         until(lambda: head_of(ring_path(copy, 23)) >= 0, what="owner's copy")
         with Running(owner):
             time.sleep(1.0)  # owner's rank runs
-            forger = Squatter(collector.address, "forger", [23],
+            forger = Squatter(collector.address, "forger", [23], moving=True,
                               launch={**RUN, "torchelastic_restart_count": "9"})
             collector.wait_for("rank 23 moved from node owner to node forger")
-            forger.close()
+            forger.close()  # (NEWS_QUIET_S after the move)
             collector.wait_for("rank 23 moved from node forger to node owner (forger: its "
                                "newer launch is its word alone", timeout_s=10)
             until(lambda: 23 not in _exits(copy), what="forger's lost entry gone")
