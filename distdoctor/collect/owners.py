@@ -21,7 +21,7 @@ import os
 from pathlib import Path
 
 from distdoctor.collect.limits import MAX_LOG_NUMBER, MAX_RANKS
-from distdoctor.runlog.rundir import rank_meta_path, ring_path
+from distdoctor.runlog.rundir import parse_log_name
 
 OWNERS_FILE = "owners.jsonl"
 ASIDE_DIR = "set-aside"  # logs whose claim was disproven, out of the readers' ranks/
@@ -45,7 +45,7 @@ class Owners:
         # after them, that log's number): numbers a reader has seen are never reused
         self.jump: dict[int, tuple[int, int]] = {}
         self.run_dir = run_dir
-        self._top: dict[int, int] = {}  # rank -> past its newest log in the copy (next_log)
+        self._top = _files_past(run_dir)  # rank -> past its newest file in the copy
         self.past: dict[int, dict[str, int]] = {}  # rank -> its former owners' old logs (stale)
         self._lines = 0
         self._load()
@@ -185,26 +185,13 @@ class Owners:
 
     def next_log(self, rank: int) -> int:
         """A log number of `rank` past every file of it in the copy (a moved rank's new
-        owner numbers its logs from there: the old owner's copies stay whole). Read from
-        the disk once a rank, from its owner's base on, then kept (made): a scan from 0
-        each move cost a stat per log the copy has of the rank, so a peer moving a rank to
-        and fro (2 hosts, forged launches) made each move slower than the last, on the
-        collector's event loop."""
-        n = self._top.get(rank)
-        if n is None:
-            n = self.base.get(rank, 0)
-            while n < MAX_LOG_NUMBER and any(
-                    p.exists() for p in (ring_path(self.run_dir, rank, n),
-                                         rank_meta_path(self.run_dir, rank, n),
-                                         aside_path(ring_path(self.run_dir, rank, n)))):
-                n += 1
-        self._top[rank] = n
-        return n
+        owner numbers its logs from there: the old owner's copies stay whole): past the
+        files listed at the start (_files_past) and those made since, never a stat."""
+        return max(self.base.get(rank, 0), self._top.get(rank, 0))
 
     def made(self, rank: int, n: int) -> None:
-        """The copy has a file of `rank`'s log `n` (kept once next_log has read the disk
-        for the rank: before, files a collector before us made may lie past `n`)."""
-        if n >= self._top.get(rank, MAX_LOG_NUMBER + 1):
+        """The copy has a file of `rank`'s log `n`."""
+        if n >= self._top.get(rank, 0):
             self._top[rank] = n + 1
 
     def release(self, host: str) -> list[int]:
@@ -219,7 +206,6 @@ class Owners:
             del self.of[r]
             self.base.pop(r, None)
             self.jump.pop(r, None)
-            self._top.pop(r, None)
             self.past.pop(r, None)
         self.count.pop(host, None)
         return ranks
@@ -266,6 +252,23 @@ class Owners:
 def aside_path(path: Path) -> Path:
     """Where a copy's file at `path` (in ranks/) goes once its claim is disproven."""
     return path.parent.parent / ASIDE_DIR / path.name
+
+
+def _files_past(run_dir: Path) -> dict[int, int]:
+    """rank -> past the highest number of its files in the copy (ranks/, set-aside/), as
+    a collector before us left them. Listed, not counted up from 0: the numbers may have
+    gaps (a node's logs sent from its newest after a reconnection, a peer's log 7 alone),
+    and a new owner numbered from the first gap wrote its logs over an old owner's."""
+    top: dict[int, int] = {}
+    for folder in ("ranks", ASIDE_DIR):
+        try:
+            names = os.listdir(run_dir / folder)
+        except OSError:
+            continue
+        for parsed in map(parse_log_name, names):
+            if parsed is not None and parsed[1] < MAX_LOG_NUMBER:
+                top[parsed[0]] = max(top.get(parsed[0], 0), parsed[1] + 1)
+    return top
 
 
 def incarnation(launch) -> tuple[str, int] | None:

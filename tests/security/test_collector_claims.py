@@ -176,6 +176,16 @@ def test_a_collector_started_again_reads_a_given_back_ranks_launch(tmp_path):
     assert "set aside" not in collector.text(), collector.text()
 
 
+def _pid(path) -> int:
+    from distdoctor.runlog.reader import RankLog
+
+    log = RankLog(path)
+    try:
+        return log.pid
+    finally:
+        log.close()
+
+
 def _exits(copy) -> dict[int, tuple]:
     """exits.json of the copy: rank -> (pid, exit code)."""
     return {p["rank"]: (p["pid"], p["exit_code"])
@@ -190,17 +200,21 @@ def test_a_peers_log_numbers_cost_a_move_nothing(tmp_path):
     to its newest, and a peer that opened log 65,535 (the wire's highest) of 1,024 ranks
     made their next move hold the collector's loop 6 s (0.34 s for small numbers), longer
     than a rank's silence takes to say it lost, every time a pair of peers hands them
-    over."""
-    copy, n = tmp_path / "copy", 1024
+    over. And a rank whose copy starts at log 7 passes with its new owner's logs numbered
+    after it: on bef3fac they were numbered from the first number with no file (0), and
+    the new owner's log 7 was written over the old owner's copy."""
+    copy, n = tmp_path / "copy", 1023  # (and rank 1,023 at log 7: a node's 1,024)
     collector = CollectorProcess(copy, tmp_path / "collector.out").started()
     try:
         first = connect_node(collector.address, "first")
-        assert send(first, *[open_log(r) for r in range(n)])
+        assert send(first, *[open_log(r) for r in range(n)], open_log(n, log=7, pid=1))
         until(lambda: ring_path(copy, n - 1).exists(), what="first's copies")
         first.close()  # (its ranks pass to the next node to claim them, RECONNECT_S on)
         time.sleep(RECONNECT_S + 0.3)
         second = connect_node(collector.address, "second")
         small = _moved(second, copy, n, log=0, number=1)
+        assert send(second, open_log(n, log=7, pid=2))
+        until(lambda: ring_path(copy, n, 15).exists(), timeout_s=10, what="second's log 7")
         assert send(second, *[open_log(r, log=65535) for r in range(n)])
         until(lambda: ring_path(copy, n - 1, 65536).exists(), what="second's log 65,535")
         second.close()
@@ -211,6 +225,7 @@ def test_a_peers_log_numbers_cost_a_move_nothing(tmp_path):
     finally:
         collector.stop()
     assert big < 2 * small + 1.0, (small, big)
+    assert _pid(ring_path(copy, n, 7)) == 1 and _pid(ring_path(copy, n, 15)) == 2
     assert "Traceback" not in collector.text()
 
 
