@@ -11,10 +11,14 @@ gone for it:
   (lost.py's silence: its stream stalled, the rank's log closed, its heartbeat stopped),
 - or the claim is of a newer launch of the job (the same elastic run, a higher restart
   count: torchrun restarted the ranks, on a replacement node).
-A rank its owner finished (its exit code came: copy_exits.py) is not gone: its exit
-code is the last word of its launch, and only a newer launch takes it, or a claim of the
+A rank its owner finished (its exit code came: copy_exits.py) is not gone while its
+owner is connected (its silence is its exit's): a newer launch takes it, or a claim of the
 same elastic run once that run has restarted since (a replacement node's fresh agent
-counts its restarts from 0 while the others' count on).
+counts its restarts from 0 while the others' count on), or any claim once the owner's
+stream has ended. The last is a re-run of the job on a spare host under the same launch
+identity (static torchrun, `run --nproc`), which the wire cannot tell from a node that
+claims ranks not its own: a real node's ranks set aside for good lose its whole run, a
+false claim costs the finished rank's exit entry (its logs stay in the copy).
 
 What is believed, and why: a node's frames are its own word. The token proves a peer is
 one of the job's nodes, a client certificate its host name; nothing on the wire proves
@@ -120,8 +124,9 @@ class Claims:
         if run in self.restarts or len(self.restarts) < MAX_RUNS:
             self.restarts[run] = max(count, self.restarts.get(run, count))
 
-    def gone_why(self, owner: str, rank: int, now: float) -> str | None:
-        """Why `owner` is gone for `rank` (its rank may pass on), None while it holds it."""
+    def left_why(self, owner: str, rank: int, now: float) -> str | None:
+        """Why `owner` is gone for `rank` by its connection: its stream ended RECONNECT_S
+        ago, or it is not back since the collector started; None while connected."""
         node = self.senders.get(rank)
         if node is None or node.host != owner:  # an owner from owners.jsonl, not back yet
             gone = now - self.started_s
@@ -130,6 +135,14 @@ class Claims:
         if node.closed:
             gone = now - node.closed_s
             return f"its stream ended {gone:.0f} s ago" if gone >= RECONNECT_S else None
+        return None
+
+    def gone_why(self, owner: str, rank: int, now: float) -> str | None:
+        """Why `owner` is gone for `rank` (its rank may pass on), None while it holds it:
+        its connection (left_why), or no sign of the rank running for LOST_S."""
+        node = self.senders.get(rank)
+        if node is None or node.host != owner or node.closed:
+            return self.left_why(owner, rank, now)
         seen = node.alive.get(rank)
         if seen is None:
             return "it sent no sign of the rank running"

@@ -3,8 +3,9 @@ EXITS frame, peer_data.node_exits), or the node it was lost with when that node'
 ended without them.
 
 A rank its owner sent an exit code for is finished: that code is the last word of its
-launch, kept when another host claims the rank later (claims.py sets such a claim aside
-unless it is of a newer launch: an elastic restart, whose own exit code then replaces it).
+launch while its owner is connected (claims.py sets another host's claim aside unless it is
+of a newer launch, an elastic restart, or the owner has left: a re-run on a spare host;
+then the new owner's exit code replaces it).
 A "lost with node" entry is no such word: the node's replacement sends the real one.
 Started again on its copy, the collector reads the entries a collector before it wrote,
 so a rank finished before stays finished, and the launch it finished (what a relaunch is

@@ -110,14 +110,15 @@ class Mirror:
                     self._both_move(node, r, now)  # again: no claim (a conflict if it runs)
                 elif past and now - node.moving.get(r, now - LOST_S) >= LOST_S:
                     continue  # (its exit code, its rank's place: kept out, unsaid)
-                else:  # (a rank its owner finished passes by a relaunch only)
+                else:
                     finished = self.exits.finished(r)
                     if finished and r not in claims.launched:  # (a collector before us's)
                         claims.granted(r, self.exits.launch_of(r, ring_path(
                             self.run_dir, r, owners.newest(r))))
                     why = claims.launch_why(launch, r)
-                    if why is None and (not finished or claims.relaunched(launch, r)):
-                        why = claims.gone_why(owner, r, now)
+                    if why is None:  # a finished rank is silent: gone only once it left
+                        why = (claims.gone_why(owner, r, now) if not finished
+                               or claims.relaunched(launch, r) else claims.left_why(owner, r, now))
                     if why is None:
                         self._aside(node, owner, r, launch, now)
                     else:

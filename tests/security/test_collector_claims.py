@@ -3,9 +3,7 @@
 whose heartbeats move, and peers that speak the wire protocol themselves.
 
 On 23bbc3e: a peer's forged newer launch took a rank its node ran on and kept it after
-the conflict was proven (the node's frames were its copy's no more); a peer's claim took
-a rank its node had finished, and its exit codes replaced the node's in exits.json; and
-the logs of a squatter (the forger's, one that never ran the rank it claimed first) stayed
+the conflict was proven (the node's frames were its copy's no more); and the logs of a squatter (the forger's, one that never ran the rank it claimed first) stayed
 in the copy's ranks/, where the viewer took them for the rank and said it crashed."""
 
 from __future__ import annotations
@@ -14,7 +12,7 @@ import json
 import time
 
 import pytest
-from simnode import CollectorProcess, connect_node, exits, head_of, open_log, send, until
+from simnode import CollectorProcess, connect_node, head_of, open_log, send, until
 from test_collector_owners import RUN, Node, Running, Squatter
 
 from distdoctor.collect.owners import RECONNECT_S, Owners
@@ -32,9 +30,10 @@ def test_a_peer_takes_no_running_nor_finished_rank_and_its_logs_are_no_rank(tmp_
     """Rank 23 runs on node owner when node forger claims it by a newer launch it does
     not run: once both have moved it for 5 s, the rank is owner's again, as it was, and
     forger's log is out of ranks/. Node done finishes ranks 0-1 and 3 (its exit codes,
-    then its stream ends): thief's claim of rank 0 is set aside, its exit code never in
-    exits.json; rank 1's elastic restart elsewhere (a newer launch) still takes it, and
-    then rank 3 on a replacement node whose fresh agent counts from 0 again. Node
+    then its stream ends): the job run again on node spare under the same launch takes
+    rank 0 once done has left, and its exit code is the rank's; rank 1's elastic restart elsewhere
+    (a newer launch) takes it, and then rank 3 on a replacement node whose fresh agent
+    counts from 0 again. Node
     squat claims rank 2 first and never runs it: its log goes once real2 takes it. No
     finding of the viewer names any of these ranks."""
     copy = tmp_path / "copy"
@@ -54,16 +53,16 @@ def test_a_peer_takes_no_running_nor_finished_rank_and_its_logs_are_no_rank(tmp_
             forger = Squatter(address, "forger", [23], moving=True,
                               launch={**RUN, "torchelastic_restart_count": "9"})
             peers.append(forger)
-            time.sleep(RECONNECT_S + 0.5)  # done's ranks would pass now, were it not done
-            thief = Squatter(address, "thief", [0], moving=True)
-            peers.append(thief)
+            time.sleep(RECONNECT_S + 0.5)  # done has left: its finished ranks may pass
+            spare = Node(tmp_path, "spare", [0], address, restart=0)  # the same launch
+            nodes.append(spare)
+            running.nodes.append(spare)
+            # (before any newer launch of the run: then it would pass as a relaunch's)
+            collector.wait_for("rank 0 moved from node done to node spare (done: its stream")
             relaunched = Node(tmp_path, "relaunched", [1], address, restart=1)
             real2 = Node(tmp_path, "real2", [2], address)
             nodes += [relaunched, real2]
             running.nodes += [relaunched, real2]
-            time.sleep(0.5)  # (the thief's rank moves: its exit codes are a claim)
-            assert send(thief.sock, exits([{**DONE[0], "exit_code": -9, "pid": 9000,
-                                            "signal": "SIGKILL"}]))
             collector.wait_for("rank 1 moved from node done to node relaunched")
             fresh = Node(tmp_path, "fresh", [3], address, restart=0)
             nodes.append(fresh)
@@ -77,9 +76,12 @@ def test_a_peer_takes_no_running_nor_finished_rank_and_its_logs_are_no_rank(tmp_
             until(lambda: head_of(ring_path(copy, 23)) > head + 3, what="owner's copy")
             time.sleep(UNHEARD_S)  # (the forger's log is quiet, the squatter's never ran)
             running.nodes.remove(relaunched)
-            time.sleep(0.3)  # (past the runner's step of it)
+            running.nodes.remove(spare)
+            time.sleep(0.3)  # (past the runner's step of them)
             relaunched.stop(exits=[{**DONE[1], "pid": 5001}])
+            spare.stop(exits=[{**DONE[0], "pid": 6000}])
             until(lambda: _exits(copy)[1] == (5001, 0), what="relaunched's exit code")
+            until(lambda: _exits(copy)[0] == (6000, 0), what="spare's exit code")
     finally:
         for n in nodes:
             n.stop()
@@ -88,18 +90,16 @@ def test_a_peer_takes_no_running_nor_finished_rank_and_its_logs_are_no_rank(tmp_
         collector.stop()
     text = collector.text()
     assert "CRASH" not in text and "Traceback" not in text, text
-    assert text.count("node thief sends rank 0 of node done: its frames for it are set "
-                      "aside: node done finished it") == 1, text
     owners = Owners(copy)  # as a collector started again on the copy reads them
     assert (owners.of[23], owners.base.get(23, 0)) == ("owner", 0)
     # owner's log 0 writes on into its copy; its next log goes past the forger's number
     assert (owners.number(23, 0), owners.number(23, 1)) == (0, 2)
-    assert [owners.of[r] for r in range(4)] == ["done", "relaunched", "real2", "fresh"]
+    assert [owners.of[r] for r in range(4)] == ["spare", "relaunched", "real2", "fresh"]
     assert sorted(p.name for p in (copy / "set-aside").iterdir()) == [
         "rank-00002.ring", "rank-00023.1.ring"]
     assert not ring_path(copy, 23, 1).exists() and head_of(ring_path(copy, 2, 1)) > 3
     got = _exits(copy)  # (those of 2 and 23: lost, their nodes end here without theirs)
-    assert (got[0], got[1], got[3]) == ((4000, 0), (5001, 0), (4003, 0))
+    assert (got[0], got[1], got[3]) == ((6000, 0), (5001, 0), (4003, 0))
     found = [f for f in json.loads((copy / "findings.json").read_text())["findings"]
              if f["details"].get("reason") == "rank_conflict"]
     assert [(f["ranks"], f["details"]["hosts"]) for f in found] == [([23], ["owner", "forger"])]
@@ -132,6 +132,8 @@ def test_a_launch_sent_and_left_gives_the_rank_back(tmp_path):
             head = head_of(ring_path(copy, 23))
             until(lambda: head_of(ring_path(copy, 23)) > head + 3, what="owner's copy")
         owner.stop(exits=[{**DONE[0], "rank": 23, "pid": 4023}])
+        # (written by the collector a moment after: stopped at once, it may not be yet)
+        until(lambda: _exits(copy).get(23) == (4023, 0), what="owner's exit code")
     finally:
         owner.stop()
         collector.stop()
@@ -187,7 +189,9 @@ def _pid(path) -> int:
 
 
 def _exits(copy) -> dict[int, tuple]:
-    """exits.json of the copy: rank -> (pid, exit code)."""
+    """exits.json of the copy: rank -> (pid, exit code); {} before it is written."""
+    if not (copy / "exits.json").exists():
+        return {}
     return {p["rank"]: (p["pid"], p["exit_code"])
             for p in json.loads((copy / "exits.json").read_text())["processes"]}
 
@@ -236,3 +240,35 @@ def _moved(sock, copy, n: int, log: int, number: int) -> float:
     assert send(sock, *[open_log(r, log=log) for r in range(n)])
     until(lambda: ring_path(copy, n - 1, number).exists(), timeout_s=30, what="the move")
     return time.monotonic() - start
+
+
+@pytest.mark.timeout(40)
+def test_a_finished_rank_passes_to_a_rerun_on_a_spare_host_once_its_node_left(tmp_path):
+    """Node done runs rank 0 and finishes it (exit 1: the job failed), its stream ends;
+    the job is run again on host spare under the same launch identity (static torchrun,
+    `run --nproc`: nothing on the wire tells it from a node claiming another's rank). The
+    rank passes to spare and spare's exit code is the rank's. On 6f29c8b (bef3fac) spare's
+    frames were set aside for good ("only a newer launch of the job takes them"): its whole
+    run lost, and exits.json kept the failed run's code."""
+    copy = tmp_path / "copy"
+    collector = CollectorProcess(copy, tmp_path / "collector.out").started()
+    done = Node(tmp_path, "done", [0], collector.address, restart=0)
+    spare = None
+    try:
+        until(lambda: head_of(ring_path(copy, 0)) >= 0, what="done's copy")
+        done.stop(exits=[{**DONE[0], "exit_code": 1}])
+        until(lambda: _exits(copy).get(0) == (4000, 1), what="done's exit code")
+        time.sleep(RECONNECT_S + 0.5)
+        spare = Node(tmp_path, "spare", [0], collector.address, restart=0)
+        with Running(spare):
+            collector.wait_for("rank 0 moved from node done to node spare (done: its stream",
+                               timeout_s=15)
+            time.sleep(0.5)
+        spare.stop(exits=[{**DONE[0], "pid": 6000}])
+        until(lambda: _exits(copy).get(0) == (6000, 0), what="spare's exit code")
+    finally:
+        for n in (done, spare):
+            if n is not None:
+                n.stop()
+        collector.stop()
+    assert Owners(copy).of[0] == "spare"
