@@ -119,6 +119,7 @@ static int decode_slot(const unsigned char *s, long long e, PyObject *rank,
                        PyObject *strings, PyObject *texts, PyTypeObject *type,
                        PyObject **out)
 {
+    /* runlog/values.py code_word: decoded_codes's key */
     uint64_t code_key = (uint64_t)s[S_KIND] | (uint64_t)s[S_OP] << 8 |
                         (uint64_t)s[S_STATUS] << 16 | (uint64_t)s[S_REDOP] << 24 |
                         (uint64_t)s[S_FLAGS] << 32;

@@ -267,7 +267,7 @@ class RankLog:
                 out += [None] * n
             elif _native is not None:
                 evs, misses = _native.decode(data, start, self.rank, self._groups,
-                                             self._tensors, _codes_by_word,
+                                             self._tensors, _decoded_codes,
                                              self._strings.values, self._texts, Event)
                 if misses:  # events naming what is not cached yet: decoded here
                     for i, ev in enumerate(evs):
@@ -296,17 +296,8 @@ class RankLog:
             return False
 
     def read_one(self, e: int) -> Event | None:
-        data = self.raw_slot(e)
-        if _native is not None:
-            (ev,), misses = _native.decode(data, e, self.rank, self._groups, self._tensors,
-                                           _codes_by_word, self._strings.values, self._texts,
-                                           Event)
-            if not misses:
-                return ev
-        rec = _unpack_slot(data)
-        if rec[0] != e + 1:
-            return None  # not written yet, being rewritten, or overwritten
-        return self._decode(e, rec)
+        """Event `e`, or None where its slot does not hold it (as read_range)."""
+        return self.read_range(e, e + 1)[0]
 
     def _decode(self, e: int, rec: tuple) -> Event:
         (_, kind, status, op, redop, flags, _p, _p16, group_id, callsite_id, seq, peer,
@@ -314,8 +305,8 @@ class RankLog:
          error_id) = rec
         group = self._groups.get(group_id) or self._group(group_id)
         tensors = self._tensors.get(tensors_id) or self._tensor_desc(tensors_id)
-        codes = _decoded_codes.get((kind, op, status, redop, flags)) or _decode_codes(
-            kind, op, status, redop, flags)
+        codes = _decoded_codes.get(V.code_word(kind, op, status, redop, flags)) or \
+            _decode_codes(kind, op, status, redop, flags)
         if status == _IN_FLIGHT:
             # completion writes the status, then t_end; a read between the two can see
             # the new t_end beside the old status: still in flight until both are there
@@ -374,10 +365,9 @@ class RankLog:
         return out
 
 
-# bound once: read_one runs for every event the live engine sees
+# bound once: read_range runs for every event the live engine sees
 _unpack_slot = F.SLOT.unpack_from
 _native = native_decoder()
-_codes_by_word = V.codes_by_word
 _iter_slots = struct.Struct(F.SLOT.format + f"{F.SLOT_SIZE - F.SLOT.size}x").iter_unpack
 _IN_FLIGHT = F.STATUS_IN_FLIGHT
 _decoded_codes, _decode_codes = V.decoded_codes, V.decode_codes

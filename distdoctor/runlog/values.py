@@ -55,10 +55,15 @@ def launch_of(head: bytes) -> dict:
     return value if isinstance(value, dict) else {}
 
 
-# a slot's codes in words, memoized: read_one decodes every event the live engine sees;
-# by their five bytes as one word too, which the C decoder (runlog/_decode.c) looks up
-decoded_codes: dict[tuple, tuple] = {}
-codes_by_word: dict[int, tuple] = {}
+# a slot's codes in words, memoized by their five bytes as one word (code_word): every
+# event a reader takes is looked up there, by the C decoder too (runlog/_decode.c)
+decoded_codes: dict[int, tuple] = {}
+
+
+def code_word(kind, op, status, redop, flags) -> int:
+    """A slot's five code bytes as one word: the key of decoded_codes (_decode.c builds it
+    alike)."""
+    return kind | op << 8 | status << 16 | redop << 24 | flags << 32
 
 
 def decode_codes(kind, op, status, redop, flags) -> tuple:
@@ -70,6 +75,5 @@ def decode_codes(kind, op, status, redop, flags) -> tuple:
            None if flags & F.FLAG_ASYNC_UNKNOWN else bool(flags & F.FLAG_ASYNC),
            bool(flags & F.FLAG_OTHER_THREAD), bool(flags & F.FLAG_IMPLICIT))
     if len(decoded_codes) < 4096:  # bounded even for a corrupt log's random codes
-        decoded_codes[(kind, op, status, redop, flags)] = out
-        codes_by_word[kind | op << 8 | status << 16 | redop << 24 | flags << 32] = out
+        decoded_codes[code_word(kind, op, status, redop, flags)] = out
     return out
