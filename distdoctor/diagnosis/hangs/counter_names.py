@@ -115,30 +115,30 @@ class CounterNames:
 
 def _splits(made: Creations, ranks: list[int]) -> list[Split]:
     """The k-th creations of one member list that `ranks` (whose logs hold all their
-    creations, each counted) made after as many counter-named ones and named apart."""
-    # (members, k) -> rank -> (counter-named creations before it, it)
+    creations, each counted) made after as many counter-named ones and named apart, by
+    its members: only they wait on the group's store keys, the others' names for it are
+    never used (torch gives them a placeholder group), so a non-member whose counter is
+    ahead changes nothing (a healthy 2.15 job: ranks 0, 1 make a member-named pair, then
+    all call new_group([2, 3]): "2" on 0, 1 and "1" on 2, 3, and it works)."""
+    # (members, k) -> member rank -> (counter-named creations before it, it)
     items: dict[tuple, dict[int, tuple[int, Made]]] = {}
     for r in ranks:
         seen: dict[tuple, int] = {}
         for place, m in enumerate(made.order(r)):
             key = tuple(sorted(m.members))
             k = seen[key] = seen.get(key, -1) + 1
-            items.setdefault((key, k), {})[r] = (place, m)
+            if r in key:
+                items.setdefault((key, k), {})[r] = (place, m)
     out = []
     for (members, _), by in sorted(items.items()):
-        # only the members wait on the group's store keys: the others' names for it are
-        # never used (torch gives them a placeholder group), so a non-member whose counter
-        # is ahead changes nothing (a healthy 2.15 job: ranks 0, 1 make a member-named pair,
-        # then all call new_group([2, 3]): "2" on 0, 1 and "1" on 2, 3, and it works)
-        on = {r: pm for r, pm in by.items() if r in members}
-        for place in sorted({p for p, _ in on.values()}):
+        for place in sorted({p for p, _ in by.values()}):
             sides: dict[str, list[int]] = {}
-            for r, (p, m) in sorted(on.items()):
+            for r, (p, m) in sorted(by.items()):
                 if p == place:  # another place: a rank that skipped one (group_order.py)
                     sides.setdefault(m.name, []).append(r)
             if len(sides) > 1:
                 kept = sorted(sides.items(), key=lambda s: (-len(s[1]), s[1]))
-                out.append(Split(members, kept, {r: on[r][1] for _, rs in kept for r in rs}))
+                out.append(Split(members, kept, {r: by[r][1] for _, rs in kept for r in rs}))
     return out
 
 
