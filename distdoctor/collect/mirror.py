@@ -81,7 +81,7 @@ class Mirror:
         # at every number up to its newest, which a peer's log number puts 65,535 on)
         self._rings: dict[int, dict[int, Copy]] = {}
         self._copies_of: dict[str, int] = {}  # host -> log copies it made
-        self.exits = CopyExits(self.run_dir)  # exits.json (a collector's before too)
+        self.exits = CopyExits(self.run_dir, self.owners)  # exits.json (a collector's before)
         self._findings: dict[str, list] = _earlier_findings(self.run_dir)  # host -> its own
         self._told: set[tuple] = {(None, _ident(f)) for f in self._findings.get(EARLIER, [])}
         self._told_by: dict[str, int] = {}  # host -> findings told

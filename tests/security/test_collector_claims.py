@@ -249,11 +249,15 @@ def test_a_finished_rank_passes_to_a_rerun_on_a_spare_host_once_its_node_left(tm
     `run --nproc`: nothing on the wire tells it from a node claiming another's rank). The
     rank passes to spare and spare's exit code is the rank's. On 6f29c8b (bef3fac) spare's
     frames were set aside for good ("only a newer launch of the job takes them"): its whole
-    run lost, and exits.json kept the failed run's code."""
+    run lost, and exits.json kept the failed run's code. Then, spare gone, host thief
+    claims the rank and says it was killed: its word is the rank's entry, and the first
+    real exit record (done's exit 1) is kept in exits-earlier.json with the newest it
+    replaced (spare's), each with its host. On 46da595 done's entry was gone: the copy
+    said only that rank 0 was killed."""
     copy = tmp_path / "copy"
     collector = CollectorProcess(copy, tmp_path / "collector.out").started()
     done = Node(tmp_path, "done", [0], collector.address, restart=0)
-    spare = None
+    spare = thief = None
     try:
         until(lambda: head_of(ring_path(copy, 0)) >= 0, what="done's copy")
         done.stop(exits=[{**DONE[0], "exit_code": 1}])
@@ -266,9 +270,24 @@ def test_a_finished_rank_passes_to_a_rerun_on_a_spare_host_once_its_node_left(tm
             time.sleep(0.5)
         spare.stop(exits=[{**DONE[0], "pid": 6000}])
         until(lambda: _exits(copy).get(0) == (6000, 0), what="spare's exit code")
+        time.sleep(RECONNECT_S + 0.5)
+        thief = Node(tmp_path, "thief", [0], collector.address, restart=0)
+        with Running(thief):
+            collector.wait_for("rank 0 moved from node spare to node thief", timeout_s=15)
+            time.sleep(0.5)
+        thief.stop(exits=[{**DONE[0], "pid": 7000, "exit_code": None, "signal": "SIGKILL"}])
+        until(lambda: _exits(copy).get(0) == (7000, None), what="thief's exit code")
     finally:
-        for n in (done, spare):
+        for n in (done, spare, thief):
             if n is not None:
                 n.stop()
         collector.stop()
-    assert Owners(copy).of[0] == "spare"
+    assert Owners(copy).of[0] == "thief"
+    kept = [(p["pid"], p["exit_code"], p["host"], p["replaced_by"])
+            for p in json.loads((copy / "exits-earlier.json").read_text())["processes"]]
+    assert kept == [(4000, 1, "done", "spare"), (6000, 0, "spare", "thief")]
+    # a collector started again on the copy reads them back as they were
+    from distdoctor.collect.copy_exits import CopyExits
+
+    again = CopyExits(copy, Owners(copy))
+    assert [(p["pid"], p["host"]) for p in again.earlier[0]] == [(4000, "done"), (6000, "spare")]
