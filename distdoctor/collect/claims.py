@@ -12,13 +12,15 @@ gone for it:
 - or the claim is of a newer launch of the job (the same elastic run, a higher restart
   count: torchrun restarted the ranks, on a replacement node).
 A rank its owner finished (its exit code came: copy_exits.py) is not gone while its
-owner is connected (its silence is its exit's): a newer launch takes it, or a claim of the
-same elastic run once that run has restarted since (a replacement node's fresh agent
-counts its restarts from 0 while the others' count on), or any claim once the owner's
-stream has ended. The last is a re-run of the job on a spare host under the same launch
-identity (static torchrun, `run --nproc`), which the wire cannot tell from a node that
-claims ranks not its own: a real node's ranks set aside for good lose its whole run, a
-false claim costs the finished rank's exit entry (its logs stay in the copy).
+owner is connected (its silence is its exit's): a claim of its elastic run takes it once
+that run has restarted since as more than one host shows it (restarts.py: torchrun's
+agents count restarts each on its own, a replacement node's fresh agent from 0 while the
+others count on; one host's number, newer or not, is its word alone, and nothing shows
+it false later as a running rank's owner does by running on), or any claim once the
+owner's stream has ended. The last is a re-run of the job on a spare host under the same
+launch identity (static torchrun, `run --nproc`), which the wire cannot tell from a node
+that claims ranks not its own: a real node's ranks set aside for good lose its whole run;
+a false claim takes the rank, and the owner's exit entry is kept (copy_exits.py).
 
 What is believed, and why: a node's frames are its own word. The token proves a peer is
 one of the job's nodes, a client certificate its host name; nothing on the wire proves
@@ -33,7 +35,8 @@ and started on another moved on both within seconds, never at once): the owner k
 ranks, and the conflict is said and written as a finding that names both hosts and the
 ranks, for a person to settle (who launched what, where).
 
-A newer launch is believed at once (an elastic restart stops the old ranks before it
+A newer launch of a running rank is believed at once, by one restart at most past what
+the run's hosts show (restarts.py; an elastic restart stops the old ranks before it
 starts the new ones; a log's META, sent before its OPEN, waits for it), though it too is
 the claimant's word. The restart it claims stops the rank it replaces: a former owner
 that ran the rank without a break from before that launch until the conflict is proven
@@ -55,6 +58,8 @@ from dataclasses import dataclass
 from distdoctor.collect.limits import MAX_RANKS_PER_NODE
 from distdoctor.collect.lost import LOST_S
 from distdoctor.collect.owners import RECONNECT_S, Owners, newer
+from distdoctor.collect.restarts import RunCounts
+from distdoctor.runlog.rundir import ring_path
 
 # Two runs of a rank's moves, on two nodes, that overlap this long are a conflict: longer
 # than a slow node's stream lags behind another's (its forwarder's passes, a backlog)
@@ -65,7 +70,6 @@ MAX_NEWS = 256  # lines waiting to be said (a few seconds' worth)
 # ranks pass one by one, each on its own evidence, and are said in one line
 NEWS_QUIET_S, NEWS_WAIT_S = 1.5, 5.0
 MAX_SAID = 4096  # lines said already, remembered so each is said once
-MAX_RUNS = 64  # elastic runs whose newest restart is known (a job has one)
 BY_LAUNCH = "it sends an older launch of the job"  # why a rank passed at once
 # why a rank passed back (from the host whose launch took it)
 RAN_ON = "its newer launch is its word alone: node {} ran the rank on without a break"
@@ -88,13 +92,13 @@ class Taken:
 class Claims:
     """Mirror.claim's decisions and what they say (called under the Mirror's lock)."""
 
-    def __init__(self, owners: Owners):
-        self.owners = owners
+    def __init__(self, owners: Owners, exits):
+        self.owners, self.exits = owners, exits  # (copy_exits.CopyExits: finished ranks)
         self.senders: dict[int, object] = {}  # rank -> the NodeMirror that sends it
         self.launched: dict[int, tuple] = {}  # rank -> its owner's newest incarnation
         self.by_launch: dict[int, Taken] = {}  # ranks their owner took by a newer launch
         self.doubted: set[int] = set()  # ranks a launch was shown false for (no more at once)
-        self.restarts: dict[str, int] = {}  # elastic run -> its newest restart count granted
+        self.counts = RunCounts()  # elastic run -> its hosts' restart counts
         self.started_s = time.monotonic()
         # (host shown, other host) -> the ranks, and how the shown one holds them
         self.conflicts: OrderedDict[tuple[str, str], set[int]] = OrderedDict()
@@ -103,26 +107,41 @@ class Claims:
         self._news: OrderedDict[tuple, list] = OrderedDict()  # -> [ranks, why, first, last]
         self._said: OrderedDict[tuple, None] = OrderedDict()
 
-    def launch_why(self, launch: tuple | None, rank: int) -> str | None:
-        """BY_LAUNCH where a claim's launch passes `rank` at once."""
+    def why(self, host: str, owner: str, rank: int, launch: tuple | None,
+            now: float) -> str | None:
+        """Why `host`'s claim of `owner`'s `rank` (a log of `launch`) takes it now; None:
+        set aside. A finished rank is silent: gone only once its owner left, or relaunched."""
+        finished = self.exits.finished(rank)
+        if finished and rank not in self.launched:  # (a collector before us's)
+            self.granted(owner, rank, self.exits.launch_of(rank, ring_path(
+                self.owners.run_dir, rank, self.owners.newest(rank))))
+        if finished and not self.relaunched(host, launch, rank):
+            return self.left_why(owner, rank, now)
+        return self.launch_why(host, launch, rank) or self.gone_why(owner, rank, now)
+
+    def launch_why(self, host: str, launch: tuple | None, rank: int) -> str | None:
+        """BY_LAUNCH where `host`'s claim's launch (its count as restarts.py bounds it)
+        passes `rank` at once."""
         return BY_LAUNCH if rank not in self.doubted and newer(
-            launch, self.launched.get(rank)) else None
+            self.counts.bounded(host, launch), self.launched.get(rank)) else None
 
-    def relaunched(self, launch: tuple | None, rank: int) -> bool:
-        """Whether a claim is of the elastic run `rank`'s owner launched it in, and that
-        run has a newer launch of some rank since."""
+    def relaunched(self, host: str, launch: tuple | None, rank: int) -> bool:
+        """Whether `host`'s claim is of the elastic run `rank`'s owner launched it in, and
+        more than one host shows that run restarted since (restarts.py)."""
         held = self.launched.get(rank)
-        return launch is not None and held is not None and launch[0] == held[0] \
-            and self.restarts.get(held[0], -1) > held[1]
+        if launch is None or held is None or launch[0] != held[0]:
+            return False
+        borne = self.counts.borne(held[0], host, launch[1])
+        return borne is not None and borne > held[1]
 
-    def granted(self, rank: int, launch: tuple | None) -> None:
-        """`rank` is written from a log of `launch` (owners.incarnation) now."""
+    def granted(self, host: str, rank: int, launch: tuple | None) -> None:
+        """`rank` is written from `host`'s log of `launch` (owners.incarnation) now: its
+        count as restarts.py bounds it, never back to an older one."""
+        self.counts.add(host, launch)
+        launch = self.counts.bounded(host, launch)
         if launch is None or newer(self.launched.get(rank), launch):
             return
         self.launched[rank] = launch
-        run, count = launch
-        if run in self.restarts or len(self.restarts) < MAX_RUNS:
-            self.restarts[run] = max(count, self.restarts.get(run, count))
 
     def left_why(self, owner: str, rank: int, now: float) -> str | None:
         """Why `owner` is gone for `rank` by its connection: its stream ended RECONNECT_S
@@ -187,15 +206,13 @@ class Claims:
 
     def gave_back(self, rank: int, taken: Taken) -> None:
         """`rank` went back to the owner its launch was taken from: no launch believed
-        at once for it any more, nor counted as a restart of its run (relaunched)."""
+        at once for it any more. (Its taker's count stays its own word: one host's
+        count moves no run on, restarts.py.)"""
         self.by_launch.pop(rank, None)
         self.doubted.add(rank)
-        false = self.launched.pop(rank, None)
+        self.launched.pop(rank, None)
         if taken.launch is not None:
             self.launched[rank] = taken.launch
-        if false is not None and false[0] in self.restarts:  # (a pass over the ranks:
-            self.restarts[false[0]] = max(  # once a launch shown false, 5 s at least)
-                [c for run, c in self.launched.values() if run == false[0]], default=-1)
 
     def forget(self, ranks) -> None:
         """Ranks set free (shares.py)."""

@@ -74,14 +74,14 @@ class Mirror:
         (self.run_dir / "ranks").mkdir(parents=True, exist_ok=True)
         self._lock = threading.Lock()
         self.owners = Owners(self.run_dir)  # rank -> its host (a collector's before too)
-        self.claims = Claims(self.owners)  # who may send which rank, and the news of it
+        self.exits = CopyExits(self.run_dir, self.owners)  # exits.json (a collector's before)
+        self.claims = Claims(self.owners, self.exits)  # who may send which rank, and the news
         self.copies = OpenCopies(copy_fd_budget())
         self._senders = self.claims.senders  # rank -> the node that sends it
         # rank -> log number -> its copy (by rank: a move looks at the rank's copies, never
         # at every number up to its newest, which a peer's log number puts 65,535 on)
         self._rings: dict[int, dict[int, Copy]] = {}
         self._copies_of: dict[str, int] = {}  # host -> log copies it made
-        self.exits = CopyExits(self.run_dir, self.owners)  # exits.json (a collector's before)
         self._findings: dict[str, list] = _earlier_findings(self.run_dir)  # host -> its own
         self._told: set[tuple] = {(None, _ident(f)) for f in self._findings.get(EARLIER, [])}
         self._told_by: dict[str, int] = {}  # host -> findings told
@@ -111,14 +111,7 @@ class Mirror:
                 elif past and now - node.moving.get(r, now - LOST_S) >= LOST_S:
                     continue  # (its exit code, its rank's place: kept out, unsaid)
                 else:
-                    finished = self.exits.finished(r)
-                    if finished and r not in claims.launched:  # (a collector before us's)
-                        claims.granted(r, self.exits.launch_of(r, ring_path(
-                            self.run_dir, r, owners.newest(r))))
-                    why = claims.launch_why(launch, r)
-                    if why is None:  # a finished rank is silent: gone only once it left
-                        why = (claims.gone_why(owner, r, now) if not finished
-                               or claims.relaunched(launch, r) else claims.left_why(owner, r, now))
+                    why = claims.why(node.host, owner, r, launch, now)
                     if why is None:
                         self._aside(node, owner, r, launch, now)
                     else:
@@ -148,7 +141,7 @@ class Mirror:
             for r in granted:
                 self._senders[r] = node
                 node.aside.pop(r, None)
-                claims.granted(r, launch)
+                claims.granted(node.host, r, launch)
         node.ranks.update(granted)
         return granted
 

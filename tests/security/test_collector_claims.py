@@ -149,7 +149,8 @@ def test_a_collector_started_again_reads_a_given_back_ranks_launch(tmp_path):
     """A copy as a collector left it: rank 23 given back to node owner over node
     forger's log 1 (in set-aside/, owners.jsonl's "jump"), then finished by owner (its
     exit code). Started again on it, the collector reads the launch owner finished from
-    owner's newest log, so the job's next elastic restart takes the rank at once. On
+    owner's newest log, so the job's next elastic restart (shown by two hosts) takes the
+    rank at once. On
     bef3fac it read the copy's newest number, forger's log, gone from ranks/: no launch
     known, and the restart's frames were set aside for good ("node owner finished it")."""
     copy = tmp_path / "copy"
@@ -166,14 +167,20 @@ def test_a_collector_started_again_reads_a_given_back_ranks_launch(tmp_path):
     (copy / "exits.json").write_text(json.dumps({"stopped_by_distdoctor": False, "processes": [
         {**DONE[0], "rank": 23, "pid": 4023}]}))
     collector = CollectorProcess(copy, tmp_path / "collector.out").started()
-    node = Node(tmp_path, "relaunched", [23], collector.address, restart=1)
+    # (a restart is the run's once two hosts show it: restarts.py)
+    peer = Node(tmp_path, "peer", [24], collector.address, restart=1)
+    node = None
     try:
-        with Running(node):
+        until(lambda: head_of(ring_path(copy, 24)) >= 0, what="peer's copy")
+        node = Node(tmp_path, "relaunched", [23], collector.address, restart=1)
+        with Running(node, peer):
             collector.wait_for("rank 23 moved from node owner to node relaunched (owner: it "
                                "sends an older launch of the job)", timeout_s=10)
             until(lambda: head_of(ring_path(copy, 23, 2)) > 3, what="relaunched's copy")
     finally:
-        node.stop()
+        for n in (node, peer):
+            if n is not None:
+                n.stop()
         collector.stop()
     assert "set aside" not in collector.text(), collector.text()
 
