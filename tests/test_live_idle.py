@@ -105,9 +105,9 @@ def test_after_a_pass_that_found_nothing_the_next_waits_for_the_slow_checks(
         w.complete(_op(w, 0), F.STATUS_OK, 2000)
     live = LiveDiagnosis(tmp_path, hang_timeout_s=60, owner=False)
     live._step(time.monotonic())
-    assert live.follower.pace.quiet_for(time.monotonic()) is None  # it read events
+    assert live.follower.quiet_for(time.monotonic()) is None  # it read events
     live._step(time.monotonic())
-    assert 0 < live.follower.pace.quiet_for(time.monotonic()) <= SLOW_S  # nothing new
+    assert 0 < live.follower.quiet_for(time.monotonic()) <= SLOW_S  # nothing new
     passes = []
     step = live._step
     monkeypatch.setattr(live, "_step", lambda now_s, **k: (passes.append(now_s),

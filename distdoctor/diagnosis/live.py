@@ -254,7 +254,7 @@ class LiveDiagnosis(RankWatch):
             try:
                 with self._lock:
                     self._step(time.monotonic())
-                    quiet = self.follower.pace.quiet_for(time.monotonic())
+                    quiet = self.follower.quiet_for(time.monotonic())
             except Exception as exc:  # never take the launcher (and the job) down
                 self._pass_failed(exc)
             wait = min(MAX_WAIT_S, max(POLL_S, quiet or 0.0,
