@@ -13,12 +13,22 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from gpu_suite import Suite
+from typing import Protocol
 
 ROOT = Path(__file__).resolve().parent.parent
+
+
+class Suite(Protocol):
+    """What the install needs of the suite (gpu_suite.Suite): its folder, a child process
+    under its budget, a line in its log."""
+
+    work: Path
+
+    def child(self, argv: list[str], env: dict | None = None, cwd: Path = ROOT,
+              timeout_s: float | None = None) -> tuple[int | None, str]: ...
+
+    def say(self, text: str) -> None: ...
+
 
 PROBE = """
 import importlib.util, json, shutil, sys
