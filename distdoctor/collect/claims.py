@@ -98,7 +98,7 @@ class Claims:
         self.launched: dict[int, tuple] = {}  # rank -> its owner's newest incarnation
         self.by_launch: dict[int, Taken] = {}  # ranks their owner took by a newer launch
         self.doubted: set[int] = set()  # ranks a launch was shown false for (no more at once)
-        self.counts = RunCounts()  # elastic run -> its hosts' restart counts
+        self.counts = RunCounts(owners.count)  # elastic run -> its hosts' restart counts
         self.started_s = time.monotonic()
         # (host shown, other host) -> the ranks, and how the shown one holds them
         self.conflicts: OrderedDict[tuple[str, str], set[int]] = OrderedDict()
@@ -297,8 +297,8 @@ class Claims:
             elif what == "finished":
                 out.append(f"node {new} sends rank{s} {text} of node {old}: its frames for "
                            f"{them} are set aside: node {old} finished {them} (its exit "
-                           f"codes came), only a newer launch of the job takes {them} "
-                           f"(said once)")
+                           f"codes came); {them} pass once node {old} has left, or to a "
+                           f"restart of the job that more than one node shows (said once)")
             else:
                 out.append(f"node {new} sends rank{s} {text} of node {old}: its frames for "
                            f"{them} are set aside while node {old} runs {them} (said once)")

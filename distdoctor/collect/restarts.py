@@ -17,18 +17,28 @@ What one host's number may do is bounded by the others':
   what one real elastic restart does. A newer launch that takes a running rank at once
   is then at most one restart newer, and a false one is still shown so when the node
   that runs the rank runs on through it (claims.py).
+
+The table is counted per host, never filled for all: a host's logs name at most
+MAX_RUNS_PER_HOST runs (past it, its own oldest goes), and the hosts that hold no rank
+any more go once there are HOSTS_SLACK of them. So a peer that names run after run
+keeps no real run out (on 46da595 the first 64 run ids held the table for good, and a
+real run's restarts were never known), and the table grows with nodes, not ranks.
 """
 
 from __future__ import annotations
 
-MAX_RUNS = 64  # elastic runs whose hosts' counts are known (a job has one)
+MAX_RUNS_PER_HOST = 4  # a node runs one job (its elastic run), a few re-runs of it
+HOSTS_SLACK = 1024  # hosts with no rank left whose counts are kept until the next sweep
 
 
 class RunCounts:
     """elastic run -> host -> the highest restart count granted to that host's logs."""
 
-    def __init__(self):
+    def __init__(self, holding: dict[str, int]):
+        """`holding`: host -> ranks it owns (owners.Owners.count), for the sweep."""
+        self.holding = holding
         self.of: dict[str, dict[str, int]] = {}
+        self._runs_of: dict[str, dict[str, None]] = {}  # host -> its runs, oldest first
         # run -> its two highest (count, host), two hosts: borne() in O(1) a claim
         self._top: dict[str, list[tuple[int, str]]] = {}
 
@@ -37,14 +47,38 @@ class RunCounts:
         if launch is None:
             return
         run, count = launch
-        hosts = self.of.get(run)
-        if hosts is None:
-            if len(self.of) >= MAX_RUNS:
-                return
-            hosts = self.of[run] = {}
+        runs = self._runs_of.get(host)
+        if runs is None:
+            if len(self._runs_of) >= len(self.holding) + HOSTS_SLACK:
+                self._sweep()
+            runs = self._runs_of[host] = {}
+        if run not in runs:
+            if len(runs) >= MAX_RUNS_PER_HOST:
+                self._drop(host, next(iter(runs)))
+            runs[run] = None
+        hosts = self.of.setdefault(run, {})
         if count > hosts.get(host, -1):
             hosts[host] = count
             self._top[run] = _two(self._top.get(run, []), host, count)
+
+    def _sweep(self) -> None:
+        """The counts of hosts that hold no rank now let go (nothing behind them)."""
+        for host in [h for h in self._runs_of if h not in self.holding]:
+            for run in list(self._runs_of[host]):
+                self._drop(host, run)
+
+    def _drop(self, host: str, run: str) -> None:
+        runs = self._runs_of.get(host, {})
+        runs.pop(run, None)
+        if not runs:
+            self._runs_of.pop(host, None)
+        hosts = self.of.get(run, {})
+        hosts.pop(host, None)
+        if not hosts:
+            self.of.pop(run, None)
+            self._top.pop(run, None)
+        elif any(h == host for _, h in self._top.get(run, [])):
+            self._top[run] = sorted(((c, h) for h, c in hosts.items()), reverse=True)[:2]
 
     def borne(self, run: str, host: str | None = None, count: int = -1) -> int | None:
         """The highest restart count of `run` that two hosts have shown (`host` counted

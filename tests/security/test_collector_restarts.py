@@ -29,15 +29,18 @@ HUGE = 10**18  # a restart count no agent reaches (torchrun's max_restarts is a 
 
 class Peer:
     """A peer that opens each rank's log with its own restart count of RUN's elastic run
-    (`launches`: rank -> count), then, `moving`, sends STATEs whose heartbeat moves every
-    0.25 s until closed."""
+    (`launches`: rank -> count, or (run id, count)), then, `moving`, sends STATEs whose
+    heartbeat moves every 0.25 s until closed."""
 
-    def __init__(self, address, host: str, launches: dict[int, int], moving: bool = True):
+    def __init__(self, address, host: str, launches: dict, moving: bool = True):
         self.sock = connect_node(address, host)
         self.ranks = list(launches)
         frames = []
         for r, count in launches.items():
-            launch = json.dumps({**RUN, "torchelastic_restart_count": str(count)}).encode()
+            run, count = count if isinstance(count, tuple) else (RUN["torchelastic_run_id"],
+                                                                  count)
+            launch = json.dumps({**RUN, "torchelastic_run_id": run,
+                                 "torchelastic_restart_count": str(count)}).encode()
             frames += [wire.frame(wire.OPEN, wire.OPEN_BODY.pack(16, 4096, 4000 + r) + launch,
                                   r), state(r)]
         assert send(self.sock, *frames)
@@ -96,3 +99,36 @@ def test_one_hosts_restart_count_takes_no_finished_rank(tmp_path):
     assert (owners.of[0], owners.of[1], owners.of[50]) == ("done", "done", "forger")
     assert {r: e for r, e in _exits(copy).items() if r in (0, 1)} == {
         0: (4000, 0), 1: (4001, 0)}
+
+
+@pytest.mark.timeout(40)
+def test_run_ids_named_first_keep_no_real_runs_restart_out(tmp_path):
+    """Peer filler opens 64 ranks first, each of a run id of its own. Then the real run:
+    node done finishes rank 0 (restart 0) and stays connected, hosts a1 and a2 run ranks
+    2-3 at restart 1 (the run restarted, two agents show it), and a fresh agent's node
+    claims rank 0 at restart 0: a relaunch, it takes the rank once done's rank has been
+    silent LOST_S. On 46da595 the first 64
+    run ids held the run table for good, the real run's restart was never known, and
+    fresh's frames were set aside for as long as done stayed ("node done finished it")."""
+    copy = tmp_path / "copy"
+    collector = CollectorProcess(copy, tmp_path / "collector.out").started()
+    peers = []
+    try:
+        peers.append(Peer(collector.address, "filler",
+                          {1000 + i: (f"fill-{i}", 0) for i in range(64)}, moving=False))
+        until(lambda: head_of(ring_path(copy, 1063)) >= 0, what="filler's copies")
+        done = Peer(collector.address, "done", {0: 0}, moving=False)
+        peers.append(done)
+        until(lambda: head_of(ring_path(copy, 0)) >= 0, what="done's copy")
+        assert done.exits(0)
+        until(lambda: _exits(copy).get(0) == (4000, 0), what="done's exit")
+        for host, rank in (("a1", 2), ("a2", 3)):
+            peers.append(Peer(collector.address, host, {rank: 1}))
+        until(lambda: min(head_of(ring_path(copy, r)) for r in (2, 3)) >= 0, what="a1, a2")
+        peers.append(Peer(collector.address, "fresh", {0: 0}))
+        collector.wait_for("rank 0 moved from node done to node fresh", timeout_s=10)
+    finally:
+        for p in peers:
+            p.close()
+        collector.stop()
+    assert Owners(copy).of[0] == "fresh"
