@@ -10,7 +10,7 @@ A moved rank's logs from its new owner are numbered after those in the copy alre
 (`base`): the old owner's copy (the crash of the node replaced) is kept whole. A former
 owner's logs of the rank ("past") are the rank's past whenever they are sent again, never
 a claim. A log whose claim was disproven (claims.py) is moved out of ranks/ into
-RUN_DIR/set-aside/ (`aside_path`): its number stays taken, so no later log reuses a name
+RUN_DIR/set-aside/ (set_aside.py): its number stays taken, so no later log reuses a name
 a reader of the copy has seen (a rank given back numbers its later logs after it: `jump`).
 """
 
@@ -249,11 +249,6 @@ class Owners:
             pass
 
 
-def aside_path(path: Path) -> Path:
-    """Where a copy's file at `path` (in ranks/) goes once its claim is disproven."""
-    return path.parent.parent / ASIDE_DIR / path.name
-
-
 def _files_past(run_dir: Path) -> dict[int, int]:
     """rank -> past the highest number of its files in the copy (ranks/, set-aside/), as
     a collector before us left them. Listed, not counted up from 0: the numbers may have
@@ -261,10 +256,17 @@ def _files_past(run_dir: Path) -> dict[int, int]:
     and a new owner numbered from the first gap wrote its logs over an old owner's."""
     top: dict[int, int] = {}
     for folder in ("ranks", ASIDE_DIR):
-        try:
-            names = os.listdir(run_dir / folder)
+        try:  # (listed through a descriptor: no link followed to another dir's names)
+            fd = os.open(run_dir / folder, os.O_RDONLY | os.O_DIRECTORY | _NOFOLLOW
+                         | os.O_CLOEXEC)
         except OSError:
             continue
+        try:
+            names = os.listdir(fd)
+        except OSError:
+            continue
+        finally:
+            os.close(fd)
         for parsed in map(parse_log_name, names):
             if parsed is not None and parsed[1] < MAX_LOG_NUMBER:
                 top[parsed[0]] = max(top.get(parsed[0], 0), parsed[1] + 1)

@@ -9,6 +9,8 @@ in the copy's ranks/, where the viewer took them for the rank and said it crashe
 from __future__ import annotations
 
 import json
+import os
+import stat
 import time
 
 import pytest
@@ -141,6 +143,31 @@ def test_a_launch_sent_and_left_gives_the_rank_back(tmp_path):
     assert "CRASH" not in text and "Traceback" not in text and "conflict" not in text, text
     assert Owners(copy).of[23] == "owner" and _exits(copy)[23] == (4023, 0)
     assert [p.name for p in (copy / "set-aside").iterdir()] == ["rank-00023.1.ring"]
+    # a peer's word, not the job's: the collector's user's alone (46da595: 0755)
+    assert stat.S_IMODE((copy / "set-aside").lstat().st_mode) == 0o700
+
+
+def test_set_aside_is_private_and_reached_by_no_link(tmp_path):
+    """set-aside/ is made 0700; one an older collector made 0755 is made private; a link
+    there is not followed (nothing lands where it points: the logs stay in ranks/)."""
+    from distdoctor.collect.set_aside import aside_dir
+
+    for run, how in ((tmp_path / "new", None), (tmp_path / "old", "dir"),
+                     (tmp_path / "link", "link")):
+        run.mkdir()
+        if how == "dir":
+            (run / "set-aside").mkdir(mode=0o755)
+            (run / "set-aside").chmod(0o755)
+        elif how == "link":
+            (tmp_path / "elsewhere").mkdir()
+            (run / "set-aside").symlink_to(tmp_path / "elsewhere")
+        aside = aside_dir(run)
+        if how == "link":
+            assert aside is None and (run / "set-aside").is_symlink()
+            continue
+        with aside:
+            assert stat.S_IMODE(os.fstat(aside.fd).st_mode) == 0o700
+    assert not list((tmp_path / "elsewhere").iterdir())
 
 
 
