@@ -29,6 +29,9 @@ _TAIL = MAX_SEARCHED - _HEAD  # ... and its last ones
 CUT = " [...] "  # what stands for the middle left out
 MAX_DIGITS = 18  # a number's digits (10**18 - 1 fits in 63 bits)
 MAX_TRACKED = 1 << 17  # processes tracked one by one (the biggest jobs have 10**5 ranks)
+# a job's ranks: a rank number or world size past this in a log is no job's (a mangled
+# label, a made-up line), and no rule counts up to it
+MAX_RANKS = 1_000_000
 
 
 def searched(text: str) -> str:
@@ -37,6 +40,14 @@ def searched(text: str) -> str:
     if len(text) <= MAX_SEARCHED:
         return text
     return text[:_HEAD] + CUT + text[-_TAIL:]
+
+
+def every_rank(lo: int, hi: int) -> range:
+    """The ranks lo..hi-1, which a rule fills in where a log shows some of them (ranks are
+    numbered without gaps); none where `hi` is past MAX_RANKS. A number a log spells must
+    not make the reader count to it: "nRanks 999999999999" or a label "[rank1099511627776]"
+    held it for minutes, building every rank below."""
+    return range(lo, hi) if hi <= MAX_RANKS else range(0)
 
 
 def small_int(text: str | bytes | None) -> int | None:

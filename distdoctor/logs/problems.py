@@ -8,6 +8,7 @@ import re
 from dataclasses import dataclass, field
 
 from distdoctor.findings import Finding
+from distdoctor.logs.bounds import MAX_RANKS
 from distdoctor.logs.lines import RankActivity
 from distdoctor.logs.signals import Signal
 
@@ -109,7 +110,8 @@ class Evidence:
         # ranks a framework said exist, in lines with no rank prefix ("GLOBAL_RANK: 3")
         self.announced = {s.fields["seen"] for s in signals if s.rule == "rank_seen"}
         self.ranks |= self.announced
-        worlds = [s.fields["world"] for s in signals if s.rule == "world"]
+        worlds = [w for s in signals if s.rule == "world" and (w := s.fields["world"]) > 0
+                  and w <= MAX_RANKS]  # (a world past it is no job's: bounds.py)
         self.world = max(worlds) if worlds else (max(known_ranks) + 1 if known_ranks else None)
         if self.world is not None and self.ranks and max(self.ranks) >= self.world:
             self.world = None  # contradicts the ranks seen: not the job's world

@@ -24,6 +24,7 @@ import re
 from distdoctor.findings import Finding
 from distdoctor.logs import remedies as R
 from distdoctor.logs.aftermath import said_beside, store_after_peers_lost
+from distdoctor.logs.bounds import every_rank
 from distdoctor.logs.desync import fold_stuck_ranks, one_unexplained_watchdog
 from distdoctor.logs.exits import (
     exit_findings,
@@ -271,7 +272,7 @@ class Reasoner:
         moved = _moved_after(self.progress.get(None, ()), p.first.line, files)
         if moved is None:
             return None
-        missing = (set(range(self.ev.world)) - set(reporters)) if self.ev.world else (
+        missing = (set(every_rank(0, self.ev.world)) - set(reporters)) if self.ev.world else (
             self._unaccounted(reporters))
         return (missing.pop(), moved.text[:300]) if len(missing) == 1 else None
 
@@ -281,10 +282,10 @@ class Reasoner:
         1..N all reported (main_process_first)."""
         if not reporters:
             return set()
-        if 0 not in reporters and reporters == list(range(1, max(reporters) + 1)):
+        if 0 not in reporters and reporters == list(every_rank(1, max(reporters) + 1)):
             return {0}
         seen = self.ev.ranks | set(reporters)
-        return set(range(min(seen), max(seen) + 1)) - set(reporters)
+        return set(every_rank(min(seen), max(seen) + 1)) - set(reporters)
 
     def _stopped_silent(self, p: Problem) -> list[int]:
         """Ranks the launcher had to stop (SIGTERM) that never reported the timeout: alive,
@@ -303,7 +304,7 @@ class Reasoner:
         other lines (it is complete for them)."""
         if self.ev.world is None or not reporters or self.mid_run:
             return []
-        missing = sorted(set(range(self.ev.world)) - set(reporters))
+        missing = sorted(set(every_rank(0, self.ev.world)) - set(reporters))
         if missing and len(missing) < self.ev.world / 2 + 1 and all(
                 self.ev.of_rank(r) is not None or r in self.ev.announced for r in missing):
             return missing
@@ -336,7 +337,7 @@ class Reasoner:
         """The one known rank that neither lost the peer nor failed: the one that left."""
         known = self.ev.ranks | {r for r in self.exits if r >= 0} | p.ranks
         # ranks are 0..N-1: a gap in the ones seen is a rank too
-        known |= set(range(self.ev.world or (max(known) + 1 if known else 0)))
+        known |= set(every_rank(0, self.ev.world or (max(known) + 1 if known else 0)))
         # not a rank that failed; first a rank the launcher does not list (it exited 0), else
         # the one it stopped (SIGTERM) while that rank was still on its way out
         failed = {r for r, e in self.exits.items() if not e.get("torn_down")}

@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 from collections import Counter
 
-from distdoctor.logs.bounds import small_int
+from distdoctor.logs.bounds import MAX_RANKS, small_int
 from distdoctor.logs.lines import LogLine
 from distdoctor.logs.signals import CONTEXT, Family, Signal
 
@@ -50,7 +50,7 @@ class ContextFamily(Family):
         for rx in _WORLD:
             if m := rx.search(text):
                 n = small_int(m["world"])
-                if n is not None and 0 < n <= 1_000_000:
+                if n is not None and 0 < n <= MAX_RANKS:
                     out.append(Signal("world", NAME, CONTEXT, line, {"world": n}))
                     break
         for rx in _RANK:

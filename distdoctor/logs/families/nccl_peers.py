@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from distdoctor.findings import Finding
 from distdoctor.logs import remedies as R
+from distdoctor.logs.bounds import every_rank
 from distdoctor.logs.problems import Problem, clip
 
 
@@ -22,7 +23,7 @@ def victim_culprit(p: Problem, ctx) -> Finding | None:
     on_peer = sorted(r for r, h in ev.hosts_of.items() if h == peer)
     ranks = on_peer if len(on_peer) == 1 else []
     if not on_peer and ev.world and peer not in ev.hosts_of.values():
-        unseen = set(range(ev.world)) - ev.ranks - set(ev.hosts_of) - p.ranks
+        unseen = set(every_rank(0, ev.world)) - ev.ranks - set(ev.hosts_of) - p.ranks
         ranks = sorted(unseen) if len(unseen) == 1 else []
     who = f"rank {ranks[0]} on {peer}" if ranks else f"the peer on {peer}"
     seen = f" (seen by rank{'s' if len(p.ranks) > 1 else ''} " \
