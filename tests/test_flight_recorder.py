@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import pickle
+import subprocess
 import sys
 from pathlib import Path
 
@@ -273,3 +274,37 @@ def test_nccl2_dumps_of_torch_215_name_the_stuck_rank():
     [f] = _errors(report)
     assert f["kind"] == "hang" and f["ranks"] == [2] and f["group"] == "0", f
     assert f["details"]["waiting_ranks"] == [0, 1, 3], f
+
+
+@pytest.mark.timeout(120)
+def test_numbers_past_any_world_in_names_and_groups_are_no_ranks(tmp_path):
+    """A dump's rank is read from its file name and the world from its default group's
+    member list: a stray file named with a stamp (`fr_99999999999`) and a group record of
+    a trillion ranks made `diagnose --fr-dump` count every rank below to say which left no
+    dump (minutes, then the machine's memory). Neither is a job's: the two real dumps are
+    diagnosed, and a world of 200 ranks with 198 dumps missing is one note, not 198."""
+    for r in range(2):
+        write(tmp_path / "fr_", r, dump([entry(0, 1), entry(1, 2, done=False)], world=2))
+    write(tmp_path / "fr_", 99_999_999_999, dump([entry(0, 1)], world=2))
+    huge = dict(dump([entry(0, 1)], world=2))
+    huge["pg_config"] = {"0": {"name": "0", "desc": "default_pg", "ranks": "[0, 10" + "0" * 11
+                               + "]"}}
+    write(tmp_path / "fr_", 1, huge, fmt="json")
+    (tmp_path / "fr_1").unlink()  # (rank 1's pickle: its JSON twin holds the huge group)
+    # read in a child with 3 GB of address space: a regression fails it, not the machine
+    code = ("import resource, sys; resource.setrlimit(resource.RLIMIT_AS, (3 << 30, 3 << 30))\n"
+            "from distdoctor.diagnosis.flight_recorder.dumps import load_fr_dumps\n"
+            "d = load_fr_dumps(sys.argv[1])\n"
+            "print(sorted(d.files), d.world_size, sorted(d.unreadable))")
+    child = subprocess.run([sys.executable, "-c", code, str(tmp_path / "fr_")],
+                           capture_output=True, text=True, timeout=60)
+    assert child.stdout.strip() == "[0, 1] 2 []", child.stdout + child.stderr[-2000:]
+    many = tmp_path / "many"
+    many.mkdir()
+    for r in range(2):
+        write(many / "fr_", r, dump([entry(0, 1), entry(1, 2, done=False)], world=200))
+    proc = run_cli(["diagnose", "--fr-dump", str(many / "fr_")], timeout=60)
+    assert "Traceback" not in proc.stderr, proc.stderr
+    said = " ".join((proc.stdout + proc.stderr).split())  # (the report wraps its lines)
+    assert said.count("no Flight Recorder dump") == 1, said
+    assert "198 ranks have no Flight Recorder dump" in said and "(ranks 2-199:" in said, said

@@ -97,13 +97,23 @@ def _diagnose(args) -> int:
     return 1 if any(f.severity == "error" for f in findings) else 0
 
 
+MISSING_SHOWN = 8  # ranks without a dump said one by one; past it, one line for them all
+
+
 def _from_fr(prefix: str, hang_timeout, notes: list[str]):
     from distdoctor.diagnosis.flight_recorder.dumps import load_fr_dumps
     from distdoctor.diagnosis.postmortem import diagnose_events
+    from distdoctor.diagnosis.report import rank_ranges
 
     dumps = load_fr_dumps(prefix)
+    missing = [r for r in dumps.unreadable if r not in dumps.files]
     for rank, why in sorted(dumps.unreadable.items()):
-        notes.append(f"rank {rank}: {why}; its part is unknown")
+        if rank in dumps.files or len(missing) <= MISSING_SHOWN:
+            notes.append(f"rank {rank}: {why}; its part is unknown")
+    if len(missing) > MISSING_SHOWN:  # one line, not one per rank of a large world
+        notes.append(f"{len(missing)} ranks have no Flight Recorder dump at {prefix}<rank> "
+                     f"(ranks {rank_ranges(missing)}: did they die first?); their part is "
+                     f"unknown")
     # Each dump's time stands in for a heartbeat (how long its ops had waited); an entry
     # still in flight when the dump was taken counts as hung whatever its age (dumps are
     # usually taken on a timeout), unless --hang-timeout asks for more.

@@ -29,6 +29,7 @@ from distdoctor.diagnosis.flight_recorder.files import Unreadable, find_dump_fil
 from distdoctor.diagnosis.hangs.stackframes import is_library
 from distdoctor.errors import UserError
 from distdoctor.runlog.reader import Event, RingHeader
+from distdoctor.runlog.rundir import MAX_WORLD_SIZE
 
 # profiling_name (backend prefix and p2p suffix stripped, lower case) -> our op name
 _OPS = {
@@ -199,9 +200,10 @@ def _pg_config(dumps: dict[int, dict]) -> dict[str, tuple[str, tuple[int, ...]]]
             try:
                 ranks = info["ranks"]
                 ranks = json.loads(ranks) if isinstance(ranks, str) else ranks
-                if ranks and str(name):
-                    out.setdefault(str(name), (str(info.get("desc", "")),
-                                               tuple(sorted(int(r) for r in ranks))))
+                if ranks and str(name) and len(ranks) <= MAX_WORLD_SIZE:
+                    members = tuple(sorted(int(r) for r in ranks))
+                    if 0 <= members[0] and members[-1] < MAX_WORLD_SIZE:  # else no job's
+                        out.setdefault(str(name), (str(info.get("desc", "")), members))
             except (AttributeError, KeyError, TypeError, ValueError):
                 continue
     return out

@@ -15,6 +15,7 @@ from collections import defaultdict
 from pathlib import Path
 
 from distdoctor.errors import UserError
+from distdoctor.runlog.rundir import MAX_WORLD_SIZE
 
 MAX_DUMP_BYTES = 1 << 30  # 2000 entries with stacks is a few MB; a GB is not a dump
 READS_MAJOR = 2  # Flight Recorder format versions "2.x" (and older) are understood
@@ -53,6 +54,8 @@ def find_dump_files(prefix: str) -> dict[int, Path]:
         m = _NAME.search(name)
         if m is None or (stem is not None and name[:m.start()] != stem):
             continue
+        if len(m.group(1)) > 7 or int(m.group(1)) >= MAX_WORLD_SIZE:
+            continue  # no rank's dump: a number past any job's world (a date, a stamp)
         rank, found = int(m.group(1)), sets[name[:m.start()]]
         if rank in found:  # e.g. both a pickle and a JSON dump of one rank
             raise UserError(f"two dumps of rank {rank}: {found[rank]} and {folder / name}; "
