@@ -6,11 +6,12 @@ the state it reads (`open`, `found`, `ranks`, `gaps`, `group_names`, `policy`).
 
 from __future__ import annotations
 
-from distdoctor.diagnosis.hangs.creations import counted, members_text
+from distdoctor.diagnosis.hangs import creation_waits as CW
+from distdoctor.diagnosis.hangs.creations import Made, counted, members_text
 from distdoctor.diagnosis.hangs.group_order import group_order_finding, guard_of, skipped_finding
 from distdoctor.diagnosis.hangs.hang import RankView, hang_findings
 from distdoctor.diagnosis.hangs.member_skipped import skipped_by_members_finding, skippers
-from distdoctor.diagnosis.hangs.progress import STALL_S
+from distdoctor.diagnosis.hangs.progress import LONG_WAIT_MIN_S, STALL_S
 from distdoctor.diagnosis.parting.parted import explain_hang
 from distdoctor.findings import Finding, site_text
 
@@ -23,6 +24,10 @@ GROUP_ORDER = ("group_order",)  # one cause: every name that disagrees is said i
 class HangPass:
     def _judge_hangs(self, views: dict[int, RankView], failed: set[int]) -> list[Finding]:
         """Put this pass's hang findings; return the hangs and deadlocks among them."""
+        names = self.group_names.counter_names
+        if not names.barrier and any(m is not None and counted(m.name)
+                                     for m in map(self._in_barrier, self.ranks)):
+            names.barrier = True  # the job runs new_group's barrier: every rank's name counts
         folding = bool(self.group_names.conflicts()) or self.group_names.skip_known
         hangs = []
         for f in hang_findings(self.open.values(), views, self.policy, failed,
@@ -72,7 +77,7 @@ class HangPass:
         waited = max((views[r].waited_s(ev) for r, ev in rv.arrivals.items() if r in views),
                      default=0.0)
         for r in f.ranks:
-            m = made.inside(r)
+            m = made.inside(r) or self._in_barrier(r)
             if m is None:
                 return False
             late = made.missing(m, world) if counted(m.name) else skippers(made, m, r, world)
@@ -146,9 +151,11 @@ class HangPass:
         and can no longer come to it (member_skipped.py)."""
         hangs = self._hangs_or_folded(hangs)
         made, world = self.group_names.creations, set(self.ranks)
-        stuck, by_members, gone = {}, {}, {}
+        stuck, by_members, gone, barrier = {}, {}, {}, set()
         for r in sorted({r for f in hangs for r in f.ranks}):
             m = made.inside(r)
+            if m is None and (m := self._in_barrier(r)) is not None:
+                barrier.add(r)
             if m is None:
                 continue
             if counted(m.name):
@@ -159,11 +166,13 @@ class HangPass:
                 by_members[r] = m
                 gone.update(went)
         if not stuck and not by_members:
+            self._judge_creation_waits()
             return
         self.group_names.skip_known = True
         self._fold_hangs()
         if stuck:
-            f = skipped_finding(self.group_names, stuck, self._positions(), hangs, world)
+            f = skipped_finding(self.group_names, stuck, self._positions(), hangs, world,
+                                barrier & set(stuck))
         else:
             f = skipped_by_members_finding(made, by_members, gone, self._positions(), hangs,
                                            guard_of)
@@ -196,7 +205,7 @@ class HangPass:
         bound = self.policy.fixed_s if self.policy.fixed_s is not None else STALL_S
         out = []
         for r, st in self.ranks.items():
-            m = self.group_names.creations.inside(r)
+            m = self.group_names.creations.inside(r) or self._in_barrier(r)
             now = self._now_ns(st, self._now_s) if m is not None else None
             if now is not None and (now - m.t_enter_ns) / 1e9 >= bound:
                 out.append(r)
@@ -219,7 +228,95 @@ class HangPass:
                 site = site_text(m.callsite)
                 out[r] = (f"in new_group({members_text(m.members)}) (its group {m.name})"
                           + (f" at {site}" if site else ""), None, None)
+            elif (m := self._in_barrier(r)) is not None:
+                site = site_text(m.callsite)
+                out[r] = (f"in the store barrier at the end of new_group("
+                          f"{members_text(m.members)}) (its group {m.name})"
+                          + (f" at {site}" if site else ""), None, None)
             elif (last := self.gaps.last.get(r)) is not None and last[0]:
                 out[r] = (f"at {site_text({'file': last[0], 'line': last[1]})}", last[0],
                           last[1])
         return out
+
+    def _in_barrier(self, rank: int) -> Made | None:
+        """The creation `rank` has not returned from though its group was built: it waits
+        in new_group's store barrier (Creations.after_built)."""
+        st = self.ranks.get(rank)
+        if st is None or (st.exit is not None and st.exit.how != "stopped"):
+            return None
+        return self.group_names.creations.after_built(
+            rank, st.latest.index if st.latest is not None else None,
+            self.gaps.last.get(rank), self.gaps.seen_ns.get(rank))
+
+    def _creation_waits_on(self) -> bool:
+        """Whether a rank waits inside a group creation (or in its barrier) now."""
+        return any(self.group_names.creations.inside(r) is not None
+                   or self._in_barrier(r) is not None for r in self.ranks)
+
+    def _judge_creation_waits(self) -> None:
+        """Ranks inside group creation that no hang names (no collective is open): around
+        a cycle of creations, a deadlock, said as the cause; held by ranks that compute and
+        have not begun it, a long wait (creation_waits.py)."""
+        made, world = self.group_names.creations, set(self.ranks)
+        bound = self.policy.fixed_s if self.policy.fixed_s is not None else STALL_S
+        stuck, barrier, waits, waited, asked = {}, set(), {}, {}, {}
+        for r, st in self.ranks.items():
+            m, inb = made.inside(r), False
+            if m is None and (m := self._in_barrier(r)) is not None:
+                inb = True
+            now = self._now_ns(st, self._now_s) if m is not None else None
+            if now is None:
+                continue
+            stuck[r], waited[r] = m, (now - m.t_enter_ns) / 1e9
+            key = (m.name, m.members, inb)  # all ranks in one creation: asked once
+            if key not in asked:
+                asked[key] = CW.waited_for(made, m, inb, world)
+            waits[r] = asked[key]
+            if inb:
+                barrier.add(r)
+        self._creation_waits_done(stuck)
+        held = {r: xs for r, xs in waits.items() if waited[r] >= bound}
+        for comp in CW.cycles(held):
+            self.group_names.skip_known = True
+            self._fold_hangs()
+            f = CW.cycle_finding(made, comp, stuck, barrier, held, self._positions(), guard_of)
+            self._put(GROUP_ORDER, f, quiet_update=GROUP_ORDER in self.found)
+            return
+        by_group: dict[tuple, list[int]] = {}
+        for r, m in stuck.items():
+            if waits[r]:
+                by_group.setdefault((m.name, tuple(sorted(m.members))), []).append(r)
+        pending = self.__dict__.setdefault("_creation_pending", {})
+        for (name, _), ranks in by_group.items():
+            late = sorted({x for r in ranks for x in waits[r]})
+            if not all(self._computing(x) for x in late):
+                pending.pop(name, None)
+                continue  # a rank that cannot come is a hang's, said where one is called
+            at = {x: {"file": p[0], "line": p[1], "function": p[2]}
+                  for x in late if (p := self.gaps.last.get(x)) is not None and p[0]}
+            if name in pending or len(pending) < MAX_FOLDED:  # said when it completes
+                pending[name] = (stuck[ranks[0]], {r: r in barrier for r in ranks}, late,
+                                 max(waited[r] for r in ranks), at)
+            if max(waited[r] for r in ranks) >= LONG_WAIT_MIN_S:
+                self._put(("long_wait", "new_group", name), CW.long_wait_finding(
+                    *pending[name]), quiet_update=True)
+
+    def _creation_waits_done(self, stuck: dict[int, Made]) -> None:
+        """The creations ranks were held in by computing ranks that they are out of now:
+        a long wait, measured by the waiters' own spans where they ended inside it (a pass
+        may not have come while it was past LONG_WAIT_MIN_S), said as completed."""
+        waiting = {m.name for m in stuck.values()}
+        pending = self.__dict__.get("_creation_pending", {})
+        made = self.group_names.creations
+        for name in [n for n in pending if n not in waiting]:
+            m, held, late, waited, at = pending.pop(name)
+            for r, in_barrier in held.items():
+                x = next((y for y in made.by_rank.get(r, {}).values()
+                          if y.name == name and y.members == m.members), None)
+                if x is not None and x.t_end_ns is not None and not in_barrier:
+                    waited = max(waited, (x.t_end_ns - x.t_enter_ns) / 1e9)
+            key = ("long_wait", "new_group", name)
+            if key in self.found or waited >= LONG_WAIT_MIN_S:
+                f = CW.long_wait_finding(m, held, late, waited, at)
+                CW.done(f)
+                self._put(key, f, quiet_update=key in self.found)

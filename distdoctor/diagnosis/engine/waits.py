@@ -143,10 +143,10 @@ class WaitJudge:
 
     def wanted_progress(self) -> set[int]:
         """Ranks whose progress matters now: alive, outside any op, while some rank
-        waits in one (the only ranks a wait can be for)."""
+        waits in one, or inside a group creation (the only ranks a wait can be for)."""
         if not self.watch_all_progress and not any(
                 st.latest is not None and st.latest.t_end_ns is None and st.exit is None
-                for st in self.ranks.values()):
+                for st in self.ranks.values()) and not self._creation_waits_on():
             return set()
         return {r for r, st in self.ranks.items() if st.exit is None
                 and (st.latest is None or st.latest.t_end_ns is not None)}

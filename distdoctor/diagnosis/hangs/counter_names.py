@@ -17,17 +17,20 @@ holds all its creations in its log and counts every creation; where such a run h
 member-named creation next to a counter-named one, the job's torch counts them (2.13's
 numbers never run on from a counter name across a member-named creation and back). What tells: two such ranks, members of
 the group, that gave the k-th creation of one member list, made after as many counter-named
-creations, different counter names (a non-member's name for it is never used: torch's
-store-based barrier over every rank that would use it is off by default since 2.1, and a
-job that turns it on and hangs there is said as a hang): only the member-named creations
-before it differ (said with their lines,
-who made them and the rank condition around them, member_names.raised_lines).
+creations, different counter names: only the member-named creations before it differ (said
+with their lines, who made them and the rank condition around them,
+member_names.raised_lines). A non-member's name for it is used only by torch's store
+barrier at the end of new_group, over every rank and keyed by the name, which is off by
+default since 2.1: non-members' names count once a rank was seen waiting in that barrier
+(`barrier`, set by the engine from Creations.after_built: the job turned it on), never
+before (a healthy 2.15 job's non-members name such a group apart and it works).
 """
 
 from __future__ import annotations
 
 import hashlib
 
+from distdoctor.diagnosis.hangs.creation_waits import BARRIER_WORDS
 from distdoctor.diagnosis.hangs.creations import Creations, Made, counted, members_text
 from distdoctor.diagnosis.hangs.member_names import (
     SHA1,
@@ -83,13 +86,15 @@ class CounterNames:
 
     def __init__(self, made: Creations):
         self.made = made
+        # a rank was seen in new_group's store barrier over every rank: names of all count
+        self.barrier = False
         self._seen = -1
         self._splits: list[Split] = []
         # rank -> (creations read, the newest one's event, whole, across)
         self._runs: dict[int, tuple[int, int, bool, bool]] = {}
 
     def splits(self) -> list[Split]:
-        total = sum(len(by) for by in self.made.by_rank.values())
+        total = (sum(len(by) for by in self.made.by_rank.values()), self.barrier)
         if total != self._seen:
             self._seen = total
             ranks, across = [], False
@@ -106,20 +111,22 @@ class CounterNames:
                     ranks.append(r)
                     across |= mixed
             # nothing shows that this torch numbers member-named creations: none compared
-            self._splits = _splits(self.made, sorted(ranks)) if across else []
+            self._splits = (_splits(self.made, sorted(ranks), self.barrier) if across
+                            else [])
         return self._splits
 
     def names(self) -> list[str]:
         return [name for s in self.splits() for name, _ in s.sides]
 
 
-def _splits(made: Creations, ranks: list[int]) -> list[Split]:
+def _splits(made: Creations, ranks: list[int], barrier: bool = False) -> list[Split]:
     """The k-th creations of one member list that `ranks` (whose logs hold all their
     creations, each counted) made after as many counter-named ones and named apart, by
     its members: only they wait on the group's store keys, the others' names for it are
     never used (torch gives them a placeholder group), so a non-member whose counter is
     ahead changes nothing (a healthy 2.15 job: ranks 0, 1 make a member-named pair, then
-    all call new_group([2, 3]): "2" on 0, 1 and "1" on 2, 3, and it works)."""
+    all call new_group([2, 3]): "2" on 0, 1 and "1" on 2, 3, and it works). With the
+    `barrier` on, by every rank: each waits there on the key of its own name."""
     # (members, k) -> member rank -> (counter-named creations before it, it)
     items: dict[tuple, dict[int, tuple[int, Made]]] = {}
     for r in ranks:
@@ -127,7 +134,7 @@ def _splits(made: Creations, ranks: list[int]) -> list[Split]:
         for place, m in enumerate(made.order(r)):
             key = tuple(sorted(m.members))
             k = seen[key] = seen.get(key, -1) + 1
-            if r in key:
+            if barrier or r in key:
                 items.setdefault((key, k), {})[r] = (place, m)
     out = []
     for (members, _), by in sorted(items.items()):
@@ -157,6 +164,10 @@ def counter_names_finding(made: Creations, splits: list[Split], positions: dict[
                "(this torch numbers such a group by a counter that every group creation "
                "advances, also one made by its members alone with "
                "use_local_synchronization=True)")
+    outside = sorted(r for _, rs in first.sides for r in rs if r not in first.members)
+    if outside:  # only where the barrier is on (CounterNames.barrier)
+        summary += (f"; {who(outside)}, no member{'s' if len(outside) > 1 else ''} of it, "
+                    f"wait{'' if len(outside) > 1 else 's'} on its name too: {BARRIER_WORDS}")
     said, details_earlier, branch = earlier_said(made, first, "created", world, guard_of)
     if said:
         summary += "; the counters differ because of the groups made before it: " + "; ".join(
@@ -173,6 +184,8 @@ def counter_names_finding(made: Creations, splits: list[Split], positions: dict[
                "names": [{"name": n, "ranks": rs[:64]} for n, rs in first.sides],
                "earlier": details_earlier,
                "where": {str(r): p[0] for r, p in sorted(positions.items())}}
+    if outside:
+        details["barrier"] = True
     sites, stacks = split_evidence(made, splits, lambda s: "created", hangs, details, branch,
                                    tie or not culprits)
     return Finding("hang" if stuck else "mismatch", "error", summary, culprits,

@@ -23,6 +23,9 @@ MAX_PER_RANK = 1024  # creations kept per rank (a job makes a few, a mesh some h
 MAX_RANKS = 65536
 SHOWN_ORDERS = 4  # distinct creation orders written into a summary
 SHOWN_STEPS = 4  # creations shown per order
+# sampled on a creation's line this long after its group was built: in new_group's barrier
+# (building returns at once when no barrier follows; a slow return is milliseconds)
+BARRIER_S = 1.0
 
 
 @dataclass
@@ -59,6 +62,10 @@ class Creations:
         self.by_rank: dict[int, dict[int, Made]] = {}
         # rank -> the number of its first event that was read (0: its log from its start)
         self.first: dict[int, int] = {}
+        self.newest: dict[int, int] = {}  # rank -> the number of its newest creation
+        # (name, sorted members) -> the ranks that began a creation of it (asked for each
+        # rank a creation waits for, on every pass while one does)
+        self.makers: dict[tuple[str, tuple[int, ...]], set[int]] = {}
 
     def began(self, rank: int, index: int) -> None:
         """The first event of `rank` that was read (the engine's, of any kind: a sample or
@@ -81,6 +88,9 @@ class Creations:
         m = made[ev.index] = Made(ev.index, ev.group, tuple(ev.group_ranks), ev.callsite,
                                   ev.t_enter_ns, ev.t_end_ns, ev.status not in ("ok",
                                                                                 "in_flight"))
+        if ev.index >= self.newest.get(ev.rank, -1):
+            self.newest[ev.rank] = ev.index
+        self.makers.setdefault((m.name, tuple(sorted(m.members))), set()).add(ev.rank)
         return m
 
     def order(self, rank: int) -> list[Made]:
@@ -93,8 +103,26 @@ class Creations:
         made = self.by_rank.get(rank)
         if not made:
             return None
-        newest = made[max(made)]
+        newest = made[self.newest[rank]]
         return newest if newest.t_end_ns is None and not newest.failed else None
+
+    def after_built(self, rank: int, latest_op: int | None, sampled: tuple | None,
+                    seen_ns: int | None) -> Made | None:
+        """The creation `rank` still stands in after torch built its group: its newest
+        event is that creation (`latest_op`: the number of its newest op), ended, and its
+        sampler saw it since, BARRIER_S or more later, still on the line that made it
+        (`sampled`: its newest sampled (file, line), taken at `seen_ns` of its clock):
+        the rank has not returned from new_group. With TORCH_DIST_INIT_BARRIER=1 torch
+        ends new_group with a store barrier (creation_waits.py); without it, nothing
+        there waits."""
+        made = self.by_rank.get(rank)
+        if not made or sampled is None or seen_ns is None:
+            return None
+        m = made[self.newest[rank]]
+        if (m.t_end_ns is None or m.failed or (latest_op is not None and latest_op > m.index)
+                or tuple(sampled[:2]) != _line(m) or seen_ns - m.t_end_ns < BARRIER_S * 1e9):
+            return None
+        return m
 
     def whole(self, world: set[int]) -> set[int]:
         """The ranks of `world` whose log holds every creation they made: it was read from

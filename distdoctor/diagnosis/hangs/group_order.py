@@ -23,6 +23,7 @@ from functools import lru_cache
 
 from distdoctor.diagnosis.hangs.counter_names import REASON as COUNTER_NAMES
 from distdoctor.diagnosis.hangs.counter_names import CounterNames, counter_names_finding
+from distdoctor.diagnosis.hangs.creation_waits import BARRIER_WORDS, stuck_text
 from distdoctor.diagnosis.hangs.creations import (
     Creations,
     Made,
@@ -352,29 +353,34 @@ def _sites(names: GroupNames, positions: dict[int, tuple], created: list[dict],
 
 
 def skipped_finding(names: GroupNames, stuck: dict[int, Made], positions: dict[int, tuple],
-                    hangs: list[Finding], world: set[int]) -> Finding:
+                    hangs: list[Finding], world: set[int],
+                    barrier: set[int] = frozenset()) -> Finding:
     """The hang whose ranks wait inside a group creation that other ranks never began
-    (`stuck`: rank -> the creation it is inside): one group name, one member list on every
-    rank that made it, so no name disagrees; the others went on past it, or stopped
-    short of it, and wait elsewhere."""
+    (`stuck`: rank -> the creation it is inside; those of `barrier` in the store barrier
+    at its end, creation_waits.py): one group name, one member list on every rank that
+    made it, so no name disagrees; the others went on past it, or stopped short of it,
+    and wait elsewhere."""
     m = next(iter(stuck.values()))
     missing = names.creations.missing(m, world)
     culprits, tie = names.creations.culprits(world, guarded)
     members = [r for r in missing if r in m.members]
-    inside = ", ".join(f"rank {r} is inside new_group({members_text(x.members)}) at "
-                       f"{site_text(x.callsite) or 'an unknown line'} (its group {x.name})"
-                       for r, x in sorted(stuck.items())[:8])
+    inside = ", ".join(stuck_text(r, x, r in barrier) for r, x in sorted(stuck.items())[:8])
     elsewhere = ", ".join(f"rank {r} {positions[r][0]}" for r in missing[:8] if r in positions)
     summary = (f"the job hangs because {inside}, which {who(missing)} never called"
                + (f" ({who(members)} {'is a member' if len(members) == 1 else 'are members'}"
                   " of it)" if members else "")
                + ": torch requires every rank to call new_group() for every group, in the "
                "same order")
+    if barrier:  # there a non-member holds the others too: it never wrote the name's key
+        summary += (f"; {BARRIER_WORDS}: it ends only when every rank has created a "
+                    "group of that name")
     details = {"reason": GROUP_CAUSES[1], "group_name": m.name,
                "members": list(m.members[:64]), "created_at": site_text(m.callsite),
                "inside": {str(r): site_text(x.callsite) for r, x in sorted(stuck.items())},
                "never_created": missing[:64],
                "where": {str(r): p[0] for r, p in sorted(positions.items())}}
+    if barrier:
+        details["in_barrier"] = sorted(barrier)[:64]
     summary = _said_orders(names, world, summary, details)
     summary = _said_guard(names, world, summary, details)
     if elsewhere:
