@@ -60,10 +60,17 @@ def test_hooks_fire_traced_as_bare_on_every_op_kind(tmp_path):
         assert traced[rank].pop("group") == "TracingProcessGroup"
         assert bare[rank].pop("group") == "ProcessGroup"
         b = bare[rank]
-        # every kind the job issues reached the hooks bare: the job tests what it says
-        assert {"ALLREDUCE", "BARRIER", "ALLGATHER_BASE", "SEND", "RECV",
-                "ALLREDUCE_COALESCED", "ALLGATHER_INTO_TENSOR_COALESCED",
-                "REDUCE_SCATTER_BASE", "BROADCAST"} <= set(b["pre"])
+        # every kind the job issues reached the hooks bare (the job tests what it says),
+        # under the name this torch gives it: 2.15 tells the coalesced and "_base" ops
+        # apart; 2.14.1, whose hooks fire too, names them ALLREDUCE, ALLGATHER and
+        # REDUCE_SCATTER (seen on it: the same 16 ops)
+        kinds = set(b["pre"])
+        for names in ({"ALLREDUCE"}, {"BARRIER"}, {"SEND"}, {"RECV"}, {"BROADCAST"},
+                      {"ALLGATHER_BASE", "ALLGATHER"},
+                      {"REDUCE_SCATTER_BASE", "REDUCE_SCATTER"}):
+            assert names & kinds, (names, b["pre"])
+        if "ALLGATHER_BASE" in kinds:  # (2.15's names)
+            assert {"ALLREDUCE_COALESCED", "ALLGATHER_INTO_TENSOR_COALESCED"} <= kinds, kinds
         assert b["pre"] == b["post"] and b["pairs"] == b["post_work"] == sum(b["pre"].values())
         assert traced[rank] == b  # counts per op, works, op ids, gloo's own FR entries
 
