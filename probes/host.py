@@ -18,6 +18,7 @@ import time
 from dataclasses import dataclass, fields
 
 import psutil
+from distdoctor.probes.checked import checked_fields
 
 # psutil status -> the few states a person needs
 _STATUS = {psutil.STATUS_RUNNING: "running", psutil.STATUS_SLEEPING: "sleeping",
@@ -43,7 +44,7 @@ class ProcessSnapshot:
 
     @classmethod
     def from_json(cls, d: dict) -> ProcessSnapshot:
-        return cls(**{f.name: d.get(f.name) for f in fields(cls)})
+        return cls(**checked_fields(cls, d))  # a probe file is anyone's text (checked.py)
 
 
 @dataclass(frozen=True)
@@ -71,8 +72,7 @@ class HostSnapshot:
 
     @classmethod
     def from_json(cls, d: dict) -> HostSnapshot:
-        d = {**d, "busy": tuple(d.get("busy") or ())}
-        return cls(**{f.name: d.get(f.name) for f in fields(cls)})
+        return cls(**checked_fields(cls, d))
 
 
 BUSY_PCT = 20.0  # the other processes are looked through from this share of a core

@@ -10,6 +10,8 @@ from dataclasses import dataclass, field, fields
 from types import MappingProxyType
 from typing import Any
 
+from distdoctor.probes.checked import checked_fields
+
 NA = None  # the "not available" value
 NA_TEXT = "N/A"
 
@@ -146,9 +148,4 @@ class GpuSnapshot:
 
     @classmethod
     def from_json(cls, d: dict) -> GpuSnapshot:
-        known = {f.name for f in fields(cls)}
-        kw = {k: v for k, v in d.items() if k in known}
-        kw["reasons"] = tuple(kw.get("reasons") or ())
-        kw["xids"] = tuple(kw.get("xids") or ())
-        kw["violation_ns"] = MappingProxyType(dict(kw.get("violation_ns") or {}))
-        return cls(**kw)
+        return cls(**checked_fields(cls, d))  # a probe file is anyone's text (checked.py)

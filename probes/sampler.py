@@ -24,6 +24,8 @@ from types import MappingProxyType
 from typing import Any
 
 import psutil
+from distdoctor.probes.checked import Unsound, required, snapshots
+from distdoctor.probes.checked import gpu_of_rank as checked_gpu_of_rank
 from distdoctor.probes.gpu_map import rank_gpus
 from distdoctor.probes.host import HostProbe, HostSnapshot, ProcessSnapshot
 from distdoctor.probes.nvml import NvmlProbe
@@ -62,12 +64,19 @@ class NodeSample:
 
     @classmethod
     def from_json(cls, d: dict) -> NodeSample:
+        """A sample line's object, each reading checked (checked.py): its time, host and
+        GPU source are required; host readings that are no snapshot are none, and a
+        process or GPU entry that is none is left out, with the others kept."""
         hs = d.get("host_stats")
-        return cls(t=d["t"], host=d.get("host", "?"), nvml=d.get("nvml", "?"),
-                   host_stats=HostSnapshot.from_json(hs) if hs else None,
-                   processes=tuple(ProcessSnapshot.from_json(p) for p in d.get("processes", ())),
-                   gpus=tuple(GpuSnapshot.from_json(g) for g in d.get("gpus", ())),
-                   gpu_of_rank={int(r): g for r, g in (d.get("gpu_of_rank") or {}).items()})
+        try:
+            host_stats = HostSnapshot.from_json(hs) if hs else None
+        except Unsound:
+            host_stats = None
+        return cls(t=required("float", d.get("t")), host=required("str", d.get("host", "?")),
+                   nvml=required("str", d.get("nvml", "?")), host_stats=host_stats,
+                   processes=snapshots(ProcessSnapshot, d.get("processes", [])),
+                   gpus=snapshots(GpuSnapshot, d.get("gpus", [])),
+                   gpu_of_rank=checked_gpu_of_rank(d.get("gpu_of_rank")))
 
 
 def gpu_key(g: GpuSnapshot) -> str:

@@ -355,3 +355,24 @@ def test_a_fifo_at_a_rank_metadata_name_never_holds_a_nodes_forwarder(job, tmp_p
         assert (tmp_path / "copy" / "ranks" / "rank-00000.json").is_file()
     finally:
         collector.stop()
+
+
+def test_probe_lines_of_any_shape_cost_their_readings_only(job, tmp_path):
+    """A probe file's lines with readings of the wrong type (a time that is a list, host
+    readings that are a list, a process whose rank is text, a GPU whose reasons are a
+    number, a trillion for a clock): every reader reads the run dir, and the readings that
+    are sound stay. Before: `watch --once` stopped for the whole run dir ("'<' not
+    supported between instances of 'float' and 'list'", a bug in distdoctor)."""
+    run = _copy(job, tmp_path / "run")
+    probe = sorted((run / "probes").glob("node-*.jsonl"))[0]
+    lines = probe.read_text().splitlines()
+    sample = json.loads(lines[-1])
+    odd = [dict(sample, t=[10**12]), dict(sample, host_stats=[1, 2]),
+           dict(sample, t=sample["t"] + 1, processes=[{"rank": "0", "pid": [1]}, None]),
+           dict(sample, t=sample["t"] + 2, gpus=[{"t": 1.0, "source": "live", "index": 0,
+                                                   "reasons": 7, "sm_clock_mhz": 10**30,
+                                                   "violation_ns": [1]}],
+                gpu_of_rank={"9" * 40: "x", "0": 5})]
+    probe.write_text("\n".join(lines + [json.dumps(o) for o in odd]) + "\n")
+    _every_reader(run, tmp_path)
+    _sane(_cli(["watch", "--once", run]))
