@@ -32,7 +32,7 @@ from distdoctor.tracer.process_group import backend_type, barrier_device_type
 pytestmark = pytest.mark.timeout(120)
 HOOKS = hasattr(dist.ProcessGroup, "register_pre_hook")
 needs_hooks = pytest.mark.skipif(
-    not HOOKS, reason=f"torch {torch.__version__} has no ProcessGroup pre/post hooks (2.15+)")
+    not HOOKS, reason=f"torch {torch.__version__} has no ProcessGroup pre/post hooks (2.14+)")
 
 
 def _bare(job: str, *args: str, env: dict | None = None, timeout: float = 60) -> list[str]:

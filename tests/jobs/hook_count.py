@@ -1,4 +1,4 @@
-"""Every kind of op with a counting pre/post hook on the world group (torch >= 2.15:
+"""Every kind of op with a counting pre/post hook on the world group (torch >= 2.14:
 ProcessGroup.register_pre_hook / register_post_hook), then the counts, the hook names and
 torch's own Flight Recorder entries written to ARGV[1]/hooks-RANK.json. Run on 2 ranks,
 bare and under `distdoctor run`: the files must be equal.
