@@ -308,3 +308,21 @@ def test_numbers_past_any_world_in_names_and_groups_are_no_ranks(tmp_path):
     said = " ".join((proc.stdout + proc.stderr).split())  # (the report wraps its lines)
     assert said.count("no Flight Recorder dump") == 1, said
     assert "198 ranks have no Flight Recorder dump" in said and "(ranks 2-199:" in said, said
+
+
+def test_times_and_durations_past_any_clock_are_no_measurement(tmp_path):
+    """A dump's numbers that no conversion can hold (JSON's Infinity for a time, a duration
+    of 1e308 ms) cost their entry or their measurement, not the diagnosis. Before: "cannot
+    convert float infinity to integer" stopped diagnose --fr-dump (a bug in distdoctor)."""
+    es = [entry(0, 1), entry(1, 2, done=False)]
+    es[0]["duration_ms"] = 1e308
+    write(tmp_path / "fr_", 0, dump(es, world=2), fmt="json")
+    odd = [entry(0, 1), entry(1, 2, done=False)]
+    odd[0]["time_discovered_completed_ns"] = float("inf")
+    odd.insert(0, dict(entry(0, 1), time_created_ns=float("inf"), record_id=0))
+    write(tmp_path / "fr_", 1, dump(odd, world=2), fmt="json")
+    assert "Infinity" in (tmp_path / "fr_1.json").read_text()
+    code, report = _diagnose(tmp_path / "fr_")
+    assert code in (0, 1) and "a bug in distdoctor" not in json.dumps(report), report
+    d = load_fr_dumps(str(tmp_path / "fr_"))
+    assert sorted(d.events) == [0, 1] and not d.unreadable, d.unreadable

@@ -31,6 +31,7 @@ from distdoctor.errors import UserError
 from distdoctor.runlog.reader import Event, RingHeader
 from distdoctor.runlog.rundir import MAX_WORLD_SIZE
 
+MAX_MS = 1e12  # an op's duration a dump may claim (30 years): past it, no measurement
 # profiling_name (backend prefix and p2p suffix stripped, lower case) -> our op name
 _OPS = {
     "allreduce": "all_reduce", "sparse_all_reduce": "all_reduce",
@@ -129,7 +130,7 @@ def _time(v) -> int | None:
     """A timestamp: JSON dumps write 0 where pickles write None."""
     try:
         v = int(v)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):  # (JSON's Infinity, a pickle's inf)
         return None
     return v or None
 
@@ -145,7 +146,7 @@ def _entry(e: dict) -> _Entry | None:
         t_done = None
         if done:  # an exact duration if timing was on; else unknown (zero): no straggling
             dur = e.get("duration_ms")
-            ok = isinstance(dur, (int, float)) and math.isfinite(dur) and dur >= 0
+            ok = isinstance(dur, (int, float)) and math.isfinite(dur) and 0 <= dur < MAX_MS
             t_done = t_created + (int(dur * 1e6) if ok else 0)
         return _Entry(
             group=str(pg[0]), desc=str(pg[1]) if len(pg) > 1 else "", name=name, peer=peer,
@@ -154,8 +155,8 @@ def _entry(e: dict) -> _Entry | None:
             sizes_out=[list(map(int, s)) for s in e.get("output_sizes") or ()],
             dtypes=[_DTYPES.get(str(d), str(d).lower()) for d in e.get("input_dtypes") or ()],
             done=done, t_created=t_created, t_done=t_done, callsite=_callsite(e.get("frames")))
-    except (KeyError, TypeError, ValueError, IndexError):
-        return None  # a malformed entry: skip it, keep the rest of the dump
+    except (KeyError, TypeError, ValueError, IndexError, OverflowError):
+        return None  # a malformed entry (an Infinity for a time): skip it, keep the rest
 
 
 def _coalesce(entries: list[_Entry]) -> list[list[_Entry]]:
@@ -204,7 +205,7 @@ def _pg_config(dumps: dict[int, dict]) -> dict[str, tuple[str, tuple[int, ...]]]
                     members = tuple(sorted(int(r) for r in ranks))
                     if 0 <= members[0] and members[-1] < MAX_WORLD_SIZE:  # else no job's
                         out.setdefault(str(name), (str(info.get("desc", "")), members))
-            except (AttributeError, KeyError, TypeError, ValueError):
+            except (AttributeError, KeyError, TypeError, ValueError, OverflowError):
                 continue
     return out
 
@@ -234,7 +235,7 @@ def _dump_time(dump: dict, mtime_ns: int) -> int | None:
     try:
         newest = max(int(e["time_created_ns"]) for e in entries)
         timeout_ms = max(int(e.get("timeout_ms") or 0) for e in entries) or 1_800_000
-    except (KeyError, TypeError, ValueError):
+    except (KeyError, TypeError, ValueError, OverflowError):
         return None
     return mtime_ns if 0 <= mtime_ns - newest <= (2 * timeout_ms + 60_000) * 1_000_000 else None
 
