@@ -20,7 +20,6 @@ import argparse
 import json
 import os
 import resource
-import select
 import socket
 import subprocess
 import sys
@@ -36,6 +35,10 @@ from distdoctor.launch.env import free_port
 from distdoctor.runlog import format as F
 from distdoctor.runlog.ring import RingWriter
 from distdoctor.runlog.rundir import rank_meta_path, ring_path
+
+# the collector tests' socket helpers (closed_ones: which flood sockets it closed)
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "security"))
+from simnode import closed_ones  # noqa: E402
 
 TOKEN = "bench-token-5d1e"
 OPEN_FILES = 1024
@@ -127,16 +130,6 @@ def many_nodes(tmp: Path, nodes: int, per_node: int) -> None:
         for fwd in forwarders:
             fwd.stop()
         c.stop()
-
-
-def closed_ones(socks: list[socket.socket]) -> list[socket.socket]:
-    """The idle sockets the collector has closed (readable: EOF or a reset); poll, not
-    select: a flood's descriptors go past select's 1,024."""
-    poller = select.poll()
-    by_fd = {s.fileno(): s for s in socks}
-    for fd in by_fd:
-        poller.register(fd, select.POLLIN)
-    return [by_fd[fd] for fd, _ in poller.poll(0)]
 
 
 class Flood:

@@ -156,6 +156,16 @@ def dropped(sock: socket.socket, timeout_s: float = 10) -> bool:
         return True
 
 
+def closed_ones(socks: list[socket.socket]) -> list[socket.socket]:
+    """The idle sockets the collector has closed (readable: EOF or a reset); poll, not
+    select: a flood's descriptors go past select's 1,024."""
+    poller = select.poll()
+    by_fd = {s.fileno(): s for s in socks}
+    for fd in by_fd:
+        poller.register(fd, select.POLLIN)
+    return [by_fd[fd] for fd, _ in poller.poll(0)]
+
+
 def meta(rank: int, host: str, **extra) -> bytes:
     return wire.json_frame(wire.META, {"rank": rank, "host": host, "pid": 1000 + rank,
                                        **extra}, rank=rank)

@@ -13,19 +13,10 @@ import threading
 import time
 
 import pytest
+from simnode import closed_ones
 from test_collector_attacks import collector, hello, real_node_gets_in
 
 from distdoctor.collect import wire
-
-
-def closed_ones(socks: list[socket.socket]) -> list[socket.socket]:
-    """The idle sockets the collector has closed (readable: EOF or a reset); poll, not
-    select: a flood's descriptors go past select's 1,024."""
-    poller = select.poll()
-    by_fd = {s.fileno(): s for s in socks}
-    for fd in by_fd:
-        poller.register(fd, select.POLLIN)
-    return [by_fd[fd] for fd, _ in poller.poll(0)]
 
 
 class IdleFlood:
