@@ -56,6 +56,9 @@ def _items(check):
     return items
 
 
+_ints = _items(_int)
+
+
 def _counts(v):
     """violation_ns: {policy: ns}."""
     if type(v) is not dict or len(v) > MAX_ITEMS:
@@ -72,12 +75,12 @@ def _busy(v):
     name, pct = _str(v.get("name")), _float(v.get("cpu_pct"))
     if name is MISSING or pct is MISSING:
         return MISSING
-    pids = _items(_int)(v.get("pids", ()))
+    pids = _ints(v.get("pids", ()))
     cpus = v.get("cpus")
     return {"name": name, "pid": _optional(_int, v.get("pid")),
             "pids": list(pids) if pids is not MISSING else [],
             "count": _optional(_int, v.get("count")) or 1, "cpu_pct": pct,
-            "cpus": None if cpus is None or _items(_int)(cpus) is MISSING else list(cpus)}
+            "cpus": None if cpus is None or _ints(cpus) is MISSING else list(cpus)}
 
 
 def _optional(check, v):
@@ -90,7 +93,7 @@ def _optional(check, v):
 # the annotations the snapshot classes use, as text (from __future__ import annotations)
 _CHECKS = {"int": _int, "float": _float, "str": _str, "bool": _bool,
            "tuple": _items(_busy), "tuple[str, ...]": _items(_str),
-           "tuple[int, ...]": _items(_int), "MappingProxyType": _counts}
+           "tuple[int, ...]": _ints, "MappingProxyType": _counts}
 
 
 def checked_fields(cls, d: dict) -> dict:

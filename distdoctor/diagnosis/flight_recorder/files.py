@@ -54,9 +54,10 @@ def find_dump_files(prefix: str) -> dict[int, Path]:
         m = _NAME.search(name)
         if m is None or (stem is not None and name[:m.start()] != stem):
             continue
-        if len(m.group(1)) > 7 or int(m.group(1)) >= MAX_WORLD_SIZE:
+        rank = int(m.group(1))  # (a file name's digits: 255 at most)
+        if rank >= MAX_WORLD_SIZE:
             continue  # no rank's dump: a number past any job's world (a date, a stamp)
-        rank, found = int(m.group(1)), sets[name[:m.start()]]
+        found = sets[name[:m.start()]]
         if rank in found:  # e.g. both a pickle and a JSON dump of one rank
             raise UserError(f"two dumps of rank {rank}: {found[rank]} and {folder / name}; "
                             f"keep one", 2)
