@@ -18,6 +18,7 @@ from dataclasses import replace
 from distdoctor.diagnosis.crashes.crash import ExitInfo, crash_findings
 from distdoctor.diagnosis.engine.book import FindingBook
 from distdoctor.diagnosis.engine.boundary import Boundary, detector_of
+from distdoctor.diagnosis.engine.fastpath import native_ingest
 from distdoctor.diagnosis.engine.hangs import HangPass
 from distdoctor.diagnosis.engine.ranks import RankState
 from distdoctor.diagnosis.engine.waits import WaitJudge
@@ -48,6 +49,8 @@ SETTLE_S = 1.0  # how long a disagreement waits for more ranks before it is repo
 # many steps, and scoring every rank on each pass (10 a second while ops flow) cost a
 # tenth of the live diagnosis at 2 ranks x 1,000 collectives/s
 SCORE_EVERY_S = 0.5
+# the common event's ingest in C (_ingest.c: ingest_one's common path, the same objects)
+_NATIVE = native_ingest(MAX_OPEN)
 
 
 class Engine(FindingBook, WaitJudge, HangPass):
@@ -102,20 +105,27 @@ class Engine(FindingBook, WaitJudge, HangPass):
     # --- input -------------------------------------------------------------------------
     def _rank(self, rank: int) -> RankState:
         st = self.ranks.get(rank)
-        if st is None:
-            st = self.ranks[rank] = RankState(rank)
-        return st
+        return st if st is not None else self.ranks.setdefault(rank, RankState(rank))
 
     def ingest(self, events, now_s: float) -> None:
+        if _NATIVE is not None and type(events) is list:
+            _NATIVE.ingest(self, events, now_s)  # (each event its own: _feed_failed)
+            return
         for ev in events:
             try:
                 self.ingest_one(ev, now_s)
             except Exception as exc:  # the engine's own part: that event is lost, not all
                 self.boundary.failed("event ingest", exc, keep_on=True)
 
-    def _feed_failed(self, exc: Exception, default: str) -> None:
-        """A detector's feed raised on one event (a `try` per feed: no call per event)."""
-        self.boundary.failed(detector_of(exc, default), exc)
+    def _feed_failed(self, exc: BaseException, default: str) -> None:
+        """A detector's feed raised on one event (a `try` per feed: no call per event);
+        also the C path's failures (_ingest.c: "waits", "event ingest" as said here)."""
+        if not isinstance(exc, Exception):
+            raise exc  # (an interrupt goes on up)
+        if default in ("waits", "event ingest"):
+            self.boundary.failed(default, exc, keep_on=True)
+        else:
+            self.boundary.failed(detector_of(exc, default), exc)
 
     def ingest_one(self, ev: Event, now_s: float) -> None:
         # Runs for every event of every rank (hundreds of thousands a second on a large

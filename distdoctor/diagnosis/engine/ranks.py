@@ -10,7 +10,7 @@ from distdoctor.diagnosis.parting.align import HISTORY
 from distdoctor.runlog.reader import Event
 
 
-@dataclass
+@dataclass(slots=True)  # (its fields read by offset in engine/_ingest.c)
 class RankState:
     """What the engine keeps of one rank: its newest ops, spans, heartbeat, exit."""
 

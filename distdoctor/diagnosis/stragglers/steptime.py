@@ -37,6 +37,7 @@ MIN_PATTERN = 24  # a period must hold over at least this many
 KEEP = 160  # steps (and batch waits) per rank whose breakdown is kept
 LOOSE_SAMPLES = 4096  # samples kept per rank outside any span (placed by time)
 MAX_KEYS = 200_000  # span-less collectives given a step key, awaiting their rendezvous
+PATTERN_BASE = 1_000_000  # a turn's key is -PATTERN_BASE - turn (the chunks' are above)
 
 
 def find_period(sigs: list) -> int | None:
@@ -63,6 +64,9 @@ def _enclosing(function):
 class Pattern:
     """Step keys for a rank without spans (negative numbers: span keys are positive)."""
 
+    # (slots: engine/_ingest.c reads and counts a found pattern's turns by offset)
+    __slots__ = ("sigs", "period", "count", "start", "turns0")
+
     def __init__(self):
         self.sigs: list = []
         self.period: int | None = None
@@ -81,7 +85,7 @@ class Pattern:
                 self.start = self.count
             if self.period is None:
                 return -1 - (self.count - 1) // CHUNK
-        return -1_000_000 - self.turns0 - (self.count - self.start) // self.period
+        return -PATTERN_BASE - self.turns0 - (self.count - self.start) // self.period
 
     def restart(self) -> None:
         """The rank's step thread changed (beside.py): the period is found anew, over the
@@ -92,9 +96,9 @@ class Pattern:
 
     def label(self, key: int) -> str:
         """Which turn of the loop a key is, counted from the rank's first collective."""
-        if key > -1_000_000:
+        if key > -PATTERN_BASE:
             return f"collectives {(-1 - key) * CHUNK + 1}-{(-key) * CHUNK}"
-        turn = -1_000_000 - key
+        turn = -PATTERN_BASE - key
         if self.period and not self.turns0:
             turn += self.start // self.period
         return f"iteration {turn + 1}"
@@ -124,6 +128,9 @@ class StepTime:
 
 class RankSteps:
     """One rank's recent steps (key -> StepTime), oldest first."""
+
+    __slots__ = ("steps", "pattern", "sample_period_ms", "_last_sample_ns", "loose",
+                 "group_desc", "_spans_done", "_turns")  # (read by offset: _ingest.c)
 
     def __init__(self):
         self.steps: OrderedDict[int, StepTime] = OrderedDict()

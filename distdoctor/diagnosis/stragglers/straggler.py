@@ -64,10 +64,9 @@ def _first(item):
     return item[0]
 
 
-# One rank's part in one collective, kept as a plain tuple: one is made per member of
-# every collective (256 for a 256-rank all-reduce), and a tuple costs a fifth of an object.
-# (lateness_ms: how long the others waited for it, negative when it waited; last: it
-# arrived last; group; callsite; p2p: a send/recv pairing)
+# One rank's part in one collective, a plain tuple (one per member of every collective; a
+# tuple costs a fifth of an object): lateness_ms (how long the others waited for it,
+# negative when it waited), last (it arrived last), group, callsite, p2p (a pairing)
 _LATENESS, _LAST, _GROUP, _CALLSITE, _P2P = range(5)
 
 
@@ -124,8 +123,7 @@ class StragglerTracker:
             self._judge(pending.popleft())
 
     def _judge(self, rv: Rendezvous) -> None:
-        arrivals = rv.arrivals
-        p2p = rv.is_p2p
+        arrivals, p2p = rv.arrivals, rv.is_p2p
         # a rendezvous comes here complete; an arrival without an end is still no wait to
         # compare, whatever handed it here (it would be a subtraction from None)
         if p2p:  # a send and its recv: leave together only when both block (Activity)
@@ -150,8 +148,7 @@ class StragglerTracker:
         for w, rank, ev in waits:
             q = obs.get(rank)
             if q is None:
-                q = obs[rank] = deque(maxlen=self.window)
-                steps[rank] = Steps()
+                q = self._observer(rank)
             is_last = rank == last
             lateness = gap if is_last else (w_last - w) / 1e6
             q.append((lateness, is_last, group, ev.callsite, p2p))
@@ -161,6 +158,10 @@ class StragglerTracker:
                 if via is None:
                     via = "p2p" if p2p else (rv.group_desc or f"group {group}")
                 self.graph.add(rank, last, key, -lateness, via)
+
+    def _observer(self, rank: int) -> deque:  # (its first: its window, its steps' sums)
+        self.steps[rank] = Steps()
+        return self.obs.setdefault(rank, deque(maxlen=self.window))
 
     def score(self, rank: int) -> dict | None:
         q, steps = self.obs.get(rank), self.steps.get(rank)

@@ -1,0 +1,130 @@
+"""The engine's C ingest (diagnosis/engine/_ingest.c) leaves the state the Python one leaves.
+
+Engine.ingest_one is the reference and the fallback; the C path takes the common event (a
+finished collective of a rank's main thread, its rendezvous completed in agreement) on
+the same objects. Held to the same state, field by field, and the same findings on real
+gloo jobs of the kinds that leave that path (spans, p2p, a thread on its own group), fed in the order a live reader gives them (a poll
+of each rank's log in turn: rendezvous open across polls) and in time order; and a
+detector that fails on the C path is said and the others go on, as on the Python one.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from distdoctor.diagnosis.engine import core
+from distdoctor.diagnosis.engine.core import Engine
+from distdoctor.runlog.follow import RunFollower
+from tests.conftest import run_job
+
+needs_native = pytest.mark.skipif(core._NATIVE is None, reason="the C ingest is not built")
+
+# DDP steps, span-less loops, a thread on its own group, p2p
+JOBS = ["ingest_shapes.py"]
+
+
+def state(e: Engine) -> dict:
+    """Everything the engine and its detectors keep that the ingest writes."""
+    s, t = e.straggler, e.steptime
+    return {
+        "ranks": {r: (st.latest and st.latest.index, st.last_done and st.last_done.index,
+                      dict(st.issued), st.max_t_ns, {k: tuple(v) for k, v in st.completed.items()},
+                      [x.index for x in st.recent], dict(st.names))
+                  for r, st in e.ranks.items()},
+        "open": {k: (list(rv.arrivals), rv.done, rv.first_raw, rv.first_seen_s,
+                     rv.mismatch_since_s) for k, rv in e.open.items()},
+        "found": {k: f.to_json() for k, f in e.found.items()}, "site_wait": e.site_wait,
+        "obs": {r: list(q) for r, q in s.obs.items()},
+        "steps": {r: (list(x.totals.items()), x.first, list(x.old_keys), list(x.old_sums))
+                  for r, x in s.steps.items()},
+        "members": s.members, "via": s.graph.via,
+        "edges": {w: [(k, v) for k, v in st.items()] for w, st in s.graph.edges.items()},
+        "time": {r: ([(k, x.wall_ms, x.coll_ms, x.data_ms, x.batches, x.first_enter_ns,
+                       x.samples, x.by_group, x.children) for k, x in rs.steps.items()],
+                     rs.pattern.period, rs.pattern.count, rs.pattern.start, rs.group_desc,
+                     rs._turns) for r, rs in t.ranks.items()},
+        "keys": list(t._keys.items()), "assigned": t._assigned, "turn": t._turn,
+        "thread": (t.thread.seen, t.thread.users, t.thread.of, list(t.thread.flagged)),
+        "gaps": (e.gaps.open, e.gaps.before), "habits": (e.habits.of, e.habits._count),
+        "ingested": e.ingested, "off": e.boundary.off}
+
+
+def replay(batches: list[list], native) -> tuple[dict, list]:
+    saved, core._NATIVE = core._NATIVE, native
+    try:
+        engine, found = Engine(hang_timeout_s=None), []
+        for i, batch in enumerate(batches):
+            engine.ingest(batch, 100.0 + i)
+            found += [f.to_json() for f in engine.tick(100.0 + i)]
+        found += [f.to_json() for f in engine.tick(None, final=True)]
+        return state(engine), found
+    finally:
+        core._NATIVE = saved
+
+
+def by_rank_polls(run_dir, per_poll: int = 40) -> list[list]:
+    """Each rank's events in its own order, a poll's worth of each rank in turn."""
+    follower = RunFollower(run_dir)
+    events = follower.poll(final=True)
+    follower.close()
+    ranks: dict[int, list] = {}
+    for ev in events:
+        ranks.setdefault(ev.rank, []).append(ev)
+    polls, at = [], 0
+    while any(at < len(evs) for evs in ranks.values()):
+        polls.append([ev for r in sorted(ranks) for ev in ranks[r][at:at + per_poll]])
+        at += per_poll
+    return polls
+
+
+@pytest.fixture(scope="module")
+def recorded(tmp_path_factory) -> dict[str, list[list]]:
+    """Each job's events, as a live reader's polls."""
+    out = {}
+    for job in JOBS:
+        run_dir = tmp_path_factory.mktemp("ingest") / "run"
+        run_job(job, 2, run_dir, timeout=150)
+        out[job] = by_rank_polls(run_dir)
+        assert sum(map(len, out[job])) > 5, job
+    return out
+
+
+@needs_native
+@pytest.mark.timeout(400)
+def test_the_c_ingest_leaves_the_python_state(recorded):
+    taken = 0
+    for job, polls in recorded.items():
+        flat = sorted((ev for p in polls for ev in p), key=lambda e: e.t_end_ns or e.t_enter_ns)
+        for batches in (polls, [flat[i:i + 64] for i in range(0, len(flat), 64)]):
+            py_state, py_found = replay(batches, None)
+            c_state, c_found = replay(batches, core._NATIVE)
+            for part in py_state:
+                assert c_state[part] == py_state[part], f"{job}: {part} differs"
+            assert c_found == py_found, job
+        taken += core._NATIVE.ingest(Engine(hang_timeout_s=None), flat, 100.0)
+    assert taken > 100  # the common path was taken, not only the fallback
+
+
+@needs_native
+@pytest.mark.timeout(200)
+def test_a_detector_failing_in_the_c_path_is_said_and_the_others_go_on(recorded):
+    polls = recorded["ingest_shapes.py"]
+    out = {}
+    for native in (None, core._NATIVE):
+        saved, core._NATIVE = core._NATIVE, native
+        try:
+            engine = Engine(hang_timeout_s=None)
+            engine.ingest(polls[0][:4], 1.0)
+            # a rank's step sums made unusable (what a bug in the tracker would leave)
+            obs = engine.straggler.obs
+            engine.straggler._observer = lambda rank, obs=obs: obs.setdefault(rank, [])
+            for i, batch in enumerate(polls[1:]):
+                engine.ingest(batch, 2.0 + i)
+            found = engine.tick(None, final=True)
+        finally:
+            core._NATIVE = saved
+        out[native is None] = ({f.kind for f in found}, engine.ingested,
+                               {k: len(rv.arrivals) for k, rv in engine.open.items()})
+        internal = [f for f in found if f.kind == "internal"]
+        assert internal and "straggler" in internal[0].summary, found
+    assert out[True] == out[False]
