@@ -8,7 +8,8 @@ machine whose neighbours move it by a few tenths of a percent) taken apart, on t
 events every turn: (1) reading the rank logs, with the C slot decoder and with the
 Python one (runlog/_decode.c, reader.py); (2) the engine's ingest of every event, fed in
 the order the ranks finished them, in polls of `--poll-s` of the job's own time with a
-tick after each, as the live loop does. CPU time (time.process_time), best of `--turns`.
+tick after each, as the live loop does, with the C ingest (diagnosis/engine/_ingest.c)
+and with the Python one. CPU time (time.process_time), best of `--turns`.
 
 Without RUN_DIR, one is recorded first: `distdoctor run --nproc RANKS` of run_budget.py's
 ranks (torch's fake backend, RATE all-reduces a second each, in bursts of 10) for
@@ -25,6 +26,7 @@ import sys
 import tempfile
 import time
 
+from distdoctor.diagnosis.engine import core
 from distdoctor.diagnosis.engine.core import Engine
 from distdoctor.diagnosis.live import relax_gc
 from distdoctor.runlog import reader
@@ -56,9 +58,17 @@ def read_all(run_dir: str, decoder) -> tuple[list, float]:
     return events, cpu
 
 
-def replay(events: list, poll_s: float) -> tuple[float, float, int, list]:
+def replay(events: list, poll_s: float, native=core._NATIVE) -> tuple[float, float, int, list]:
     """(ingest CPU, tick CPU, ticks, findings) of the events fed in polls of the job's
-    time."""
+    time, through the C ingest (`native`) or, with None, the Python one."""
+    saved, core._NATIVE = core._NATIVE, native
+    try:
+        return _replay(events, poll_s)
+    finally:
+        core._NATIVE = saved
+
+
+def _replay(events: list, poll_s: float) -> tuple[float, float, int, list]:
     events = sorted(events, key=lambda e: e.t_end_ns or e.t_enter_ns)
     engine, found = Engine(hang_timeout_s=None), []
     step = int(poll_s * 1e9)
@@ -98,7 +108,7 @@ def main() -> int:
                   flush=True)
             record(run_dir, args.ranks, args.rate, args.seconds)
         best = {"read, C decoder": float("inf"), "read, Python decoder": float("inf"),
-                "ingest": float("inf"), "ticks": float("inf")}
+                "ingest": float("inf"), "ingest, Python": float("inf"), "ticks": float("inf")}
         for _ in range(args.turns):
             events, cpu = read_all(run_dir, reader.native_decoder())
             best["read, C decoder"] = min(best["read, C decoder"], cpu)
@@ -106,8 +116,12 @@ def main() -> int:
                                                read_all(run_dir, None)[1])
             ingest, tick, ticks, found = replay(events, args.poll_s)
             best["ingest"], best["ticks"] = min(best["ingest"], ingest), min(best["ticks"], tick)
+            best["ingest, Python"] = min(best["ingest, Python"],
+                                         replay(events, args.poll_s, None)[0])
     if reader.native_decoder() is None:
         del best["read, C decoder"]  # (not built: both reads are the Python decoder's)
+    if core._NATIVE is None:
+        del best["ingest, Python"]  # (likewise: "ingest" is the Python one)
     clock = [e.t_end_ns or e.t_enter_ns for e in events]
     span_s = (max(clock) - min(clock)) / 1e9
     rate = len(events) / span_s if span_s > 0 else 0.0

@@ -226,10 +226,11 @@ static int odict_pop_first(PyObject *od, PyObject **key, PyObject **value)
 }
 
 /* mapping.get(key) for any mapping: a new reference, NULL for missing (no error) or on
- * an error (set). */
+ * an error (set). A dict subclass (an OrderedDict) is read as the dict it is: only its
+ * writes must go through its own methods, and a missing key costs no KeyError. */
 static PyObject *mget(PyObject *m, PyObject *key)
 {
-    if (PyDict_CheckExact(m))
+    if (PyDict_Check(m))
         return Py_XNewRef(PyDict_GetItemWithError(m, key));
     PyObject *v = PyObject_GetItem(m, key);
     if (v == NULL && PyErr_ExceptionMatches(PyExc_KeyError))
@@ -599,6 +600,10 @@ static int observe(Ctx *c, PyObject *rv)
     PyObject *rank, *ev;
     while (!rare && PyDict_Next(arrivals, &pos, &rank, &ev)) {
         int bad = 0;
+        if (!Py_IS_TYPE(ev, L_EVENT.type)) {  /* fed to ingest_one as another kind */
+            rare = 1;
+            break;
+        }
         PyObject *seen = PyDict_GetItemWithError(c->o[C_SEEN], rank);
         long long index = as_ll(FIELD(ev, L_EVENT, E_INDEX), &bad);
         if (seen == NULL || bad || index > as_ll(seen, &bad) || bad) {
@@ -641,6 +646,10 @@ static int completed(Ctx *c, PyObject *rv)
     long long longest_ns = 0;
     int bad = 0, any = 0;
     while (i++ < 64 && PyDict_Next(arrivals, &pos, &rank, &ev)) {
+        if (!Py_IS_TYPE(ev, L_EVENT.type)) {
+            bad = 1;
+            break;
+        }
         if (first == NULL)
             first = ev;
         PyObject *end = FIELD(ev, L_EVENT, E_END);
@@ -694,12 +703,9 @@ static int completed(Ctx *c, PyObject *rv)
     PyObject *lw_key = triple(s_long_wait, group, seq);
     if (lw_key == NULL)
         return -1;
-    rc = PyDict_DelItem(c->o[C_FOUND], lw_key);
+    PyObject *had = PyDict_GetItemWithError(c->o[C_FOUND], lw_key);  /* (no KeyError) */
+    rc = had != NULL ? PyDict_DelItem(c->o[C_FOUND], lw_key) : PyErr_Occurred() ? -1 : 0;
     Py_DECREF(lw_key);
-    if (rc < 0 && PyErr_ExceptionMatches(PyExc_KeyError)) {
-        PyErr_Clear();
-        rc = 0;
-    }
     return rc;
 }
 
@@ -872,16 +878,20 @@ static int fast_event(Ctx *c, PyObject *ev, PyObject *now)
     PyObject *key = triple(s_c, group, f[E_SEQ]);
     PyObject *raw = key ? PyTuple_Pack(6, f[E_OP], f[E_NUMEL_IN], f[E_NUMEL_OUT],
                                        f[E_DTYPES], f[E_REDOP], f[E_PEER]) : NULL;
-    PyObject *rv = raw ? PyDict_GetItemWithError(c->o[C_OPEN], key) : NULL;
+    PyObject *rv = raw ? Py_XNewRef(PyDict_GetItemWithError(c->o[C_OPEN], key)) : NULL;
     int rc = 0;
     if (raw == NULL || PyErr_Occurred()) {
         rc = -1;
         goto out;
     }
     if (rv != NULL) {
+        if (!Py_IS_TYPE(rv, L_RV.type))
+            goto out;
         PyObject *arrivals = FIELD(rv, L_RV, R_ARRIVALS), *first_raw;
-        if (!Py_IS_TYPE(rv, L_RV.type) || !PyDict_CheckExact(arrivals) ||
-            FIELD(rv, L_RV, R_MISMATCH) != Py_None)
+        PyObject *members = FIELD(rv, L_RV, R_MEMBERS);
+        if (arrivals == NULL || !PyDict_CheckExact(arrivals) || members == NULL ||
+            !PyTuple_CheckExact(members) || FIELD(rv, L_RV, R_MISMATCH) != Py_None ||
+            FIELD(rv, L_RV, R_DONE) == NULL)
             goto out;
         int in = PyDict_Contains(arrivals, rank);
         if (in) {
@@ -889,6 +899,8 @@ static int fast_event(Ctx *c, PyObject *ev, PyObject *now)
             goto out;
         }
         first_raw = FIELD(rv, L_RV, R_FIRST_RAW);
+        if (first_raw == NULL)
+            goto out;
         if (first_raw != Py_None) {
             int same = PyObject_RichCompareBool(raw, first_raw, Py_EQ);
             if (same <= 0) {
@@ -985,18 +997,13 @@ static int fast_event(Ctx *c, PyObject *ev, PyObject *now)
                                arrivals, i_zero, Py_None, Py_None, Py_None, Py_False};
         rv = layout_make(&L_RV, args);
         Py_DECREF(arrivals);
-        if (rv == NULL || PyDict_SetItem(c->o[C_OPEN], key, rv) < 0) {
-            Py_XDECREF(rv);
+        if (rv == NULL || PyDict_SetItem(c->o[C_OPEN], key, rv) < 0)
             goto out;
-        }
-        Py_DECREF(rv);  /* the open table holds it */
     }
-    Py_INCREF(rv);
     PyObject *arrivals = FIELD(rv, L_RV, R_ARRIVALS);
     PyObject *done = PyNumber_Add(FIELD(rv, L_RV, R_DONE), i_one);
     if (done == NULL || PyDict_SetItem(arrivals, rank, ev) < 0) {
         Py_XDECREF(done);
-        Py_DECREF(rv);
         goto out;
     }
     field_set(rv, &L_RV, R_DONE, done);
@@ -1009,10 +1016,8 @@ static int fast_event(Ctx *c, PyObject *ev, PyObject *now)
                    PyDict_GET_SIZE(arrivals) >= m;
     for (Py_ssize_t i = 0; complete && i < m; i++) {
         int in = PyDict_Contains(arrivals, PyTuple_GET_ITEM(members, i));
-        if (in < 0) {
-            Py_DECREF(rv);
+        if (in < 0)
             goto out;
-        }
         complete = in;
     }
     rc = 1;
@@ -1028,12 +1033,12 @@ static int fast_event(Ctx *c, PyObject *ev, PyObject *now)
                 rc = -1;
         }
     }
-    Py_DECREF(rv);
     goto out;
 out_type:
     if (!PyErr_Occurred())
         PyErr_SetString(PyExc_TypeError, "engine: a rank's tally of an unexpected shape");
 out:
+    Py_XDECREF(rv);
     Py_XDECREF(key);
     Py_XDECREF(raw);
     return rc;
