@@ -1,6 +1,6 @@
 """Host probe (psutil): the node's CPU, load, memory and network, and each rank process's
-liveness, state, CPU and resident memory. Snapshots are immutable; a probe keeps its
-`psutil.Process` objects between ticks so CPU percentages cover the time since the last one.
+liveness, state, CPU and resident memory. Snapshots are immutable; a probe keeps each
+process's last CPU reading between ticks so CPU percentages cover the time since the last one.
 
 For the machine's noise (diagnosis/stragglers/host_noise.py): the steal time, the CPU all other
 processes use (not the ranks, their children or distdoctor) and the busiest of them,
@@ -18,6 +18,7 @@ import time
 from dataclasses import dataclass, fields
 
 import psutil
+from distdoctor.probes import procfs
 from distdoctor.probes.checked import checked_fields
 
 # psutil status -> the few states a person needs
@@ -25,6 +26,10 @@ _STATUS = {psutil.STATUS_RUNNING: "running", psutil.STATUS_SLEEPING: "sleeping",
            psutil.STATUS_DISK_SLEEP: "disk-sleep", psutil.STATUS_STOPPED: "stopped",
            psutil.STATUS_TRACING_STOP: "stopped", psutil.STATUS_ZOMBIE: "zombie",
            psutil.STATUS_DEAD: "dead", psutil.STATUS_IDLE: "sleeping"}
+# /proc/PID/stat's state letter -> the same (psutil's name where _STATUS has none)
+_STATE = {"R": "running", "S": "sleeping", "D": "disk-sleep", "T": "stopped",
+          "t": "stopped", "Z": "zombie", "X": "dead", "x": "dead", "I": "sleeping",
+          "K": "wake-kill", "W": "waking", "P": "parked"}
 GONE = "gone"  # no such process (exited and reaped, or never existed)
 
 
@@ -86,7 +91,9 @@ SCAN_S = 3.0  # the other processes looked through at most this often (~2 ms a l
 class HostProbe:
     def __init__(self):
         self.host = socket.gethostname()
-        self._procs: dict[int, psutil.Process] = {}
+        # pid -> (its start time, CPU ticks, when read): a rank's last reading; psutil's
+        # Process objects where there is no /proc
+        self._procs: dict[int, tuple[int, int, float] | psutil.Process] = {}
         self._runq: dict[int, tuple[float, int]] = {}  # pid -> (time, run queue ns)
         psutil.cpu_percent(interval=None)  # prime: the first real reading covers a tick
         try:
@@ -149,7 +156,7 @@ class HostProbe:
         # the process table read straight from /proc (one read of each process' stat
         # file: ~15 us a process, a sixth of what a psutil look took); psutil is asked
         # only about the few busy ones, for their names and cores
-        table = _proc_table()
+        table = procfs.proc_table()
         now = time.monotonic()
         if table is None:
             return (), None
@@ -174,7 +181,7 @@ class HostProbe:
             time.sleep(FRESH_LOOK_S)
             again = time.monotonic()
             for pid in fresh_ones:
-                row = _stat_row(pid)
+                row = procfs.stat_row(pid)
                 before = table[pid]
                 if row is None or row[2] != before[2]:
                     continue
@@ -188,7 +195,7 @@ class HostProbe:
     def runq_ms_per_s(self, pid: int) -> float | None:
         """How long the process' threads waited for a CPU per second since the last call
         (the sum of /proc/PID/task/*/schedstat's second field); None on the first."""
-        total = _runq_ns(pid)
+        total = procfs.runq_ns(pid)
         if total is None:
             return None
         now = time.monotonic()
@@ -199,6 +206,30 @@ class HostProbe:
         return max(0.0, (total - last[1]) / 1e6 / (now - last[0]))
 
     def process_snapshot(self, rank: int, pid: int) -> ProcessSnapshot:
+        """What psutil said of the process (its status, CPU since the last tick, resident
+        memory, threads), from its stat and statm: psutil read stat twice, status and statm
+        through its file objects."""
+        if not procfs.PROCFS:
+            return self._psutil_snapshot(rank, pid)
+        try:
+            state, ticks, started, threads, rss_pages = procfs.rank_stat(pid)
+        except (FileNotFoundError, ProcessLookupError):
+            self._procs.pop(pid, None)
+            return ProcessSnapshot(rank, pid, False, GONE)
+        except (PermissionError, ValueError, IndexError):
+            return ProcessSnapshot(rank, pid, True, "unknown")
+        status = _STATE.get(state, "?")
+        if status in ("zombie", "dead"):
+            return ProcessSnapshot(rank, pid, False, status)
+        now, last = time.monotonic(), self._procs.get(pid)
+        self._procs[pid] = (started, ticks, now)
+        cpu = None  # the first look at it (or at a new process under its pid) primes
+        if last is not None and last[0] == started:
+            cpu = _pct(ticks - last[1], now - last[2])
+        return ProcessSnapshot(rank, pid, True, status, cpu, rss_pages * procfs.PAGE,
+                               threads, self.runq_ms_per_s(pid))
+
+    def _psutil_snapshot(self, rank: int, pid: int) -> ProcessSnapshot:
         proc = self._procs.get(pid)
         try:
             if proc is None or not proc.is_running():  # is_running also catches pid reuse
@@ -254,39 +285,9 @@ def _descends(pid: int, ancestors: set, parents: dict[int, int]) -> bool:
     return False
 
 
-_CLK_TCK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
-
-
-def _stat_row(pid) -> tuple[int, int, int] | None:
-    """(parent pid, CPU ticks (user + system), start time) of a process, from
-    /proc/PID/stat; None when it is gone or unreadable."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            data = f.read()
-        fields = data[data.rindex(b")") + 2:].split()
-        return int(fields[1]), int(fields[11]) + int(fields[12]), int(fields[19])
-    except (OSError, ValueError, IndexError):
-        return None
-
-
-def _proc_table() -> dict[int, tuple[int, int, int]] | None:
-    """pid -> _stat_row of every process on the machine; None without /proc."""
-    try:
-        names = os.listdir("/proc")
-    except OSError:
-        return None
-    out = {}
-    for name in names:
-        if name.isdigit():
-            row = _stat_row(name)
-            if row is not None:
-                out[int(name)] = row
-    return out
-
-
 def _pct(ticks: int, seconds: float) -> float:
     """A process' CPU over an interval, % of one core (psutil's cpu_percent)."""
-    return round(ticks / _CLK_TCK / seconds * 100, 1) if seconds > 0 else 0.0
+    return round(ticks / procfs.CLK_TCK / seconds * 100, 1) if seconds > 0 else 0.0
 
 
 class _Proc:
@@ -308,21 +309,6 @@ class _Proc:
 
     def cpu_affinity(self):
         return self._p().cpu_affinity()
-
-
-def _runq_ns(pid: int) -> int | None:
-    try:
-        tids = os.listdir(f"/proc/{pid}/task")
-    except OSError:
-        return None
-    total = 0
-    for tid in tids:
-        try:
-            with open(f"/proc/{pid}/task/{tid}/schedstat", "rb") as f:
-                total += int(f.read().split()[1])
-        except (OSError, ValueError, IndexError):
-            continue
-    return total
 
 
 def _by_program(found: list, parents: dict[int, int]) -> tuple:
