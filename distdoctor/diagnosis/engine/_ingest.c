@@ -91,6 +91,10 @@ static inline long long as_ll(PyObject *o, int *bad)
     return v;
 }
 
+/* Clock readings and counters the common path takes: their sums and differences stay
+ * inside 64 bits (Python's ints have no bound; a reading past this is a corrupt log's). */
+#define T_MAX (1LL << 61)
+
 /* --- the engine's parts, read once a call ------------------------------------------ */
 enum { C_RANKS, C_OPEN, C_FOUND, C_SITE_WAIT, C_OFF, C_STRAGGLER, C_OBS, C_SSTEPS,
        C_MEMBERS, C_EDGES, C_VIA, C_TIMES, C_STEPTIME, C_ST_RANKS, C_KEYS, C_ASSIGNED,
@@ -336,12 +340,15 @@ static int step_collective(PyObject *t, PyObject *key, long long k, PyObject *ev
     if (has < 0 || (!has && PyDict_SetItem(descs, group, FIELD(ev, L_EVENT, E_DESC)) < 0))
         goto out;
     if (k < 0) {  /* a turn of the pattern: from its first op to the next turn's */
-        int bad = 0;
-        long long first = as_ll(FIELD(st, L_STEP, T_FIRST_ENTER), &bad);
-        if (bad)
-            first = 0;
-        if (!first || t_enter < first)
-            field_set(st, &L_STEP, T_FIRST_ENTER, Py_NewRef(FIELD(ev, L_EVENT, E_ENTER)));
+        PyObject *first = FIELD(st, L_STEP, T_FIRST_ENTER), *enter = FIELD(ev, L_EVENT,
+                                                                           E_ENTER);
+        int set = PyObject_Not(first);
+        if (set == 0)
+            set = PyObject_RichCompareBool(enter, first, Py_LT);
+        if (set < 0)
+            goto out;
+        if (set)
+            field_set(st, &L_STEP, T_FIRST_ENTER, Py_NewRef(enter));
     }
     rc = 0;
 out:
@@ -614,7 +621,7 @@ static int observe(Ctx *c, PyObject *rv)
         if (end != Py_None) {
             long long t_end = as_ll(end, &bad), t_enter = as_ll(FIELD(ev, L_EVENT, E_ENTER),
                                                                 &bad);
-            if (bad) {
+            if (bad || t_end < 0 || t_enter < 0 || t_end > T_MAX || t_enter > T_MAX) {
                 rare = 1;
                 break;
             }
@@ -653,10 +660,11 @@ static int completed(Ctx *c, PyObject *rv)
         if (first == NULL)
             first = ev;
         PyObject *end = FIELD(ev, L_EVENT, E_END);
-        long long w = end == Py_None ? 0 : as_ll(end, &bad) - as_ll(FIELD(ev, L_EVENT, E_ENTER),
-                                                                   &bad);
-        if (end == Py_None)
-            bad = 1;
+        long long t_end = end == Py_None ? -1 : as_ll(end, &bad),
+                  t_enter = as_ll(FIELD(ev, L_EVENT, E_ENTER), &bad);
+        if (t_end < 0 || t_enter < 0 || t_end > T_MAX || t_enter > T_MAX)
+            bad = 1;  /* in flight, or a reading the Python code takes as it is */
+        long long w = bad ? 0 : t_end - t_enter;
         if (!any || w > longest_ns)
             longest_ns = w;
         any = 1;
@@ -791,7 +799,7 @@ static int is_zero(PyObject *d, PyObject *key)
 
 /* Whether a finished collective takes the common path, and if so its ingest: 1 done,
  * 0 not common (nothing changed: ingest_one's), -1 an error (part of it done). */
-static int fast_event(Ctx *c, PyObject *ev, PyObject *now)
+static int fast_event(Ctx *c, PyObject *ev, PyObject *now, int *committed)
 {
     PyObject *f[E_N];
     for (int i = 0; i < E_N; i++)
@@ -799,14 +807,16 @@ static int fast_event(Ctx *c, PyObject *ev, PyObject *now)
             return 0;
     if (!str_is(f[E_KIND], s_collective) || !str_is(f[E_STATUS], s_ok) ||
         f[E_END] == Py_None || str_is(f[E_DESC], s_undefined) ||
-        !PyUnicode_CheckExact(f[E_GROUP]) || !PyTuple_CheckExact(f[E_GROUP_RANKS]))
+        !PyUnicode_CheckExact(f[E_GROUP]) || !PyUnicode_CheckExact(f[E_DESC]) ||
+        !PyUnicode_CheckExact(f[E_OP]) || !PyTuple_CheckExact(f[E_GROUP_RANKS]))
         return 0;
     int bad = 0;
     long long index = as_ll(f[E_INDEX], &bad), seq = as_ll(f[E_SEQ], &bad),
               t_enter = as_ll(f[E_ENTER], &bad), t_end = as_ll(f[E_END], &bad),
               span = as_ll(f[E_SPAN], &bad);
     as_ll(f[E_RANK], &bad);
-    if (bad || seq < 0 || seq == LLONG_MAX)
+    if (bad || seq < 0 || seq == LLONG_MAX || t_enter < 0 || t_end < 0 || t_enter > T_MAX ||
+        t_end > T_MAX)
         return 0;
     PyObject *rank = f[E_RANK], *group = f[E_GROUP];
     /* a group a user thread took turns on is followed by threads.py's ThreadUse */
@@ -857,7 +867,8 @@ static int fast_event(Ctx *c, PyObject *ev, PyObject *now)
         count = as_ll(FIELD(pattern, L_PATTERN, P_COUNT), &bad);
         start = as_ll(FIELD(pattern, L_PATTERN, P_START), &bad);
         turns0 = as_ll(FIELD(pattern, L_PATTERN, P_TURNS0), &bad);
-        if (bad || period <= 0 || count >= LLONG_MAX / 2 || turns0 < 0 || start < 0)
+        if (bad || period <= 0 || count < 0 || count > T_MAX || turns0 < 0 || turns0 > T_MAX ||
+            start < 0)
             return 0;
     }
     /* one name, one member list for the group on this rank (group_order.py) */
@@ -910,9 +921,14 @@ static int fast_event(Ctx *c, PyObject *ev, PyObject *now)
         }
     } else if (PyDict_GET_SIZE(c->o[C_OPEN]) >= MAX_OPEN) {
         goto out;
+    } else {  /* its members: ranks (the decoder's are; an odd list is the Python code's) */
+        for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(f[E_GROUP_RANKS]); i++)
+            if (!PyLong_CheckExact(PyTuple_GET_ITEM(f[E_GROUP_RANKS], i)))
+                goto out;
     }
 
     /* --- ingest_one's collective path, from here on changing state ------------------ */
+    *committed = 1;
     rc = -1;
     if (t_end > max_t)
         field_set(st, &L_RANK, S_MAX_T, Py_NewRef(f[E_END]));
@@ -927,7 +943,11 @@ static int fast_event(Ctx *c, PyObject *ev, PyObject *now)
     if (gaps_op(c, rank, f[E_INDEX]) < 0)
         goto out;
     field_set(st, &L_RANK, S_LATEST, Py_NewRef(ev));
-    if (last_done == Py_None || index >= as_ll(FIELD(last_done, L_EVENT, E_INDEX), &bad))
+    int newer = last_done == Py_None ? 1 : PyObject_RichCompareBool(
+        f[E_INDEX], FIELD(last_done, L_EVENT, E_INDEX), Py_GE);
+    if (newer < 0)
+        goto out;
+    if (newer)
         field_set(st, &L_RANK, S_LAST_DONE, Py_NewRef(ev));
     /* its tally: [ops completed, seconds inside them] */
     PyObject *tkey = triple(group, f[E_DESC], f[E_OP]);
@@ -945,14 +965,14 @@ static int fast_event(Ctx *c, PyObject *ev, PyObject *now)
     if (tally == NULL || !PyList_CheckExact(tally) || PyList_GET_SIZE(tally) != 2)
         goto out_type;
     PyObject *n1 = PyNumber_Add(PyList_GET_ITEM(tally, 0), i_one);
-    double secs = PyFloat_AsDouble(PyList_GET_ITEM(tally, 1));
-    PyObject *s1 = n1 && !PyErr_Occurred()
-                       ? PyFloat_FromDouble(secs + (double)(t_end - t_enter) / 1e9) : NULL;
-    if (s1 == NULL) {
-        Py_XDECREF(n1);
+    if (n1 == NULL)
         goto out;
-    }
     PyList_SetItem(tally, 0, n1);
+    double secs = PyFloat_AsDouble(PyList_GET_ITEM(tally, 1));
+    PyObject *s1 = PyErr_Occurred() ? NULL
+                                    : PyFloat_FromDouble(secs + (double)(t_end - t_enter) / 1e9);
+    if (s1 == NULL)
+        goto out;
     PyList_SetItem(tally, 1, s1);
     /* steptime.assign: seen in its rank's order; a span-less op's turn of the pattern */
     if (PyDict_SetItem(c->o[C_ASSIGNED], rank, f[E_INDEX]) < 0 ||
@@ -978,10 +998,10 @@ static int fast_event(Ctx *c, PyObject *ev, PyObject *now)
     /* the group's ops issued */
     PyObject *issued = FIELD(st, L_RANK, S_ISSUED);
     PyObject *had = PyDict_GetItemWithError(issued, group);
-    long long n_issued = had ? as_ll(had, &bad) : 0;
-    if (PyErr_Occurred())
+    int behind = had ? PyObject_RichCompareBool(had, f[E_SEQ], Py_LE) : !PyErr_Occurred();
+    if (behind < 0 || PyErr_Occurred())
         goto out;
-    if (bad || n_issued <= seq) {
+    if (behind) {
         PyObject *next = PyLong_FromLongLong(seq + 1);
         int ok = next && PyDict_SetItem(issued, group, next) == 0;
         Py_XDECREF(next);
@@ -1062,14 +1082,19 @@ static PyObject *ingest(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
     for (Py_ssize_t i = 0; i < PyList_GET_SIZE(events); i++) {
         PyObject *ev = PyList_GET_ITEM(events, i);
         Py_INCREF(ev);
-        int rc = usable && Py_IS_TYPE(ev, L_EVENT.type) ? fast_event(&c, ev, c.now) : 0;
+        int committed = 0;
+        int rc = usable && Py_IS_TYPE(ev, L_EVENT.type) ? fast_event(&c, ev, c.now, &committed)
+                                                        : 0;
+        if (rc < 0 && !committed) {  /* an odd value met before anything changed: the */
+            PyErr_Clear();           /* Python code takes it, and says what it makes of it */
+            rc = 0;
+        }
         if (rc == 0) {
             PyObject *r = PyObject_CallMethodObjArgs(c.engine, s_ingest_one, ev, c.now, NULL);
             Py_XDECREF(r);
             rc = r != NULL ? 0 : -1;
-        } else if (rc == 1) {
-            here++;
         }
+        here += committed;  /* (ingest_one counts an event before it can fail, as here) */
         Py_DECREF(ev);
         if (rc < 0 && failed(&c, s_ingest) < 0)
             goto error;
