@@ -11,12 +11,13 @@ detector that fails on the C path is said and the others go on, as on the Python
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass, fields, replace
+from dataclasses import fields, make_dataclass, replace
 
 import pytest
 
 from distdoctor.diagnosis.engine import core
 from distdoctor.diagnosis.engine.core import Engine
+from distdoctor.runlog.event import Event
 from distdoctor.runlog.follow import RunFollower
 from tests.conftest import run_job
 
@@ -139,35 +140,9 @@ def test_events_of_another_kind_beside_the_decoders_are_left_to_python(recorded)
     """A caller may feed ingest_one objects that are not the decoder's Event (a rank's
     events re-made as another class): a rendezvous holding one is never read by offset."""
 
-    @dataclass
-    class Foreign:  # Event's fields, as a plain class
-        rank: int
-        index: int
-        kind: str
-        op: str
-        status: str
-        group: str
-        group_desc: str
-        group_ranks: tuple
-        seq: int
-        peer: int | None
-        shapes: tuple
-        dtypes: tuple
-        device: str
-        numel_in: int
-        numel_out: int
-        reduce_op: str | None
-        callsite: dict | None
-        t_enter_ns: int
-        t_end_ns: int | None
-        span_index: int
-        name: str | None
-        error: str | None
-        is_async: bool | None
-        other_thread: bool
-        implicit: bool = False
-
-    polls = [[Foreign(*(getattr(ev, f.name) for f in fields(ev))) if ev.rank == 0 else ev
+    # Event's fields, as a plain class
+    foreign = make_dataclass("Foreign", [(f.name, f.type, f) for f in fields(Event)])
+    polls = [[foreign(*(getattr(ev, f.name) for f in fields(ev))) if ev.rank == 0 else ev
               for ev in poll] for poll in recorded["ingest_shapes.py"]]
     py_state, py_found = replay(polls, None)
     c_state, c_found = replay(polls, core._NATIVE)

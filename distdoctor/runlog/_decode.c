@@ -27,6 +27,7 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "slot_fields.h"
 #include "slot_layout.h"
 #define STATUS_IN_FLIGHT 0
 
@@ -38,64 +39,13 @@ static const char *FIELDS[N_FIELDS] = {
     "t_enter_ns", "t_end_ns", "span_index", "name", "error", "is_async", "other_thread",
     "implicit"};
 
-/* The Event type last seen, and where its fields live when they are plain slots. */
-static PyTypeObject *slots_type;  /* strong reference */
-static Py_ssize_t slot_offsets[N_FIELDS];
-static int slots_ok;
+/* Event's class, learnt on first use (its fields stored by offset: slot_fields.h). */
+static Layout EVENT = {FIELDS, N_FIELDS};
 
 static inline uint64_t u64(const unsigned char *p) { uint64_t v; memcpy(&v, p, 8); return v; }
 static inline int64_t i64(const unsigned char *p) { int64_t v; memcpy(&v, p, 8); return v; }
 static inline uint32_t u32(const unsigned char *p) { uint32_t v; memcpy(&v, p, 4); return v; }
 static inline int32_t i32(const unsigned char *p) { int32_t v; memcpy(&v, p, 4); return v; }
-
-/* Whether `type` is a class whose instances keep exactly Event's fields in member slots
- * (object pointers, no __init__ checks to honour beyond storing them): then an instance
- * is tp_alloc'd and its slots filled. Anything else is called as a class. */
-static int learn_slots(PyTypeObject *type)
-{
-    if (slots_type == type)
-        return slots_ok;
-    Py_XDECREF(slots_type);
-    Py_INCREF(type);
-    slots_type = type;
-    slots_ok = 0;
-    if (type->tp_new != PyBaseObject_Type.tp_new || type->tp_alloc != PyType_GenericAlloc)
-        return 0;
-    for (int i = 0; i < N_FIELDS; i++) {
-        /* a member slot read from its class is its descriptor */
-        PyObject *d = PyObject_GetAttrString((PyObject *)type, FIELDS[i]);
-        if (d == NULL) {
-            PyErr_Clear();
-            return 0;
-        }
-        int plain = Py_IS_TYPE(d, &PyMemberDescr_Type) &&
-                    ((PyMemberDescrObject *)d)->d_member->type == T_OBJECT_EX &&
-                    !(((PyMemberDescrObject *)d)->d_member->flags & READONLY);
-        if (plain)
-            slot_offsets[i] = ((PyMemberDescrObject *)d)->d_member->offset;
-        Py_DECREF(d);
-        if (!plain)
-            return 0;
-    }
-    /* a __post_init__ would be skipped: only a plain dataclass's fields are stored */
-    slots_ok = !PyObject_HasAttrString((PyObject *)type, "__post_init__");
-    return slots_ok;
-}
-
-/* An Event from borrowed `args` (N_FIELDS of them); a new reference, or NULL. */
-static PyObject *make_event(PyTypeObject *type, PyObject **args)
-{
-    if (!slots_ok)
-        return PyObject_Vectorcall((PyObject *)type, args, N_FIELDS, NULL);
-    PyObject *ev = type->tp_alloc(type, 0);
-    if (ev == NULL)
-        return NULL;
-    for (int i = 0; i < N_FIELDS; i++) {
-        Py_INCREF(args[i]);
-        *(PyObject **)((char *)ev + slot_offsets[i]) = args[i];
-    }
-    return ev;
-}
 
 /* dict[int_key] as a borrowed reference, or NULL (not there; no error set). */
 static PyObject *lookup(PyObject *dict, unsigned long long key)
@@ -170,7 +120,7 @@ static int decode_slot(const unsigned char *s, long long e, PyObject *rank,
             PyTuple_GET_ITEM(t, 1), PyTuple_GET_ITEM(t, 2), fresh[3], fresh[4],
             PyTuple_GET_ITEM(c, 3), callsite, fresh[5], fresh[6], fresh[7], name, error,
             PyTuple_GET_ITEM(c, 4), PyTuple_GET_ITEM(c, 5), PyTuple_GET_ITEM(c, 6)};
-        *out = make_event(type, args);
+        *out = layout_make(&EVENT, args);
         if (*out == NULL)
             rc = -1;
     }
@@ -195,7 +145,7 @@ static PyObject *decode(PyObject *mod, PyObject *const *args, Py_ssize_t n)
     long long first = PyLong_AsLongLong(args[1]);
     if (first == -1 && PyErr_Occurred())
         return NULL;
-    learn_slots((PyTypeObject *)type);
+    layout_learn(&EVENT, (PyTypeObject *)type);
     Py_buffer view;
     if (PyObject_GetBuffer(args[0], &view, PyBUF_SIMPLE) < 0)
         return NULL;
