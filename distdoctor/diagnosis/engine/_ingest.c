@@ -670,11 +670,13 @@ static int completed(Ctx *c, PyObject *rv)
         any = 1;
     }
     double longest = (double)longest_ns / 1e9;
-    PyObject *hang_key = triple(s_hang, group, seq);
-    if (hang_key == NULL)
+    /* (a healthy job has no findings: no key to make) */
+    int any_found = PyDict_GET_SIZE(c->o[C_FOUND]) > 0;
+    PyObject *hang_key = any_found ? triple(s_hang, group, seq) : NULL;
+    if (any_found && hang_key == NULL)
         return -1;
-    PyObject *reported = PyDict_GetItemWithError(c->o[C_FOUND], hang_key);
-    Py_DECREF(hang_key);
+    PyObject *reported = any_found ? PyDict_GetItemWithError(c->o[C_FOUND], hang_key) : NULL;
+    Py_XDECREF(hang_key);
     if (reported == NULL && PyErr_Occurred())
         return -1;
     if (bad || first == NULL || reported != NULL || longest >= LONG_WAIT_MIN_S)
@@ -706,8 +708,8 @@ static int completed(Ctx *c, PyObject *rv)
         Py_XDECREF(v);
     }
     Py_DECREF(site);
-    if (rc < 0)
-        return -1;
+    if (rc < 0 || !any_found)
+        return rc;
     PyObject *lw_key = triple(s_long_wait, group, seq);
     if (lw_key == NULL)
         return -1;
