@@ -95,11 +95,15 @@ class HostProbe:
         # Process objects where there is no /proc
         self._procs: dict[int, tuple[int, int, float] | psutil.Process] = {}
         self._runq: dict[int, tuple[float, int]] = {}  # pid -> (time, run queue ns)
-        psutil.cpu_percent(interval=None)  # prime: the first real reading covers a tick
-        try:
-            psutil.cpu_times_percent(interval=None)
-        except Exception:
-            pass
+        # the node's CPU, memory and network counters (psutil's, where there is no /proc);
+        # primed: the first real reading covers a tick
+        self._counters = procfs.HostCounters() if procfs.PROCFS else None
+        if self._counters is None:
+            psutil.cpu_percent(interval=None)
+            try:
+                psutil.cpu_times_percent(interval=None)
+            except Exception:
+                pass
         # pid -> (its start time, CPU ticks, when read): the other processes' last look
         self._others: dict[int, tuple[int, int, float]] = {}
         self._ranks_cpu_pct = 0.0  # the rank processes' CPU at the last tick
@@ -113,24 +117,20 @@ class HostProbe:
             load = os.getloadavg()
         except (OSError, AttributeError):
             load = (None, None, None)
+        c = self._counters
         try:
-            vm = psutil.virtual_memory()
-            total, avail = vm.total, vm.available
+            total, avail = (c and c.memory()) or _psutil_memory()
         except Exception:
             total = avail = None
         try:
-            net = psutil.net_io_counters()
-            sent, recv = (net.bytes_sent, net.bytes_recv) if net else (None, None)
+            sent, recv = (c.net() if c else _psutil_net()) or (None, None)
         except Exception:
             sent = recv = None
-        try:
-            steal = getattr(psutil.cpu_times_percent(interval=None), "steal", None)
-        except Exception:
-            steal = None
-        cpu_pct = psutil.cpu_percent(interval=None)
+        cpu_pct, steal = c.cpu() if c else _psutil_cpu()
+        cpu_count = psutil.cpu_count()
         # the processes are looked through (~0.1 ms each) only when the node's cores are
         # busier than the ranks keep them (their use at the last tick)
-        cores_used = cpu_pct * (psutil.cpu_count() or 1) / 100
+        cores_used = cpu_pct * (cpu_count or 1) / 100
         others_used = cores_used - self._ranks_cpu_pct / 100
         busy, others_pct = (), None
         if others_used >= BUSY_PCT / 100:
@@ -144,7 +144,7 @@ class HostProbe:
             self._busy = None  # quiet: the next busy tick looks at once
         return HostSnapshot(t=time.time(), host=self.host,
                             cpu_pct=cpu_pct,
-                            cpu_count=psutil.cpu_count(), load1=load[0], load5=load[1],
+                            cpu_count=cpu_count, load1=load[0], load5=load[1],
                             load15=load[2], mem_total_bytes=total, mem_available_bytes=avail,
                             net_sent_bytes=sent, net_recv_bytes=recv, steal_pct=steal,
                             busy=busy, others_pct=others_pct)
@@ -262,6 +262,24 @@ class HostProbe:
             del self._procs[pid]
             self._runq.pop(pid, None)
         return snaps
+
+
+def _psutil_memory() -> tuple[int, int]:
+    vm = psutil.virtual_memory()
+    return vm.total, vm.available
+
+
+def _psutil_net() -> tuple[int, int] | None:
+    net = psutil.net_io_counters()
+    return (net.bytes_sent, net.bytes_recv) if net else None
+
+
+def _psutil_cpu() -> tuple[float, float | None]:
+    try:
+        steal = getattr(psutil.cpu_times_percent(interval=None), "steal", None)
+    except Exception:
+        steal = None
+    return psutil.cpu_percent(interval=None), steal
 
 
 def process_alive(pid: int) -> bool:

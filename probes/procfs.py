@@ -75,3 +75,83 @@ def runq_ns(pid: int) -> int | None:
         except (OSError, ValueError, IndexError):
             continue
     return total
+
+
+def read_all(path: str) -> bytes:
+    """A /proc file of any length (/proc/net/dev: a line per interface)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        chunks = []
+        while chunk := os.read(fd, 1 << 16):
+            chunks.append(chunk)
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
+
+
+class HostCounters:
+    """The node's CPU, memory and network readings as psutil gave them (cpu_percent,
+    cpu_times_percent's steal, virtual_memory's total and available, net_io_counters'
+    bytes), each from one read of its /proc file: psutil read /proc/stat twice and built
+    every field of every file, 0.4 ms of a sampler tick's 1.1 ms. The CPU is measured
+    since the last read, the first one since this object was made."""
+
+    def __init__(self):
+        self._cpu = cpu_times()
+        self._nics: dict[bytes, tuple[int, int]] = {}  # interface -> its bytes, last read
+        self._carried: dict[bytes, tuple[int, int]] = {}  # what it had before going back
+
+    def cpu(self) -> tuple[float, float | None]:
+        """(busy %, steal %) of all cores since the last call: psutil's formulas (the
+        guests are in user time already; idle and I/O wait are not busy)."""
+        now = cpu_times()
+        d = [max(0, b - a) for a, b in zip(self._cpu, now, strict=False)]
+        self._cpu = now
+        total = sum(d)
+        for guest in d[8:10]:  # guest, guest_nice (in this order: psutil's very floats)
+            total -= guest
+        busy = total - d[3] - (d[4] if len(d) > 4 else 0)
+        pct = round(busy / total * 100, 1) if total else 0.0
+        steal = min(max(0.0, round(d[7] * (100.0 / max(1, total)), 1)), 100.0) \
+            if len(d) > 7 else None
+        return pct, steal
+
+    def memory(self) -> tuple[int, int] | None:
+        """(total, available) bytes; None where the kernel gives no MemAvailable (psutil
+        estimates it there)."""
+        mems = {}
+        for line in read_proc("/proc/meminfo").split(b"\n"):
+            key, _, value = line.partition(b":")
+            if key in (b"MemTotal", b"MemFree", b"MemAvailable"):
+                mems[key] = int(value.split()[0]) * 1024
+        avail = mems.get(b"MemAvailable")
+        if not avail:
+            return None
+        total = mems[b"MemTotal"]
+        return total, (mems[b"MemFree"] if avail > total else avail)
+
+    def net(self) -> tuple[int, int] | None:
+        """(sent, received) bytes of all interfaces, as psutil's nowrap sums: an
+        interface's counter that goes back (wrapped, or reset) adds what it had reached,
+        until the interface goes away."""
+        nics, carried, sent, recv = {}, {}, 0, 0
+        for line in read_all("/proc/net/dev").split(b"\n")[2:]:
+            name, colon, rest = line.rpartition(b":")
+            if not colon:
+                continue
+            fields, nic = rest.split(), name.strip()
+            now = nics[nic] = (int(fields[8]), int(fields[0]))
+            last = self._nics.get(nic)
+            add = (0, 0) if last is None else tuple(
+                c + (a if b < a else 0)
+                for a, b, c in zip(last, now, self._carried[nic], strict=True))
+            carried[nic] = add
+            sent, recv = sent + now[0] + add[0], recv + now[1] + add[1]
+        self._nics, self._carried = nics, carried
+        return (sent, recv) if nics else None
+
+
+def cpu_times() -> list[float]:
+    """/proc/stat's first line: all cores' user, nice, system, idle, iowait, irq, softirq,
+    steal, guest, guest_nice seconds (as far as the kernel gives them)."""
+    return [int(v) / CLK_TCK for v in read_proc("/proc/stat").split(b"\n", 1)[0].split()[1:11]]

@@ -73,6 +73,23 @@ def test_host_snapshot_reads_this_machine():
     assert s.load1 is not None and s.net_sent_bytes is not None
 
 
+def test_the_first_reading_in_the_samplers_thread_covers_the_time_since_the_probe():
+    """The probe is made in run's main thread and read in the sampler's: its first CPU
+    reading covers the time between (psutil's per-thread priming made it one of two
+    back-to-back reads of the same counters: 0.0)."""
+    import threading
+
+    probe = HostProbe()
+    end = time.process_time() + 0.3
+    while time.process_time() < end:  # a core's worth of CPU since the probe was made
+        pass
+    got = []
+    reader = threading.Thread(target=lambda: got.append(probe.host_snapshot().cpu_pct))
+    reader.start()
+    reader.join()
+    assert got[0] >= 50 / (os.cpu_count() or 1)
+
+
 def test_process_liveness_of_a_killed_rank(tmp_path):
     probe = HostProbe()
     with child(tmp_path, "no-handler") as proc:
