@@ -14,8 +14,17 @@ def pid_alive(pid) -> bool:
         return False
     except PermissionError:
         return True
-    try:  # a zombie has exited; only its parent has not reaped it yet
-        with open(f"/proc/{pid}/stat") as fh:
-            return fh.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except (OSError, IndexError):
+    # a zombie has exited; only its parent has not reaped it yet. Read with os.open and
+    # one read: open()'s text file object cost ~0.1 ms cold, a tenth of an idle pass
+    try:
+        fd = os.open(f"/proc/{pid}/stat", os.O_RDONLY)
+    except OSError:
         return True
+    try:
+        data = os.read(fd, 4096)
+        state = data.rindex(b")") + 2  # after the command name, which may hold ")"
+        return data[state:state + 1] != b"Z"
+    except (OSError, ValueError):
+        return True
+    finally:
+        os.close(fd)

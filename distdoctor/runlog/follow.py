@@ -96,6 +96,8 @@ class RunFollower:
 
     def __init__(self, run_dir: str | Path, backlog: int | None = None):
         self.run_dir = Path(run_dir)
+        # a str, made once: a Path joined on every poll was a tenth of an idle poll
+        self._ranks_dir = os.fspath(self.run_dir / "ranks")
         from distdoctor.runlog import kept
 
         kept.attach(self.run_dir)  # the live diagnosis reads what the run keeps
@@ -135,7 +137,7 @@ class RunFollower:
         (ext4: a clock tick), so a file created in the tick of the last listing leaves
         the mtime unchanged: a folder changed within the last RESCAN_S is listed on
         every poll."""
-        ranks_dir = self.run_dir / "ranks"
+        ranks_dir = self._ranks_dir
         try:
             mtime = os.stat(ranks_dir).st_mtime_ns
         except OSError:
@@ -150,7 +152,7 @@ class RunFollower:
             names = os.listdir(ranks_dir)
         except OSError:
             return
-        found, ranks_at = [], os.fspath(ranks_dir)
+        found, ranks_at = [], ranks_dir
         for name in names:
             parsed = parse_log_name(name)
             if parsed is None or parsed[2] != "ring":
