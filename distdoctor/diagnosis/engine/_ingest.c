@@ -189,8 +189,10 @@ static int failed(Ctx *c, PyObject *where)
     Py_XDECREF(type);
     Py_XDECREF(tb);
 #endif
+    if (exc == NULL)  /* (every failure here sets one; this says it if one did not) */
+        exc = PyObject_CallFunction(PyExc_RuntimeError, "s", "C ingest: failed, unsaid");
     if (exc == NULL)
-        exc = Py_NewRef(Py_None);
+        return -1;
     PyObject *r = PyObject_CallMethodObjArgs(c->engine, s_failed, exc, where, NULL);
     Py_XDECREF(exc);
     if (r == NULL)
@@ -427,6 +429,8 @@ static int graph_add(Ctx *c, PyObject *waiter, PyObject *late, PyObject *key, do
         }
     }
     int rc = PyDict_Check(out) ? dict_add_float(out, late, ms) : -1;
+    if (rc < 0 && !PyErr_Occurred())
+        PyErr_SetString(PyExc_TypeError, "wait graph: a step's edges not a dict");
     Py_DECREF(out);
     if (rc < 0)
         return -1;
