@@ -95,6 +95,7 @@ class HostProbe:
         # Process objects where there is no /proc
         self._procs: dict[int, tuple[int, int, float] | psutil.Process] = {}
         self._runq: dict[int, tuple[float, int]] = {}  # pid -> (time, run queue ns)
+        self._threads = procfs.ThreadRunq()
         # the node's CPU, memory and network counters (psutil's, where there is no /proc);
         # primed: the first real reading covers a tick
         self._counters = procfs.HostCounters() if procfs.PROCFS else None
@@ -195,7 +196,7 @@ class HostProbe:
     def runq_ms_per_s(self, pid: int) -> float | None:
         """How long the process' threads waited for a CPU per second since the last call
         (the sum of /proc/PID/task/*/schedstat's second field); None on the first."""
-        total = procfs.runq_ns(pid)
+        total = self._threads.total(pid)
         if total is None:
             return None
         now = time.monotonic()
@@ -220,6 +221,7 @@ class HostProbe:
             return ProcessSnapshot(rank, pid, True, "unknown")
         status = _STATE.get(state, "?")
         if status in ("zombie", "dead"):
+            self._threads.forget(pid)  # its threads have ended
             return ProcessSnapshot(rank, pid, False, status)
         now, last = time.monotonic(), self._procs.get(pid)
         self._procs[pid] = (started, ticks, now)
@@ -261,7 +263,12 @@ class HostProbe:
         for pid in [p for p in self._procs if p not in live]:
             del self._procs[pid]
             self._runq.pop(pid, None)
+        self._threads.retain(live)
         return snaps
+
+    def close(self) -> None:
+        """Close the rank threads' files kept open between ticks."""
+        self._threads.retain(())
 
 
 def _psutil_memory() -> tuple[int, int]:

@@ -144,12 +144,16 @@ class Sampler:
 
     def stop(self, timeout: float = 5.0) -> None:
         self._stop.set()
+        ended = True
         if self._thread is not None:
             self._thread.join(timeout)
+            ended = not self._thread.is_alive()
             self._thread = None
         if self._file is not None:
             self._file.close()
             self._file = None
+        if ended:  # (a tick still under way keeps its fds: their numbers are not reused)
+            self.host_probe.close()
         if self._owns_nvml:
             self.nvml.close()
 

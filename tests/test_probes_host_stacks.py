@@ -90,6 +90,35 @@ def test_the_first_reading_in_the_samplers_thread_covers_the_time_since_the_prob
     assert got[0] >= 50 / (os.cpu_count() or 1)
 
 
+def test_the_files_kept_of_a_ranks_threads_go_with_the_threads_and_the_rank():
+    """The run queue of a rank's threads is read from files kept open between ticks: a
+    thread that ends, a rank that leaves, and the probe's close leave none open."""
+    code = ("import threading, time\n"
+            "for _ in range(6): threading.Thread(target=time.sleep, args=(0.4,)).start()\n"
+            "print('up', flush=True); time.sleep(60)")
+    rank = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    try:
+        assert rank.stdout.readline().strip() == "up"
+        def open_fds() -> int:
+            return len(os.listdir("/proc/self/fd"))
+
+        probe, before = HostProbe(), open_fds()
+        probe.processes({0: rank.pid})
+        assert open_fds() == before + 7  # its main thread's and the six others'
+        deadline = time.monotonic() + 10
+        while len(os.listdir(f"/proc/{rank.pid}/task")) > 1 and time.monotonic() < deadline:
+            time.sleep(0.05)  # the six end
+        snap = probe.processes({0: rank.pid})[0]
+        assert open_fds() == before + 1 and snap.runq_ms_per_s is not None
+        assert probe.processes({}) == () and open_fds() == before
+        probe.processes({0: rank.pid})
+        probe.close()
+        assert open_fds() == before
+    finally:
+        rank.kill()
+        rank.wait()
+
+
 def test_process_liveness_of_a_killed_rank(tmp_path):
     probe = HostProbe()
     with child(tmp_path, "no-handler") as proc:
