@@ -3,7 +3,8 @@
 Engine.ingest_one is the reference and the fallback; the C path takes the common event (a
 finished collective of a rank's main thread, its rendezvous completed in agreement) on
 the same objects. Held to the same state, field by field, and the same findings on real
-gloo jobs of the kinds that leave that path (spans, p2p, a thread on its own group), fed in the order a live reader gives them (a poll
+gloo jobs of the kinds that leave that path (spans, p2p, a thread on its own group; the
+main thread's sampled lines, in steps and between them, take a C path of their own), fed in the order a live reader gives them (a poll
 of each rank's log in turn: rendezvous open across polls) and in time order; and a
 detector that fails on the C path is said and the others go on, as on the Python one.
 """
@@ -46,10 +47,12 @@ def state(e: Engine) -> dict:
         "time": {r: ([(k, x.wall_ms, x.coll_ms, x.data_ms, x.batches, x.first_enter_ns,
                        x.samples, x.by_group, x.children) for k, x in rs.steps.items()],
                      rs.pattern.period, rs.pattern.count, rs.pattern.start, rs.group_desc,
-                     rs._turns) for r, rs in t.ranks.items()},
+                     rs._turns, list(rs.loose), rs.sample_period_ms, rs._last_sample_ns)
+                 for r, rs in t.ranks.items()},
         "keys": list(t._keys.items()), "assigned": t._assigned, "turn": t._turn,
         "thread": (t.thread.seen, t.thread.users, t.thread.of, list(t.thread.flagged)),
-        "gaps": (e.gaps.open, e.gaps.before), "habits": (e.habits.of, e.habits._count),
+        "gaps": (e.gaps.open, e.gaps.before, e.gaps.last, e.gaps.moved_ns, e.gaps.seen_ns),
+        "habits": (e.habits.of, e.habits._count),
         "ingested": e.ingested, "off": e.boundary.off}
 
 

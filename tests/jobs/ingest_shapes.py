@@ -2,8 +2,10 @@
 DDP steps with an optimizer (the tracer's implicit step spans); a span-less all-reduce
 loop (its steps: the turns of its repeating pattern); a thread all-reducing on a group of
 its own beside it; a send/recv exchange (p2p: each rank's activity kept from then on);
-and a loop of two all-reduces on two lines after it."""
+and a loop of two all-reduces on two lines after it. Each loop computes a little between
+its collectives, in a function and in a comprehension, for the sampler's lines."""
 import threading
+import time
 
 import torch
 import torch.distributed as dist
@@ -13,7 +15,16 @@ rank, world = dist.get_rank(), dist.get_world_size()
 own = dist.new_group(backend="gloo")
 model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(8, 1))
 opt = torch.optim.SGD(model.parameters(), lr=0.01)
+
+
+def compute(ms: float) -> None:
+    end = time.monotonic() + ms / 1000
+    while time.monotonic() < end:
+        sum(i * i for i in range(200))  # (a comprehension's line: its function's)
+
+
 for _ in range(20):
+    compute(8)
     loss = model(torch.randn(4, 8)).sum()
     opt.zero_grad()
     loss.backward()
@@ -28,7 +39,9 @@ def metrics():
 thread = threading.Thread(target=metrics)
 thread.start()
 x = torch.ones(16)
-for _ in range(60):
+for i in range(60):
+    if i % 6 == 0:
+        compute(10)
     dist.all_reduce(x)
 thread.join()
 for i in range(5):

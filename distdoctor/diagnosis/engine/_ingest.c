@@ -46,8 +46,10 @@ static const char *STEP_F[] = {"wall_ms", "coll_ms", "data_ms", "batches",
     "first_enter_ns", "label", "samples", "runq_ms", "by_group", "children"};
 enum { ST_TOTALS, ST_FIRST, ST_OLD_KEYS, ST_OLD_SUMS, ST_N };
 static const char *STEPS_F[] = {"totals", "first", "old_keys", "old_sums"};
-enum { RS_STEPS, RS_PATTERN, RS_GROUP_DESC, RS_TURNS, RS_N };
-static const char *RANKSTEPS_F[] = {"steps", "pattern", "group_desc", "_turns"};
+enum { RS_STEPS, RS_PATTERN, RS_GROUP_DESC, RS_TURNS, RS_PERIOD, RS_LAST_SAMPLE, RS_LOOSE,
+       RS_N };
+static const char *RANKSTEPS_F[] = {"steps", "pattern", "group_desc", "_turns",
+    "sample_period_ms", "_last_sample_ns", "loose"};
 enum { P_PERIOD, P_COUNT, P_START, P_TURNS0, P_N };
 static const char *PATTERN_F[] = {"period", "count", "start", "turns0"};
 
@@ -58,7 +60,8 @@ static Layout L_EVENT = {EVENT_F, E_N}, L_RV = {RV_F, R_N}, L_RANK = {RANK_F, S_
 /* --- settings (configure) ----------------------------------------------------------- */
 static int configured;
 static Py_ssize_t MAX_OPEN, KEEP, STEPS, LONG_STEPS, MAX_KEYS, MAX_GROUPS, MAX_SITES,
-    GAPS_KEEP, ALL_FIRST, EVERY;
+    GAPS_KEEP, GAPS_SITES, ALL_FIRST, EVERY;
+static PyObject *COUNTER;       /* collections.Counter (a sample's lines are counted) */
 static long long PATTERN_BASE;  /* steptime.Pattern: a found turn's key is -BASE - turn */
 static double LONG_WAIT_MIN_S;
 static PyObject *NO_WORDS;      /* waitgraph._NO_WORDS */
@@ -66,7 +69,8 @@ static PyObject *NO_WORDS;      /* waitgraph._NO_WORDS */
 static PyObject *s_collective, *s_ok, *s_undefined, *s_c, *s_hang, *s_long_wait,
     *s_thread_id, *s_file, *s_line, *s_waiting, *s_waits, *s_straggler, *s_ingest,
     *s_append, *s_popitem, *s_ingest_one, *s_failed, *s_observe, *s_completed,
-    *s_agreed, *s_observer, *s_place, *s_op;
+    *s_agreed, *s_observer, *s_place, *s_op, *s_sample, *s_function, *s_step_times,
+    *s_locals;
 static PyObject *f_zero, *i_zero, *i_one;  /* 0.0, 0, 1 */
 
 /* A string field equal to an interned constant (the decoder's strings are its caches'). */
@@ -99,6 +103,7 @@ static inline long long as_ll(PyObject *o, int *bad)
 enum { C_RANKS, C_OPEN, C_FOUND, C_SITE_WAIT, C_OFF, C_STRAGGLER, C_OBS, C_SSTEPS,
        C_MEMBERS, C_EDGES, C_VIA, C_TIMES, C_STEPTIME, C_ST_RANKS, C_KEYS, C_ASSIGNED,
        C_TURN, C_THREAD, C_SEEN, C_USERS, C_OF, C_FLAGGED, C_GAPS_OPEN, C_GAPS_BEFORE,
+       C_GAPS_LAST, C_GAPS_MOVED, C_GAPS_SEEN,
        C_THREAD_LAST, C_HABITS, C_HABITS_COUNT, C_GRAPH, C_WINDOW, C_GRAPH_KEEP, C_N };
 static const char *CTX_PATHS[C_N] = {"ranks", "open", "found", "site_wait", "boundary.off",
     "straggler", "straggler.obs", "straggler.steps", "straggler.members",
@@ -106,6 +111,7 @@ static const char *CTX_PATHS[C_N] = {"ranks", "open", "found", "site_wait", "bou
     "steptime.ranks", "steptime._keys", "steptime._assigned", "steptime._turn",
     "steptime.thread", "steptime.thread.seen", "steptime.thread.users",
     "steptime.thread.of", "steptime.thread.flagged", "gaps.open", "gaps.before",
+    "gaps.last", "gaps.moved_ns", "gaps.seen_ns",
     "thread_use._last", "habits", "habits._count", "straggler.graph", "straggler.window",
     "straggler.graph.keep"};
 
@@ -803,6 +809,161 @@ static int is_zero(PyObject *d, PyObject *key)
     return zero;
 }
 
+/* counter[key] += 1 (a Counter is a dict whose missing keys count 0) */
+static int count_one(PyObject *counter, PyObject *key)
+{
+    PyObject *had = PyDict_GetItemWithError(counter, key);
+    if (had == NULL && PyErr_Occurred())
+        return -1;
+    PyObject *n = had ? PyNumber_Add(had, i_one) : Py_NewRef(i_one);
+    int rc = n ? PyDict_SetItem(counter, key, n) : -1;
+    Py_XDECREF(n);
+    return rc;
+}
+
+/* A callsite's value, None where it has none (dict.get). */
+static PyObject *site_get(PyObject *cs, PyObject *name)
+{
+    PyObject *v = PyDict_GetItemWithError(cs, name);
+    return v ? v : PyErr_Occurred() ? NULL : Py_None;
+}
+
+/* Where a rank's main thread was between its ops (ingest_one's "sample" path:
+ * steptime.RankSteps.sample, then hangs/waits.Gaps.sample); 1 done, 0 not common (the
+ * Python code's), -1 an error (said for the step times, as ingest_one says it). */
+static int fast_sample(Ctx *c, PyObject *ev, PyObject **f, int *committed)
+{
+    if (str_is(f[E_DESC], s_undefined) || !PyLong_CheckExact(f[E_NUMEL_IN]))
+        return 0;
+    int bad = 0;
+    long long t_enter = as_ll(f[E_ENTER], &bad), span = as_ll(f[E_SPAN], &bad);
+    long long t_end = f[E_END] == Py_None ? 0 : as_ll(f[E_END], &bad);
+    long long numel = as_ll(f[E_NUMEL_IN], &bad);
+    if (bad || t_enter <= 0 || t_enter > T_MAX || t_end < 0 || t_end > T_MAX || span < 0)
+        return 0;
+    PyObject *rank = f[E_RANK], *cs = f[E_CALLSITE];
+    PyObject *st = PyDict_GetItemWithError(c->o[C_RANKS], rank);
+    PyObject *t = st ? PyDict_GetItemWithError(c->o[C_ST_RANKS], rank) : NULL;
+    if (st == NULL || t == NULL || !Py_IS_TYPE(st, L_RANK.type) ||
+        !Py_IS_TYPE(t, L_RANKSTEPS.type))
+        return PyErr_Occurred() ? -1 : 0;
+    long long max_t = as_ll(FIELD(st, L_RANK, S_MAX_T), &bad);
+    long long last_ns = as_ll(FIELD(t, L_RANKSTEPS, RS_LAST_SAMPLE), &bad);
+    PyObject *period = FIELD(t, L_RANKSTEPS, RS_PERIOD);
+    if (bad || !max_t || last_ns < 0 || last_ns > T_MAX || period == NULL ||
+        (period != Py_None && !PyFloat_CheckExact(period)))
+        return 0;
+    int has_site = cs != Py_None && PyDict_Check(cs) && PyDict_GET_SIZE(cs) > 0;
+    PyObject *function = Py_None, *file = Py_None, *line = Py_None;
+    if (cs != Py_None && !PyDict_Check(cs))
+        return 0;
+    if (has_site) {
+        if ((function = site_get(cs, s_function)) == NULL || (file = site_get(cs, s_file)) ==
+            NULL || (line = site_get(cs, s_line)) == NULL)
+            return -1;
+        /* a comprehension's or lambda's name stands for the function around it
+         * (steptime._enclosing): the Python code's */
+        if (PyUnicode_Check(function) && PyUnicode_GET_LENGTH(function) &&
+            PyUnicode_READ_CHAR(function, PyUnicode_GET_LENGTH(function) - 1) == '>') {
+            Py_ssize_t at = PyUnicode_Find(function, s_locals, 0,
+                                           PyUnicode_GET_LENGTH(function), 1);
+            if (at != -1)  /* (-2: an error, set) */
+                return at == -2 ? -1 : 0;
+        }
+    }
+    PyObject *open_lines = has_site ? PyDict_GetItemWithError(c->o[C_GAPS_OPEN], rank) : NULL;
+    if (open_lines != NULL && !Py_IS_TYPE(open_lines, (PyTypeObject *)COUNTER))
+        return 0;
+    if (PyErr_Occurred())
+        return -1;
+
+    *committed = 1;
+    long long t_now = t_end ? t_end : t_enter;
+    if (t_now > max_t)
+        field_set(st, &L_RANK, S_MAX_T, Py_NewRef(t_end ? f[E_END] : f[E_ENTER]));
+    int rc = -1;
+    PyObject *site = NULL, *gsite = NULL, *runq = PyFloat_FromDouble(
+        numel > 0 ? (double)numel / 1000 : 0.0);
+    if (runq == NULL)
+        goto out;
+    if (has_site) {  /* RankSteps.sample: the line, in its step or loose */
+        site = PyTuple_Pack(3, function, file, line);
+        if (site == NULL)
+            goto out;
+        if (span) {
+            PyObject *step = step_of(t, f[E_SPAN], span);
+            if (step == NULL)
+                goto out;
+            PyObject *samples = FIELD(step, L_STEP, T_SAMPLES);
+            if (samples == Py_None) {
+                samples = PyObject_CallNoArgs(COUNTER);
+                if (samples != NULL)
+                    field_set(step, &L_STEP, T_SAMPLES, samples);
+            }
+            int ok = samples != NULL && PyDict_Check(samples) && count_one(samples, site) == 0
+                     && add_float(step, &L_STEP, T_RUNQ, PyFloat_AS_DOUBLE(runq)) == 0;
+            Py_DECREF(step);
+            if (!ok)
+                goto out;
+        } else {
+            PyObject *item = PyTuple_Pack(3, f[E_ENTER], site, runq);
+            PyObject *r = item ? PyObject_CallMethodOneArg(FIELD(t, L_RANKSTEPS, RS_LOOSE),
+                                                           s_append, item) : NULL;
+            Py_XDECREF(item);
+            if (r == NULL)
+                goto out;
+            Py_DECREF(r);
+        }
+    }
+    if (last_ns) {  /* the sampler's period: the shortest gap between two samples */
+        double gap = (double)(t_enter - last_ns) / 1e6;
+        double below = period == Py_None || PyFloat_AS_DOUBLE(period) == 0.0
+                           ? 1000 : PyFloat_AS_DOUBLE(period);
+        if (0 < gap && gap < below) {
+            PyObject *g = PyFloat_FromDouble(gap);
+            if (g == NULL)
+                goto out;
+            field_set(t, &L_RANKSTEPS, RS_PERIOD, g);
+        }
+    }
+    field_set(t, &L_RANKSTEPS, RS_LAST_SAMPLE, Py_NewRef(f[E_ENTER]));
+    if (has_site) {  /* Gaps.sample: the lines since the rank's newest op */
+        gsite = PyTuple_Pack(3, file, line, function);
+        if (gsite == NULL)
+            goto out;
+        if (open_lines == NULL) {
+            PyObject *fresh = PyObject_CallNoArgs(COUNTER);
+            if (fresh == NULL || PyDict_SetItem(c->o[C_GAPS_OPEN], rank, fresh) < 0) {
+                Py_XDECREF(fresh);
+                goto out;
+            }
+            open_lines = fresh;
+            Py_DECREF(fresh);  /* (the dict holds it) */
+        }
+        int in = PyDict_Contains(open_lines, gsite);
+        if (in < 0 || ((in || PyDict_GET_SIZE(open_lines) < GAPS_SITES) &&
+                       count_one(open_lines, gsite) < 0))
+            goto out;
+        PyObject *was = PyDict_GetItemWithError(c->o[C_GAPS_LAST], rank);
+        int moved = was ? PyObject_RichCompareBool(was, gsite, Py_NE) : !PyErr_Occurred();
+        if (moved < 0 || PyErr_Occurred())
+            goto out;
+        if (moved && (PyDict_SetItem(c->o[C_GAPS_LAST], rank, gsite) < 0 ||
+                      PyDict_SetItem(c->o[C_GAPS_MOVED], rank, f[E_ENTER]) < 0))
+            goto out;
+        if (PyDict_SetItem(c->o[C_GAPS_SEEN], rank, f[E_ENTER]) < 0)
+            goto out;
+    }
+    rc = 1;
+out:
+    Py_XDECREF(runq);
+    Py_XDECREF(site);
+    Py_XDECREF(gsite);
+    if (rc < 0 && failed(c, s_step_times) == 0)  /* said as ingest_one says it */
+        rc = 1;
+    return rc;
+}
+
 /* Whether a finished collective takes the common path, and if so its ingest: 1 done,
  * 0 not common (nothing changed: ingest_one's), -1 an error (part of it done). */
 static int fast_event(Ctx *c, PyObject *ev, PyObject *now, int *committed)
@@ -811,6 +972,8 @@ static int fast_event(Ctx *c, PyObject *ev, PyObject *now, int *committed)
     for (int i = 0; i < E_N; i++)
         if ((f[i] = FIELD(ev, L_EVENT, i)) == NULL)
             return 0;
+    if (str_is(f[E_KIND], s_sample))
+        return fast_sample(c, ev, f, committed);
     if (!str_is(f[E_KIND], s_collective) || !str_is(f[E_STATUS], s_ok) ||
         f[E_END] == Py_None || str_is(f[E_DESC], s_undefined) ||
         !PyUnicode_CheckExact(f[E_GROUP]) || !PyUnicode_CheckExact(f[E_DESC]) ||
@@ -1153,6 +1316,7 @@ static PyObject *configure(PyObject *mod, PyObject *d)
         setting(d, "MAX_KEYS", &MAX_KEYS) || setting(d, "MAX_GROUPS", &MAX_GROUPS) ||
         setting(d, "MAX_SITES", &MAX_SITES) || setting(d, "GAPS_KEEP", &GAPS_KEEP) ||
         setting(d, "ALL_FIRST", &ALL_FIRST) || setting(d, "EVERY", &EVERY) ||
+        setting(d, "GAPS_SITES", &GAPS_SITES) ||
         setting(d, "PATTERN_BASE", &base))
         return NULL;
     PATTERN_BASE = base;
@@ -1165,6 +1329,12 @@ static PyObject *configure(PyObject *mod, PyObject *d)
         return NULL;
     }
     Py_XSETREF(NO_WORDS, Py_NewRef(no_words));
+    PyObject *counter = PyDict_GetItemString(d, "Counter");
+    if (counter == NULL || !PyType_Check(counter)) {
+        PyErr_SetString(PyExc_TypeError, "configure: Counter");
+        return NULL;
+    }
+    Py_XSETREF(COUNTER, Py_NewRef(counter));
     struct { Layout *L; const char *name; } classes[] = {
         {&L_EVENT, "Event"}, {&L_RV, "Rendezvous"}, {&L_RANK, "RankState"},
         {&L_STEP, "StepTime"}, {&L_STEPS, "Steps"}, {&L_RANKSTEPS, "RankSteps"},
@@ -1206,6 +1376,9 @@ PyMODINIT_FUNC PyInit__ingest(void)
     INTERN(s_ingest_one, "ingest_one"); INTERN(s_failed, "_feed_failed");
     INTERN(s_observe, "observe"); INTERN(s_completed, "_completed"); INTERN(s_agreed, "agreed");
     INTERN(s_observer, "_observer"); INTERN(s_place, "place"); INTERN(s_op, "op");
+    INTERN(s_sample, "sample"); INTERN(s_function, "function");
+    INTERN(s_locals, ".<locals>.<");
+    INTERN(s_step_times, "step times");
 #undef INTERN
     if ((f_zero = PyFloat_FromDouble(0.0)) == NULL || (i_zero = PyLong_FromLong(0)) == NULL ||
         (i_one = PyLong_FromLong(1)) == NULL)

@@ -4,8 +4,11 @@ shape the C code reads (then every event takes Engine.ingest_one, as without it)
 
 from __future__ import annotations
 
+from collections import Counter
+
 from distdoctor.diagnosis.engine.ranks import RankState
 from distdoctor.diagnosis.engine.waits import MAX_SITES
+from distdoctor.diagnosis.hangs import waits
 from distdoctor.diagnosis.hangs.progress import LONG_WAIT_MIN_S
 from distdoctor.diagnosis.hangs.waits import Gaps
 from distdoctor.diagnosis.mismatches import habits
@@ -28,6 +31,7 @@ def native_ingest(max_open: int):
         "MAX_OPEN": max_open, "KEEP": steptime.KEEP, "STEPS": stepstats.STEPS,
         "LONG_STEPS": stepstats.LONG_STEPS, "MAX_KEYS": steptime.MAX_KEYS,
         "MAX_GROUPS": straggler.MAX_GROUPS, "MAX_SITES": MAX_SITES, "GAPS_KEEP": Gaps.KEEP,
+        "GAPS_SITES": waits.MAX_SITES, "Counter": Counter,
         "ALL_FIRST": habits.ALL_FIRST, "EVERY": habits.EVERY,
         "PATTERN_BASE": steptime.PATTERN_BASE, "LONG_WAIT_MIN_S": float(LONG_WAIT_MIN_S),
         "NO_WORDS": waitgraph._NO_WORDS,
