@@ -4,8 +4,10 @@ Engine.ingest_one is the reference and the fallback; the C path takes the common
 finished collective of a rank's main thread, its rendezvous completed in agreement) on
 the same objects. Held to the same state, field by field, and the same findings on real
 gloo jobs of the kinds that leave that path (spans, p2p, a thread on its own group; the
-main thread's sampled lines, in steps and between them, take a C path of their own), fed in the order a live reader gives them (a poll
-of each rank's log in turn: rendezvous open across polls) and in time order; and a
+main thread's sampled lines, in steps and between them, take a C path of their own), fed
+in the order a live reader gives them (a poll of each rank's log in turn: rendezvous open
+across polls; each rank's newest op in flight, finished in the next poll) and in time
+order; and a
 detector that fails on the C path is said and the others go on, as on the Python one.
 """
 
@@ -84,6 +86,28 @@ def by_rank_polls(run_dir, per_poll: int = 40) -> list[list]:
     return polls
 
 
+def newest_in_flight(polls: list[list], k: int = 3) -> list[list]:
+    """The same polls as a reader that catches each rank's newest `k` collectives in
+    flight sees them (a GPU's ops end after the CPU has issued more): in flight at the
+    end of one poll, then finished at the start of the next."""
+    out, late = [], []
+    for poll in polls:
+        batch, late = late, []
+        newest: dict[int, list] = {}
+        for ev in poll:
+            if ev.kind == "collective" and ev.t_end_ns is not None:
+                newest.setdefault(ev.rank, []).append(ev)
+        caught = {id(ev) for evs in newest.values() for ev in evs[-k:]}
+        for ev in poll:
+            if id(ev) in caught:
+                batch.append(replace(ev, t_end_ns=None, status="in_flight"))
+                late.append(ev)
+            else:
+                batch.append(ev)
+        out.append(batch)
+    return out + [late]
+
+
 @pytest.fixture(scope="module")
 def recorded(tmp_path_factory) -> dict[str, list[list]]:
     """Each job's events, as a live reader's polls."""
@@ -102,13 +126,21 @@ def test_the_c_ingest_leaves_the_python_state(recorded):
     taken = 0
     for job, polls in recorded.items():
         flat = sorted((ev for p in polls for ev in p), key=lambda e: e.t_end_ns or e.t_enter_ns)
-        for batches in (polls, [flat[i:i + 64] for i in range(0, len(flat), 64)]):
+        for batches in (polls, newest_in_flight(polls),
+                        [flat[i:i + 64] for i in range(0, len(flat), 64)]):
             py_state, py_found = replay(batches, None)
             c_state, c_found = replay(batches, core._NATIVE)
             for part in py_state:
                 assert c_state[part] == py_state[part], f"{job}: {part} differs"
             assert c_found == py_found, job
         taken += core._NATIVE.ingest(Engine(hang_timeout_s=None), flat, 100.0)
+        # ops read in flight and their ends take the C path too (a GPU job's common case):
+        # each such op is taken twice, where the Python code would have taken both
+        caught = newest_in_flight(polls)
+        seen_in_flight = sum(ev.t_end_ns is None for p in caught for ev in p)
+        plain = sum(core._NATIVE.ingest(e, p, 1.0) for e in [Engine()] for p in polls)
+        assert sum(core._NATIVE.ingest(e, p, 1.0) for e in [Engine()] for p in caught) \
+            >= plain + seen_in_flight // 2 > plain
     assert taken > 100  # the common path was taken, not only the fallback
 
 
@@ -165,7 +197,7 @@ def test_odd_field_values_leave_the_same_state_both_ways(recorded):
     them as the Python one does, state and findings (a failure said for the same part:
     where it was raised is a line of C or of Python), and never crashes."""
     rng = random.Random(49)
-    polls = recorded["ingest_shapes.py"]
+    polls = newest_in_flight(recorded["ingest_shapes.py"])
     names = [f.name for f in fields(polls[0][0])]
     for _ in range(300):
         odd = [[replace(ev) for ev in poll] for poll in polls]

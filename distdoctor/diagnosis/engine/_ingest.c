@@ -1,12 +1,13 @@
-/* The diagnosis engine's ingest of the common event in C: a finished collective of a
- * rank's main thread, its rendezvous completed with every member agreeing.
+/* The diagnosis engine's ingest of the common event in C: a collective of a rank's main
+ * thread (finished, or in flight and then its end), its rendezvous completed with every
+ * member agreeing; and the main thread's sampled lines between ops.
  *
  * engine/core.py's Engine.ingest_one is the reference: this is its common path written
  * out against the same Python objects (the engine's dictionaries, the rendezvous, the
  * straggler tracker's and the step accounting's state), in the same order, so every
  * reader (the detectors, the views, the exporters) finds what the Python path would have
- * left. Anything else (a span, a sample, p2p, an op in flight or its completion, a user
- * thread, a rank's first op, a new group name, a disagreement) is handed to ingest_one
+ * left. Anything else (a span, p2p, a user thread's op, a rank's first op, a new group
+ * name, a disagreement, an op read in flight twice) is handed to ingest_one
  * before anything of the event is changed; the rare parts of a completion (a long wait, a
  * rank beside its step, a group's habits sampled) call the Python code that owns them.
  *
@@ -66,7 +67,7 @@ static long long PATTERN_BASE;  /* steptime.Pattern: a found turn's key is -BASE
 static double LONG_WAIT_MIN_S;
 static PyObject *NO_WORDS;      /* waitgraph._NO_WORDS */
 
-static PyObject *s_collective, *s_ok, *s_undefined, *s_c, *s_hang, *s_long_wait,
+static PyObject *s_collective, *s_ok, *s_in_flight, *s_undefined, *s_c, *s_hang, *s_long_wait,
     *s_thread_id, *s_file, *s_line, *s_waiting, *s_waits, *s_straggler, *s_ingest,
     *s_append, *s_popitem, *s_ingest_one, *s_failed, *s_observe, *s_completed,
     *s_agreed, *s_observer, *s_place, *s_op, *s_sample, *s_function, *s_step_times,
@@ -964,8 +965,78 @@ out:
     return rc;
 }
 
-/* Whether a finished collective takes the common path, and if so its ingest: 1 done,
- * 0 not common (nothing changed: ingest_one's), -1 an error (part of it done). */
+/* A finished op's place among the rank's done ones (its newest, and the tally of its
+ * group and op: [ops completed, seconds inside them]). */
+static int tally_done(PyObject *st, PyObject *ev, PyObject **f, PyObject *last_done,
+                      long long t_end, long long t_enter)
+{
+    int newer = last_done == Py_None ? 1 : PyObject_RichCompareBool(
+        f[E_INDEX], FIELD(last_done, L_EVENT, E_INDEX), Py_GE);
+    if (newer < 0)
+        return -1;
+    if (newer)
+        field_set(st, &L_RANK, S_LAST_DONE, Py_NewRef(ev));
+    PyObject *tkey = triple(f[E_GROUP], f[E_DESC], f[E_OP]);
+    if (tkey == NULL)
+        return -1;
+    PyObject *completed_ = FIELD(st, L_RANK, S_COMPLETED);
+    PyObject *tally = PyDict_GetItemWithError(completed_, tkey);
+    if (tally == NULL && !PyErr_Occurred()) {
+        tally = Py_BuildValue("[id]", 0, 0.0);
+        if (tally && PyDict_SetItem(completed_, tkey, tally) < 0)
+            Py_CLEAR(tally);
+        Py_XDECREF(tally);  /* the dict holds it */
+    }
+    Py_DECREF(tkey);
+    if (tally == NULL || !PyList_CheckExact(tally) || PyList_GET_SIZE(tally) != 2) {
+        if (!PyErr_Occurred())
+            PyErr_SetString(PyExc_TypeError, "engine: a rank's tally of an unexpected shape");
+        return -1;
+    }
+    PyObject *n1 = PyNumber_Add(PyList_GET_ITEM(tally, 0), i_one);
+    if (n1 == NULL)
+        return -1;
+    PyList_SetItem(tally, 0, n1);
+    double secs = PyFloat_AsDouble(PyList_GET_ITEM(tally, 1));
+    PyObject *s1 = PyErr_Occurred() ? NULL
+                                    : PyFloat_FromDouble(secs + (double)(t_end - t_enter) / 1e9);
+    if (s1 == NULL)
+        return -1;
+    PyList_SetItem(tally, 1, s1);
+    return 0;
+}
+
+/* steptime.StepTimes.assign of a new main-thread op: seen in its rank's order; a
+ * span-less op's turn of its rank's pattern (found already: `period`...). */
+static int assign(Ctx *c, PyObject *rank, PyObject **f, long long span, PyObject *pattern,
+                  long long count, long long start, long long period, long long turns0)
+{
+    if (PyDict_SetItem(c->o[C_ASSIGNED], rank, f[E_INDEX]) < 0 ||
+        PyDict_SetItem(c->o[C_SEEN], rank, f[E_INDEX]) < 0)
+        return -1;
+    if (span)
+        return 0;
+    count += 1;
+    PyObject *cnt = PyLong_FromLongLong(count);
+    PyObject *turn = PyLong_FromLongLong(-PATTERN_BASE - turns0 -
+                                         floor_div(count - start, period));
+    PyObject *pk = pair(rank, f[E_INDEX]);
+    int ok = cnt && turn && pk && PyObject_SetItem(c->o[C_KEYS], pk, turn) == 0 &&
+             PyDict_SetItem(c->o[C_TURN], rank, turn) == 0;
+    if (ok)
+        field_set(pattern, &L_PATTERN, P_COUNT, Py_NewRef(cnt));
+    Py_XDECREF(cnt);
+    Py_XDECREF(turn);
+    Py_XDECREF(pk);
+    if (!ok || (PyObject_Length(c->o[C_KEYS]) > MAX_KEYS &&
+                odict_pop_first(c->o[C_KEYS], NULL, NULL) < 0))
+        return -1;
+    return 0;
+}
+
+/* Whether a collective takes the common path (finished; or read in flight, and then its
+ * end), and if so its ingest: 1 done, 0 not common (nothing changed: ingest_one's), -1 an
+ * error (part of it done: *committed). A sample goes to fast_sample. */
 static int fast_event(Ctx *c, PyObject *ev, PyObject *now, int *committed)
 {
     PyObject *f[E_N];
@@ -974,15 +1045,18 @@ static int fast_event(Ctx *c, PyObject *ev, PyObject *now, int *committed)
             return 0;
     if (str_is(f[E_KIND], s_sample))
         return fast_sample(c, ev, f, committed);
-    if (!str_is(f[E_KIND], s_collective) || !str_is(f[E_STATUS], s_ok) ||
-        f[E_END] == Py_None || str_is(f[E_DESC], s_undefined) ||
+    /* finished, or in flight (an op read before it ended: a GPU's, a long one) */
+    int in_flight = f[E_END] == Py_None;
+    if (!str_is(f[E_KIND], s_collective) ||
+        !str_is(f[E_STATUS], in_flight ? s_in_flight : s_ok) ||
+        str_is(f[E_DESC], s_undefined) ||
         !PyUnicode_CheckExact(f[E_GROUP]) || !PyUnicode_CheckExact(f[E_DESC]) ||
         !PyUnicode_CheckExact(f[E_OP]) || !PyTuple_CheckExact(f[E_GROUP_RANKS]))
         return 0;
     int bad = 0;
     long long index = as_ll(f[E_INDEX], &bad), seq = as_ll(f[E_SEQ], &bad),
-              t_enter = as_ll(f[E_ENTER], &bad), t_end = as_ll(f[E_END], &bad),
-              span = as_ll(f[E_SPAN], &bad);
+              t_enter = as_ll(f[E_ENTER], &bad),
+              t_end = in_flight ? 0 : as_ll(f[E_END], &bad), span = as_ll(f[E_SPAN], &bad);
     as_ll(f[E_RANK], &bad);
     if (bad || seq < 0 || seq == LLONG_MAX || t_enter < 0 || t_end < 0 || t_enter > T_MAX ||
         t_end > T_MAX)
@@ -996,7 +1070,8 @@ static int fast_event(Ctx *c, PyObject *ev, PyObject *now, int *committed)
         if (followed)
             return followed < 0 ? -1 : 0;
     }
-    /* the rank: seen before, this op newer than its newest */
+    /* the rank: seen before; this op newer than its newest, or the end of one seen in
+     * flight (an update: the rest of its ingest was done then) */
     PyObject *st = PyDict_GetItemWithError(c->o[C_RANKS], rank);
     if (st == NULL || !Py_IS_TYPE(st, L_RANK.type))
         return PyErr_Occurred() ? -1 : 0;
@@ -1004,8 +1079,11 @@ static int fast_event(Ctx *c, PyObject *ev, PyObject *now, int *committed)
                                                                        S_LAST_DONE);
     long long max_t = as_ll(FIELD(st, L_RANK, S_MAX_T), &bad);
     if (bad || !max_t || latest == NULL || !Py_IS_TYPE(latest, L_EVENT.type) ||
-        index <= as_ll(FIELD(latest, L_EVENT, E_INDEX), &bad) || bad || last_done == NULL ||
-        (last_done != Py_None && !Py_IS_TYPE(last_done, L_EVENT.type)))
+        last_done == NULL || (last_done != Py_None && !Py_IS_TYPE(last_done, L_EVENT.type)))
+        return 0;
+    long long latest_index = as_ll(FIELD(latest, L_EVENT, E_INDEX), &bad);
+    int update = index <= latest_index;
+    if (bad || (update && in_flight))  /* (an op read in flight again) */
         return 0;
     /* the main thread's (threads.py thread_of, beside.py) */
     PyObject *cs = f[E_CALLSITE];
@@ -1016,10 +1094,15 @@ static int fast_event(Ctx *c, PyObject *ev, PyObject *now, int *committed)
         if (tid != NULL ? (as_ll(tid, &bad) != 0 || bad) : PyErr_Occurred() != NULL)
             return PyErr_Occurred() ? -1 : 0;
     }
-    /* its step (steptime.py assign): its span's, or a turn of a pattern already found */
+    /* its step (steptime.py assign): its span's, or a turn of a pattern already found;
+     * an update's was given when it was seen in flight */
     PyObject *assigned = PyDict_GetItemWithError(c->o[C_ASSIGNED], rank);
-    if (assigned != NULL && (index <= as_ll(assigned, &bad) || bad))
-        return 0;
+    long long given = assigned != NULL ? as_ll(assigned, &bad) : -1;
+    if (bad || (update ? assigned == NULL || index > given : index <= given))
+        return PyErr_Occurred() ? -1 : 0;
+    PyObject *pattern = NULL;
+    long long period = 0, count = 0, start = 0, turns0 = 0;
+    if (!update) {
     PyObject *user = pair(rank, group);
     if (user == NULL)
         return -1;
@@ -1029,8 +1112,7 @@ static int fast_event(Ctx *c, PyObject *ev, PyObject *now, int *committed)
     if (!main_only || t == NULL || !Py_IS_TYPE(t, L_RANKSTEPS.type) ||
         !Py_IS_TYPE(FIELD(t, L_RANKSTEPS, RS_PATTERN), L_PATTERN.type))
         return PyErr_Occurred() ? -1 : 0;
-    PyObject *pattern = FIELD(t, L_RANKSTEPS, RS_PATTERN);
-    long long period = 0, count = 0, start = 0, turns0 = 0;
+    pattern = FIELD(t, L_RANKSTEPS, RS_PATTERN);
     if (!span) {
         period = as_ll(FIELD(pattern, L_PATTERN, P_PERIOD), &bad);
         count = as_ll(FIELD(pattern, L_PATTERN, P_COUNT), &bad);
@@ -1039,6 +1121,7 @@ static int fast_event(Ctx *c, PyObject *ev, PyObject *now, int *committed)
         if (bad || period <= 0 || count < 0 || count > T_MAX || turns0 < 0 || turns0 > T_MAX ||
             start < 0)
             return 0;
+    }
     }
     /* one name, one member list for the group on this rank (group_order.py) */
     PyObject *names = FIELD(st, L_RANK, S_NAMES);
@@ -1054,7 +1137,8 @@ static int fast_event(Ctx *c, PyObject *ev, PyObject *now, int *committed)
     int variant = PyObject_IsTrue(PyTuple_GET_ITEM(name, 1));
     if (variant)
         return variant < 0 ? -1 : 0;
-    /* its rendezvous: new, or open with this rank not in it and every arrival agreeing */
+    /* its rendezvous: new, or open with this rank not in it and every arrival agreeing;
+     * an update's: open, with the op in flight in it */
     PyObject *key = triple(s_c, group, f[E_SEQ]);
     PyObject *raw = key ? PyTuple_Pack(6, f[E_OP], f[E_NUMEL_IN], f[E_NUMEL_OUT],
                                        f[E_DTYPES], f[E_REDOP], f[E_PEER]) : NULL;
@@ -1073,22 +1157,24 @@ static int fast_event(Ctx *c, PyObject *ev, PyObject *now, int *committed)
             !PyTuple_CheckExact(members) || FIELD(rv, L_RV, R_MISMATCH) != Py_None ||
             FIELD(rv, L_RV, R_DONE) == NULL)
             goto out;
-        int in = PyDict_Contains(arrivals, rank);
-        if (in) {
-            rc = in < 0 ? -1 : 0;
+        PyObject *old = PyDict_GetItemWithError(arrivals, rank);
+        if (update ? old == NULL || !Py_IS_TYPE(old, L_EVENT.type) ||
+                         FIELD(old, L_EVENT, E_END) != Py_None
+                   : old != NULL) {
+            rc = PyErr_Occurred() ? -1 : 0;
             goto out;
         }
         first_raw = FIELD(rv, L_RV, R_FIRST_RAW);
         if (first_raw == NULL)
             goto out;
-        if (first_raw != Py_None) {
+        if (first_raw != Py_None && !update) {  /* (an update keeps its signature) */
             int same = PyObject_RichCompareBool(raw, first_raw, Py_EQ);
             if (same <= 0) {
                 rc = same < 0 ? -1 : 0;
                 goto out;
             }
         }
-    } else if (PyDict_GET_SIZE(c->o[C_OPEN]) >= MAX_OPEN) {
+    } else if (update || PyDict_GET_SIZE(c->o[C_OPEN]) >= MAX_OPEN) {
         goto out;
     } else {  /* its members: ranks (the decoder's are; an odd list is the Python code's) */
         for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(f[E_GROUP_RANKS]); i++)
@@ -1099,71 +1185,26 @@ static int fast_event(Ctx *c, PyObject *ev, PyObject *now, int *committed)
     /* --- ingest_one's collective path, from here on changing state ------------------ */
     *committed = 1;
     rc = -1;
-    if (t_end > max_t)
-        field_set(st, &L_RANK, S_MAX_T, Py_NewRef(f[E_END]));
+    if ((in_flight ? t_enter : t_end) > max_t)
+        field_set(st, &L_RANK, S_MAX_T, Py_NewRef(in_flight ? f[E_ENTER] : f[E_END]));
     /* its activity, kept from a rank's first p2p op on (waitgraph.Activity) */
     if (PyDict_GET_SIZE(c->o[C_TIMES]) &&
         call_part(c, c->o[C_STRAGGLER], s_op, ev, s_straggler) < 0)
         goto out;
-    PyObject *r = PyObject_CallMethodOneArg(FIELD(st, L_RANK, S_RECENT), s_append, ev);
-    if (r == NULL)
-        goto out;
-    Py_DECREF(r);
-    if (gaps_op(c, rank, f[E_INDEX]) < 0)
-        goto out;
-    field_set(st, &L_RANK, S_LATEST, Py_NewRef(ev));
-    int newer = last_done == Py_None ? 1 : PyObject_RichCompareBool(
-        f[E_INDEX], FIELD(last_done, L_EVENT, E_INDEX), Py_GE);
-    if (newer < 0)
-        goto out;
-    if (newer)
-        field_set(st, &L_RANK, S_LAST_DONE, Py_NewRef(ev));
-    /* its tally: [ops completed, seconds inside them] */
-    PyObject *tkey = triple(group, f[E_DESC], f[E_OP]);
-    if (tkey == NULL)
-        goto out;
-    PyObject *completed_ = FIELD(st, L_RANK, S_COMPLETED);
-    PyObject *tally = PyDict_GetItemWithError(completed_, tkey);
-    if (tally == NULL && !PyErr_Occurred()) {
-        tally = Py_BuildValue("[id]", 0, 0.0);
-        if (tally && PyDict_SetItem(completed_, tkey, tally) < 0)
-            Py_CLEAR(tally);
-        Py_XDECREF(tally);  /* the dict holds it */
-    }
-    Py_DECREF(tkey);
-    if (tally == NULL || !PyList_CheckExact(tally) || PyList_GET_SIZE(tally) != 2)
-        goto out_type;
-    PyObject *n1 = PyNumber_Add(PyList_GET_ITEM(tally, 0), i_one);
-    if (n1 == NULL)
-        goto out;
-    PyList_SetItem(tally, 0, n1);
-    double secs = PyFloat_AsDouble(PyList_GET_ITEM(tally, 1));
-    PyObject *s1 = PyErr_Occurred() ? NULL
-                                    : PyFloat_FromDouble(secs + (double)(t_end - t_enter) / 1e9);
-    if (s1 == NULL)
-        goto out;
-    PyList_SetItem(tally, 1, s1);
-    /* steptime.assign: seen in its rank's order; a span-less op's turn of the pattern */
-    if (PyDict_SetItem(c->o[C_ASSIGNED], rank, f[E_INDEX]) < 0 ||
-        PyDict_SetItem(c->o[C_SEEN], rank, f[E_INDEX]) < 0)
-        goto out;
-    if (!span) {
-        count += 1;
-        PyObject *cnt = PyLong_FromLongLong(count);
-        PyObject *turn = PyLong_FromLongLong(-PATTERN_BASE - turns0 -
-                                             floor_div(count - start, period));
-        PyObject *pk = pair(rank, f[E_INDEX]);
-        int ok = cnt && turn && pk && PyObject_SetItem(c->o[C_KEYS], pk, turn) == 0 &&
-                 PyDict_SetItem(c->o[C_TURN], rank, turn) == 0;
-        if (ok)
-            field_set(pattern, &L_PATTERN, P_COUNT, Py_NewRef(cnt));
-        Py_XDECREF(cnt);
-        Py_XDECREF(turn);
-        Py_XDECREF(pk);
-        if (!ok || (PyObject_Length(c->o[C_KEYS]) > MAX_KEYS &&
-                    odict_pop_first(c->o[C_KEYS], NULL, NULL) < 0))
+    if (!update) {  /* its newest op */
+        PyObject *r = PyObject_CallMethodOneArg(FIELD(st, L_RANK, S_RECENT), s_append, ev);
+        if (r == NULL)
+            goto out;
+        Py_DECREF(r);
+        if (gaps_op(c, rank, f[E_INDEX]) < 0)
             goto out;
     }
+    if (index >= latest_index)  /* (an update of an older one leaves the newest) */
+        field_set(st, &L_RANK, S_LATEST, Py_NewRef(ev));
+    if (!in_flight && tally_done(st, ev, f, last_done, t_end, t_enter) < 0)
+        goto out;
+    if (!update && assign(c, rank, f, span, pattern, count, start, period, turns0) < 0)
+        goto out;
     /* the group's ops issued */
     PyObject *issued = FIELD(st, L_RANK, S_ISSUED);
     PyObject *had = PyDict_GetItemWithError(issued, group);
@@ -1190,13 +1231,13 @@ static int fast_event(Ctx *c, PyObject *ev, PyObject *now, int *committed)
             goto out;
     }
     PyObject *arrivals = FIELD(rv, L_RV, R_ARRIVALS);
-    PyObject *done = PyNumber_Add(FIELD(rv, L_RV, R_DONE), i_one);
+    PyObject *done = PyNumber_Add(FIELD(rv, L_RV, R_DONE), in_flight ? i_zero : i_one);
     if (done == NULL || PyDict_SetItem(arrivals, rank, ev) < 0) {
         Py_XDECREF(done);
         goto out;
     }
     field_set(rv, &L_RV, R_DONE, done);
-    if (FIELD(rv, L_RV, R_FIRST_RAW) == Py_None)
+    if (!update && FIELD(rv, L_RV, R_FIRST_RAW) == Py_None)
         field_set(rv, &L_RV, R_FIRST_RAW, Py_NewRef(raw));
     /* complete: every member arrived and finished (Rendezvous.complete) */
     PyObject *members = FIELD(rv, L_RV, R_MEMBERS);
@@ -1222,10 +1263,6 @@ static int fast_event(Ctx *c, PyObject *ev, PyObject *now, int *committed)
                 rc = -1;
         }
     }
-    goto out;
-out_type:
-    if (!PyErr_Occurred())
-        PyErr_SetString(PyExc_TypeError, "engine: a rank's tally of an unexpected shape");
 out:
     Py_XDECREF(rv);
     Py_XDECREF(key);
@@ -1368,7 +1405,8 @@ static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_ingest",
 PyMODINIT_FUNC PyInit__ingest(void)
 {
 #define INTERN(var, text) if ((var = PyUnicode_InternFromString(text)) == NULL) return NULL
-    INTERN(s_collective, "collective"); INTERN(s_ok, "ok"); INTERN(s_undefined, "undefined");
+    INTERN(s_collective, "collective"); INTERN(s_ok, "ok");
+    INTERN(s_in_flight, "in_flight"); INTERN(s_undefined, "undefined");
     INTERN(s_c, "c"); INTERN(s_hang, "hang"); INTERN(s_long_wait, "long_wait");
     INTERN(s_thread_id, "thread_id"); INTERN(s_file, "file"); INTERN(s_line, "line");
     INTERN(s_waiting, "waiting"); INTERN(s_waits, "waits"); INTERN(s_straggler, "straggler");
