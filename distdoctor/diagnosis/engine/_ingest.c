@@ -965,6 +965,38 @@ out:
     return rc;
 }
 
+/* A rank's repeating pattern of collectives, found (steptime.Pattern), as assign reads it. */
+typedef struct {
+    PyObject *pattern;  /* borrowed */
+    long long period, count, start, turns0;
+} Turn;
+
+/* Whether a new op's step is the common path's to give (the rank's main thread the only
+ * one on the group and its step thread; a span, or a pattern found): 1, with the pattern
+ * read; 0 the Python code's; -1 an error. */
+static int turn_of(Ctx *c, PyObject *rank, PyObject *group, long long span, Turn *turn)
+{
+    PyObject *user = pair(rank, group);
+    if (user == NULL)
+        return -1;
+    int main_only = is_zero(c->o[C_USERS], user) && is_zero(c->o[C_OF], rank);
+    Py_DECREF(user);
+    PyObject *t = PyDict_GetItemWithError(c->o[C_ST_RANKS], rank);
+    if (!main_only || t == NULL || !Py_IS_TYPE(t, L_RANKSTEPS.type) ||
+        !Py_IS_TYPE(FIELD(t, L_RANKSTEPS, RS_PATTERN), L_PATTERN.type))
+        return PyErr_Occurred() ? -1 : 0;
+    PyObject *pattern = turn->pattern = FIELD(t, L_RANKSTEPS, RS_PATTERN);
+    if (span)
+        return 1;
+    int bad = 0;
+    turn->period = as_ll(FIELD(pattern, L_PATTERN, P_PERIOD), &bad);
+    turn->count = as_ll(FIELD(pattern, L_PATTERN, P_COUNT), &bad);
+    turn->start = as_ll(FIELD(pattern, L_PATTERN, P_START), &bad);
+    turn->turns0 = as_ll(FIELD(pattern, L_PATTERN, P_TURNS0), &bad);
+    return !(bad || turn->period <= 0 || turn->count < 0 || turn->count > T_MAX ||
+             turn->turns0 < 0 || turn->turns0 > T_MAX || turn->start < 0);
+}
+
 /* A finished op's place among the rank's done ones (its newest, and the tally of its
  * group and op: [ops completed, seconds inside them]). */
 static int tally_done(PyObject *st, PyObject *ev, PyObject **f, PyObject *last_done,
@@ -1008,23 +1040,22 @@ static int tally_done(PyObject *st, PyObject *ev, PyObject **f, PyObject *last_d
 
 /* steptime.StepTimes.assign of a new main-thread op: seen in its rank's order; a
  * span-less op's turn of its rank's pattern (found already: `period`...). */
-static int assign(Ctx *c, PyObject *rank, PyObject **f, long long span, PyObject *pattern,
-                  long long count, long long start, long long period, long long turns0)
+static int assign(Ctx *c, PyObject *rank, PyObject **f, long long span, const Turn *tn)
 {
     if (PyDict_SetItem(c->o[C_ASSIGNED], rank, f[E_INDEX]) < 0 ||
         PyDict_SetItem(c->o[C_SEEN], rank, f[E_INDEX]) < 0)
         return -1;
     if (span)
         return 0;
-    count += 1;
+    long long count = tn->count + 1;
     PyObject *cnt = PyLong_FromLongLong(count);
-    PyObject *turn = PyLong_FromLongLong(-PATTERN_BASE - turns0 -
-                                         floor_div(count - start, period));
+    PyObject *turn = PyLong_FromLongLong(-PATTERN_BASE - tn->turns0 -
+                                         floor_div(count - tn->start, tn->period));
     PyObject *pk = pair(rank, f[E_INDEX]);
     int ok = cnt && turn && pk && PyObject_SetItem(c->o[C_KEYS], pk, turn) == 0 &&
              PyDict_SetItem(c->o[C_TURN], rank, turn) == 0;
     if (ok)
-        field_set(pattern, &L_PATTERN, P_COUNT, Py_NewRef(cnt));
+        field_set(tn->pattern, &L_PATTERN, P_COUNT, Py_NewRef(cnt));
     Py_XDECREF(cnt);
     Py_XDECREF(turn);
     Py_XDECREF(pk);
@@ -1100,28 +1131,11 @@ static int fast_event(Ctx *c, PyObject *ev, PyObject *now, int *committed)
     long long given = assigned != NULL ? as_ll(assigned, &bad) : -1;
     if (bad || (update ? assigned == NULL || index > given : index <= given))
         return PyErr_Occurred() ? -1 : 0;
-    PyObject *pattern = NULL;
-    long long period = 0, count = 0, start = 0, turns0 = 0;
+    Turn turn = {NULL, 0, 0, 0, 0};
     if (!update) {
-    PyObject *user = pair(rank, group);
-    if (user == NULL)
-        return -1;
-    int main_only = is_zero(c->o[C_USERS], user) && is_zero(c->o[C_OF], rank);
-    Py_DECREF(user);
-    PyObject *t = PyDict_GetItemWithError(c->o[C_ST_RANKS], rank);
-    if (!main_only || t == NULL || !Py_IS_TYPE(t, L_RANKSTEPS.type) ||
-        !Py_IS_TYPE(FIELD(t, L_RANKSTEPS, RS_PATTERN), L_PATTERN.type))
-        return PyErr_Occurred() ? -1 : 0;
-    pattern = FIELD(t, L_RANKSTEPS, RS_PATTERN);
-    if (!span) {
-        period = as_ll(FIELD(pattern, L_PATTERN, P_PERIOD), &bad);
-        count = as_ll(FIELD(pattern, L_PATTERN, P_COUNT), &bad);
-        start = as_ll(FIELD(pattern, L_PATTERN, P_START), &bad);
-        turns0 = as_ll(FIELD(pattern, L_PATTERN, P_TURNS0), &bad);
-        if (bad || period <= 0 || count < 0 || count > T_MAX || turns0 < 0 || turns0 > T_MAX ||
-            start < 0)
-            return 0;
-    }
+        int common = turn_of(c, rank, group, span, &turn);
+        if (common <= 0)
+            return common;
     }
     /* one name, one member list for the group on this rank (group_order.py) */
     PyObject *names = FIELD(st, L_RANK, S_NAMES);
@@ -1203,7 +1217,7 @@ static int fast_event(Ctx *c, PyObject *ev, PyObject *now, int *committed)
         field_set(st, &L_RANK, S_LATEST, Py_NewRef(ev));
     if (!in_flight && tally_done(st, ev, f, last_done, t_end, t_enter) < 0)
         goto out;
-    if (!update && assign(c, rank, f, span, pattern, count, start, period, turns0) < 0)
+    if (!update && assign(c, rank, f, span, &turn) < 0)
         goto out;
     /* the group's ops issued */
     PyObject *issued = FIELD(st, L_RANK, S_ISSUED);
