@@ -20,7 +20,9 @@ native = sys.implementation.name == "cpython" and sys.version_info >= (3, 11) an
 SOURCES = [("distdoctor.runlog._fast", "distdoctor/runlog/_fast.c"),
            ("distdoctor.runlog._decode", "distdoctor/runlog/_decode.c"),
            ("distdoctor.diagnosis.engine._ingest", "distdoctor/diagnosis/engine/_ingest.c")]
-HEADERS = ["distdoctor/runlog/slot_layout.h", "distdoctor/runlog/slot_fields.h"]
+HEADERS = ["distdoctor/runlog/slot_layout.h", "distdoctor/runlog/slot_fields.h",
+           "distdoctor/diagnosis/engine/ingest_base.h",
+           "distdoctor/diagnosis/engine/ingest_completion.h"]
 setup(ext_modules=[Extension(module, [source], include_dirs=["distdoctor/runlog"],
                              depends=HEADERS, extra_compile_args=["-O2", "-Wall"],
                              optional=True)
