@@ -34,7 +34,9 @@ static int fast_sample(Ctx *c, PyObject *ev, PyObject **f, int *committed)
     long long t_enter = as_ll(f[E_ENTER], &bad), span = as_ll(f[E_SPAN], &bad);
     long long t_end = f[E_END] == Py_None ? 0 : as_ll(f[E_END], &bad);
     long long numel = as_ll(f[E_NUMEL_IN], &bad);
-    if (bad || t_enter <= 0 || t_enter > T_MAX || t_end < 0 || t_end > T_MAX || span < 0)
+    /* (numel_in / 1000 is exact in a double up to 2^53, as Python's int division is) */
+    if (bad || t_enter <= 0 || t_enter > T_MAX || t_end < 0 || t_end > T_MAX || span < 0 ||
+        numel > (1LL << 53))
         return 0;
     PyObject *rank = f[E_RANK], *cs = f[E_CALLSITE];
     PyObject *st = PyDict_GetItemWithError(c->o[C_RANKS], rank);
@@ -48,10 +50,10 @@ static int fast_sample(Ctx *c, PyObject *ev, PyObject **f, int *committed)
     if (bad || !max_t || last_ns < 0 || last_ns > T_MAX || period == NULL ||
         (period != Py_None && !PyFloat_CheckExact(period)))
         return 0;
-    int has_site = cs != Py_None && PyDict_Check(cs) && PyDict_GET_SIZE(cs) > 0;
-    PyObject *function = Py_None, *file = Py_None, *line = Py_None;
     if (cs != Py_None && !PyDict_Check(cs))
         return 0;
+    int has_site = cs != Py_None && PyDict_GET_SIZE(cs) > 0;  /* (`if ev.callsite:`) */
+    PyObject *function = Py_None, *file = Py_None, *line = Py_None;
     if (has_site) {
         if ((function = site_get(cs, s_function)) == NULL || (file = site_get(cs, s_file)) ==
             NULL || (line = site_get(cs, s_line)) == NULL)
@@ -623,7 +625,7 @@ PyMODINIT_FUNC PyInit__ingest(void)
     INTERN(s_observe, "observe"); INTERN(s_completed, "_completed"); INTERN(s_agreed, "agreed");
     INTERN(s_observer, "_observer"); INTERN(s_place, "place"); INTERN(s_op, "op");
     INTERN(s_sample, "sample"); INTERN(s_function, "function");
-    INTERN(s_locals, ".<locals>.<");
+    INTERN(s_locals, ".<locals>.<"); INTERN(s_quiet, "_quiet_as_of");
     INTERN(s_step_times, "step times");
 #undef INTERN
     if ((f_zero = PyFloat_FromDouble(0.0)) == NULL || (i_zero = PyLong_FromLong(0)) == NULL ||

@@ -6,11 +6,10 @@ from __future__ import annotations
 
 from collections import Counter
 
+from distdoctor.diagnosis.engine import waits as site_waits
 from distdoctor.diagnosis.engine.ranks import RankState
-from distdoctor.diagnosis.engine.waits import MAX_SITES
-from distdoctor.diagnosis.hangs import waits
+from distdoctor.diagnosis.hangs import waits as gap_lines
 from distdoctor.diagnosis.hangs.progress import LONG_WAIT_MIN_S
-from distdoctor.diagnosis.hangs.waits import Gaps
 from distdoctor.diagnosis.mismatches import habits
 from distdoctor.diagnosis.rendezvous import Rendezvous
 from distdoctor.diagnosis.stragglers import stepstats, steptime, straggler, waitgraph
@@ -30,8 +29,8 @@ def native_ingest(max_open: int):
     settings = {
         "MAX_OPEN": max_open, "KEEP": steptime.KEEP, "STEPS": stepstats.STEPS,
         "LONG_STEPS": stepstats.LONG_STEPS, "MAX_KEYS": steptime.MAX_KEYS,
-        "MAX_GROUPS": straggler.MAX_GROUPS, "MAX_SITES": MAX_SITES, "GAPS_KEEP": Gaps.KEEP,
-        "GAPS_SITES": waits.MAX_SITES, "Counter": Counter,
+        "MAX_GROUPS": straggler.MAX_GROUPS, "MAX_SITES": site_waits.MAX_SITES,
+        "GAPS_KEEP": gap_lines.Gaps.KEEP, "GAPS_SITES": gap_lines.MAX_SITES, "Counter": Counter,
         "ALL_FIRST": habits.ALL_FIRST, "EVERY": habits.EVERY,
         "PATTERN_BASE": steptime.PATTERN_BASE, "LONG_WAIT_MIN_S": float(LONG_WAIT_MIN_S),
         "NO_WORDS": waitgraph._NO_WORDS,

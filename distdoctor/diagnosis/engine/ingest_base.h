@@ -56,7 +56,7 @@ static PyObject *s_collective, *s_ok, *s_in_flight, *s_undefined, *s_c, *s_hang,
     *s_thread_id, *s_file, *s_line, *s_waiting, *s_waits, *s_straggler, *s_ingest,
     *s_append, *s_popitem, *s_ingest_one, *s_failed, *s_observe, *s_completed,
     *s_agreed, *s_observer, *s_place, *s_op, *s_sample, *s_function, *s_step_times,
-    *s_locals;
+    *s_locals, *s_quiet;
 static PyObject *f_zero, *i_zero, *i_one;  /* 0.0, 0, 1 */
 
 /* A string field equal to an interned constant (the decoder's strings are its caches'). */
@@ -90,7 +90,7 @@ enum { C_RANKS, C_OPEN, C_FOUND, C_SITE_WAIT, C_OFF, C_STRAGGLER, C_OBS, C_SSTEP
        C_MEMBERS, C_EDGES, C_VIA, C_TIMES, C_STEPTIME, C_ST_RANKS, C_KEYS, C_ASSIGNED,
        C_TURN, C_THREAD, C_SEEN, C_USERS, C_OF, C_FLAGGED, C_GAPS_OPEN, C_GAPS_BEFORE,
        C_GAPS_LAST, C_GAPS_MOVED, C_GAPS_SEEN,
-       C_THREAD_LAST, C_HABITS, C_HABITS_COUNT, C_GRAPH, C_WINDOW, C_GRAPH_KEEP, C_N };
+       C_THREAD_LAST, C_HABITS, C_HABITS_COUNT, C_GRAPH, C_GRAPH_KEEP, C_N };
 static const char *CTX_PATHS[C_N] = {"ranks", "open", "found", "site_wait", "boundary.off",
     "straggler", "straggler.obs", "straggler.steps", "straggler.members",
     "straggler.graph.edges", "straggler.graph.via", "straggler.activity.times", "steptime",
@@ -98,13 +98,12 @@ static const char *CTX_PATHS[C_N] = {"ranks", "open", "found", "site_wait", "bou
     "steptime.thread", "steptime.thread.seen", "steptime.thread.users",
     "steptime.thread.of", "steptime.thread.flagged", "gaps.open", "gaps.before",
     "gaps.last", "gaps.moved_ns", "gaps.seen_ns",
-    "thread_use._last", "habits", "habits._count", "straggler.graph", "straggler.window",
-    "straggler.graph.keep"};
+    "thread_use._last", "habits", "habits._count", "straggler.graph", "straggler.graph.keep"};
 
 typedef struct {
     PyObject *engine, *now;
     PyObject *o[C_N];   /* strong references */
-    Py_ssize_t window, graph_keep;
+    Py_ssize_t graph_keep;
     int waits_on;
 } Ctx;
 
@@ -142,7 +141,7 @@ static int ctx_load(Ctx *c)
     for (int i = 0; i < C_N; i++)
         if ((c->o[i] = resolve(c->engine, CTX_PATHS[i])) == NULL)
             return -1;
-    for (int i = 0; i < C_WINDOW; i++) {
+    for (int i = 0; i < C_GRAPH_KEEP; i++) {
         PyObject *o = c->o[i];
         if (i == C_STRAGGLER || i == C_STEPTIME || i == C_THREAD || i == C_HABITS ||
             i == C_GRAPH)
@@ -155,7 +154,6 @@ static int ctx_load(Ctx *c)
             return -1;
         }
     }
-    c->window = PyLong_AsSsize_t(c->o[C_WINDOW]);
     c->graph_keep = PyLong_AsSsize_t(c->o[C_GRAPH_KEEP]);
     if (PyErr_Occurred())
         return -1;

@@ -51,10 +51,15 @@ static int add_float(PyObject *o, const Layout *L, int i, double x)
     return 0;
 }
 
-/* d[key] = d.get(key, 0.0) + x */
-static int dict_add_float(PyObject *d, PyObject *key, double x)
+/* m[key] = m.get(key, 0.0) + x, for a dict or an OrderedDict (written through its own
+ * method, which keeps its order): 1 when the key is new, 0 when it was there, -1 an error. */
+static int map_add_float(PyObject *m, PyObject *key, double x)
 {
-    PyObject *v = PyDict_GetItemWithError(d, key);
+    if (!PyDict_Check(m)) {
+        PyErr_SetString(PyExc_TypeError, "engine: a table that is not a dict");
+        return -1;
+    }
+    PyObject *v = PyDict_GetItemWithError(m, key);
     double old = 0.0;
     if (v != NULL) {
         old = PyFloat_AsDouble(v);
@@ -66,9 +71,9 @@ static int dict_add_float(PyObject *d, PyObject *key, double x)
     PyObject *sum = PyFloat_FromDouble(old + x);
     if (sum == NULL)
         return -1;
-    int rc = PyDict_SetItem(d, key, sum);
+    int rc = PyDict_CheckExact(m) ? PyDict_SetItem(m, key, sum) : PyObject_SetItem(m, key, sum);
     Py_DECREF(sum);
-    return rc;
+    return rc < 0 ? -1 : v == NULL;
 }
 
 /* steptime.RankSteps.collective: a finished collective's time in its step. */
@@ -93,9 +98,7 @@ static int step_collective(PyObject *t, PyObject *key, long long k, PyObject *ev
         }
         Py_DECREF(v);
         field_set(st, &L_STEP, T_BY_GROUP, d);
-    } else if (!PyDict_Check(by_group) || dict_add_float(by_group, group, ms) < 0) {
-        if (!PyErr_Occurred())
-            PyErr_SetString(PyExc_TypeError, "by_group: not a dict");
+    } else if (map_add_float(by_group, group, ms) < 0) {
         goto out;
     }
     PyObject *descs = FIELD(t, L_RANKSTEPS, RS_GROUP_DESC);
@@ -131,23 +134,9 @@ static int steps_add(PyObject *steps, PyObject *key, double lateness)
     if (same)
         return same < 0 ? -1 : 0;
     PyObject *totals = FIELD(steps, L_STEPS, ST_TOTALS);
-    PyObject *old = mget(totals, key);
-    if (old == NULL && PyErr_Occurred())
-        return -1;
-    double base = 0.0;
-    if (old != NULL) {
-        base = PyFloat_AsDouble(old);
-        Py_DECREF(old);
-        if (base == -1.0 && PyErr_Occurred())
-            return -1;
-    }
-    PyObject *sum = PyFloat_FromDouble(base + lateness);
-    if (sum == NULL)
-        return -1;
-    int rc = PyObject_SetItem(totals, key, sum);
-    Py_DECREF(sum);
-    if (rc < 0 || old != NULL)
-        return rc;
+    int added = map_add_float(totals, key, lateness);
+    if (added <= 0)
+        return added;
     if (PyObject_Length(totals) <= STEPS + 1)
         return 0;
     PyObject *k, *ms;
@@ -174,8 +163,8 @@ static int graph_add(Ctx *c, PyObject *waiter, PyObject *late, PyObject *key, do
                      PyObject *via)
 {
     PyObject *steps = PyDict_GetItemWithError(c->o[C_EDGES], waiter);
-    if (steps == NULL)
-        return -2;  /* a waiter's first edge: the Python code makes its table */
+    if (steps == NULL)  /* a waiter's first edge: the Python code makes its tables */
+        return PyErr_Occurred() ? -1 : -2;
     PyObject *out = mget(steps, key);
     if (out == NULL) {
         if (PyErr_Occurred() || (out = PyDict_New()) == NULL)
@@ -189,15 +178,21 @@ static int graph_add(Ctx *c, PyObject *waiter, PyObject *late, PyObject *key, do
             return -1;
         }
     }
-    int rc = PyDict_Check(out) ? dict_add_float(out, late, ms) : -1;
-    if (rc < 0 && !PyErr_Occurred())
-        PyErr_SetString(PyExc_TypeError, "wait graph: a step's edges not a dict");
+    int rc = map_add_float(out, late, ms);
     Py_DECREF(out);
     if (rc < 0)
         return -1;
+    /* how it waited (its table made with its edges' by WaitGraph.add: one missing is
+     * made here, the edge being counted already) */
     PyObject *kinds = PyDict_GetItemWithError(c->o[C_VIA], waiter);
-    if (kinds == NULL)
-        return PyErr_Occurred() ? -1 : -2;
+    if (kinds == NULL) {
+        if (PyErr_Occurred() || (kinds = PyDict_New()) == NULL)
+            return -1;
+        rc = PyDict_SetItem(c->o[C_VIA], waiter, kinds);
+        Py_DECREF(kinds);  /* (the dict holds it) */
+        if (rc < 0)
+            return -1;
+    }
     int has = PyDict_Contains(kinds, late);
     if (has)
         return has < 0 ? -1 : 0;
@@ -357,10 +352,7 @@ out:
 /* StragglerTracker.observe of a completed collective. */
 static int observe(Ctx *c, PyObject *rv)
 {
-    static PyObject *s_quiet;
-    if (s_quiet == NULL && (s_quiet = PyUnicode_InternFromString("_quiet_as_of")) == NULL)
-        return -1;
-    PyObject *arrivals = FIELD(rv, L_RV, R_ARRIVALS);
+        PyObject *arrivals = FIELD(rv, L_RV, R_ARRIVALS);
     Py_ssize_t n = PyDict_GET_SIZE(arrivals);
     int rare = PyObject_Length(c->o[C_FLAGGED]) != 0;  /* ops beside the step somewhere */
     Wait stack[16], *waits = n <= 16 ? stack : PyMem_Malloc(n * sizeof *waits);
