@@ -143,3 +143,24 @@ def test_a_late_stretch_that_has_ended_is_no_straggler():
     assert not StragglerTracker().is_straggler(score(ended))
     going_on = ended[:10] + [14.9, 13.6, 15.1]
     assert StragglerTracker().is_straggler(score(going_on))
+
+
+def test_the_lateness_window_and_its_history_are_the_newest_finished_steps():
+    """Steps closes its oldest steps into arrays a window at a time (stepstats.py): what it
+    reads is still the newest STEPS finished steps and the newest LONG_STEPS, in the order
+    first seen, the warm-up left out; a late addition inside the window counts there."""
+    from distdoctor.diagnosis.stragglers.stepstats import LONG_STEPS, STEPS, Steps
+
+    steps, sums = Steps(), {}
+    for key in range(2000):
+        for k in (key, key - 30):  # each step, and a late addition to one 30 steps back
+            if k < 0:
+                continue
+            steps.add(k, k / 7)
+            if k > 0:  # (step 0 is the warm-up)
+                sums[k] = sums.get(k, 0.0) + k / 7
+        finished = list(sums.items())[:-1]
+        assert steps.sums == finished[-STEPS:]
+        if key % 97 == 0 or key > 1990:
+            assert steps.long_sums == finished[-LONG_STEPS:]
+    assert len(steps.old_keys) <= 2 * (LONG_STEPS - STEPS)  # bounded

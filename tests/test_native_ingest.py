@@ -20,14 +20,17 @@ import pytest
 
 from distdoctor.diagnosis.engine import core
 from distdoctor.diagnosis.engine.core import Engine
+from distdoctor.diagnosis.stragglers.steptime import KEEP
+from distdoctor.diagnosis.stragglers.waitgraph import KEEP_STEPS
 from distdoctor.runlog.event import Event
 from distdoctor.runlog.follow import RunFollower
 from tests.conftest import run_job
 
 needs_native = pytest.mark.skipif(core._NATIVE is None, reason="the C ingest is not built")
 
-# DDP steps, span-less loops, a thread on its own group, p2p
-JOBS = ["ingest_shapes.py"]
+# DDP steps, span-less loops, a thread on its own group, p2p; a loop past every per-step
+# table's bound
+JOBS = ["ingest_shapes.py", "ingest_long.py"]
 
 
 def state(e: Engine) -> dict:
@@ -133,6 +136,10 @@ def test_the_c_ingest_leaves_the_python_state(recorded):
             for part in py_state:
                 assert c_state[part] == py_state[part], f"{job}: {part} differs"
             assert c_found == py_found, job
+            if job == "ingest_long.py":  # every per-step table dropped its oldest
+                assert all(len(steps[2]) > 0 for steps in py_state["steps"].values())
+                assert all(len(t[0]) == KEEP for t in py_state["time"].values())
+                assert all(len(e) == KEEP_STEPS for e in py_state["edges"].values())
         taken += core._NATIVE.ingest(Engine(hang_timeout_s=None), flat, 100.0)
         # ops read in flight and their ends take the C path too (a GPU job's common case):
         # each such op is taken twice, where the Python code would have taken both
@@ -215,3 +222,18 @@ def _parts(found) -> list:
     """Findings, an internal one (a failure) by the part that failed, not where."""
     return [(f["kind"], f["summary"].split(" detector failed")[0]) if f["kind"] == "internal"
             else f for f in found]
+
+
+@needs_native
+def test_a_tables_oldest_is_found_again_after_the_dict_packed_its_slots():
+    """The C ingest drops a per-step table's oldest from where it last found it (a dict's
+    emptied slots stay until it packs them). A table packed since (grown past its room)
+    holds its oldest at the start again: that is the one dropped."""
+    drop = core._NATIVE._drop_oldest
+    table = {k: -k for k in range(300)}
+    assert [drop(table) for _ in range(10)] == [(k, -k) for k in range(10)]
+    table.update((k, -k) for k in range(300, 2000))  # packed: key 10 now in slot 0
+    assert [drop(table)[0] for _ in range(3)] == [10, 11, 12]
+    other = {k: k for k in range(20)}  # a new table, maybe where an old one was
+    assert drop(other) == (0, 0)
+    assert list(table)[:2] == [13, 14] and len(other) == 19

@@ -256,7 +256,7 @@ static int assign(Ctx *c, PyObject *rank, PyObject **f, long long span, const Tu
     Py_XDECREF(turn);
     Py_XDECREF(pk);
     if (!ok || (PyObject_Length(c->o[C_KEYS]) > MAX_KEYS &&
-                odict_pop_first(c->o[C_KEYS], NULL, NULL) < 0))
+                pop_oldest(c->o[C_KEYS], 0, NULL, NULL) < 0))
         return -1;
     return 0;
 }
@@ -603,7 +603,21 @@ static PyObject *configure(PyObject *mod, PyObject *d)
     Py_RETURN_NONE;
 }
 
+/* _drop_oldest(table) -> (key, value): a per-step table's oldest dropped as the ingest
+ * drops it (pop_oldest, with the remembered place), for the tests. */
+static PyObject *drop_oldest(PyObject *mod, PyObject *table)
+{
+    PyObject *k, *v;
+    if (pop_oldest(table, 1, &k, &v) < 0)
+        return NULL;
+    PyObject *kv = PyTuple_Pack(2, k, v);
+    Py_DECREF(k);
+    Py_DECREF(v);
+    return kv;
+}
+
 static PyMethodDef methods[] = {
+    {"_drop_oldest", drop_oldest, METH_O, "_drop_oldest(table) -> its oldest (key, value)"},
     {"ingest", (PyCFunction)(void (*)(void))ingest, METH_FASTCALL,
      "ingest(engine, events, now_s) -> the events taken on the common path"},
     {"configure", configure, METH_O, "configure(settings): the engine's classes and limits"},
@@ -621,6 +635,7 @@ PyMODINIT_FUNC PyInit__ingest(void)
     INTERN(s_thread_id, "thread_id"); INTERN(s_file, "file"); INTERN(s_line, "line");
     INTERN(s_waiting, "waiting"); INTERN(s_waits, "waits"); INTERN(s_straggler, "straggler");
     INTERN(s_ingest, "event ingest"); INTERN(s_append, "append"); INTERN(s_popitem, "popitem");
+    INTERN(s_frombytes, "frombytes");
     INTERN(s_ingest_one, "ingest_one"); INTERN(s_failed, "_feed_failed");
     INTERN(s_observe, "observe"); INTERN(s_completed, "_completed"); INTERN(s_agreed, "agreed");
     INTERN(s_observer, "_observer"); INTERN(s_place, "place"); INTERN(s_op, "op");

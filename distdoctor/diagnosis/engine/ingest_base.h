@@ -54,7 +54,7 @@ static PyObject *NO_WORDS;      /* waitgraph._NO_WORDS */
 
 static PyObject *s_collective, *s_ok, *s_in_flight, *s_undefined, *s_c, *s_hang, *s_long_wait,
     *s_thread_id, *s_file, *s_line, *s_waiting, *s_waits, *s_straggler, *s_ingest,
-    *s_append, *s_popitem, *s_ingest_one, *s_failed, *s_observe, *s_completed,
+    *s_append, *s_popitem, *s_frombytes, *s_ingest_one, *s_failed, *s_observe, *s_completed,
     *s_agreed, *s_observer, *s_place, *s_op, *s_sample, *s_function, *s_step_times,
     *s_locals, *s_quiet;
 static PyObject *f_zero, *i_zero, *i_one;  /* 0.0, 0, 1 */
@@ -72,6 +72,18 @@ static inline long long as_ll(PyObject *o, int *bad)
         *bad = 1;
         return 0;
     }
+#if PY_VERSION_HEX >= 0x030B0000 && PY_VERSION_HEX < 0x030C0000 && PyLong_SHIFT == 30
+    /* CPython 3.11's digits read in place: an event carries ~25 ints through the path
+     * (clock readings take two digits), and the call below cost more than the reading */
+    Py_ssize_t size = Py_SIZE(o);
+    if (size >= -2 && size <= 2) {
+        const digit *d = ((PyLongObject *)o)->ob_digit;
+        long long m = size == 0 ? 0 : (long long)d[0];
+        if (size == 2 || size == -2)
+            m += (long long)d[1] << PyLong_SHIFT;
+        return size < 0 ? -m : m;
+    }
+#endif
     int overflow;
     long long v = PyLong_AsLongLongAndOverflow(o, &overflow);
     if (overflow || (v == -1 && PyErr_Occurred())) {
@@ -202,22 +214,81 @@ static int call_part(Ctx *c, PyObject *obj, PyObject *method, PyObject *arg, PyO
     return failed(c, where);
 }
 
-/* --- OrderedDict helpers (its C type keeps its order only through the mapping calls) */
-static int odict_pop_first(PyObject *od, PyObject **key, PyObject **value)
+/* --- the per-step tables: dicts, oldest first (stragglers.drop_oldest) ------------- */
+
+/* Where a per-step table's oldest entry was last taken from (a dict's slot number, as
+ * PyDict_Next counts them), by the table's address; a slot shared by two tables makes
+ * one of them search from the start again. */
+typedef struct {
+    PyObject *table;
+    Py_ssize_t next;
+} Front;
+static Front fronts[512];
+
+/* The oldest entry of a dict (borrowed) and the slot after it; 0 when empty. A dict
+ * keeps its entries in a table of slots in the order they were put; a dropped key's slot
+ * stays empty until the dict grows or shrinks and packs them. From the start, the
+ * search passes every slot emptied since the last packing (a table of 160 steps: 90 on
+ * average), so it begins where the last one ended when that is safe: in a table whose
+ * keys are only ever dropped oldest first (`front_only`: the per-step tables, through
+ * this and stragglers.drop_oldest), every slot before an empty one is empty. A slot
+ * found full there (the dict was packed), or none found, sends the search to the start. */
+static int dict_oldest(PyObject *d, int front_only, PyObject **k, PyObject **v)
 {
-    PyObject *pair = PyObject_CallMethodOneArg(od, s_popitem, Py_False);
-    if (pair == NULL)
-        return -1;
-    if (!PyTuple_Check(pair) || PyTuple_GET_SIZE(pair) != 2) {
+    Front *f = &fronts[((uintptr_t)d >> 5) % (sizeof fronts / sizeof *fronts)];
+    Py_ssize_t pos = 0;
+    if (front_only && f->table == d && f->next > 0) {
+        Py_ssize_t from = f->next - 1, at = from;
+        if (PyDict_Next(d, &at, k, v) && at - 1 > from) {
+            f->next = at;
+            return 1;
+        }
+    }
+    if (!PyDict_Next(d, &pos, k, v))
+        return 0;
+    if (front_only)
+        *f = (Front){d, pos};
+    return 1;
+}
+
+/* Remove the table's oldest entry; with `key` and `value`, hand them over (new
+ * references). A dict's by dict_oldest; a mapping of another kind (an OrderedDict put
+ * there by hand) is asked with its own popitem(last=False). */
+static int pop_oldest(PyObject *t, int front_only, PyObject **key, PyObject **value)
+{
+    PyObject *k, *v;
+    if (PyDict_CheckExact(t)) {
+        if (!dict_oldest(t, front_only, &k, &v)) {
+            PyErr_SetString(PyExc_KeyError, "the oldest of an empty table");
+            return -1;
+        }
+        Py_INCREF(k);
+        Py_INCREF(v);
+        if (PyDict_DelItem(t, k) < 0) {
+            Py_DECREF(k);
+            Py_DECREF(v);
+            return -1;
+        }
+    } else {
+        PyObject *pair = PyObject_CallMethodOneArg(t, s_popitem, Py_False);
+        if (pair == NULL)
+            return -1;
+        if (!PyTuple_Check(pair) || PyTuple_GET_SIZE(pair) != 2) {
+            Py_DECREF(pair);
+            PyErr_SetString(PyExc_TypeError, "popitem: not a pair");
+            return -1;
+        }
+        k = Py_NewRef(PyTuple_GET_ITEM(pair, 0));
+        v = Py_NewRef(PyTuple_GET_ITEM(pair, 1));
         Py_DECREF(pair);
-        PyErr_SetString(PyExc_TypeError, "popitem: not a pair");
-        return -1;
     }
     if (key != NULL) {
-        *key = Py_NewRef(PyTuple_GET_ITEM(pair, 0));
-        *value = Py_NewRef(PyTuple_GET_ITEM(pair, 1));
+        *key = k;
+        *value = v;
+    } else {
+        Py_DECREF(k);
+        Py_DECREF(v);
     }
-    Py_DECREF(pair);
     return 0;
 }
 

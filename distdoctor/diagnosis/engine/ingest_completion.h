@@ -10,8 +10,33 @@
 
 /* --- a completed rendezvous: the straggler tracker's part (straggler.py) ------------ */
 
+/* A step record past KEEP, held by nothing but its table, is made the new step's (as
+ * new: every field a fresh StepTime's) rather than freed: a loop of one collective per
+ * iteration makes and drops one per collective, and most of that cost was the dropped
+ * record's cold memory freed and new memory taken. Its by_group table, emptied, is kept
+ * for the next step that needs one. */
+static PyObject *spare_by_group;
+
+static PyObject *reuse_step(PyObject *old, PyObject *const *fresh)
+{
+    if (!Py_IS_TYPE(old, L_STEP.type) || !L_STEP.creatable || Py_REFCNT(old) != 1) {
+        Py_DECREF(old);
+        return NULL;
+    }
+    PyObject *by_group = FIELD(old, L_STEP, T_BY_GROUP);
+    if (spare_by_group == NULL && by_group != NULL && PyDict_CheckExact(by_group) &&
+        Py_REFCNT(by_group) == 1) {
+        spare_by_group = Py_NewRef(by_group);
+        PyDict_Clear(spare_by_group);
+    }
+    for (int i = 0; i < L_STEP.n; i++)
+        field_set(old, &L_STEP, i, Py_NewRef(fresh[i]));
+    return old;
+}
+
 /* steptime.RankSteps.get: the step `key` of a rank's steps (made when new); a new
- * reference, or NULL with an error set. */
+ * reference, or NULL with an error set. The oldest step goes first when the table is
+ * full (RankSteps.get adds, then drops the oldest past KEEP: the same table). */
 static PyObject *step_of(PyObject *t, PyObject *key, long long k)
 {
     PyObject *steps = FIELD(t, L_RANKSTEPS, RS_STEPS);
@@ -20,8 +45,19 @@ static PyObject *step_of(PyObject *t, PyObject *key, long long k)
         return st;
     PyObject *args[T_N] = {Py_None, f_zero, f_zero, i_zero, i_zero, Py_None, Py_None,
                            f_zero, Py_None, Py_None};
-    st = layout_make(&L_STEP, args);
-    if (st == NULL || PyObject_SetItem(steps, key, st) < 0)
+    Py_ssize_t n = PyObject_Length(steps);
+    if (n < 0)
+        return NULL;
+    if (n >= KEEP) {
+        PyObject *old_key, *old;
+        if (pop_oldest(steps, 1, &old_key, &old) < 0)
+            return NULL;
+        Py_DECREF(old_key);
+        st = reuse_step(old, args);
+    }
+    if (st == NULL && (st = layout_make(&L_STEP, args)) == NULL)
+        return NULL;
+    if (PyObject_SetItem(steps, key, st) < 0)
         goto error;
     if (k < 0) {
         PyObject *more = PyNumber_Add(FIELD(t, L_RANKSTEPS, RS_TURNS), i_one);
@@ -29,8 +65,6 @@ static PyObject *step_of(PyObject *t, PyObject *key, long long k)
             goto error;
         field_set(t, &L_RANKSTEPS, RS_TURNS, more);
     }
-    if (PyObject_Length(steps) > KEEP && odict_pop_first(steps, NULL, NULL) < 0)
-        goto error;
     return st;
 error:
     Py_XDECREF(st);
@@ -89,7 +123,8 @@ static int step_collective(PyObject *t, PyObject *key, long long k, PyObject *ev
         goto out;
     PyObject *by_group = FIELD(st, L_STEP, T_BY_GROUP);
     if (by_group == Py_None) {
-        PyObject *d = PyDict_New();
+        PyObject *d = spare_by_group ? spare_by_group : PyDict_New();
+        spare_by_group = NULL;
         PyObject *v = PyFloat_FromDouble(ms);
         if (d == NULL || v == NULL || PyDict_SetItem(d, group, v) < 0) {
             Py_XDECREF(d);
@@ -122,6 +157,58 @@ out:
     return rc;
 }
 
+/* array.frombytes(the values' bytes): one call for a window's worth (an array of
+ * "q" or "d" holds 8-byte machine values) */
+static int extend_array(PyObject *array, const void *values, Py_ssize_t n)
+{
+    PyObject *bytes = PyBytes_FromStringAndSize(values, n * 8);
+    PyObject *r = bytes ? PyObject_CallMethodOneArg(array, s_frombytes, bytes) : NULL;
+    Py_XDECREF(bytes);
+    Py_XDECREF(r);
+    return r ? 0 : -1;
+}
+
+/* stepstats.Steps._close_oldest: the window's `n` oldest steps into the arrays. */
+static int close_oldest(PyObject *steps, PyObject *totals, Py_ssize_t n)
+{
+    long long *keys = PyMem_Malloc(n * sizeof *keys);
+    double *sums = PyMem_Malloc(n * sizeof *sums);
+    int rc = -1;
+    if (keys == NULL || sums == NULL) {
+        PyErr_NoMemory();
+        goto out;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *k, *ms;
+        if (pop_oldest(totals, 1, &k, &ms) < 0)
+            goto out;
+        int bad = 0;
+        keys[i] = as_ll(k, &bad);
+        sums[i] = PyFloat_AsDouble(ms);
+        Py_DECREF(k);
+        Py_DECREF(ms);
+        if (bad) {
+            PyErr_SetString(PyExc_OverflowError, "a step key past 64 bits");
+            goto out;
+        }
+        if (sums[i] == -1.0 && PyErr_Occurred())
+            goto out;
+    }
+    PyObject *old_keys = FIELD(steps, L_STEPS, ST_OLD_KEYS), *old_sums = FIELD(
+        steps, L_STEPS, ST_OLD_SUMS);
+    if (extend_array(old_keys, keys, n) < 0 || extend_array(old_sums, sums, n) < 0)
+        goto out;
+    Py_ssize_t had = PyObject_Length(old_keys), keep = LONG_STEPS - STEPS;  /* OLD_STEPS */
+    if (had < 0 || (had > 2 * keep && (PySequence_DelSlice(old_keys, 0, had - keep) < 0 ||
+                                       PySequence_DelSlice(old_sums, 0, had - keep) < 0)))
+        goto out;
+    rc = 0;
+out:
+    PyMem_Free(keys);
+    PyMem_Free(sums);
+    return rc;
+}
+
 /* stepstats.Steps.add */
 static int steps_add(PyObject *steps, PyObject *key, double lateness)
 {
@@ -137,25 +224,8 @@ static int steps_add(PyObject *steps, PyObject *key, double lateness)
     int added = map_add_float(totals, key, lateness);
     if (added <= 0)
         return added;
-    if (PyObject_Length(totals) <= STEPS + 1)
-        return 0;
-    PyObject *k, *ms;
-    if (odict_pop_first(totals, &k, &ms) < 0)
-        return -1;
-    PyObject *keys = FIELD(steps, L_STEPS, ST_OLD_KEYS), *sums = FIELD(steps, L_STEPS,
-                                                                        ST_OLD_SUMS);
-    PyObject *r1 = PyObject_CallMethodOneArg(keys, s_append, k);
-    PyObject *r2 = r1 ? PyObject_CallMethodOneArg(sums, s_append, ms) : NULL;
-    Py_DECREF(k);
-    Py_DECREF(ms);
-    Py_XDECREF(r1);
-    if (r2 == NULL)
-        return -1;
-    Py_DECREF(r2);
-    if (PyObject_Length(keys) > LONG_STEPS - STEPS &&
-        (PySequence_DelItem(keys, 0) < 0 || PySequence_DelItem(sums, 0) < 0))
-        return -1;
-    return 0;
+    Py_ssize_t n = PyObject_Length(totals);
+    return n < 0 ? -1 : n > 2 * STEPS + 1 ? close_oldest(steps, totals, n - STEPS - 1) : 0;
 }
 
 /* waitgraph.WaitGraph.add (the new waiter's table made by the Python code). */
@@ -173,7 +243,7 @@ static int graph_add(Ctx *c, PyObject *waiter, PyObject *late, PyObject *key, do
             Py_DECREF(out);
             return -1;
         }
-        if (PyObject_Length(steps) > c->graph_keep && odict_pop_first(steps, NULL, NULL) < 0) {
+        if (PyObject_Length(steps) > c->graph_keep && pop_oldest(steps, 1, NULL, NULL) < 0) {
             Py_DECREF(out);
             return -1;
         }

@@ -7,11 +7,14 @@ from __future__ import annotations
 
 import math
 from array import array
-from collections import OrderedDict
 from dataclasses import dataclass, field
+
+from distdoctor.diagnosis.stragglers import drop_oldest
 
 STEPS = 60  # recent steps per rank that the verdicts look at
 LONG_STEPS = 300  # ... and its longer history, which a verdict must agree with
+# the history's steps before the window: the window holds STEPS + 1 at least once any left it
+OLD_STEPS = LONG_STEPS - STEPS
 MIN_SIDE = 5  # steps on each side of an onset
 # A step this far above the rank's typical one (in median absolute deviations, and by the
 # floor at least) is occasional work, left out of the verdict when such steps are few
@@ -27,7 +30,7 @@ class Steps:
     events are read), so a step's sum stays open to late additions; the newest step is
     not scored yet."""
 
-    totals: OrderedDict = field(default_factory=OrderedDict)  # key -> lateness sum
+    totals: dict = field(default_factory=dict)  # key -> lateness sum, oldest first
     first: int | None = None  # the warm-up step's key: not scored
     # the steps before the window, closed to late additions: plain arrays (16 bytes a
     # step, against 130 in the dict: a post-mortem may hold thousands of ranks)
@@ -48,22 +51,31 @@ class Steps:
             totals[key] += lateness
         else:
             totals[key] = lateness
-            if len(totals) > STEPS + 1:
-                old, ms = totals.popitem(last=False)
-                self.old_keys.append(old)
-                self.old_sums.append(ms)
-                if len(self.old_keys) > LONG_STEPS - STEPS:
-                    del self.old_keys[0], self.old_sums[0]
+            if len(totals) > STEPS + 1 + STEPS:
+                self._close_oldest()
+
+    def _close_oldest(self) -> None:
+        """The window's steps before its newest STEPS + 1, closed into the arrays at once:
+        one move a window, not one a step (a loop of one collective per iteration steps
+        1,000 times a second; engine/_ingest.c does the same). The window reads its
+        newest (sums); a late addition to a step between them still counts there."""
+        totals = self.totals
+        moved = [drop_oldest(totals) for _ in range(len(totals) - STEPS - 1)]
+        self.old_keys.extend(k for k, _ in moved)
+        self.old_sums.extend(ms for _, ms in moved)
+        if len(self.old_keys) > 2 * OLD_STEPS:  # (the history reads the newest)
+            del self.old_keys[:-OLD_STEPS], self.old_sums[:-OLD_STEPS]
 
     @property
     def long_sums(self) -> list[tuple[int, float]]:
         """Its finished steps, up to LONG_STEPS of them (the newest is still open)."""
-        return [*zip(self.old_keys, self.old_sums, strict=True),
-                *list(self.totals.items())[:-1]]
+        done = list(self.totals.items())[:-1]
+        start = len(self.old_keys) - max(0, min(len(self.old_keys), LONG_STEPS - len(done)))
+        return [*zip(self.old_keys[start:], self.old_sums[start:], strict=True), *done]
 
     @property
     def sums(self) -> list[tuple[int, float]]:
-        return list(self.totals.items())[:-1]
+        return list(self.totals.items())[-STEPS - 1:-1]
 
 
 def typical(steps: list, floor: float) -> list:

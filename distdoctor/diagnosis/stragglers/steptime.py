@@ -25,9 +25,10 @@ and cause.py, host_noise.py for a finding).
 from __future__ import annotations
 
 from bisect import bisect_right
-from collections import Counter, OrderedDict, deque
+from collections import Counter, deque
 from dataclasses import dataclass
 
+from distdoctor.diagnosis.stragglers import drop_oldest
 from distdoctor.diagnosis.stragglers.beside import StepThread
 from distdoctor.runlog.run import span_name
 
@@ -133,7 +134,7 @@ class RankSteps:
                  "group_desc", "_spans_done", "_turns")  # (read by offset: _ingest.c)
 
     def __init__(self):
-        self.steps: OrderedDict[int, StepTime] = OrderedDict()
+        self.steps: dict[int, StepTime] = {}  # (oldest first)
         self.pattern = Pattern()
         self.sample_period_ms: float | None = None
         self._last_sample_ns = 0
@@ -156,7 +157,7 @@ class RankSteps:
             if key < 0:
                 self._turns += 1
             if len(self.steps) > KEEP:
-                self.steps.popitem(last=False)
+                drop_oldest(self.steps)
         return st
 
     def collective(self, key: int, ev) -> None:
@@ -283,7 +284,7 @@ class StepTimes:
     def __init__(self):
         self.ranks: dict[int, RankSteps] = {}
         # step keys of span-less collectives, given in each rank's own order (assign)
-        self._keys: OrderedDict = OrderedDict()  # (rank, event index) -> key
+        self._keys: dict = {}  # (rank, event index) -> key, oldest first
         self._assigned: dict[int, int] = {}  # rank -> the last event index given a key
         self._turn: dict[int, int] = {}  # rank -> the step key of its latest collective
         self.thread = StepThread()  # which of its collectives are the step's (beside.py)
@@ -324,7 +325,7 @@ class StepTimes:
             (ev.group, ev.op, cs.get("line") if cs else None))
         self._turn[rank] = key
         if len(keys) > MAX_KEYS:
-            keys.popitem(last=False)
+            drop_oldest(keys)
 
     def place(self, rank: int, ev, p2p: bool) -> int:
         """The step of an op the straggler tracker judges, whose time counts in that

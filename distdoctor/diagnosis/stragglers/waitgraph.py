@@ -27,8 +27,8 @@ much less on; a victim's own lateness is bounded by what it waited.
 from __future__ import annotations
 
 from bisect import bisect_left, insort
-from collections import OrderedDict
 
+from distdoctor.diagnosis.stragglers import drop_oldest
 from distdoctor.findings import who
 
 KEEP_TIMES = 4096  # op enter/exit times kept per rank (Activity)
@@ -44,19 +44,19 @@ class WaitGraph:
     def __init__(self, keep: int = KEEP_STEPS):
         self.keep = keep
         # waiter -> step key -> {waited-on rank: ms}
-        self.edges: dict[int, OrderedDict] = {}
+        self.edges: dict[int, dict] = {}  # (oldest step first)
         # waiter -> {waited-on rank: how it waited there ("p2p" | group desc)}
         self.via: dict[int, dict[int, str]] = {}
 
     def add(self, waiter: int, late: int, key: int, ms: float, via: str) -> None:
         steps = self.edges.get(waiter)
         if steps is None:
-            steps = self.edges[waiter] = OrderedDict()
+            steps = self.edges[waiter] = {}
         out = steps.get(key)
         if out is None:
             out = steps[key] = {}
             if len(steps) > self.keep:
-                steps.popitem(last=False)
+                drop_oldest(steps)
         out[late] = out.get(late, 0.0) + ms
         kinds = self.via.get(waiter)
         if kinds is None:
