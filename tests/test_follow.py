@@ -72,6 +72,30 @@ def test_a_completion_read_half_written_stays_in_flight(tmp_path):
     assert (done.status, done.t_end_ns) == ("ok", 5000)
 
 
+def test_a_slot_not_readable_yet_is_waited_for_then_skipped_as_corrupt(tmp_path):
+    """A slot whose event number does not match (being written, or corrupt) stops the
+    read there: the events after it come once it reads, or, still unreadable at the
+    third poll, past it (skipped), in order."""
+    w = _writer(tmp_path, 0)
+    for seq in range(6):
+        w.complete(_op(w, seq), F.STATUS_OK, 2000 + seq)
+    word = slice(w.ring_offset + 2 * F.SLOT_SIZE, w.ring_offset + 2 * F.SLOT_SIZE + 8)
+    good = bytes(w._mm[word])
+    w._mm[word] = (99).to_bytes(8, "little")
+    follower = RunFollower(tmp_path)
+    assert [e.seq for e in follower.poll()] == [0, 1]
+    assert follower.poll() == []  # waited for
+    w._mm[word] = good  # written since: read, and what follows it
+    assert [e.seq for e in follower.poll()] == [2, 3, 4, 5]
+    for seq in range(6, 12):
+        w.complete(_op(w, seq), F.STATUS_OK, 2000 + seq)
+    word = slice(w.ring_offset + 8 * F.SLOT_SIZE, w.ring_offset + 8 * F.SLOT_SIZE + 8)
+    w._mm[word] = (99).to_bytes(8, "little")
+    assert [e.seq for e in follower.poll()] == [6, 7]
+    assert follower.poll() == []
+    assert [e.seq for e in follower.poll()] == [9, 10, 11]  # the third look: skipped
+
+
 def test_missing_rank_metadata_is_retried_soon_then_less_often(tmp_path, monkeypatch):
     w = _writer(tmp_path, 0)
     rank_meta_path(tmp_path, 0).unlink()  # the rank has not written it yet

@@ -63,16 +63,26 @@ class RankFeed:
         # in pieces, stopping at the first slot still being written: what a poll reads
         # follows what was written since the last, whatever the header claims
         while index < head and not stalled:
-            for ev in self.log.read_range(index, min(head, index + piece)):
-                if ev is None:
-                    self.stalls += 1
-                    if self.stalls < 3:
-                        stalled = True
-                        break
-                else:
-                    out.append(ev)
-                self.stalls = 0
+            evs = self.log.read_range(index, min(head, index + piece))
+            at = 0
+            while at < len(evs):  # by stretches between unreadable slots, not by event
+                try:
+                    gap = evs.index(None, at)
+                except ValueError:
+                    gap = len(evs)
+                if gap > at:
+                    out += evs[at:gap]
+                    index += gap - at
+                    self.stalls = 0
+                if gap == len(evs):
+                    break
+                self.stalls += 1
+                if self.stalls < 3:
+                    stalled = True
+                    break
+                self.stalls = 0  # corrupt: skipped
                 index += 1
+                at = gap + 1
             piece = min(READ_SLOTS, piece * 8)
         self.next_index = index
         return out
