@@ -47,9 +47,13 @@ from distdoctor.safetext import printable
 POLL_S = 0.25
 # The loop's CPU budget: after a pass that took `c` seconds of CPU it waits at least c /
 # CPU_SHARE (at most MAX_WAIT_S) before the next. Passes have a fixed cost (liveness
-# checks, findings.json), so a heavier job gets fewer, larger passes: the diagnosis may
-# lag by a second, the job's cores stay the job's.
-CPU_SHARE = 0.05
+# checks, findings.json), and a pass's events cost less each in a larger batch (the
+# engine's tables are read from memory once a pass, not once a poll), so a heavier job
+# gets fewer, larger passes: the diagnosis may lag by a second or two, the job's cores
+# stay the job's. 1% (issue 49's budget for `run`): at 2 ranks x 1,000 collectives/s a
+# pass every ~0.5 s, `run` 1.29% -> 1.12% of a core against 5% (a pass every 0.25 s);
+# a job that stops issuing ops (a hang, a mismatch) makes cheap passes, at POLL_S again.
+CPU_SHARE = 0.01
 MAX_WAIT_S = 2.0
 # The follower and engine make an object per event (up to hundreds of thousands a second
 # on a large job) and almost no cycles; at CPython's default (a collection every 700 new
