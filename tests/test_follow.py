@@ -177,3 +177,22 @@ def test_a_remote_rank_taken_for_dead_comes_back_when_its_heartbeat_does(tmp_pat
     live._step(100.0 + STALE_HEARTBEAT_S + 2)
     assert live.engine.findings() == [] and live.engine.ranks[0].exit is None
     live.close()
+
+
+def test_a_polls_logs_are_interleaved_in_turns_each_in_its_own_order():
+    """A poll's batch takes each log's new events in turns (follow.interleaved), so a
+    collective's rendezvous closes within a turn of opening, not once every log before
+    the last rank's has been read whole; each log's events stay in their order."""
+    from distdoctor.runlog.follow import INTERLEAVE, interleaved
+
+    a = [("a", i) for i in range(3 * INTERLEAVE)]
+    b = [("b", i) for i in range(3 * INTERLEAVE // 2)]
+    c = [("c", 0)]
+    out = interleaved([a, b, c])
+    assert sorted(out) == sorted(a + b + c)
+    for log in (a, b, c):
+        assert [ev for ev in out if ev[0] == log[0][0]] == log
+    # three turns: the busiest log a third at a time, the others by the same share
+    assert out[:INTERLEAVE] == a[:INTERLEAVE] and out[INTERLEAVE][0] == "b"
+    assert out.index(("b", INTERLEAVE // 2)) > out.index(("a", INTERLEAVE))
+    assert interleaved([a[:5], b[:5]]) == a[:5] + b[:5]  # one turn: each whole

@@ -38,6 +38,7 @@ RESCAN_S = 2.0  # the ranks folder is listed at least this often (see _discover)
 META_RETRY_S = 0.25  # first retry of a rank's missing metadata; doubles up to RESCAN_S
 RETIRE_S = 5.0  # a log left behind by a newer one of its rank, quiet this long, is let go
 FIRST_PIECE = 64  # slots of a poll's first read; each next piece 8 times more, to READ_SLOTS
+INTERLEAVE = 256  # events of the busiest log in one turn of a poll's batch (interleaved)
 
 
 @dataclass
@@ -86,6 +87,26 @@ class RankFeed:
             piece = min(READ_SLOTS, piece * 8)
         self.next_index = index
         return out
+
+
+def interleaved(logs: list[list[Event]]) -> list[Event]:
+    """The logs' new events as one batch, each log's in its order: in turns of a share of
+    each log (INTERLEAVE events of the longest), not each log whole in turn. A
+    collective's rendezvous opens at its first rank's event and closes at its last's;
+    whole logs in turn kept one rank's every op of the poll open until the next rank's
+    were read (a busy job's 2 s poll: 20,000 open at 2 x 10,000/s, the engine's tables
+    out of the cache: 4.2 against 3.0 us an event)."""
+    if len(logs) == 1:
+        return logs[0]
+    turns = -(-max(map(len, logs)) // INTERLEAVE)
+    if turns == 1:
+        return [ev for events in logs for ev in events]
+    out: list[Event] = []
+    for t in range(turns):
+        for events in logs:
+            n = len(events)
+            out += events[t * n // turns:(t + 1) * n // turns]
+    return out
 
 
 def open_logs_budget() -> int:
@@ -244,7 +265,7 @@ class RunFollower:
         (metadata still missing is looked for once more, whenever it was last tried)."""
         self.moved = False
         self._discover()
-        out: dict[int, list[Event]] = {}
+        by_rank: dict[int, list[list[Event]]] = {}  # incarnation -> each log's new events
         for i, (key, feed) in enumerate(list(self.feeds.items())):
             if not self.meta.get(key):
                 self._load_meta(key, now_too=final)
@@ -274,9 +295,10 @@ class RunFollower:
             if i >= self.budget:  # past what it may hold open: opened again next poll
                 feed.log.park()
             if events:
-                out.setdefault(feed.incarnation, []).extend(events)
+                by_rank.setdefault(feed.incarnation, []).append(events)
             elif not final and self._finished(key, feed):
                 self._let_go(key, feed)
+        out = {i: interleaved(logs) for i, logs in by_rank.items()}
         # the main threads' samples (50 a second a rank, tracer/steps.py) come whether
         # or not the job issues ops: taken in, but news only with something else
         self.brought = any(ev.kind != "sample" for events in out.values() for ev in events)
