@@ -180,10 +180,10 @@ def test_a_remote_rank_taken_for_dead_comes_back_when_its_heartbeat_does(tmp_pat
 
 
 def test_a_polls_logs_are_interleaved_in_turns_each_in_its_own_order():
-    """A poll's batch takes each log's new events in turns (follow.interleaved), so a
+    """A poll's batch takes each log's new events in turns (runlog.interleave), so a
     collective's rendezvous closes within a turn of opening, not once every log before
     the last rank's has been read whole; each log's events stay in their order."""
-    from distdoctor.runlog.follow import INTERLEAVE, interleaved
+    from distdoctor.runlog.interleave import INTERLEAVE, interleaved
 
     a = [("a", i) for i in range(3 * INTERLEAVE)]
     b = [("b", i) for i in range(3 * INTERLEAVE // 2)]

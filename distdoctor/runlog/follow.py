@@ -26,6 +26,7 @@ from pathlib import Path
 
 from distdoctor.errors import UserError
 from distdoctor.runlog.incarnations import Incarnations
+from distdoctor.runlog.interleave import interleaved
 from distdoctor.runlog.pace import Pace
 from distdoctor.runlog.reader import Event, NotALog, RankLog, RingHeader
 from distdoctor.runlog.rundir import parse_log_name, rank_meta_at, rank_meta_path, rank_stem
@@ -38,7 +39,6 @@ RESCAN_S = 2.0  # the ranks folder is listed at least this often (see _discover)
 META_RETRY_S = 0.25  # first retry of a rank's missing metadata; doubles up to RESCAN_S
 RETIRE_S = 5.0  # a log left behind by a newer one of its rank, quiet this long, is let go
 FIRST_PIECE = 64  # slots of a poll's first read; each next piece 8 times more, to READ_SLOTS
-INTERLEAVE = 256  # events of the busiest log in one turn of a poll's batch (interleaved)
 
 
 @dataclass
@@ -87,26 +87,6 @@ class RankFeed:
             piece = min(READ_SLOTS, piece * 8)
         self.next_index = index
         return out
-
-
-def interleaved(logs: list[list[Event]]) -> list[Event]:
-    """The logs' new events as one batch, each log's in its order: in turns of a share of
-    each log (INTERLEAVE events of the longest), not each log whole in turn. A
-    collective's rendezvous opens at its first rank's event and closes at its last's;
-    whole logs in turn kept one rank's every op of the poll open until the next rank's
-    were read (a busy job's 2 s poll: 20,000 open at 2 x 10,000/s, the engine's tables
-    out of the cache: 4.2 against 3.0 us an event)."""
-    if len(logs) == 1:
-        return logs[0]
-    turns = -(-max(map(len, logs)) // INTERLEAVE)
-    if turns == 1:
-        return [ev for events in logs for ev in events]
-    out: list[Event] = []
-    for t in range(turns):
-        for events in logs:
-            n = len(events)
-            out += events[t * n // turns:(t + 1) * n // turns]
-    return out
 
 
 def open_logs_budget() -> int:
