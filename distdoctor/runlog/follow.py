@@ -245,7 +245,7 @@ class RunFollower:
         (metadata still missing is looked for once more, whenever it was last tried)."""
         self.moved = False
         self._discover()
-        by_rank: dict[int, list[list[Event]]] = {}  # incarnation -> each log's new events
+        logs_of: dict[int, list[list[Event]]] = {}  # incarnation -> each log's new events
         for i, (key, feed) in enumerate(list(self.feeds.items())):
             if not self.meta.get(key):
                 self._load_meta(key, now_too=final)
@@ -275,10 +275,10 @@ class RunFollower:
             if i >= self.budget:  # past what it may hold open: opened again next poll
                 feed.log.park()
             if events:
-                by_rank.setdefault(feed.incarnation, []).append(events)
+                logs_of.setdefault(feed.incarnation, []).append(events)
             elif not final and self._finished(key, feed):
                 self._let_go(key, feed)
-        out = {i: interleaved(logs) for i, logs in by_rank.items()}
+        out = {i: interleaved(logs) for i, logs in logs_of.items()}
         # the main threads' samples (50 a second a rank, tracer/steps.py) come whether
         # or not the job issues ops: taken in, but news only with something else
         self.brought = any(ev.kind != "sample" for events in out.values() for ev in events)

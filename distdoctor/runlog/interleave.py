@@ -17,8 +17,6 @@ def interleaved(logs: list[list[Event]]) -> list[Event]:
     if len(logs) == 1:
         return logs[0]
     turns = -(-max(map(len, logs)) // INTERLEAVE)
-    if turns == 1:
-        return [ev for events in logs for ev in events]
     out: list[Event] = []
     for t in range(turns):
         for events in logs:

@@ -422,7 +422,7 @@ out:
 /* StragglerTracker.observe of a completed collective. */
 static int observe(Ctx *c, PyObject *rv)
 {
-        PyObject *arrivals = FIELD(rv, L_RV, R_ARRIVALS);
+    PyObject *arrivals = FIELD(rv, L_RV, R_ARRIVALS);
     Py_ssize_t n = PyDict_GET_SIZE(arrivals);
     int rare = PyObject_Length(c->o[C_FLAGGED]) != 0;  /* ops beside the step somewhere */
     Wait stack[16], *waits = n <= 16 ? stack : PyMem_Malloc(n * sizeof *waits);
