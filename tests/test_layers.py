@@ -246,7 +246,7 @@ DIAGNOSIS_PARTS = (
     ("distdoctor.diagnosis.engine",),
     ("distdoctor.diagnosis.live", "distdoctor.diagnosis.live_ranks",
      "distdoctor.diagnosis.postmortem", "distdoctor.diagnosis.optional",
-     "distdoctor.diagnosis.pids"),
+     "distdoctor.diagnosis.pids", "distdoctor.diagnosis.budget"),
 )
 
 

@@ -23,6 +23,7 @@ from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
 
+from distdoctor.diagnosis.budget import PassBudget
 from distdoctor.diagnosis.crashes.crash import ExitInfo
 from distdoctor.diagnosis.engine.core import Engine
 from distdoctor.diagnosis.live_ranks import RankWatch
@@ -45,14 +46,14 @@ from distdoctor.safetext import printable
 # next waits for the time-driven checks (every 0.5 s): a look that finds nothing still
 # reads every log's header and samples, ~0.3 ms at 2 ranks, half of an idle job's cost.
 POLL_S = 0.25
-# The loop's CPU budget: after a pass that took `c` seconds of CPU it waits at least c /
-# CPU_SHARE (at most MAX_WAIT_S) before the next. Passes have a fixed cost (liveness
-# checks, findings.json), and a pass's events cost less each in a larger batch (the
-# engine's tables are read from memory once a pass, not once a poll), so a heavier job
-# gets fewer, larger passes: the diagnosis may lag by a second or two, the job's cores
-# stay the job's. 1% (issue 49's budget for `run`): at 2 ranks x 1,000 collectives/s a
-# pass every ~0.5 s, `run` 1.29% -> 1.12% of a core against 5% (a pass every 0.25 s);
-# a job that stops issuing ops (a hang, a mismatch) makes cheap passes, at POLL_S again.
+# The CPU budget of `run`'s process, its other threads included (budget.py): after a
+# pass that took `c` seconds of CPU the next waits at least c / (CPU_SHARE - what the
+# other threads use), at most MAX_WAIT_S. Passes have a fixed cost (liveness checks,
+# findings.json), and a pass's events cost less each in a larger batch (the engine's
+# tables are read from memory once a pass, not once a poll), so a heavier job gets fewer,
+# larger passes: the diagnosis may lag by a second or two, the job's cores stay the
+# job's. 1% (issue 49's budget for `run`); a job that stops issuing ops (a hang, a
+# mismatch) makes cheap passes, at POLL_S again.
 CPU_SHARE = 0.01
 MAX_WAIT_S = 2.0
 # The follower and engine make an object per event (up to hundreds of thousands a second
@@ -252,17 +253,17 @@ class LiveDiagnosis(RankWatch):
 
     def _loop(self) -> None:
         lower_this_thread()
-        wait = POLL_S
+        budget, wait = PassBudget(CPU_SHARE, POLL_S, MAX_WAIT_S), POLL_S
         while not self._stop.wait(wait):
-            cpu, quiet = time.thread_time(), None
+            budget.begin()
+            quiet = None
             try:
                 with self._lock:
                     self._step(time.monotonic())
                     quiet = self.follower.quiet_for(time.monotonic())
             except Exception as exc:  # never take the launcher (and the job) down
                 self._pass_failed(exc)
-            wait = min(MAX_WAIT_S, max(POLL_S, quiet or 0.0,
-                                       (time.thread_time() - cpu) / CPU_SHARE))
+            wait = budget.wait(quiet)
 
     def _pass_failed(self, exc: Exception) -> None:
         """A pass that raised outside the detectors' boundary (reading the run dir, the

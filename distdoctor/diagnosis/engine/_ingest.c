@@ -104,12 +104,10 @@ static int fast_sample(Ctx *c, PyObject *ev, PyObject **f, int *committed)
                 goto out;
         } else {
             PyObject *item = PyTuple_Pack(3, f[E_ENTER], site, runq);
-            PyObject *r = item ? PyObject_CallMethodOneArg(FIELD(t, L_RANKSTEPS, RS_LOOSE),
-                                                           s_append, item) : NULL;
+            int appended = item ? append_to(FIELD(t, L_RANKSTEPS, RS_LOOSE), item) : -1;
             Py_XDECREF(item);
-            if (r == NULL)
+            if (appended < 0)
                 goto out;
-            Py_DECREF(r);
         }
     }
     if (last_ns) {  /* the sampler's period: the shortest gap between two samples */
@@ -261,6 +259,33 @@ static int assign(Ctx *c, PyObject *rank, PyObject **f, long long span, const Tu
     return 0;
 }
 
+/* Rendezvous.first_raw: what its arrivals must agree on (engine.core: a cheap equality
+ * test), made for the first arrival only. */
+static PyObject *raw_of(PyObject **f)
+{
+    return PyTuple_Pack(6, f[E_OP], f[E_NUMEL_IN], f[E_NUMEL_OUT], f[E_DTYPES], f[E_REDOP],
+                        f[E_PEER]);
+}
+
+/* raw_of(f) == first: field by field, without making the tuple (a later arrival's is
+ * never kept); 1, 0, or -1 with an error set. */
+static int same_raw(PyObject *first, PyObject **f)
+{
+    if (!PyTuple_CheckExact(first) || PyTuple_GET_SIZE(first) != 6) {
+        PyObject *raw = raw_of(f);
+        int same = raw ? PyObject_RichCompareBool(raw, first, Py_EQ) : -1;
+        Py_XDECREF(raw);
+        return same;
+    }
+    static const int fields[6] = {E_OP, E_NUMEL_IN, E_NUMEL_OUT, E_DTYPES, E_REDOP, E_PEER};
+    for (int i = 0; i < 6; i++) {
+        int same = PyObject_RichCompareBool(f[fields[i]], PyTuple_GET_ITEM(first, i), Py_EQ);
+        if (same <= 0)
+            return same;
+    }
+    return 1;
+}
+
 /* Whether a collective takes the common path (finished; or read in flight, and then its
  * end), and if so its ingest: 1 done, 0 not common (nothing changed: ingest_one's), -1 an
  * error (part of it done: *committed). A sample goes to fast_sample. */
@@ -349,12 +374,10 @@ static int fast_event(Ctx *c, PyObject *ev, PyObject *now, int *committed)
         return variant < 0 ? -1 : 0;
     /* its rendezvous: new, or open with this rank not in it and every arrival agreeing;
      * an update's: open, with the op in flight in it */
-    PyObject *key = triple(s_c, group, f[E_SEQ]);
-    PyObject *raw = key ? PyTuple_Pack(6, f[E_OP], f[E_NUMEL_IN], f[E_NUMEL_OUT],
-                                       f[E_DTYPES], f[E_REDOP], f[E_PEER]) : NULL;
-    PyObject *rv = raw ? Py_XNewRef(PyDict_GetItemWithError(c->o[C_OPEN], key)) : NULL;
+    PyObject *key = triple(s_c, group, f[E_SEQ]), *raw = NULL;
+    PyObject *rv = key ? Py_XNewRef(PyDict_GetItemWithError(c->o[C_OPEN], key)) : NULL;
     int rc = 0;
-    if (raw == NULL || PyErr_Occurred()) {
+    if (key == NULL || PyErr_Occurred()) {
         rc = -1;
         goto out;
     }
@@ -378,7 +401,7 @@ static int fast_event(Ctx *c, PyObject *ev, PyObject *now, int *committed)
         if (first_raw == NULL)
             goto out;
         if (first_raw != Py_None && !update) {  /* (an update keeps its signature) */
-            int same = PyObject_RichCompareBool(raw, first_raw, Py_EQ);
+            int same = same_raw(first_raw, f);
             if (same <= 0) {
                 rc = same < 0 ? -1 : 0;
                 goto out;
@@ -402,10 +425,8 @@ static int fast_event(Ctx *c, PyObject *ev, PyObject *now, int *committed)
         call_part(c, c->o[C_STRAGGLER], s_op, ev, s_straggler) < 0)
         goto out;
     if (!update) {  /* its newest op */
-        PyObject *r = PyObject_CallMethodOneArg(FIELD(st, L_RANK, S_RECENT), s_append, ev);
-        if (r == NULL)
+        if (append_to(FIELD(st, L_RANK, S_RECENT), ev) < 0)
             goto out;
-        Py_DECREF(r);
         if (gaps_op(c, rank, f[E_INDEX]) < 0)
             goto out;
     }
@@ -447,8 +468,11 @@ static int fast_event(Ctx *c, PyObject *ev, PyObject *now, int *committed)
         goto out;
     }
     field_set(rv, &L_RV, R_DONE, done);
-    if (!update && FIELD(rv, L_RV, R_FIRST_RAW) == Py_None)
+    if (!update && FIELD(rv, L_RV, R_FIRST_RAW) == Py_None) {
+        if ((raw = raw_of(f)) == NULL)
+            goto out;
         field_set(rv, &L_RV, R_FIRST_RAW, Py_NewRef(raw));
+    }
     /* complete: every member arrived and finished (Rendezvous.complete) */
     PyObject *members = FIELD(rv, L_RV, R_MEMBERS);
     Py_ssize_t m = PyTuple_GET_SIZE(members), n_done = PyLong_AsSsize_t(done);
@@ -645,6 +669,12 @@ PyMODINIT_FUNC PyInit__ingest(void)
 #undef INTERN
     if ((f_zero = PyFloat_FromDouble(0.0)) == NULL || (i_zero = PyLong_FromLong(0)) == NULL ||
         (i_one = PyLong_FromLong(1)) == NULL)
+        return NULL;
+    PyObject *collections = PyImport_ImportModule("collections");
+    DEQUE = collections ? PyObject_GetAttrString(collections, "deque") : NULL;
+    DEQUE_APPEND = DEQUE ? PyObject_GetAttrString(DEQUE, "append") : NULL;
+    Py_XDECREF(collections);
+    if (DEQUE_APPEND == NULL || !PyType_Check(DEQUE))
         return NULL;
     return PyModule_Create(&module);
 }

@@ -305,6 +305,22 @@ static PyObject *mget(PyObject *m, PyObject *key)
     return v;
 }
 
+/* q.append(x) (a deque's through its method, looked up once: each call's lookup by
+ * name was a hundredth of the ingest; anything else by name); 0, or -1 with an error. */
+static PyObject *DEQUE, *DEQUE_APPEND;  /* collections.deque, deque.append */
+static int append_to(PyObject *q, PyObject *x)
+{
+    PyObject *r;
+    if (Py_IS_TYPE(q, (PyTypeObject *)DEQUE)) {
+        PyObject *args[2] = {q, x};
+        r = PyObject_Vectorcall(DEQUE_APPEND, args, 2, NULL);
+    } else {
+        r = PyObject_CallMethodOneArg(q, s_append, x);
+    }
+    Py_XDECREF(r);
+    return r ? 0 : -1;
+}
+
 static PyObject *pair(PyObject *a, PyObject *b) { return PyTuple_Pack(2, a, b); }
 static PyObject *triple(PyObject *a, PyObject *b, PyObject *c) { return PyTuple_Pack(3, a, b, c); }
 

@@ -368,11 +368,10 @@ static int judge(Ctx *c, PyObject *rv, Wait *waits, Py_ssize_t n)
         PyObject *ob = lat ? PyTuple_Pack(5, lat, is_last ? Py_True : Py_False, group,
                                           FIELD(ev, L_EVENT, E_CALLSITE), Py_False) : NULL;
         Py_XDECREF(lat);
-        PyObject *r = ob ? PyObject_CallMethodOneArg(q, s_append, ob) : NULL;
+        int appended = ob ? append_to(q, ob) : -1;
         Py_XDECREF(ob);
-        if (r == NULL)
+        if (appended < 0)
             goto out;
-        Py_DECREF(r);
         int bad = 0;
         PyObject *key = place(c, rank, ev, (double)waits[i].w / 1e6,
                               as_ll(FIELD(ev, L_EVENT, E_ENTER), &bad));
