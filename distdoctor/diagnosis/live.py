@@ -41,11 +41,15 @@ from distdoctor.runlog.follow import RunFollower
 from distdoctor.runlog.reader import Event
 from distdoctor.safetext import printable
 
-# The follower's look at the logs; the rest at the job's pace (runlog.pace). After a pass
-# that found nothing new but the ranks' samples (an idle job, or one between bursts) the
-# next waits for the time-driven checks (every 0.5 s): a look that finds nothing still
-# reads every log's header and samples, ~0.3 ms at 2 ranks, half of an idle job's cost.
-POLL_S = 0.25
+# The follower's look at the logs, at most every POLL_S; the rest at the job's pace
+# (runlog.pace). After a pass that found nothing new but the ranks' samples (an idle job,
+# or one between bursts) the next waits for the time-driven checks (every 0.5 s): a look
+# that finds nothing still reads every log's header and samples, ~0.3 ms at 2 ranks, half
+# of an idle job's cost. A pass has a fixed cost (~0.7 ms at 2 ranks: the logs' headers,
+# the detectors' clocks, liveness); at 2 ranks x 1,000 collectives/s a look every 0.25 s
+# made `run` 0.94% of a core, every 0.5 s 0.75% (issue 49), for a finding up to a
+# quarter second later (docs/benchmarks.md, detection latency).
+POLL_S = 0.5
 # The CPU budget of `run`'s process, its other threads included (budget.py): after a
 # pass that took `c` seconds of CPU the next waits at least c / (CPU_SHARE - what the
 # other threads use), at most MAX_WAIT_S. Passes have a fixed cost (liveness checks,
