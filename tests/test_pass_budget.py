@@ -78,6 +78,17 @@ def test_what_ran_before_the_first_pass_is_not_counted():
     assert budget.others == 0.0
 
 
+def test_the_loop_keeps_a_quarter_of_the_budget_whatever_else_runs():
+    """A neighbour past the whole share (a forwarder, a metrics scrape) leaves the loop a
+    quarter of it: the wait is 4 times the alone wait (0.04 s), not the longest."""
+    budget = PassBudget(share=0.5, min_wait_s=0.0, max_wait_s=100.0)
+    with Neighbour(0.7):
+        waits = [one_pass(budget, 0.02, 0.1) for _ in range(6)]
+    assert budget.others > 0.5, budget.others
+    for w in waits[3:]:
+        assert 0.16 * 0.9 <= w < 0.16 * 1.4, waits
+
+
 def test_a_process_over_its_budget_waits_the_longest_and_no_longer():
     budget = PassBudget(share=0.05, min_wait_s=0.0, max_wait_s=0.3)
     with Neighbour(0.5):
