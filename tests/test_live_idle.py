@@ -10,7 +10,7 @@ import os
 import socket
 
 from distdoctor.diagnosis import live_ranks
-from distdoctor.diagnosis.live import LiveDiagnosis
+from distdoctor.diagnosis.live import POLL_S, LiveDiagnosis
 from distdoctor.runlog import format as F
 from distdoctor.runlog.pace import SLOW_S
 from distdoctor.runlog.ring import RingWriter
@@ -93,35 +93,34 @@ def test_what_changed_is_judged_at_once_between_slow_checks(tmp_path, monkeypatc
     live.close()
 
 
-def test_after_a_pass_that_found_nothing_the_next_waits_for_the_slow_checks(
-        tmp_path, monkeypatch):
-    """The loop's own cadence: an idle job is looked at when the time-driven checks are
-    due (twice a second), not at every poll (four times); a job that brings events is
-    looked at every poll."""
+def test_the_loop_looks_at_the_slow_checks_cadence_idle_or_busy(tmp_path, monkeypatch):
+    """The loop's own cadence: a look at the logs every POLL_S, the time-driven checks'
+    own (twice a second), whether the job is idle or brings events at every look; each
+    look that comes runs the time-driven checks (none wasted on a header read alone)."""
     import time
 
     ranks = [_writer(tmp_path, r) for r in range(2)]
     for w in ranks:
         w.complete(_op(w, 0), F.STATUS_OK, 2000)
     live = LiveDiagnosis(tmp_path, hang_timeout_s=60, owner=False)
-    live._step(time.monotonic())
-    assert live.follower.quiet_for(time.monotonic()) is None  # it read events
-    live._step(time.monotonic())
-    assert 0 < live.follower.quiet_for(time.monotonic()) <= SLOW_S  # nothing new
-    passes = []
-    step = live._step
+    passes, plans = [], []
+    step, plan = live._step, live.follower.plan
     monkeypatch.setattr(live, "_step", lambda now_s, **k: (passes.append(now_s),
                                                            step(now_s, **k)))
+    monkeypatch.setattr(live.follower, "plan", lambda *a: plans.append(plan(*a)) or plans[-1])
     live.start()
     time.sleep(3.1)
     idle = len(passes)
     seq = 1
-    while len(passes) < idle + 12:  # now events on every look
+    while len(passes) < idle + 8:  # now events on every look
         for w in ranks:
             w.complete(_op(w, seq), F.STATUS_OK, 2000 + seq)
         seq += 1
         time.sleep(0.02)
     live.leave()
-    assert 2 <= idle <= 7, passes  # ~2 a second (at every poll: 12)
-    gaps = [b - a for a, b in zip(passes[idle:-1], passes[idle + 1:], strict=True)]
-    assert sorted(gaps)[len(gaps) // 2] < 0.4, gaps  # busy: every poll (0.25 s)
+    assert POLL_S == SLOW_S
+    assert 2 <= idle <= 7, passes  # ~2 a second
+    gaps = sorted(b - a for a, b in zip(passes[idle:-1], passes[idle + 1:], strict=True))
+    assert POLL_S * 0.95 <= gaps[len(gaps) // 2] < 2 * POLL_S, gaps
+    assert len(plans) == len(passes) and plans.count(True) >= len(plans) - 1, plans
+    assert live.engine.ranks[0].latest.seq >= seq - 2  # and every look read the new ones

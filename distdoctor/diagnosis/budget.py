@@ -39,9 +39,8 @@ class PassBudget:
         """A pass begins (on the loop's thread)."""
         self._pass_cpu = time.thread_time()
 
-    def wait(self, quiet_s: float | None = None) -> float:
-        """After a pass (on the loop's thread): how long until the next. `quiet_s`: how
-        long nothing is due anyway (runlog.pace), a floor."""
+    def wait(self) -> float:
+        """After a pass (on the loop's thread): how long until the next."""
         process, thread, wall = self._clocks()
         pass_cpu = thread - self._pass_cpu
         process0, thread0, wall0 = self._mark
@@ -54,4 +53,4 @@ class PassBudget:
         self._mark = process, thread, wall
         left = max(self.share - self.others, self.share * OWN_FLOOR)
         spread = pass_cpu / left
-        return min(self.max_wait_s, max(self.min_wait_s, quiet_s or 0.0, spread))
+        return min(self.max_wait_s, max(self.min_wait_s, spread))

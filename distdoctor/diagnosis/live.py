@@ -38,18 +38,17 @@ from distdoctor.diagnosis.report import SaidOnce
 from distdoctor.findings import Finding, write_findings
 from distdoctor.priority import lower_this_thread
 from distdoctor.runlog.follow import RunFollower
+from distdoctor.runlog.pace import SLOW_S
 from distdoctor.runlog.reader import Event
 from distdoctor.safetext import printable
 
-# The follower's look at the logs, at most every POLL_S; the rest at the job's pace
-# (runlog.pace). After a pass that found nothing new but the ranks' samples (an idle job,
-# or one between bursts) the next waits for the time-driven checks (every 0.5 s): a look
-# that finds nothing still reads every log's header and samples, ~0.3 ms at 2 ranks, half
-# of an idle job's cost. A pass has a fixed cost (~0.7 ms at 2 ranks: the logs' headers,
-# the detectors' clocks, liveness); at 2 ranks x 1,000 collectives/s a look every 0.25 s
-# made `run` 0.94% of a core, every 0.5 s 0.75% (issue 49), for a finding up to a
-# quarter second later (docs/benchmarks.md, detection latency).
-POLL_S = 0.5
+# The follower's look at the logs, at most every POLL_S: the time-driven checks' own
+# cadence (runlog.pace, SLOW_S), so that every pass may run them. A pass has a fixed cost
+# (~0.7 ms at 2 ranks: the logs' headers and the ranks' samples, the detectors' clocks,
+# liveness); at 2 ranks x 1,000 collectives/s a look every 0.25 s made `run` 0.94% of a
+# core, every 0.5 s 0.75% (issue 49), for a finding up to a quarter second later
+# (docs/benchmarks.md, detection latency).
+POLL_S = SLOW_S
 # The CPU budget of `run`'s process, its other threads included (budget.py): after a
 # pass that took `c` seconds of CPU the next waits at least c / (CPU_SHARE - what the
 # other threads use), at most MAX_WAIT_S. Passes have a fixed cost (liveness checks,
@@ -57,7 +56,7 @@ POLL_S = 0.5
 # tables are read from memory once a pass, not once a poll), so a heavier job gets fewer,
 # larger passes: the diagnosis may lag by a second or two, the job's cores stay the
 # job's. 1% (issue 49's budget for `run`); a job that stops issuing ops (a hang, a
-# mismatch) makes cheap passes, at POLL_S again.
+# mismatch) makes cheap passes, every POLL_S again.
 CPU_SHARE = 0.01
 MAX_WAIT_S = 2.0
 # The follower and engine make an object per event (up to hundreds of thousands a second
@@ -260,14 +259,12 @@ class LiveDiagnosis(RankWatch):
         budget, wait = PassBudget(CPU_SHARE, POLL_S, MAX_WAIT_S), POLL_S
         while not self._stop.wait(wait):
             budget.begin()
-            quiet = None
             try:
                 with self._lock:
                     self._step(time.monotonic())
-                    quiet = self.follower.quiet_for(time.monotonic())
             except Exception as exc:  # never take the launcher (and the job) down
                 self._pass_failed(exc)
-            wait = budget.wait(quiet)
+            wait = budget.wait()
 
     def _pass_failed(self, exc: Exception) -> None:
         """A pass that raised outside the detectors' boundary (reading the run dir, the

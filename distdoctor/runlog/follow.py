@@ -292,11 +292,6 @@ class RunFollower:
         return self.pace.plan(now_s, forced or self.moved, exits,
                               bool(self.brought or self.said or news))
 
-    def quiet_for(self, now_s: float) -> float | None:
-        """After a pass that brought nothing, how long until the time-driven checks are
-        due (runlog.pace): the owner's next pass need not come sooner."""
-        return self.pace.quiet_for(now_s)
-
     def _finished(self, key: tuple[int, int], feed: RankFeed) -> bool:
         """Read to its end, and either closed or left behind by a newer log of its rank
         whose heartbeat stopped a while ago (killed with its launch)."""

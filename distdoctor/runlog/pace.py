@@ -20,7 +20,6 @@ class Pace:
         self.slow_s = slow_s
         self._slow_at = -math.inf  # when the time-driven checks last ran
         self._exits = None  # the launcher's exits as of the last pass
-        self.changed = True  # the last pass brought something (not only time passing)
 
     def plan(self, now_s: float, forced: bool, exits, changed: bool) -> bool | None:
         """True: the time-driven checks are due (or `forced`: a last or one-off pass, a log
@@ -31,10 +30,5 @@ class Pace:
         if due:
             self._slow_at = now_s
         changed = changed or exits != self._exits
-        self._exits, self.changed = exits, changed
+        self._exits = exits
         return True if due else (False if changed else None)
-
-    def quiet_for(self, now_s: float) -> float | None:
-        """After a pass that brought nothing: how long until the time-driven checks are due
-        (the next pass need not come sooner); None after one that brought something."""
-        return None if self.changed else max(0.0, self._slow_at + self.slow_s - now_s)
