@@ -81,6 +81,24 @@ SHAPES = {"bugs/p2p_deadlock.py": ("deadlock", [0, 1], "culprit"),
 
 
 @pytest.mark.timeout(120)
+def test_the_first_collective_skipped_by_a_rank_that_exits_names_that_rank(tmp_path):
+    """pytorch/pytorch#138322's shape: 2 of 3 ranks call the job's first barrier, rank 2
+    skips it and exits; gloo then fails the barrier on the others. With no collective yet
+    completed on the group, the barrier is no evidence of an extra call: the culprit is
+    the rank that left (live, and read again from the logs alone)."""
+    run_dir = tmp_path / "run"
+    proc = _run(f"{WAITS}/skipped_first.py", run_dir, nproc=3)
+    assert proc.returncode != 0
+    for findings in (_findings(run_dir), None):
+        if findings is None:
+            (run_dir / "findings.json").rename(tmp_path / "live.json")
+            findings = _post(run_dir)[1]
+        hangs = [f for f in findings if f["kind"] == "hang" and f["severity"] == "error"]
+        assert [f["ranks"] for f in hangs] == [[2]], _described(findings)
+        assert hangs[0]["details"].get("reason") != "extra_collective", hangs[0]
+
+
+@pytest.mark.timeout(120)
 @pytest.mark.parametrize("job", sorted(SHAPES))
 def test_hang_shapes_name_the_culprit_line(job, tmp_path):
     """A deadlock and a wrong group with no timeout; a rank left alone in an extra

@@ -161,7 +161,7 @@ def _cycles(edges: dict[int, tuple[Rendezvous, list[int]]]) -> list[list[int]]:
 def hang_findings(open_rv, views: dict[int, RankView], policy: Policy | float,
                   skip_ranks: set[int] = frozenset(),
                   known: Callable[[Rendezvous], bool] = lambda rv: False,
-                  familiar: Callable[[Event], bool] = lambda ev: True,
+                  familiar: Callable[[Event], bool | None] = lambda ev: True,
                   judge: Callable[[int, Rendezvous, float], Verdict] | None = None,
                   normal: Callable[[Rendezvous], float | None] = lambda rv: None
                   ) -> list[Finding]:
@@ -173,7 +173,8 @@ def hang_findings(open_rv, views: dict[int, RankView], policy: Policy | float,
     `normal(rv)`: the longest completed wait seen at this rendezvous' call site.
     `skip_ranks`: ranks already reported as crashed (the crash finding names who waits for
     them). `known(rv)`: True for rendezvous already explained (e.g. by a mismatch finding).
-    `familiar(ev)`: whether a call like this one (op and line) was seen on its group before.
+    `familiar(ev)`: whether a call like this one (op and line) was seen on its group before
+    (None: no collective of the group has completed yet).
     """
     if not isinstance(policy, Policy):
         policy = Policy(float(policy))

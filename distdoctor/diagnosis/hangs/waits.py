@@ -76,12 +76,15 @@ def extra_collective(rv: Rendezvous, roots: list[int], views: dict, waited: floa
     """The ranks the others wait for have all exited cleanly: those left in the collective
     issued one the others never did (a collective inside `if is_global_zero:`), when
     they are the odd ones out: fewer than those that exited, or in a call never seen
-    to complete on this group before. Else the exited ranks skipped one (None)."""
+    to complete on this group before. Else the exited ranks skipped one (None). On a
+    group where no collective has completed yet (`familiar` None: the job's first), no
+    call is familiar: more ranks in it than exited say the exited ones skipped it."""
     if not roots or not all(r in views and views[r].clean_exit and (
             views[r].latest is None or views[r].latest.status == "ok") for r in roots):
         return None  # (a rank whose last op failed left because of that failure)
     inside = sorted(rv.arrivals)
-    if len(inside) >= len(roots) and familiar(rv.arrivals[inside[0]]):
+    known = familiar(rv.arrivals[inside[0]])
+    if (len(inside) > len(roots)) if known is None else (len(inside) >= len(roots) and known):
         return None  # the usual call, most ranks in it: the ones that left skipped it
     failed = [r for r, e in rv.arrivals.items() if e.status in ("error", "timeout")]
     if not failed and waited < confirm_s:

@@ -41,5 +41,8 @@ class Habits:
     def on(self, group: str) -> set:
         return self.of.get(group, set())
 
-    def familiar(self, ev) -> bool:
-        return habit(ev) in self.of.get(ev.group, ())
+    def familiar(self, ev) -> bool | None:
+        """Whether a call like `ev` (op and line) was seen on its group where every rank
+        agreed; None while no collective of the group has (nothing to compare it with)."""
+        habits = self.of.get(ev.group)
+        return None if habits is None else habit(ev) in habits
