@@ -3,7 +3,7 @@
 After a pass that took `c` seconds of the loop thread's CPU, the next waits at least
 c / (share - others), where `others` is what the process's other threads (the probe
 sampler, the output relays, the main loop, a metrics server) used of a core since the
-last pass. A budget of the loop thread alone let the process exceed it by those threads
+last pass, and never less than a quarter of the share is left to the loop (OWN_FLOOR). A budget of the loop thread alone let the process exceed it by those threads
 (2 ranks x 1,000 collectives/s: the loop at its 1%, `run` at 1.06-1.12%). A busy job gets
 fewer, larger passes; a pass never waits longer than `max_wait_s`, so a job whose events
 cost more than the budget to follow is followed at that pace, over budget, rather than

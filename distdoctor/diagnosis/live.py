@@ -51,7 +51,7 @@ from distdoctor.safetext import printable
 POLL_S = SLOW_S
 # The CPU budget of `run`'s process, its other threads included (budget.py): after a
 # pass that took `c` seconds of CPU the next waits at least c / (CPU_SHARE - what the
-# other threads use), at most MAX_WAIT_S. Passes have a fixed cost (liveness checks,
+# other threads use; at least a quarter of CPU_SHARE left), at most MAX_WAIT_S. Passes have a fixed cost (liveness checks,
 # findings.json), and a pass's events cost less each in a larger batch (the engine's
 # tables are read from memory once a pass, not once a poll), so a heavier job gets fewer,
 # larger passes: the diagnosis may lag by a second or two, the job's cores stay the
